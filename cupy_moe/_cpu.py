@@ -1,0 +1,46 @@
+"""CPU backend: NumPy arrays and CPU torch tensors, through the NumPy reference."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from . import reference
+from ._arrays import ArrayKind, numpy_to_torch, torch_to_numpy
+from ._checks import ExpandProblem, raise_routing_error
+
+
+def run_expand(kind: ArrayKind, problem: ExpandProblem, x: Any, x_sf: Any,
+               token_topk_to_pos: Any, pos_to_expert: Any,
+               out: Any, out_sf: Any, validate: bool) -> tuple[Any, Any]:
+    """Both ops on the CPU; ``x_sf`` is None for the op without scale factors.
+
+    Returns ``(out, out_sf)`` of the caller's kind; caller-provided outputs are
+    written in place and returned as the same objects.
+    """
+    to_numpy = torch_to_numpy if kind is ArrayKind.TORCH_CPU else (lambda a: a)
+    topk_np = np.ascontiguousarray(to_numpy(token_topk_to_pos))
+    p2e_np = np.ascontiguousarray(to_numpy(pos_to_expert))
+    if validate:
+        raise_routing_error(reference.find_routing_errors(topk_np, p2e_np), problem,
+                            lambda i: int(topk_np.reshape(-1)[i]))
+    out_np = None if out is None else to_numpy(out)
+    x_np = to_numpy(x)
+    if x_sf is None:
+        result = reference.expand_to_fused_numpy(x_np, topk_np, p2e_np, out_np)
+        result_sf = None
+    else:
+        out_sf_np = None if out_sf is None else to_numpy(out_sf)
+        result, result_sf = reference.expand_to_fused_with_sf_numpy(
+            x_np, to_numpy(x_sf), topk_np, p2e_np, col_major=problem.sf_col_major,
+            out=out_np, out_sf=out_sf_np)
+    if kind is ArrayKind.TORCH_CPU:
+        result = out if out is not None else numpy_to_torch(result)
+        if result_sf is not None:
+            result_sf = out_sf if out_sf is not None else numpy_to_torch(result_sf)
+    else:
+        result = out if out is not None else result
+        if result_sf is not None and out_sf is not None:
+            result_sf = out_sf
+    return result, result_sf

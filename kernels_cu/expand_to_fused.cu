@@ -1,0 +1,202 @@
+// Expand to fused: scatter token rows (and their scale factors) to the
+// expert-major rows of a grouped-GEMM input, zero-filling padding rows.
+//
+// One launch does all of it. The grid's x dimension holds two kinds of
+// blocks, its y dimension splits a row into column chunks:
+//   blocks [0, T)          token t: load one chunk of x[t] into registers
+//                          once, store it to every valid slot of
+//                          token_topk_to_pos[t]; chunk 0 also moves x_sf[t].
+//   blocks [T, T + Z)      rows_per_zero_block output rows each: zero the rows
+//                          with pos_to_expert[p] < 0 (every row when T == 0)
+//                          and, column-major SF, the pad columns X..align(X,4).
+// Rows are raw bytes moved in VEC_BYTES accesses; the host picks the widest
+// width that divides the row length and both base addresses, so no row needs
+// a tail. Offsets are 64-bit. A slot outside [0, X) is skipped, never written.
+//
+// CUPY_MOE_SF_MODE (set by the loader): 0 no scale factors, 1 row-major
+// [X, S] float32, 2 TMA-aligned column-major [S, sf_ld] (float32 or packed
+// UE8M0 int32: both are moved as 4-byte words).
+
+#ifndef CUPY_MOE_SF_MODE
+#define CUPY_MOE_SF_MODE 0
+#endif
+
+#define SF_NONE 0
+#define SF_ROW_MAJOR 1
+#define SF_COL_MAJOR 2
+
+typedef long long i64;
+
+// Threads per block and vectors each thread holds in flight (the host sizes
+// column chunks with the same numbers: keep launch.py in step).
+#define EXPAND_THREADS 256
+#define EXPAND_UNROLL 4
+
+// The argument block, passed by value. The host mirrors it field for field
+// in a ctypes.Structure (cupy_moe/_gpu.py), in this order.
+struct ExpandArgs {
+    const unsigned char* x;           // [T, row_bytes]
+    const int* token_topk_to_pos;     // [T, K]
+    const int* pos_to_expert;         // [X]
+    unsigned char* out;               // [X, row_bytes]
+    const unsigned int* x_sf;         // [T, S] 4-byte words, or null
+    unsigned int* out_sf;             // [X, S] or [S, sf_ld], or null
+    i64 row_bytes;                    // H * itemsize(x)
+    int num_tokens;                   // T
+    int top_k;                        // K
+    int num_expanded;                 // X
+    int sf_columns;                   // S (0 without scale factors)
+    int sf_ld;                        // align(X, 4): column-major leading dim
+    int rows_per_zero_block;
+};
+
+template <int N> struct VecOf;
+template <> struct VecOf<16> { typedef uint4 type; };
+template <> struct VecOf<8> { typedef uint2 type; };
+template <> struct VecOf<4> { typedef unsigned int type; };
+template <> struct VecOf<2> { typedef unsigned short type; };
+template <> struct VecOf<1> { typedef unsigned char type; };
+
+template <int VEC_BYTES>
+__device__ __forceinline__ void zero_row_chunk(unsigned char* out, i64 row, i64 n_vec, i64 vec_begin) {
+    typedef typename VecOf<VEC_BYTES>::type Vec;
+    Vec zero;
+    memset(&zero, 0, sizeof(Vec));
+    Vec* dst = reinterpret_cast<Vec*>(out) + row * n_vec;
+#pragma unroll
+    for (int u = 0; u < EXPAND_UNROLL; ++u) {
+        i64 idx = vec_begin + u * EXPAND_THREADS + threadIdx.x;
+        if (idx < n_vec) dst[idx] = zero;
+    }
+}
+
+__device__ __forceinline__ void store_sf_row(unsigned int* out_sf, const ExpandArgs& a, i64 row,
+                                             int s, unsigned int word) {
+#if CUPY_MOE_SF_MODE == SF_ROW_MAJOR
+    out_sf[row * a.sf_columns + s] = word;
+#elif CUPY_MOE_SF_MODE == SF_COL_MAJOR
+    out_sf[static_cast<i64>(s) * a.sf_ld + row] = word;
+#endif
+}
+
+template <int VEC_BYTES>
+__device__ __forceinline__ void expand_to_fused_body(const ExpandArgs& a) {
+    typedef typename VecOf<VEC_BYTES>::type Vec;
+    const i64 n_vec = a.row_bytes / VEC_BYTES;
+    const i64 vec_begin = static_cast<i64>(blockIdx.y) * (EXPAND_THREADS * EXPAND_UNROLL);
+    const int block = blockIdx.x;
+
+    if (block < a.num_tokens) {
+        // Scatter: one read of the chunk, K stores.
+        const i64 t = block;
+        const int* slots = a.token_topk_to_pos + t * a.top_k;
+        const Vec* src = reinterpret_cast<const Vec*>(a.x) + t * n_vec;
+        Vec held[EXPAND_UNROLL];
+#pragma unroll
+        for (int u = 0; u < EXPAND_UNROLL; ++u) {
+            i64 idx = vec_begin + u * EXPAND_THREADS + threadIdx.x;
+            if (idx < n_vec) held[u] = src[idx];
+        }
+        for (int k = 0; k < a.top_k; ++k) {
+            const int p = __ldg(slots + k);
+            if (p < 0 || p >= a.num_expanded) continue;  // dropped, or malformed
+            Vec* dst = reinterpret_cast<Vec*>(a.out) + static_cast<i64>(p) * n_vec;
+#pragma unroll
+            for (int u = 0; u < EXPAND_UNROLL; ++u) {
+                i64 idx = vec_begin + u * EXPAND_THREADS + threadIdx.x;
+                if (idx < n_vec) dst[idx] = held[u];
+            }
+        }
+#if CUPY_MOE_SF_MODE != SF_NONE
+        if (blockIdx.y == 0) {
+            for (int s = threadIdx.x; s < a.sf_columns; s += EXPAND_THREADS) {
+                const unsigned int word = a.x_sf[t * a.sf_columns + s];
+                for (int k = 0; k < a.top_k; ++k) {
+                    const int p = __ldg(slots + k);
+                    if (p < 0 || p >= a.num_expanded) continue;
+                    store_sf_row(a.out_sf, a, p, s, word);
+                }
+            }
+        }
+#endif
+        return;
+    }
+
+    // Zero-fill: padding rows (all rows when there are no tokens) and, for the
+    // column-major SF, the pad columns X .. sf_ld that a TMA load reads.
+    const i64 first_row = static_cast<i64>(block - a.num_tokens) * a.rows_per_zero_block;
+#if CUPY_MOE_SF_MODE == SF_COL_MAJOR
+    const i64 zero_rows = a.sf_ld;
+#else
+    const i64 zero_rows = a.num_expanded;
+#endif
+    i64 last_row = first_row + a.rows_per_zero_block;
+    if (last_row > zero_rows) last_row = zero_rows;
+    for (i64 p = first_row; p < last_row; ++p) {
+        const bool is_pad_column = p >= a.num_expanded;
+        if (!is_pad_column && a.num_tokens > 0 && __ldg(a.pos_to_expert + p) >= 0) continue;
+        if (!is_pad_column) zero_row_chunk<VEC_BYTES>(a.out, p, n_vec, vec_begin);
+#if CUPY_MOE_SF_MODE != SF_NONE
+        if (blockIdx.y == 0) {
+            for (int s = threadIdx.x; s < a.sf_columns; s += EXPAND_THREADS)
+                store_sf_row(a.out_sf, a, p, s, 0u);
+        }
+#endif
+    }
+}
+
+#define DEFINE_EXPAND_KERNEL(VEC_BYTES)                                              \
+    extern "C" __global__ void __launch_bounds__(EXPAND_THREADS)                     \
+    expand_to_fused_v##VEC_BYTES(const ExpandArgs args) {                            \
+        expand_to_fused_body<VEC_BYTES>(args);                                       \
+    }
+
+DEFINE_EXPAND_KERNEL(16)
+DEFINE_EXPAND_KERNEL(8)
+DEFINE_EXPAND_KERNEL(4)
+DEFINE_EXPAND_KERNEL(2)
+DEFINE_EXPAND_KERNEL(1)
+
+// ---------------------------------------------------------------------------
+// validate=True: find the first offending slot of each kind in two passes,
+// without a per-row host round trip. found[] starts at LLONG_MAX ("none"):
+//   found[0] first flat slot with a position >= X            (out of range)
+//   found[1] first flat slot naming a row with pos_to_expert < 0
+//   found[2] first flat slot repeating an earlier slot's row (duplicate)
+//   found[3] first expert row (pos_to_expert >= 0) no slot names
+// first_slot[X] (LLONG_MAX-initialised) gets the smallest slot naming each row.
+
+struct RoutingArgs {
+    const int* token_topk_to_pos;   // [T * K]
+    const int* pos_to_expert;       // [X]
+    long long* first_slot;          // [X]
+    long long* found;               // [4]
+    i64 num_slots;                  // T * K
+    int num_expanded;               // X
+};
+
+extern "C" __global__ void routing_first_slots(const RoutingArgs a) {
+    for (i64 i = blockIdx.x * static_cast<i64>(blockDim.x) + threadIdx.x; i < a.num_slots;
+         i += static_cast<i64>(gridDim.x) * blockDim.x) {
+        const int p = a.token_topk_to_pos[i];
+        if (p >= a.num_expanded) {
+            atomicMin(a.found + 0, i);
+        } else if (p >= 0) {
+            if (a.pos_to_expert[p] < 0) atomicMin(a.found + 1, i);
+            atomicMin(a.first_slot + p, i);
+        }
+    }
+}
+
+extern "C" __global__ void routing_repeats_and_gaps(const RoutingArgs a) {
+    const i64 stride = static_cast<i64>(gridDim.x) * blockDim.x;
+    const i64 start = blockIdx.x * static_cast<i64>(blockDim.x) + threadIdx.x;
+    for (i64 i = start; i < a.num_slots; i += stride) {
+        const int p = a.token_topk_to_pos[i];
+        if (p >= 0 && p < a.num_expanded && a.first_slot[p] != i) atomicMin(a.found + 2, i);
+    }
+    for (i64 p = start; p < a.num_expanded; p += stride) {
+        if (a.pos_to_expert[p] >= 0 && a.first_slot[p] == 0x7fffffffffffffffLL)
+            atomicMin(a.found + 3, p);
+    }
+}
