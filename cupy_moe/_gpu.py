@@ -91,8 +91,9 @@ def _function(device: int, sf_mode: int, name: str) -> int:
     handle = _functions.get(key)
     if handle is None:
         module = get_module(_SOURCE, (("CUPY_MOE_SF_MODE", sf_mode),), device)
-        # The Function object owns nothing; the cached module keeps the code alive.
-        handle = _functions.setdefault(key, module.get_function(name).ptr)
+        # RawKernel.kernel is the loaded cupy.cuda.Function; the cached module
+        # keeps its code alive.
+        handle = _functions.setdefault(key, module.get_function(name).kernel.ptr)
     return handle
 
 
