@@ -6,6 +6,7 @@ import argparse
 import importlib
 import platform
 import sys
+from pathlib import Path
 
 
 def _module_version(name: str) -> str | None:
@@ -70,6 +71,32 @@ def cmd_info(_args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bench(args: argparse.Namespace) -> int:
+    from . import bench
+    from .manifest import OP_NAMES
+
+    ops = list(OP_NAMES) if args.op == "all" else [args.op]
+    iters = args.iters or (10 if args.quick else 50)
+    result = bench.run(ops, args.workload, args.backend, iters, args.quick)
+    print("\n".join(bench.summary_lines(result)))
+    print("\n".join(bench.table_lines(result)))
+    markdown = args.markdown
+    if args.json and markdown is None:
+        markdown = str(Path(args.json).with_suffix(".md"))
+    if args.plot:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            print("--plot needs matplotlib: pip install 'cupy-moe[plot]'", file=sys.stderr)
+            args.plot = None
+    bench.write_outputs(result, args.json, markdown, args.plot)
+    failed = [r["label"] for r in result["records"] if r["status"] != "ok"]
+    if failed:
+        print(f"bit-exact check failed for: {', '.join(failed)}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="cupy-moe",
@@ -78,6 +105,28 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
     info = commands.add_parser("info", help="versions, backends found, GPU or not")
     info.set_defaults(run=cmd_info)
+
+    bench = commands.add_parser(
+        "bench", help="time the manifest workloads against the torch peers",
+        description="Time both ops on the manifest workloads: GPU time (L2 flushed), GB/s, "
+                    "share of the same-run copy bandwidth, eager and CUDA-graph time per call, "
+                    "and the seed's torch reference and a sync-free torch version. Without a "
+                    "GPU, times the CPU backend.")
+    bench.add_argument("--op", choices=["all", "expand_to_fused", "expand_to_fused_with_sf"],
+                       default="all")
+    bench.add_argument("--workload", action="append", metavar="LABEL",
+                       help="a manifest label; repeat for several (default: all)")
+    bench.add_argument("--backend", choices=["auto", "cupy", "torch", "cpu"], default="auto")
+    bench.add_argument("--iters", type=int, default=None,
+                       help="timed iterations per figure (default 50, 10 with --quick)")
+    bench.add_argument("--quick", action="store_true",
+                       help="fewer iterations; on the CPU, skip the largest workloads")
+    bench.add_argument("--json", metavar="PATH", help="write the records as JSON "
+                       "(and a Markdown table beside it unless --markdown is given)")
+    bench.add_argument("--markdown", metavar="PATH", help="write the table as Markdown")
+    bench.add_argument("--plot", metavar="PATH", help="PNG of %% roofline per workload "
+                       "(needs matplotlib: the plot extra)")
+    bench.set_defaults(run=cmd_bench)
     return parser
 
 

@@ -14,7 +14,7 @@ import cupy_moe
 from cupy_moe import reference
 from cupy_moe._checks import align_up, sf_columns
 
-from helpers import make_expert_major_routing, random_payload
+from cupy_moe.workload_inputs import fitted_routing, numpy_dtype, random_bits
 
 cupy = pytest.importorskip("cupy")
 
@@ -85,25 +85,6 @@ def assert_bits(actual_bits: np.ndarray, expected: np.ndarray, what: str) -> Non
                     f"got {actual_bits[first]:#x}, expected {expected_bits[first]:#x}")
 
 
-def fit_routing(rng, num_tokens: int, top_k: int, num_expanded: int, *, num_experts=32,
-                block_size=16, drop=0.1):
-    """Expert-major routing of random experts with dropped slots, padded to X rows.
-
-    Drops more slots until the block-aligned layout fits in ``num_expanded``
-    rows, then pads the tail with padding rows (pos_to_expert = -1).
-    """
-    topk_ids = rng.integers(0, num_experts, size=(num_tokens, top_k))
-    topk_ids[rng.random(topk_ids.shape) < drop] = -1
-    while True:
-        token_topk_to_pos, pos_to_expert = make_expert_major_routing(
-            topk_ids, num_experts=num_experts, block_size=block_size)
-        if pos_to_expert.shape[0] <= num_expanded:
-            break
-        topk_ids[(rng.random(topk_ids.shape) < 0.2)] = -1
-    tail = np.full(num_expanded - pos_to_expert.shape[0], -1, dtype=np.int32)
-    return token_topk_to_pos, np.concatenate([pos_to_expert, tail])
-
-
 def padded_sf_bits(kind: str, out_sf, num_expanded: int, sf_cols: int) -> np.ndarray:
     """The whole [S, align(X, 4)] buffer behind a column-major SF view, as bits."""
     ld = align_up(num_expanded, 4)
@@ -132,10 +113,10 @@ def check_expand_with_sf(kind, x, x_sf, token_topk_to_pos, pos_to_expert, *, npc
     dmap, dp2e = map_to_device(kind, token_topk_to_pos), map_to_device(kind, pos_to_expert)
     out = out_sf = None
     if poison_outputs:
-        out = to_device(kind, random_payload(rng, (num_expanded, x.shape[1]), x.dtype), x.dtype.name)
+        out = to_device(kind, random_bits(rng, (num_expanded, x.shape[1]), x.dtype), x.dtype.name)
         ld = align_up(num_expanded, 4) if col_major else None
         buf_shape = (x_sf.shape[1], ld) if col_major else (num_expanded, x_sf.shape[1])
-        buf = to_device(kind, random_payload(rng, buf_shape, x_sf.dtype), x_sf.dtype.name)
+        buf = to_device(kind, random_bits(rng, buf_shape, x_sf.dtype), x_sf.dtype.name)
         out_sf = buf[:, :num_expanded].T if col_major else buf
     expected_x, expected_sf = reference.expand_to_fused_with_sf_numpy(
         x, x_sf, token_topk_to_pos, pos_to_expert, col_major=col_major)
@@ -166,11 +147,11 @@ def check_expand_with_sf(kind, x, x_sf, token_topk_to_pos, pos_to_expert, *, npc
                          ids=lambda w: w.label)
 def test_manifest_expand(workload, kind):
     rng = np.random.default_rng()
-    x = random_payload(rng, workload.shapes["x"], _np_dtype(workload.dtype))
-    token_topk_to_pos, pos_to_expert = fit_routing(
+    x = random_bits(rng, workload.shapes["x"], numpy_dtype(workload.dtype))
+    token_topk_to_pos, pos_to_expert = fitted_routing(
         rng, workload.num_tokens, workload.top_k, workload.num_expanded)
     check_expand(kind, x, token_topk_to_pos, pos_to_expert)
-    poisoned = to_device(kind, random_payload(rng, (workload.num_expanded, workload.hidden),
+    poisoned = to_device(kind, random_bits(rng, (workload.num_expanded, workload.hidden),
                                               x.dtype), x.dtype.name)
     check_expand(kind, x, token_topk_to_pos, pos_to_expert, out=poisoned)
 
@@ -180,20 +161,15 @@ def test_manifest_expand(workload, kind):
                          ids=lambda w: w.label)
 def test_manifest_expand_with_sf(workload, kind):
     rng = np.random.default_rng()
-    x = random_payload(rng, workload.shapes["x"], _np_dtype(workload.dtype))
-    x_sf = random_payload(rng, workload.shapes["x_sf"], np.dtype(workload.sf_dtype))
-    token_topk_to_pos, pos_to_expert = fit_routing(
+    x = random_bits(rng, workload.shapes["x"], numpy_dtype(workload.dtype))
+    x_sf = random_bits(rng, workload.shapes["x_sf"], np.dtype(workload.sf_dtype))
+    token_topk_to_pos, pos_to_expert = fitted_routing(
         rng, workload.num_tokens, workload.top_k, workload.num_expanded)
     for poison in (False, True):
         check_expand_with_sf(kind, x, x_sf, token_topk_to_pos, pos_to_expert,
                              npc=workload.num_per_channels,
                              col_major=workload.use_tma_aligned_col_major_sf,
                              poison_outputs=poison, rng=rng)
-
-
-def _np_dtype(name: str) -> np.dtype:
-    import ml_dtypes
-    return np.dtype(getattr(ml_dtypes, name, name))
 
 
 # -- odd shapes, every vector width ----------------------------------------------
@@ -203,9 +179,9 @@ def _np_dtype(name: str) -> np.dtype:
 @pytest.mark.parametrize("hidden", [1, 7, 37, 577, 7169])
 def test_odd_hidden_bf16(hidden, top_k, kind):
     rng = np.random.default_rng()
-    x = random_payload(rng, (23, hidden), _np_dtype("bfloat16"))
-    token_topk_to_pos, pos_to_expert = fit_routing(rng, 23, top_k, 23 * top_k + 13,
-                                                   num_experts=5, block_size=4)
+    x = random_bits(rng, (23, hidden), numpy_dtype("bfloat16"))
+    token_topk_to_pos, pos_to_expert = fitted_routing(rng, 23, top_k, 23 * top_k + 13,
+                                                   num_experts=5, max_alignment=4)
     check_expand(kind, x, token_topk_to_pos, pos_to_expert)
 
 
@@ -219,12 +195,12 @@ def test_odd_hidden_with_sf(hidden, top_k, npc, layout, kind):
     col_major, sf_dtype = {"row-f32": (False, "float32"), "col-f32": (True, "float32"),
                            "col-ue8m0": (True, "int32")}[layout]
     num_tokens = 11
-    x = random_payload(rng, (num_tokens, hidden), _np_dtype("float8_e4m3fn"))
+    x = random_bits(rng, (num_tokens, hidden), numpy_dtype("float8_e4m3fn"))
     s = sf_columns(hidden, npc, packed_ue8m0=sf_dtype == "int32")
-    x_sf = random_payload(rng, (num_tokens, s), np.dtype(sf_dtype))
+    x_sf = random_bits(rng, (num_tokens, s), np.dtype(sf_dtype))
     for num_expanded in (num_tokens * top_k + 1, num_tokens * top_k + 6):  # X % 4 varies
-        token_topk_to_pos, pos_to_expert = fit_routing(rng, num_tokens, top_k, num_expanded,
-                                                       num_experts=3, block_size=2)
+        token_topk_to_pos, pos_to_expert = fitted_routing(rng, num_tokens, top_k, num_expanded,
+                                                       num_experts=3, max_alignment=2)
         check_expand_with_sf(kind, x, x_sf, token_topk_to_pos, pos_to_expert, npc=npc,
                              col_major=col_major, poison_outputs=True, rng=rng)
 
@@ -236,9 +212,9 @@ def test_misaligned_base_pointer_cupy(offset_bytes):
     num_tokens, hidden = 9, 64
     raw = cupy.asarray(rng.integers(0, 256, num_tokens * hidden + 16, dtype=np.uint8))
     dx = raw[offset_bytes:offset_bytes + num_tokens * hidden].reshape(num_tokens, hidden)
-    token_topk_to_pos, pos_to_expert = fit_routing(rng, num_tokens, 3, 40, num_experts=4,
-                                                   block_size=2)
-    x_sf = random_payload(rng, (num_tokens, 1), np.dtype("float32"))
+    token_topk_to_pos, pos_to_expert = fitted_routing(rng, num_tokens, 3, 40, num_experts=4,
+                                                   max_alignment=2)
+    x_sf = random_bits(rng, (num_tokens, 1), np.dtype("float32"))
     out_x, out_sf = cupy_moe.expand_to_fused_with_sf(
         dx, cupy.asarray(x_sf), cupy.asarray(token_topk_to_pos), cupy.asarray(pos_to_expert),
         num_per_channels=128)
@@ -250,7 +226,7 @@ def test_misaligned_base_pointer_cupy(offset_bytes):
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_fp8_every_byte_code(kind):
-    x = np.arange(256, dtype=np.uint8).reshape(2, 128).view(_np_dtype("float8_e4m3fn"))
+    x = np.arange(256, dtype=np.uint8).reshape(2, 128).view(numpy_dtype("float8_e4m3fn"))
     x_sf = np.array([[np.nan], [-0.0]], dtype=np.float32)
     token_topk_to_pos = np.array([[3, 0, -1], [1, -1, 2]], dtype=np.int32)
     pos_to_expert = np.array([0, 0, 1, 2, -1], dtype=np.int32)
@@ -264,20 +240,20 @@ def test_fp8_every_byte_code(kind):
 @pytest.mark.parametrize("col_major", [False, True])
 def test_no_tokens_gives_zeros(kind, col_major):
     rng = np.random.default_rng()
-    x = np.zeros((0, 256), dtype=_np_dtype("float8_e4m3fn"))
+    x = np.zeros((0, 256), dtype=numpy_dtype("float8_e4m3fn"))
     x_sf = np.zeros((0, 1 if col_major else 2), dtype=np.int32 if col_major else np.float32)
     token_topk_to_pos = np.zeros((0, 8), dtype=np.int32)
     pos_to_expert = np.array([0, 0, 1, -1, 2, 2, -1], dtype=np.int32)  # expert rows too
     check_expand_with_sf(kind, x, x_sf, token_topk_to_pos, pos_to_expert, npc=128,
                          col_major=col_major, poison_outputs=True, rng=rng)
-    check_expand(kind, np.zeros((0, 256), dtype=_np_dtype("bfloat16")), token_topk_to_pos,
+    check_expand(kind, np.zeros((0, 256), dtype=numpy_dtype("bfloat16")), token_topk_to_pos,
                  pos_to_expert)
 
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_no_expanded_rows(kind):
     rng = np.random.default_rng()
-    x = random_payload(rng, (3, 40), _np_dtype("bfloat16"))
+    x = random_bits(rng, (3, 40), numpy_dtype("bfloat16"))
     token_topk_to_pos = np.array([[-1, 0], [2, -1], [-1, -1]], dtype=np.int32)  # all >= X
     result = check_expand(kind, x, token_topk_to_pos, np.zeros(0, dtype=np.int32))
     assert tuple(result.shape) == (0, 40)
@@ -290,20 +266,20 @@ def test_no_expanded_rows(kind):
 def test_malformed_map_never_writes_past_outputs(kind, col_major):
     rng = np.random.default_rng()
     num_tokens, hidden, num_expanded, guard = 6, 96, 10, 64
-    x = random_payload(rng, (num_tokens, hidden), _np_dtype("float8_e4m3fn"))
+    x = random_bits(rng, (num_tokens, hidden), numpy_dtype("float8_e4m3fn"))
     sf_dtype = np.dtype("int32" if col_major else "float32")
     s = sf_columns(hidden, 32, packed_ue8m0=col_major)
-    x_sf = random_payload(rng, (num_tokens, s), sf_dtype)
+    x_sf = random_bits(rng, (num_tokens, s), sf_dtype)
     token_topk_to_pos = np.array(
         [[num_expanded, 0], [num_expanded + 1, -5], [2**31 - 1, 1], [-2**31, 2],
          [num_expanded + guard, 3], [4, 5]], dtype=np.int32)
     pos_to_expert = np.array([0, 0, 1, 1, 2, 2, -1, -1, -1, -1], dtype=np.int32)
     # outputs are the head of larger poisoned buffers; the tails are guards
-    out_buf = to_device(kind, random_payload(rng, (num_expanded + guard, hidden), x.dtype),
+    out_buf = to_device(kind, random_bits(rng, (num_expanded + guard, hidden), x.dtype),
                         "float8_e4m3fn")
     ld = align_up(num_expanded, 4)
     sf_rows = s * ld + guard if col_major else (num_expanded + guard) * s
-    sf_buf = to_device(kind, random_payload(rng, (sf_rows,), sf_dtype), sf_dtype.name)
+    sf_buf = to_device(kind, random_bits(rng, (sf_rows,), sf_dtype), sf_dtype.name)
     guard_before = to_host_bits(kind, out_buf[num_expanded:]).copy()
     sf_guard_before = to_host_bits(kind, sf_buf[sf_rows - guard:]).copy()
     out = out_buf[:num_expanded]
@@ -337,7 +313,7 @@ MALFORMED = {
 def test_validate_reports_what_the_cpu_reports(case, kind):
     token_topk_to_pos = np.array(MALFORMED[case][0], dtype=np.int32)
     pos_to_expert = np.array(MALFORMED[case][1], dtype=np.int32)
-    x = np.arange(2 * 16, dtype=np.uint16).reshape(2, 16).view(_np_dtype("bfloat16"))
+    x = np.arange(2 * 16, dtype=np.uint16).reshape(2, 16).view(numpy_dtype("bfloat16"))
     with pytest.raises(ValueError) as cpu_error:
         cupy_moe.expand_to_fused(x, token_topk_to_pos, pos_to_expert, validate=True)
     with pytest.raises(ValueError) as gpu_error:
@@ -350,11 +326,10 @@ def test_validate_reports_what_the_cpu_reports(case, kind):
 @pytest.mark.parametrize("kind", KINDS)
 def test_validate_accepts_a_well_formed_map(kind):
     rng = np.random.default_rng()
-    x = random_payload(rng, (300, 64), _np_dtype("bfloat16"))
+    x = random_bits(rng, (300, 64), numpy_dtype("bfloat16"))
     topk_ids = rng.integers(0, 7, size=(300, 4))
     topk_ids[::5, 0] = -1
-    token_topk_to_pos, pos_to_expert = make_expert_major_routing(topk_ids, num_experts=7,
-                                                                 block_size=8)
+    token_topk_to_pos, pos_to_expert = reference.fused_mapping_numpy(topk_ids, 7, alignment=8)
     result = cupy_moe.expand_to_fused(to_device(kind, x, "bfloat16"),
                                       map_to_device(kind, token_topk_to_pos),
                                       map_to_device(kind, pos_to_expert), validate=True)
@@ -368,8 +343,8 @@ def test_validate_accepts_a_well_formed_map(kind):
 @pytest.mark.parametrize("kind", KINDS)
 def test_non_contiguous_inputs(kind):
     rng = np.random.default_rng()
-    wide = random_payload(rng, (12, 2 * 48), _np_dtype("bfloat16"))
-    token_topk_to_pos, pos_to_expert = fit_routing(rng, 12, 3, 44, num_experts=4, block_size=2)
+    wide = random_bits(rng, (12, 2 * 48), numpy_dtype("bfloat16"))
+    token_topk_to_pos, pos_to_expert = fitted_routing(rng, 12, 3, 44, num_experts=4, max_alignment=2)
     d_wide = to_device(kind, wide, "bfloat16")
     dx = d_wide[:, ::2]  # every other column
     dmap = map_to_device(kind, np.asfortranarray(token_topk_to_pos))
@@ -383,8 +358,8 @@ def test_non_contiguous_inputs(kind):
 
 def test_cupy_non_default_stream():
     rng = np.random.default_rng()
-    x = random_payload(rng, (64, 512), _np_dtype("bfloat16"))
-    token_topk_to_pos, pos_to_expert = fit_routing(rng, 64, 8, 600)
+    x = random_bits(rng, (64, 512), numpy_dtype("bfloat16"))
+    token_topk_to_pos, pos_to_expert = fitted_routing(rng, 64, 8, 600)
     with cupy.cuda.Stream(non_blocking=True) as stream:
         result = cupy_moe.expand_to_fused(to_device("cupy", x, "bfloat16"),
                                           cupy.asarray(token_topk_to_pos),
@@ -400,8 +375,8 @@ def test_torch_side_stream_waits_for_its_producer():
     # The op must run on torch's current stream: here a side stream whose long
     # producer kernel writes x just before the call.
     rng = np.random.default_rng()
-    x = random_payload(rng, (256, 2048), _np_dtype("bfloat16"))
-    token_topk_to_pos, pos_to_expert = fit_routing(rng, 256, 8, 2300)
+    x = random_bits(rng, (256, 2048), numpy_dtype("bfloat16"))
+    token_topk_to_pos, pos_to_expert = fitted_routing(rng, 256, 8, 2300)
     source = to_device("torch", x, "bfloat16")
     dmap, dp2e = map_to_device("torch", token_topk_to_pos), map_to_device("torch", pos_to_expert)
     target = torch.zeros_like(source)
@@ -426,9 +401,9 @@ def test_cuda_graph_capture_and_replay_with_new_inputs(col_major):
     s = sf_columns(hidden, npc, packed_ue8m0=col_major)
 
     def draw():
-        x = random_payload(rng, (num_tokens, hidden), _np_dtype("float8_e4m3fn"))
-        x_sf = random_payload(rng, (num_tokens, s), sf_dtype)
-        return (x, x_sf, *fit_routing(rng, num_tokens, top_k, num_expanded))
+        x = random_bits(rng, (num_tokens, hidden), numpy_dtype("float8_e4m3fn"))
+        x_sf = random_bits(rng, (num_tokens, s), sf_dtype)
+        return (x, x_sf, *fitted_routing(rng, num_tokens, top_k, num_expanded))
 
     first = draw()
     static = [to_device("torch", first[0], "float8_e4m3fn"),
@@ -478,11 +453,11 @@ def test_cuda_graph_capture_and_replay_with_new_inputs(col_major):
 @pytest.mark.skipif(not _HAS_TORCH_CUDA, reason="needs torch with CUDA")
 def test_torch_results_keep_native_dtypes():
     rng = np.random.default_rng()
-    token_topk_to_pos, pos_to_expert = fit_routing(rng, 4, 2, 10, num_experts=2, block_size=2)
+    token_topk_to_pos, pos_to_expert = fitted_routing(rng, 4, 2, 10, num_experts=2, max_alignment=2)
     dmap, dp2e = map_to_device("torch", token_topk_to_pos), map_to_device("torch", pos_to_expert)
-    bf16 = to_device("torch", random_payload(rng, (4, 64), _np_dtype("bfloat16")), "bfloat16")
+    bf16 = to_device("torch", random_bits(rng, (4, 64), numpy_dtype("bfloat16")), "bfloat16")
     assert cupy_moe.expand_to_fused(bf16, dmap, dp2e).dtype == torch.bfloat16
-    fp8 = to_device("torch", random_payload(rng, (4, 256), _np_dtype("float8_e4m3fn")),
+    fp8 = to_device("torch", random_bits(rng, (4, 256), numpy_dtype("float8_e4m3fn")),
                     "float8_e4m3fn")
     for sf_dtype, col_major, s in ((torch.float32, False, 2), (torch.int32, True, 1)):
         x_sf = torch.zeros((4, s), dtype=sf_dtype, device="cuda")

@@ -1,0 +1,176 @@
+"""Test helpers shared by the CPU and GPU test files.
+
+Everything here works on NumPy arrays (device tests copy to and from the host
+around these). The oracle is a plain loop over slots, written independently
+of ``cupy_moe.reference`` (which is the code under test).
+"""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+
+
+def ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def align_up(a: int, b: int) -> int:
+    return ceil_div(a, b) * b
+
+
+def np_dtype(name) -> np.dtype:
+    """NumPy dtype of a canonical name; ml_dtypes supplies bfloat16 and fp8."""
+    if isinstance(name, str) and hasattr(ml_dtypes, name):
+        return np.dtype(getattr(ml_dtypes, name))
+    return np.dtype(name)
+
+
+def bits(array: np.ndarray) -> np.ndarray:
+    """The raw bits of ``array`` as same-size unsigned ints (any strides)."""
+    return array.view(f"u{array.dtype.itemsize}")
+
+
+# --- routing maps -------------------------------------------------------------
+
+def make_topk_ids(num_tokens: int, top_k: int, num_experts: int, *,
+                  invalid_every: int | None = None, rng=None) -> np.ndarray:
+    """[T, K] expert ids: random when ``rng`` is given, else (3t + 5k) % E.
+
+    ``invalid_every=n`` drops the last slot (-1) of every n-th token.
+    """
+    if rng is None:
+        t = np.arange(num_tokens).reshape(-1, 1)
+        k = np.arange(top_k).reshape(1, -1)
+        topk_ids = (3 * t + 5 * k) % num_experts
+    else:
+        topk_ids = rng.integers(0, num_experts, size=(num_tokens, top_k))
+    topk_ids = topk_ids.astype(np.int32)
+    if invalid_every is not None and num_tokens > 0:
+        topk_ids[::invalid_every, -1] = -1
+    return topk_ids
+
+
+def make_expert_major_routing(topk_ids: np.ndarray, num_experts: int,
+                              block_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """(token_topk_to_pos [T, K], pos_to_expert [X]), both int32.
+
+    Experts lie one after the other, each segment padded with -1 rows to a
+    multiple of ``block_size``; within an expert, slots keep ascending t*K+k
+    order. A negative expert id is a dropped slot (position -1).
+    """
+    topk_ids = np.asarray(topk_ids)
+    assert topk_ids.ndim == 2, topk_ids.shape
+    flat = topk_ids.reshape(-1).astype(np.int64)
+    assert flat.size == 0 or flat.max() < num_experts, "expert id out of range"
+    slots = np.flatnonzero(flat >= 0)
+    experts = flat[slots]
+    counts = np.bincount(experts, minlength=num_experts)
+    segment = (-(-counts // block_size)) * block_size
+    seg_start = np.concatenate([[0], np.cumsum(segment)[:-1]])
+    # A stable sort groups slots by expert and keeps t*K+k order inside one.
+    order = np.argsort(experts, kind="stable")
+    sorted_experts = experts[order]
+    first_of_expert = np.concatenate([[0], np.cumsum(counts)[:-1]])
+    rank = np.arange(order.size) - first_of_expert[sorted_experts]
+    positions = seg_start[sorted_experts] + rank
+
+    token_topk_to_pos = np.full(flat.size, -1, dtype=np.int32)
+    token_topk_to_pos[slots[order]] = positions
+    pos_to_expert = np.full(int(segment.sum()), -1, dtype=np.int32)
+    pos_to_expert[positions] = sorted_experts
+    return token_topk_to_pos.reshape(topk_ids.shape), pos_to_expert
+
+
+def make_manifest_routing(num_tokens: int, top_k: int,
+                          num_expanded: int) -> tuple[np.ndarray, np.ndarray]:
+    """The seed's shape-driven map: slot i -> row i for the first min(T*K, X)
+    slots (expert i % 16), every other slot dropped and every other row padding."""
+    used = min(num_tokens * top_k, num_expanded)
+    token_topk_to_pos = np.full(num_tokens * top_k, -1, dtype=np.int32)
+    token_topk_to_pos[:used] = np.arange(used)
+    pos_to_expert = np.full(num_expanded, -1, dtype=np.int32)
+    pos_to_expert[:used] = np.arange(used) % 16
+    return token_topk_to_pos.reshape(num_tokens, top_k), pos_to_expert
+
+
+# --- payloads -----------------------------------------------------------------
+
+def random_payload(rng, shape, dtype) -> np.ndarray:
+    """A writable array of ``dtype`` filled with random bits: every code of
+    the type can appear (NaN encodings, -0.0, infinities, subnormals)."""
+    dtype = np_dtype(dtype)
+    shape = tuple(shape)
+    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    raw = np.frombuffer(bytearray(rng.bytes(nbytes)), dtype=np.uint8)
+    return raw.view(dtype).reshape(shape)
+
+
+def from_bits(codes, dtype) -> np.ndarray:
+    """An array of ``dtype`` holding the given raw bit patterns."""
+    dtype = np_dtype(dtype)
+    return np.asarray(codes, dtype=f"u{dtype.itemsize}").view(dtype)
+
+
+# --- oracle and comparison ----------------------------------------------------
+
+def oracle_expand(x: np.ndarray, token_topk_to_pos: np.ndarray,
+                  pos_to_expert: np.ndarray) -> np.ndarray:
+    """Expected output of a well-formed map, by a loop over the slots.
+
+    Works for the activations and for the scale factors alike (``x`` is any
+    [T, C] array); the copy is of raw bits. Returns a C-contiguous [X, C]
+    array of ``x``'s dtype.
+    """
+    num_tokens, top_k = token_topk_to_pos.shape
+    expected = np.zeros((pos_to_expert.shape[0], x.shape[1]), dtype=x.dtype)
+    out_bits, x_bits = bits(expected), bits(x)
+    for t in range(num_tokens):
+        for k in range(top_k):
+            p = int(token_topk_to_pos[t, k])
+            if p >= 0:
+                out_bits[p] = x_bits[t]
+    for p in range(pos_to_expert.shape[0]):
+        if pos_to_expert[p] < 0:
+            out_bits[p] = 0
+    return expected
+
+
+def assert_bits_equal(actual: np.ndarray, expected: np.ndarray, what: str = "array") -> None:
+    """Same shape, item size and bits; a mismatch names its first coordinate."""
+    assert actual.shape == expected.shape, f"{what}: shape {actual.shape} != {expected.shape}"
+    assert actual.dtype.itemsize == expected.dtype.itemsize, (
+        f"{what}: dtype {actual.dtype} != {expected.dtype}")
+    a, e = bits(actual), bits(expected)
+    if np.array_equal(a, e):
+        return
+    first = tuple(int(i) for i in np.argwhere(a != e)[0])
+    count = int(np.count_nonzero(a != e))
+    width = 2 * actual.dtype.itemsize
+    raise AssertionError(
+        f"{what}: {count} element(s) differ; first at {first}: "
+        f"got {int(a[first]):#0{width + 2}x}, expected {int(e[first]):#0{width + 2}x}")
+
+
+# --- CPU torch tensors (bit-preserving, independent of cupy_moe._arrays) ------
+
+_INT_OF_SIZE = {1: "uint8", 2: "int16", 4: "int32", 8: "int64"}
+
+
+def to_torch(array: np.ndarray):
+    """A CPU tensor of the same dtype (torch's native bf16 / fp8) and bits."""
+    import torch
+
+    array = np.ascontiguousarray(array)
+    carrier = torch.from_numpy(array.view(_INT_OF_SIZE[array.dtype.itemsize]).copy())
+    return carrier.view(getattr(torch, array.dtype.name))
+
+
+def from_torch(tensor) -> np.ndarray:
+    """A NumPy view of a CPU tensor's bits (same shape and strides), typed
+    with the NumPy dtype of the same name."""
+    import torch
+
+    name = str(tensor.dtype).removeprefix("torch.")
+    carrier = getattr(torch, _INT_OF_SIZE[tensor.element_size()])
+    return tensor.view(carrier).numpy().view(np_dtype(name))
