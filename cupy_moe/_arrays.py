@@ -129,7 +129,22 @@ def bytes_to_allocation_end(kind: ArrayKind, array: Any) -> int:
         return array.untyped_storage().nbytes() - array.storage_offset() * array.element_size()
     if kind is ArrayKind.CUPY:
         return array.data.mem.size - (array.data.ptr - array.data.mem.ptr)
+    return _byte_bounds(_numpy_owner(array))[1] - array.ctypes.data
+
+
+def _numpy_owner(array: np.ndarray) -> np.ndarray:
+    """The array that owns ``array``'s memory, through views and as_strided."""
     owner = array
-    while isinstance(owner.base, np.ndarray):
-        owner = owner.base
-    return np.byte_bounds(owner)[1] - array.ctypes.data
+    while True:
+        base = owner.base
+        if isinstance(base, np.ndarray):
+            owner = base
+        elif isinstance(getattr(base, "base", None), np.ndarray):
+            owner = base.base  # as_strided wraps the real array in a DummyArray
+        else:
+            return owner
+
+
+# np.byte_bounds moved to np.lib.array_utils in NumPy 2.0.
+_byte_bounds = getattr(getattr(np.lib, "array_utils", None), "byte_bounds", None) or getattr(
+    np, "byte_bounds", None)

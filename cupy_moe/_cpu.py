@@ -31,7 +31,16 @@ def run_expand(kind: ArrayKind, problem: ExpandProblem, x: Any, x_sf: Any,
         result = reference.expand_to_fused_numpy(x_np, topk_np, p2e_np, out_np)
         result_sf = None
     else:
-        out_sf_np = None if out_sf is None else to_numpy(out_sf)
+        if out_sf is None and kind is ArrayKind.TORCH_CPU:
+            # Allocate here, so the tensor handed back owns the whole buffer
+            # (pad columns included), not just the view's extent.
+            buffer, out_sf_np = reference.empty_sf_output(
+                problem.num_expanded, problem.sf_columns, to_numpy(x_sf).dtype,
+                col_major=problem.sf_col_major)
+            buffer_t = numpy_to_torch(buffer)
+            out_sf = buffer_t[:, :problem.num_expanded].T if problem.sf_col_major else buffer_t
+        else:
+            out_sf_np = None if out_sf is None else to_numpy(out_sf)
         result, result_sf = reference.expand_to_fused_with_sf_numpy(
             x_np, to_numpy(x_sf), topk_np, p2e_np, col_major=problem.sf_col_major,
             out=out_np, out_sf=out_sf_np)

@@ -10,13 +10,13 @@ argument conversion; nothing on this path synchronises with the host except
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import sys
 import threading
 from typing import Any
 
 import cupy
+import numpy as np
 from cupy.cuda import driver, runtime
 
 from ._arrays import ArrayKind
@@ -29,7 +29,7 @@ EXPAND_THREADS = 256
 EXPAND_UNROLL = 4
 ROWS_PER_ZERO_BLOCK = 8
 _MAX_GRID_Y = 65535
-_NONE_FOUND = 2**63 - 1
+_NONE_FOUND = 0x7F7F7F7F7F7F7F7F  # matches ROUTING_NONE in the kernel source
 
 SF_NONE, SF_ROW_MAJOR, SF_COL_MAJOR = 0, 1, 2
 
@@ -188,8 +188,7 @@ def run_expand(kind: ArrayKind, problem: ExpandProblem, x: Any, x_sf: Any,
         token_topk_to_pos = lib.contiguous(token_topk_to_pos)
         pos_to_expert = lib.contiguous(pos_to_expert)
         if validate:
-            _validate_routing(lib, problem, token_topk_to_pos, pos_to_expert, device, stream,
-                              torch_stream=kind is ArrayKind.TORCH_CUDA)
+            _validate_routing(lib, problem, token_topk_to_pos, pos_to_expert, device, stream)
         x = lib.contiguous(x)
         if out is None:
             out = lib.empty(problem.out_shape(), x)
@@ -237,25 +236,27 @@ def _launch_expand(problem: ExpandProblem, sf_mode: int, device: int, stream: in
 
 
 def _validate_routing(lib, problem: ExpandProblem, token_topk_to_pos: Any, pos_to_expert: Any,
-                      device: int, stream: int, *, torch_stream: bool) -> None:
+                      device: int, stream: int) -> None:
     """Run the routing checks on ``stream``; one host synchronisation."""
     num_slots = problem.num_tokens * problem.top_k
-    context = cupy.cuda.ExternalStream(stream) if torch_stream else contextlib.nullcontext()
-    with context:
-        first_slot = cupy.full(max(problem.num_expanded, 1), _NONE_FOUND, dtype=cupy.int64)
-        found = cupy.full(len(ROUTING_ERROR_KINDS), _NONE_FOUND, dtype=cupy.int64)
-        a = _arg_block.routing
-        a.token_topk_to_pos = lib.pointer(token_topk_to_pos)
-        a.pos_to_expert = lib.pointer(pos_to_expert)
-        a.first_slot, a.found = first_slot.data.ptr, found.data.ptr
-        a.num_slots, a.num_expanded = num_slots, problem.num_expanded
-        blocks = max(1, min(1024, -(-max(num_slots, problem.num_expanded) // 256)))
-        params = ctypes.addressof(_arg_block.routing_params)
-        for name in ("routing_first_slots", "routing_repeats_and_gaps"):
-            driver.launchKernel(_function(device, SF_NONE, name), blocks, 1, 1, 256, 1, 1, 0,
-                                stream, params, 0)
-        found_host = found.get()
+    first_slot = cupy.empty(max(problem.num_expanded, 1), dtype=cupy.int64)
+    found = cupy.empty(len(ROUTING_ERROR_KINDS), dtype=cupy.int64)
+    for scratch in (first_slot, found):  # every byte 0x7F: the "none found" sentinel
+        runtime.memsetAsync(scratch.data.ptr, 0x7F, scratch.nbytes, stream)
+    a = _arg_block.routing
+    a.token_topk_to_pos = lib.pointer(token_topk_to_pos)
+    a.pos_to_expert = lib.pointer(pos_to_expert)
+    a.first_slot, a.found = first_slot.data.ptr, found.data.ptr
+    a.num_slots, a.num_expanded = num_slots, problem.num_expanded
+    blocks = max(1, min(1024, -(-max(num_slots, problem.num_expanded) // 256)))
+    params = ctypes.addressof(_arg_block.routing_params)
+    for name in ("routing_first_slots", "routing_repeats_and_gaps"):
+        driver.launchKernel(_function(device, SF_NONE, name), blocks, 1, 1, 256, 1, 1, 0,
+                            stream, params, 0)
+    found_host = np.empty(len(ROUTING_ERROR_KINDS), dtype=np.int64)
+    runtime.memcpyAsync(found_host.ctypes.data, found.data.ptr, found_host.nbytes,
+                        runtime.memcpyDeviceToHost, stream)
+    runtime.streamSynchronize(stream)
     first = {kind: (-1 if value == _NONE_FOUND else int(value))
              for kind, value in zip(ROUTING_ERROR_KINDS, found_host)}
     raise_routing_error(first, problem, lambda i: lib.flat_value(token_topk_to_pos, i))
-

@@ -263,7 +263,11 @@ def bench_gpu_workload(w: Workload, timer: GpuTimer, backend: str, iters: int,
             targs["x"], targs["x_sf"], targs["token_topk_to_pos"], targs["pos_to_expert"],
             use_tma_aligned_col_major_sf=col)
     for name, peer in (("torch_ref", ref), ("torch_nosync", nosync)):
-        result = peer()
+        try:
+            result = peer()
+        except Exception as exc:  # noqa: BLE001 - a peer's failure must not end the run
+            record.extra[f"{name}_error"] = f"{type(exc).__name__}: {exc}"
+            continue
         result = result if isinstance(result, tuple) else (result,)
         problem = _mismatch(result, expected, _torch_to_host)
         if problem:

@@ -51,9 +51,13 @@ def _spill_scatter(src, token_topk_to_pos, num_expanded, buffer_shape_tail, make
 
 
 def torch_nosync_expand(x, token_topk_to_pos, pos_to_expert):
+    # index_copy_ has no float8 kernel: move fp8 rows as their bytes.
+    rows = x.view(torch.uint8) if x.element_size() == 1 else x
+
     def zeros(shape):
-        return torch.zeros(shape, dtype=x.dtype, device=x.device)
-    return _spill_scatter(x, token_topk_to_pos, pos_to_expert.shape[0], (x.shape[1],), zeros)
+        return torch.zeros(shape, dtype=rows.dtype, device=x.device)
+    out = _spill_scatter(rows, token_topk_to_pos, pos_to_expert.shape[0], (x.shape[1],), zeros)
+    return out.view(x.dtype)
 
 
 def torch_nosync_expand_with_sf(x, x_sf, token_topk_to_pos, pos_to_expert, *,

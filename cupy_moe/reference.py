@@ -62,13 +62,19 @@ def expand_to_fused_numpy(x: np.ndarray, token_topk_to_pos: np.ndarray,
     return scatter_rows(x, token_topk_to_pos, pos_to_expert, out)
 
 
-def empty_sf_output(num_expanded: int, sf_columns: int, dtype, *, col_major: bool) -> np.ndarray:
-    """An ``[X, S]`` SF output; column-major: the transposed view of the first X
-    columns of a zeroed ``[S, align(X, 4)]`` buffer (pad columns stay zero)."""
+def empty_sf_output(num_expanded: int, sf_columns: int, dtype, *,
+                    col_major: bool) -> tuple[np.ndarray, np.ndarray]:
+    """(buffer, view) of an ``[X, S]`` SF output.
+
+    Row-major: both are one ``[X, S]`` array. Column-major: the buffer is a
+    zeroed ``[S, align(X, 4)]`` array (pad columns stay zero) and the view is
+    the transpose of its first X columns.
+    """
     if col_major:
         buffer = np.zeros((sf_columns, align_up(num_expanded, SF_TOKEN_ALIGN)), dtype=dtype)
-        return buffer[:, :num_expanded].T
-    return np.empty((num_expanded, sf_columns), dtype=dtype)
+        return buffer, buffer[:, :num_expanded].T
+    buffer = np.empty((num_expanded, sf_columns), dtype=dtype)
+    return buffer, buffer
 
 
 def expand_to_fused_with_sf_numpy(
@@ -83,8 +89,8 @@ def expand_to_fused_with_sf_numpy(
     out = expand_to_fused_numpy(x, token_topk_to_pos, pos_to_expert, out)
     x_sf = np.ascontiguousarray(x_sf)
     if out_sf is None:
-        out_sf = empty_sf_output(pos_to_expert.shape[0], x_sf.shape[1], x_sf.dtype,
-                                 col_major=col_major)
+        _, out_sf = empty_sf_output(pos_to_expert.shape[0], x_sf.shape[1], x_sf.dtype,
+                                    col_major=col_major)
     elif col_major:
         _zero_pad_columns(out_sf)
     scatter_rows(x_sf, token_topk_to_pos, pos_to_expert, out_sf)

@@ -159,12 +159,15 @@ DEFINE_EXPAND_KERNEL(1)
 
 // ---------------------------------------------------------------------------
 // validate=True: find the first offending slot of each kind in two passes,
-// without a per-row host round trip. found[] starts at LLONG_MAX ("none"):
+// without a per-row host round trip. found[] starts at ROUTING_NONE ("none";
+// every byte 0x7F, so the host sets it with one memset):
 //   found[0] first flat slot with a position >= X            (out of range)
 //   found[1] first flat slot naming a row with pos_to_expert < 0
 //   found[2] first flat slot repeating an earlier slot's row (duplicate)
 //   found[3] first expert row (pos_to_expert >= 0) no slot names
-// first_slot[X] (LLONG_MAX-initialised) gets the smallest slot naming each row.
+// first_slot[X] (ROUTING_NONE-initialised) gets the smallest slot naming each row.
+
+#define ROUTING_NONE 0x7F7F7F7F7F7F7F7FLL
 
 struct RoutingArgs {
     const int* token_topk_to_pos;   // [T * K]
@@ -196,7 +199,7 @@ extern "C" __global__ void routing_repeats_and_gaps(const RoutingArgs a) {
         if (p >= 0 && p < a.num_expanded && a.first_slot[p] != i) atomicMin(a.found + 2, i);
     }
     for (i64 p = start; p < a.num_expanded; p += stride) {
-        if (a.pos_to_expert[p] >= 0 && a.first_slot[p] == 0x7fffffffffffffffLL)
+        if (a.pos_to_expert[p] >= 0 && a.first_slot[p] == ROUTING_NONE)
             atomicMin(a.found + 3, p);
     }
 }
