@@ -2,15 +2,22 @@
 
 Arguments are used in place (raw device pointers; no copies unless an input
 is non-contiguous) and the kernels run on the caller's current stream: CuPy's
-for CuPy arrays, torch's for tensors. Launches go straight to the driver with
-a prebuilt ctypes argument block, which costs a fraction of CuPy's generic
-argument conversion; nothing on this path synchronises with the host except
-``validate=True``.
+for CuPy arrays, torch's for tensors. Nothing on this path synchronises with
+the host except ``validate=True``.
+
+Per-call host work is what decode latency is made of, so everything that
+depends only on shapes and dtypes is done once per configuration: a ``_Plan``
+holds the grid, the constant part of the argument block and the kernel
+handles, and launches go straight to ``cuLaunchKernel`` with an argument
+block packed by one ``struct.pack_into``. For torch tensors, a call whose
+signature (types, shapes, dtypes, devices, contiguity) matches one already
+checked skips the checks entirely (``torch_fast_call``).
 """
 
 from __future__ import annotations
 
 import ctypes
+import struct
 import sys
 import threading
 from typing import Any
@@ -24,90 +31,129 @@ from ._checks import ROUTING_ERROR_KINDS, ExpandProblem, raise_routing_error
 from .loader import get_module
 
 _SOURCE = "expand_to_fused.cu"
-# Must match EXPAND_THREADS / EXPAND_UNROLL in kernels_cu/expand_to_fused.cu.
-EXPAND_THREADS = 256
-EXPAND_UNROLL = 4
+# Compile-time configuration of the expand kernels (defines of the variant).
+KERNEL_CONFIG = {"EXPAND_THREADS": 256, "EXPAND_UNROLL": 4, "EXPAND_STREAMING": 1}
 ROWS_PER_ZERO_BLOCK = 8
 _MAX_GRID_Y = 65535
-_NONE_FOUND = 0x7F7F7F7F7F7F7F7F  # matches ROUTING_NONE in the kernel source
+_NONE_FOUND = 0x7F7F7F7F7F7F7F7F  # ROUTING_NONE in the kernel source
 
 SF_NONE, SF_ROW_MAJOR, SF_COL_MAJOR = 0, 1, 2
 
-
-class _ExpandArgs(ctypes.Structure):
-    """Mirror of ``struct ExpandArgs`` in expand_to_fused.cu, field for field."""
-
-    _fields_ = [
-        ("x", ctypes.c_void_p),
-        ("token_topk_to_pos", ctypes.c_void_p),
-        ("pos_to_expert", ctypes.c_void_p),
-        ("out", ctypes.c_void_p),
-        ("x_sf", ctypes.c_void_p),
-        ("out_sf", ctypes.c_void_p),
-        ("row_bytes", ctypes.c_int64),
-        ("num_tokens", ctypes.c_int32),
-        ("top_k", ctypes.c_int32),
-        ("num_expanded", ctypes.c_int32),
-        ("sf_columns", ctypes.c_int32),
-        ("sf_ld", ctypes.c_int32),
-        ("rows_per_zero_block", ctypes.c_int32),
-    ]
-
-
-class _RoutingArgs(ctypes.Structure):
-    """Mirror of ``struct RoutingArgs`` in expand_to_fused.cu."""
-
-    _fields_ = [
-        ("token_topk_to_pos", ctypes.c_void_p),
-        ("pos_to_expert", ctypes.c_void_p),
-        ("first_slot", ctypes.c_void_p),
-        ("found", ctypes.c_void_p),
-        ("num_slots", ctypes.c_int64),
-        ("num_expanded", ctypes.c_int32),
-    ]
+# struct ExpandArgs of expand_to_fused.cu: x, token_topk_to_pos, pos_to_expert,
+# out, x_sf, out_sf (pointers); row_bytes (int64); num_tokens, top_k,
+# num_expanded, sf_columns, sf_ld, rows_per_zero_block (int32).
+_EXPAND_ARGS = struct.Struct("<6Qq6i")
+# struct RoutingArgs: token_topk_to_pos, pos_to_expert, first_slot, found
+# (pointers); num_slots (int64); num_expanded (int32), padded to 8 bytes.
+_ROUTING_ARGS = struct.Struct("<4Qqi4x")
 
 
 class _ArgBlock(threading.local):
-    """Per-thread argument blocks and the void* array cuLaunchKernel reads.
+    """A per-thread argument block and the one-entry void* array pointing at it.
 
-    The driver copies the arguments at launch, so one block per thread can be
-    refilled for every call.
+    The driver copies the argument bytes at launch, so the block can be
+    refilled for every call; per thread, so concurrent callers don't collide.
     """
 
     def __init__(self) -> None:
-        self.expand = _ExpandArgs()
-        self.expand_params = (ctypes.c_void_p * 1)(ctypes.addressof(self.expand))
-        self.routing = _RoutingArgs()
-        self.routing_params = (ctypes.c_void_p * 1)(ctypes.addressof(self.routing))
+        self.buffer = (ctypes.c_uint64 * 16)()
+        self.params = (ctypes.c_void_p * 1)(ctypes.addressof(self.buffer))
+        self.params_address = ctypes.addressof(self.params)
 
 
 _arg_block = _ArgBlock()
-_functions: dict[tuple[int, int, str], int] = {}
+_functions: dict[tuple, int] = {}
+
+
+def _defines(sf_mode: int) -> tuple[tuple[str, int], ...]:
+    return (("CUPY_MOE_SF_MODE", sf_mode), *sorted(KERNEL_CONFIG.items()))
 
 
 def _function(device: int, sf_mode: int, name: str) -> int:
     """Driver handle of kernel ``name`` of the ``sf_mode`` variant on ``device``."""
-    key = (device, sf_mode, name)
+    defines = _defines(sf_mode)
+    key = (device, defines, name)
     handle = _functions.get(key)
     if handle is None:
-        module = get_module(_SOURCE, (("CUPY_MOE_SF_MODE", sf_mode),), device)
+        module = get_module(_SOURCE, defines, device)
         # RawKernel.kernel is the loaded cupy.cuda.Function; the cached module
         # keeps its code alive.
         handle = _functions.setdefault(key, module.get_function(name).kernel.ptr)
     return handle
 
 
-def _vector_bytes(row_bytes: int, *pointers: int) -> int:
-    """Widest access (16, 8, 4, 2, 1 bytes) dividing the row and every base address."""
-    bits = row_bytes | 16
-    for pointer in pointers:
-        bits |= pointer
-    return bits & -bits
+class _Plan:
+    """Everything about a call that depends only on its sizes, dtypes and device."""
+
+    __slots__ = ("device", "sf_mode", "problem", "row_bytes", "grid_x", "tail", "threads",
+                 "kernels", "out_shape", "sf_buffer_shape")
+
+    def __init__(self, problem: ExpandProblem, item_bytes: int, device: int) -> None:
+        self.device = device
+        self.problem = problem
+        self.sf_mode = (SF_NONE if not problem.has_sf else
+                        SF_COL_MAJOR if problem.sf_col_major else SF_ROW_MAJOR)
+        self.row_bytes = problem.hidden * item_bytes
+        zero_rows = problem.sf_leading_dim if self.sf_mode == SF_COL_MAJOR else problem.num_expanded
+        self.grid_x = problem.num_tokens + -(-zero_rows // ROWS_PER_ZERO_BLOCK)
+        self.tail = (self.row_bytes, problem.num_tokens, problem.top_k, problem.num_expanded,
+                     problem.sf_columns, problem.sf_leading_dim, ROWS_PER_ZERO_BLOCK)
+        self.threads = KERNEL_CONFIG["EXPAND_THREADS"]
+        self.kernels: dict[int, tuple[int, int]] = {}  # access width -> (handle, grid_y)
+        self.out_shape = problem.out_shape()
+        self.sf_buffer_shape = ((problem.sf_columns, problem.sf_leading_dim)
+                                if problem.sf_col_major else problem.out_sf_shape())
+
+    def kernel(self, vec_bytes: int) -> tuple[int, int]:
+        found = self.kernels.get(vec_bytes)
+        if found is None:
+            per_block = self.threads * KERNEL_CONFIG["EXPAND_UNROLL"]
+            chunks = -(-(self.row_bytes // vec_bytes) // per_block)
+            if chunks > _MAX_GRID_Y:
+                raise ValueError(f"x rows of {self.row_bytes} bytes are too long for one launch "
+                                 f"(at most {_MAX_GRID_Y * per_block * vec_bytes})")
+            handle = _function(self.device, self.sf_mode, f"expand_to_fused_v{vec_bytes}")
+            found = self.kernels[vec_bytes] = (handle, chunks)
+        return found
+
+    def launch(self, stream: int, x: int, token_topk_to_pos: int, pos_to_expert: int,
+               out: int, x_sf: int, out_sf: int) -> None:
+        if self.grid_x == 0:
+            return
+        # Widest access (16, 8, 4, 2, 1 bytes) dividing the row and both bases.
+        bits = self.row_bytes | 16 | x | out
+        handle, chunks = self.kernel(bits & -bits)
+        block = _arg_block
+        _EXPAND_ARGS.pack_into(block.buffer, 0, x, token_topk_to_pos, pos_to_expert, out,
+                               x_sf, out_sf, *self.tail)
+        driver.launchKernel(handle, self.grid_x, chunks, 1, self.threads, 1, 1, 0, stream,
+                            block.params_address, 0)
+
+
+_plans: dict[tuple, _Plan] = {}
+
+
+def _plan(problem: ExpandProblem, item_bytes: int, device: int) -> _Plan:
+    key = (problem, item_bytes, device, tuple(KERNEL_CONFIG.items()))
+    plan = _plans.get(key)
+    if plan is None:
+        plan = _plans[key] = _Plan(problem, item_bytes, device)
+    return plan
 
 
 # -- the two GPU array kinds -------------------------------------------------
 
+def _torch_stream(device: int) -> int:
+    torch = sys.modules["torch"]
+    getter = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    if getter is not None:
+        return getter(device)
+    return torch.cuda.current_stream(device).cuda_stream
+
+
 class _TorchCuda:
+    stream = staticmethod(_torch_stream)
+
     @staticmethod
     def contiguous(a: Any) -> Any:
         return a if a.is_contiguous() else a.contiguous()
@@ -117,16 +163,12 @@ class _TorchCuda:
         return a.data_ptr()
 
     @staticmethod
-    def stream(device: int) -> int:
-        torch_c = sys.modules["torch"]._C
-        getter = getattr(torch_c, "_cuda_getCurrentRawStream", None)
-        if getter is not None:
-            return getter(device)
-        return sys.modules["torch"].cuda.current_stream(device).cuda_stream
+    def item_bytes(a: Any) -> int:
+        return a.element_size()
 
     @staticmethod
     def empty(shape: tuple[int, ...], like: Any) -> Any:
-        return sys.modules["torch"].empty(shape, dtype=like.dtype, device=like.device)
+        return like.new_empty(shape)
 
     @staticmethod
     def flat_value(a: Any, index: int) -> int:
@@ -134,6 +176,10 @@ class _TorchCuda:
 
 
 class _Cupy:
+    @staticmethod
+    def stream(device: int) -> int:
+        return cupy.cuda.get_current_stream().ptr
+
     @staticmethod
     def contiguous(a: Any) -> Any:
         return a if a.flags.c_contiguous else cupy.ascontiguousarray(a)
@@ -143,8 +189,8 @@ class _Cupy:
         return a.data.ptr
 
     @staticmethod
-    def stream(device: int) -> int:
-        return cupy.cuda.get_current_stream().ptr
+    def item_bytes(a: Any) -> int:
+        return a.itemsize
 
     @staticmethod
     def empty(shape: tuple[int, ...], like: Any) -> Any:
@@ -173,16 +219,31 @@ class _OnDevice:
             runtime.setDevice(self.previous)
 
 
+def _allocate(lib, plan: _Plan, x: Any, x_sf: Any, out: Any, out_sf: Any) -> tuple[Any, Any]:
+    if out is None:
+        out = lib.empty(plan.out_shape, x)
+    if x_sf is not None and out_sf is None:
+        out_sf = lib.empty(plan.sf_buffer_shape, x_sf)
+        if plan.sf_mode == SF_COL_MAJOR:
+            out_sf = out_sf[:, :plan.problem.num_expanded].T
+    return out, out_sf
+
+
 def run_expand(kind: ArrayKind, problem: ExpandProblem, x: Any, x_sf: Any,
                token_topk_to_pos: Any, pos_to_expert: Any,
                out: Any, out_sf: Any, validate: bool) -> tuple[Any, Any]:
-    """Both ops on the GPU; ``x_sf`` is None for the op without scale factors.
+    """Both ops on the GPU, after the public op checked every rule.
 
-    Returns ``(out, out_sf)`` of the caller's kind; caller-provided outputs are
-    written in place and returned as the same objects.
+    ``x_sf`` is None for the op without scale factors. Returns ``(out,
+    out_sf)`` of the caller's kind; caller-provided outputs are written in
+    place and returned as the same objects.
     """
-    lib = _TorchCuda if kind is ArrayKind.TORCH_CUDA else _Cupy
-    device = x.device.index if kind is ArrayKind.TORCH_CUDA else x.device.id
+    torch_kind = kind is ArrayKind.TORCH_CUDA
+    lib = _TorchCuda if torch_kind else _Cupy
+    device = x.device.index if torch_kind else x.device.id
+    signature = (_torch_signature(x, x_sf, token_topk_to_pos, pos_to_expert, out, out_sf,
+                                  problem.num_per_channels, problem.sf_col_major)
+                 if torch_kind and out_sf is None else None)
     with _OnDevice(device):
         stream = lib.stream(device)
         token_topk_to_pos = lib.contiguous(token_topk_to_pos)
@@ -190,50 +251,75 @@ def run_expand(kind: ArrayKind, problem: ExpandProblem, x: Any, x_sf: Any,
         if validate:
             _validate_routing(lib, problem, token_topk_to_pos, pos_to_expert, device, stream)
         x = lib.contiguous(x)
-        if out is None:
-            out = lib.empty(problem.out_shape(), x)
-        sf_mode = SF_NONE
         if x_sf is not None:
             x_sf = lib.contiguous(x_sf)
-            sf_mode = SF_COL_MAJOR if problem.sf_col_major else SF_ROW_MAJOR
-            if out_sf is None:
-                if problem.sf_col_major:
-                    buffer = lib.empty((problem.sf_columns, problem.sf_leading_dim), x_sf)
-                    out_sf = buffer[:, :problem.num_expanded].T
-                else:
-                    out_sf = lib.empty(problem.out_sf_shape(), x_sf)
-        _launch_expand(problem, sf_mode, device, stream, lib.pointer(x), lib.pointer(token_topk_to_pos),
-                       lib.pointer(pos_to_expert), lib.pointer(out),
-                       0 if x_sf is None else lib.pointer(x_sf),
-                       0 if out_sf is None else lib.pointer(out_sf),
-                       x.element_size() if kind is ArrayKind.TORCH_CUDA else x.itemsize)
+        plan = _plan(problem, lib.item_bytes(x), device)
+        out, out_sf = _allocate(lib, plan, x, x_sf, out, out_sf)
+        plan.launch(stream, lib.pointer(x), lib.pointer(token_topk_to_pos),
+                    lib.pointer(pos_to_expert), lib.pointer(out),
+                    0 if x_sf is None else lib.pointer(x_sf),
+                    0 if out_sf is None else lib.pointer(out_sf))
+    if signature is not None and _all_contiguous(signature):
+        # Every rule held and every input was contiguous: later calls with
+        # the same signature may skip straight to the launch.
+        _torch_plans[signature] = plan
     return out, out_sf
 
 
-def _launch_expand(problem: ExpandProblem, sf_mode: int, device: int, stream: int,
-                   x_ptr: int, map_ptr: int, p2e_ptr: int, out_ptr: int,
-                   x_sf_ptr: int, out_sf_ptr: int, item_bytes: int) -> None:
-    row_bytes = problem.hidden * item_bytes
-    vec_bytes = _vector_bytes(row_bytes, x_ptr, out_ptr)
-    chunks = -(-(row_bytes // vec_bytes) // (EXPAND_THREADS * EXPAND_UNROLL))
-    if chunks > _MAX_GRID_Y:
-        raise ValueError(f"x rows of {row_bytes} bytes are too long for one launch "
-                         f"(at most {_MAX_GRID_Y * EXPAND_THREADS * EXPAND_UNROLL * vec_bytes})")
-    zero_rows = problem.sf_leading_dim if sf_mode == SF_COL_MAJOR else problem.num_expanded
-    grid_x = problem.num_tokens + -(-zero_rows // ROWS_PER_ZERO_BLOCK)
-    if grid_x == 0:
-        return
-    a = _arg_block.expand
-    a.x, a.token_topk_to_pos, a.pos_to_expert, a.out = x_ptr, map_ptr, p2e_ptr, out_ptr
-    a.x_sf, a.out_sf = x_sf_ptr, out_sf_ptr
-    a.row_bytes = row_bytes
-    a.num_tokens, a.top_k, a.num_expanded = problem.num_tokens, problem.top_k, problem.num_expanded
-    a.sf_columns, a.sf_ld = problem.sf_columns, problem.sf_leading_dim
-    a.rows_per_zero_block = ROWS_PER_ZERO_BLOCK
-    function = _function(device, sf_mode, f"expand_to_fused_v{vec_bytes}")
-    driver.launchKernel(function, grid_x, chunks, 1, EXPAND_THREADS, 1, 1, 0, stream,
-                        ctypes.addressof(_arg_block.expand_params), 0)
+# -- the torch fast path --------------------------------------------------------
 
+_torch_plans: dict[tuple, _Plan] = {}
+
+
+def _torch_signature(x, x_sf, token_topk_to_pos, pos_to_expert, out, out_sf,
+                     num_per_channels, col_major) -> tuple | None:
+    """What the public op's checks read of its arguments, as a dict key.
+
+    ``(num_per_channels, col_major, x, token_topk_to_pos, pos_to_expert,
+    x_sf, out)``, each tensor as (shape, dtype, device ordinal, contiguous) or
+    None when absent. None where the call is not one the fast path takes (an
+    argument that is not exactly a torch.Tensor, or a caller's ``out_sf``,
+    whose buffer extent is checked every time).
+    """
+    torch = sys.modules.get("torch")
+    if torch is None or out_sf is not None:
+        return None
+    tensor = torch.Tensor
+    groups = []
+    for a in (x, token_topk_to_pos, pos_to_expert, x_sf, out):
+        if a is None:
+            groups.append(None)
+        elif type(a) is tensor:
+            groups.append((a.shape, a.dtype, a.get_device(), a.is_contiguous()))
+        else:
+            return None
+    return (num_per_channels, col_major, *groups)
+
+
+def _all_contiguous(signature: tuple) -> bool:
+    return all(group[3] for group in signature[2:] if group is not None)
+
+
+def torch_fast_call(x, x_sf, token_topk_to_pos, pos_to_expert, out, out_sf,
+                    num_per_channels, col_major) -> tuple[Any, Any] | None:
+    """The call, if its signature was already checked by the full path; else None."""
+    signature = _torch_signature(x, x_sf, token_topk_to_pos, pos_to_expert, out, out_sf,
+                                 num_per_channels, col_major)
+    plan = _torch_plans.get(signature) if signature is not None else None
+    if plan is None:
+        return None
+    device = plan.device
+    if runtime.getDevice() != device:
+        return None  # the full path switches devices
+    out, out_sf = _allocate(_TorchCuda, plan, x, x_sf, out, out_sf)
+    plan.launch(_torch_stream(device), x.data_ptr(), token_topk_to_pos.data_ptr(),
+                pos_to_expert.data_ptr(), out.data_ptr(),
+                0 if x_sf is None else x_sf.data_ptr(),
+                0 if out_sf is None else out_sf.data_ptr())
+    return out, out_sf
+
+
+# -- validate=True ----------------------------------------------------------------
 
 def _validate_routing(lib, problem: ExpandProblem, token_topk_to_pos: Any, pos_to_expert: Any,
                       device: int, stream: int) -> None:
@@ -243,16 +329,14 @@ def _validate_routing(lib, problem: ExpandProblem, token_topk_to_pos: Any, pos_t
     found = cupy.empty(len(ROUTING_ERROR_KINDS), dtype=cupy.int64)
     for scratch in (first_slot, found):  # every byte 0x7F: the "none found" sentinel
         runtime.memsetAsync(scratch.data.ptr, 0x7F, scratch.nbytes, stream)
-    a = _arg_block.routing
-    a.token_topk_to_pos = lib.pointer(token_topk_to_pos)
-    a.pos_to_expert = lib.pointer(pos_to_expert)
-    a.first_slot, a.found = first_slot.data.ptr, found.data.ptr
-    a.num_slots, a.num_expanded = num_slots, problem.num_expanded
+    block = _arg_block
+    _ROUTING_ARGS.pack_into(block.buffer, 0, lib.pointer(token_topk_to_pos),
+                            lib.pointer(pos_to_expert), first_slot.data.ptr, found.data.ptr,
+                            num_slots, problem.num_expanded)
     blocks = max(1, min(1024, -(-max(num_slots, problem.num_expanded) // 256)))
-    params = ctypes.addressof(_arg_block.routing_params)
     for name in ("routing_first_slots", "routing_repeats_and_gaps"):
         driver.launchKernel(_function(device, SF_NONE, name), blocks, 1, 1, 256, 1, 1, 0,
-                            stream, params, 0)
+                            stream, block.params_address, 0)
     found_host = np.empty(len(ROUTING_ERROR_KINDS), dtype=np.int64)
     runtime.memcpyAsync(found_host.ctypes.data, found.data.ptr, found_host.nbytes,
                         runtime.memcpyDeviceToHost, stream)

@@ -208,7 +208,9 @@ def _to_cupy(array: np.ndarray):
 
 
 def bench_gpu_workload(w: Workload, timer: GpuTimer, backend: str, iters: int,
-                       copy_tbps: float, rng: np.random.Generator) -> Record:
+                       copy_tbps: float, rng: np.random.Generator, *,
+                       kernel_only: bool = False) -> Record:
+    """One workload on the GPU; ``kernel_only`` skips eager, graph and peer figures."""
     record = Record(w.op, w.label, _shapes_text(w), w.bytes)
     host = workload_inputs(w, rng)
     expected = _reference(w, host)
@@ -232,6 +234,8 @@ def bench_gpu_workload(w: Workload, timer: GpuTimer, backend: str, iters: int,
     record.gpu_us = timer.median_us(lambda: _call(w, args, **out_kwargs), iters)
     record.gbps = w.bytes / record.gpu_us / 1e3
     record.pct_copy_roofline = 100 * record.gbps / (copy_tbps * 1e3)
+    if kernel_only:
+        return record
     calls = 200 if w.bytes <= GRAPH_MAX_BYTES else 20
     record.eager_us = eager_us(lambda: _call(w, args), calls, sync)
 

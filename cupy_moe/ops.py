@@ -22,9 +22,16 @@ from ._arrays import (
 __all__ = ["expand_to_fused", "expand_to_fused_with_sf"]
 
 
+# The GPU backend's shortcut for torch calls whose signature was already
+# checked (set once the backend is loaded; see _gpu.torch_fast_call).
+_fast_call = None
+
+
 def _backend(kind: ArrayKind):
+    global _fast_call
     if kind.on_gpu:
         from . import _gpu  # imports CuPy: only where a GPU array was given
+        _fast_call = _gpu.torch_fast_call
         return _gpu
     from . import _cpu
     return _cpu
@@ -92,6 +99,10 @@ def expand_to_fused(x: Any, token_topk_to_pos: Any, pos_to_expert: Any, *,
         A shape, dtype or device rule fails (the message names the argument and
         the numbers), or ``validate=True`` finds a malformed map.
     """
+    if _fast_call is not None and not validate:
+        result = _fast_call(x, None, token_topk_to_pos, pos_to_expert, out, None, None, False)
+        if result is not None:
+            return result[0]
     kind, _ = common_kind({"x": x, "token_topk_to_pos": token_topk_to_pos,
                            "pos_to_expert": pos_to_expert, "out": out})
     x_dtype = dtype_name(kind, x)
@@ -150,6 +161,11 @@ def expand_to_fused_with_sf(x: Any, x_sf: Any, token_topk_to_pos: Any, pos_to_ex
     TypeError, ValueError
         As in :func:`expand_to_fused`, plus the scale-factor rules.
     """
+    if _fast_call is not None and not validate:
+        result = _fast_call(x, x_sf, token_topk_to_pos, pos_to_expert, out, out_sf,
+                            num_per_channels, bool(use_tma_aligned_col_major_sf))
+        if result is not None:
+            return result
     kind, _ = common_kind({"x": x, "x_sf": x_sf, "token_topk_to_pos": token_topk_to_pos,
                            "pos_to_expert": pos_to_expert, "out": out, "out_sf": out_sf})
     x_dtype, sf_dtype = dtype_name(kind, x), dtype_name(kind, x_sf)

@@ -27,10 +27,21 @@
 
 typedef long long i64;
 
-// Threads per block and vectors each thread holds in flight (the host sizes
-// column chunks with the same numbers: keep launch.py in step).
+// Threads per block and vectors each thread holds in flight. The loader
+// passes both (cupy_moe/_gpu.py KERNEL_CONFIG), since the host sizes the
+// column chunks with the same numbers; these defaults only serve NVRTC runs
+// without them.
+#ifndef EXPAND_THREADS
 #define EXPAND_THREADS 256
+#endif
+#ifndef EXPAND_UNROLL
 #define EXPAND_UNROLL 4
+#endif
+// 1: loads and stores carry the evict-first (streaming) cache hint: each x
+// row is read by one block only and no output is read back by this kernel.
+#ifndef EXPAND_STREAMING
+#define EXPAND_STREAMING 1
+#endif
 
 // The argument block, passed by value. The host mirrors it field for field
 // in a ctypes.Structure (cupy_moe/_gpu.py), in this order.
@@ -57,6 +68,24 @@ template <> struct VecOf<4> { typedef unsigned int type; };
 template <> struct VecOf<2> { typedef unsigned short type; };
 template <> struct VecOf<1> { typedef unsigned char type; };
 
+template <typename T>
+__device__ __forceinline__ T load_once(const T* p) {
+#if EXPAND_STREAMING
+    return __ldcs(p);
+#else
+    return *p;
+#endif
+}
+
+template <typename T>
+__device__ __forceinline__ void store_once(T* p, T v) {
+#if EXPAND_STREAMING
+    __stcs(p, v);
+#else
+    *p = v;
+#endif
+}
+
 template <int VEC_BYTES>
 __device__ __forceinline__ void zero_row_chunk(unsigned char* out, i64 row, i64 n_vec, i64 vec_begin) {
     typedef typename VecOf<VEC_BYTES>::type Vec;
@@ -66,7 +95,7 @@ __device__ __forceinline__ void zero_row_chunk(unsigned char* out, i64 row, i64 
 #pragma unroll
     for (int u = 0; u < EXPAND_UNROLL; ++u) {
         i64 idx = vec_begin + u * EXPAND_THREADS + threadIdx.x;
-        if (idx < n_vec) dst[idx] = zero;
+        if (idx < n_vec) store_once(dst + idx, zero);
     }
 }
 
@@ -95,7 +124,7 @@ __device__ __forceinline__ void expand_to_fused_body(const ExpandArgs& a) {
 #pragma unroll
         for (int u = 0; u < EXPAND_UNROLL; ++u) {
             i64 idx = vec_begin + u * EXPAND_THREADS + threadIdx.x;
-            if (idx < n_vec) held[u] = src[idx];
+            if (idx < n_vec) held[u] = load_once(src + idx);
         }
         for (int k = 0; k < a.top_k; ++k) {
             const int p = __ldg(slots + k);
@@ -104,7 +133,7 @@ __device__ __forceinline__ void expand_to_fused_body(const ExpandArgs& a) {
 #pragma unroll
             for (int u = 0; u < EXPAND_UNROLL; ++u) {
                 i64 idx = vec_begin + u * EXPAND_THREADS + threadIdx.x;
-                if (idx < n_vec) dst[idx] = held[u];
+                if (idx < n_vec) store_once(dst + idx, held[u]);
             }
         }
 #if CUPY_MOE_SF_MODE != SF_NONE

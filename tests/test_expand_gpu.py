@@ -465,3 +465,51 @@ def test_torch_results_keep_native_dtypes():
             fp8, x_sf, dmap, dp2e, num_per_channels=128, use_tma_aligned_col_major_sf=col_major)
         assert out_x.dtype == torch.float8_e4m3fn and out_sf.dtype == sf_dtype
         assert out_x.is_cuda and out_x.device == fp8.device
+
+
+# -- the torch fast path (signature already checked) -------------------------------
+
+@pytest.mark.skipif(not _HAS_TORCH_CUDA, reason="needs torch with CUDA")
+def test_torch_fast_path_stays_exact_and_falls_back_when_the_signature_changes():
+    from cupy_moe import _gpu
+
+    rng = np.random.default_rng()
+    num_tokens, hidden, top_k, num_expanded = 16, 256, 4, 80
+    fp8 = numpy_dtype("float8_e4m3fn")
+
+    def call(x, x_sf, token_topk_to_pos, pos_to_expert, *, x_view=None, sf_view=None, out=None):
+        dx = x_view if x_view is not None else to_device("torch", x, "float8_e4m3fn")
+        dsf = sf_view if sf_view is not None else to_device("torch", x_sf, "float32")
+        got_x, got_sf = cupy_moe.expand_to_fused_with_sf(
+            dx, dsf, map_to_device("torch", token_topk_to_pos),
+            map_to_device("torch", pos_to_expert), num_per_channels=128, out=out)
+        want_x, want_sf = reference.expand_to_fused_with_sf_numpy(
+            x, x_sf, token_topk_to_pos, pos_to_expert, col_major=False)
+        assert_bits(to_host_bits("torch", got_x), want_x, "expanded_x")
+        assert_bits(to_host_bits("torch", got_sf), want_sf, "expanded_x_sf")
+        return got_x
+
+    def draw():
+        return (random_bits(rng, (num_tokens, hidden), fp8),
+                random_bits(rng, (num_tokens, 2), np.dtype("float32")),
+                *fitted_routing(rng, num_tokens, top_k, num_expanded))
+
+    call(*draw())  # full path: checks, then remembers the signature
+    assert _gpu._torch_plans
+    hits_before = len(_gpu._torch_plans)
+    call(*draw())  # fast path, fresh data
+    assert len(_gpu._torch_plans) == hits_before
+    # same shapes, non-contiguous x and x_sf: the fast path must not take them
+    x, x_sf, token_topk_to_pos, pos_to_expert = draw()
+    wide = to_device("torch", np.concatenate([x, x], axis=1), "float8_e4m3fn")
+    wide_sf = to_device("torch", np.concatenate([x_sf, x_sf], axis=1), "float32")
+    call(x, x_sf, token_topk_to_pos, pos_to_expert, x_view=wide[:, :hidden],
+         sf_view=wide_sf[:, :2])
+    # an out= of the wrong dtype after a good one: still rejected
+    out = torch.empty((num_expanded, hidden), dtype=torch.float8_e4m3fn, device="cuda")
+    call(*draw(), out=out)
+    with pytest.raises(ValueError, match="out must have dtype float8_e4m3fn"):
+        cupy_moe.expand_to_fused_with_sf(
+            to_device("torch", x, "float8_e4m3fn"), to_device("torch", x_sf, "float32"),
+            map_to_device("torch", token_topk_to_pos), map_to_device("torch", pos_to_expert),
+            num_per_channels=128, out=out.view(torch.uint8))
