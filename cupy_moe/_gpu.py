@@ -32,7 +32,8 @@ from .loader import get_module
 
 _SOURCE = "expand_to_fused.cu"
 # Compile-time configuration of the expand kernels (defines of the variant).
-KERNEL_CONFIG = {"EXPAND_THREADS": 256, "EXPAND_UNROLL": 4, "EXPAND_STREAMING": 1}
+KERNEL_CONFIG = {"EXPAND_THREADS": 256, "EXPAND_UNROLL": 4, "EXPAND_STREAMING": 1,
+                 "EXPAND_TMA": 0}
 ROWS_PER_ZERO_BLOCK = 8
 _MAX_GRID_Y = 65535
 _NONE_FOUND = 0x7F7F7F7F7F7F7F7F  # ROUTING_NONE in the kernel source

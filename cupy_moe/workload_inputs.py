@@ -15,9 +15,11 @@ from .reference import fused_mapping_numpy
 __all__ = ["numpy_dtype", "random_bits", "fitted_routing", "workload_inputs"]
 
 
-def numpy_dtype(name: str) -> np.dtype:
-    """NumPy dtype of a manifest dtype name (bf16 and fp8 from ml_dtypes)."""
-    return np.dtype(getattr(ml_dtypes, name, None) or name)
+def numpy_dtype(name) -> np.dtype:
+    """NumPy dtype of a manifest dtype name (bf16 and fp8 from ml_dtypes), or of a dtype."""
+    if isinstance(name, str):
+        return np.dtype(getattr(ml_dtypes, name, None) or name)
+    return np.dtype(name)
 
 
 def random_bits(rng: np.random.Generator, shape: tuple[int, ...], dtype) -> np.ndarray:

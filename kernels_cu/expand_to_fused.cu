@@ -37,6 +37,18 @@ typedef long long i64;
 #ifndef EXPAND_UNROLL
 #define EXPAND_UNROLL 4
 #endif
+// 1 (sm_90 and newer): rows of the 16-byte variant move by the bulk-copy
+// engine (cp.async.bulk): one thread loads the block's chunk of x[t] into
+// shared memory and issues one bulk store per slot; the other threads only
+// move scale factors.
+#ifndef EXPAND_TMA
+#define EXPAND_TMA 0
+#endif
+#if EXPAND_TMA && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define EXPAND_USE_BULK 1
+#else
+#define EXPAND_USE_BULK 0
+#endif
 // 1: loads and stores carry the evict-first (streaming) cache hint: each x
 // row is read by one block only and no output is read back by this kernel.
 #ifndef EXPAND_STREAMING
@@ -108,6 +120,39 @@ __device__ __forceinline__ void store_sf_row(unsigned int* out_sf, const ExpandA
 #endif
 }
 
+#if EXPAND_USE_BULK
+// One thread moves `bytes` (a multiple of 16, 16-byte aligned ends) from
+// src to every valid slot's row through shared memory, by the bulk engine.
+__device__ __forceinline__ void bulk_scatter_chunk(unsigned char* stage, unsigned long long* barrier,
+                                                   const unsigned char* src, const int* slots,
+                                                   const ExpandArgs& a, i64 offset, unsigned bytes) {
+    const unsigned stage_addr = static_cast<unsigned>(__cvta_generic_to_shared(stage));
+    const unsigned bar_addr = static_cast<unsigned>(__cvta_generic_to_shared(barrier));
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" :: "r"(bar_addr));
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;"
+                 :: "r"(bar_addr), "r"(bytes) : "memory");
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+                 :: "r"(stage_addr), "l"(src + offset), "r"(bytes), "r"(bar_addr) : "memory");
+    asm volatile("{\n"
+                 ".reg .pred done;\n"
+                 "WAIT_LOAD:\n"
+                 "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], 0;\n"
+                 "@!done bra WAIT_LOAD;\n"
+                 "}" :: "r"(bar_addr) : "memory");
+    for (int k = 0; k < a.top_k; ++k) {
+        const int p = __ldg(slots + k);
+        if (p < 0 || p >= a.num_expanded) continue;
+        unsigned char* dst = a.out + static_cast<i64>(p) * a.row_bytes + offset;
+        asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;"
+                     :: "l"(dst), "r"(stage_addr), "r"(bytes) : "memory");
+    }
+    asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+    // The block may not retire while the engine still reads its shared memory.
+    asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
+}
+#endif
+
 template <int VEC_BYTES>
 __device__ __forceinline__ void expand_to_fused_body(const ExpandArgs& a) {
     typedef typename VecOf<VEC_BYTES>::type Vec;
@@ -119,6 +164,19 @@ __device__ __forceinline__ void expand_to_fused_body(const ExpandArgs& a) {
         // Scatter: one read of the chunk, K stores.
         const i64 t = block;
         const int* slots = a.token_topk_to_pos + t * a.top_k;
+#if EXPAND_USE_BULK
+        if constexpr (VEC_BYTES == 16) {
+            __shared__ __align__(128) unsigned char stage[EXPAND_THREADS * EXPAND_UNROLL * 16];
+            __shared__ __align__(8) unsigned long long barrier;
+            if (threadIdx.x == 0 && vec_begin < n_vec) {
+                const i64 chunk_vecs = n_vec - vec_begin < EXPAND_THREADS * EXPAND_UNROLL
+                                           ? n_vec - vec_begin : EXPAND_THREADS * EXPAND_UNROLL;
+                bulk_scatter_chunk(stage, &barrier, a.x + t * a.row_bytes, slots, a,
+                                   vec_begin * 16, static_cast<unsigned>(chunk_vecs * 16));
+            }
+        } else
+#endif
+        {
         const Vec* src = reinterpret_cast<const Vec*>(a.x) + t * n_vec;
         Vec held[EXPAND_UNROLL];
 #pragma unroll
@@ -135,6 +193,7 @@ __device__ __forceinline__ void expand_to_fused_body(const ExpandArgs& a) {
                 i64 idx = vec_begin + u * EXPAND_THREADS + threadIdx.x;
                 if (idx < n_vec) store_once(dst + idx, held[u]);
             }
+        }
         }
 #if CUPY_MOE_SF_MODE != SF_NONE
         if (blockIdx.y == 0) {

@@ -7,23 +7,12 @@ of ``cupy_moe.reference`` (which is the code under test).
 
 from __future__ import annotations
 
-import ml_dtypes
 import numpy as np
 
-
-def ceil_div(a: int, b: int) -> int:
-    return -(-a // b)
-
-
-def align_up(a: int, b: int) -> int:
-    return ceil_div(a, b) * b
-
-
-def np_dtype(name) -> np.dtype:
-    """NumPy dtype of a canonical name; ml_dtypes supplies bfloat16 and fp8."""
-    if isinstance(name, str) and hasattr(ml_dtypes, name):
-        return np.dtype(getattr(ml_dtypes, name))
-    return np.dtype(name)
+from cupy_moe._checks import align_up, ceil_div  # noqa: F401 - re-exported for the tests
+from cupy_moe.reference import fused_mapping_numpy
+from cupy_moe.workload_inputs import numpy_dtype as np_dtype
+from cupy_moe.workload_inputs import random_bits
 
 
 def bits(array: np.ndarray) -> np.ndarray:
@@ -53,33 +42,10 @@ def make_topk_ids(num_tokens: int, top_k: int, num_experts: int, *,
 
 def make_expert_major_routing(topk_ids: np.ndarray, num_experts: int,
                               block_size: int) -> tuple[np.ndarray, np.ndarray]:
-    """(token_topk_to_pos [T, K], pos_to_expert [X]), both int32.
-
-    Experts lie one after the other, each segment padded with -1 rows to a
-    multiple of ``block_size``; within an expert, slots keep ascending t*K+k
-    order. A negative expert id is a dropped slot (position -1).
-    """
-    topk_ids = np.asarray(topk_ids)
-    assert topk_ids.ndim == 2, topk_ids.shape
-    flat = topk_ids.reshape(-1).astype(np.int64)
-    assert flat.size == 0 or flat.max() < num_experts, "expert id out of range"
-    slots = np.flatnonzero(flat >= 0)
-    experts = flat[slots]
-    counts = np.bincount(experts, minlength=num_experts)
-    segment = (-(-counts // block_size)) * block_size
-    seg_start = np.concatenate([[0], np.cumsum(segment)[:-1]])
-    # A stable sort groups slots by expert and keeps t*K+k order inside one.
-    order = np.argsort(experts, kind="stable")
-    sorted_experts = experts[order]
-    first_of_expert = np.concatenate([[0], np.cumsum(counts)[:-1]])
-    rank = np.arange(order.size) - first_of_expert[sorted_experts]
-    positions = seg_start[sorted_experts] + rank
-
-    token_topk_to_pos = np.full(flat.size, -1, dtype=np.int32)
-    token_topk_to_pos[slots[order]] = positions
-    pos_to_expert = np.full(int(segment.sum()), -1, dtype=np.int32)
-    pos_to_expert[positions] = sorted_experts
-    return token_topk_to_pos.reshape(topk_ids.shape), pos_to_expert
+    """(token_topk_to_pos [T, K], pos_to_expert [X]), both int32: the library's
+    NumPy routing plan (experts one after the other, each padded to a multiple
+    of ``block_size``; within an expert, ascending t*K+k)."""
+    return fused_mapping_numpy(topk_ids, num_experts, alignment=block_size)
 
 
 def make_manifest_routing(num_tokens: int, top_k: int,
@@ -97,13 +63,9 @@ def make_manifest_routing(num_tokens: int, top_k: int,
 # --- payloads -----------------------------------------------------------------
 
 def random_payload(rng, shape, dtype) -> np.ndarray:
-    """A writable array of ``dtype`` filled with random bits: every code of
-    the type can appear (NaN encodings, -0.0, infinities, subnormals)."""
-    dtype = np_dtype(dtype)
-    shape = tuple(shape)
-    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-    raw = np.frombuffer(bytearray(rng.bytes(nbytes)), dtype=np.uint8)
-    return raw.view(dtype).reshape(shape)
+    """An array of ``dtype`` filled with random bits: every code of the type can
+    appear (NaN encodings, -0.0, infinities, subnormals)."""
+    return random_bits(rng, tuple(shape), np_dtype(dtype))
 
 
 def from_bits(codes, dtype) -> np.ndarray:

@@ -16,6 +16,8 @@ from cupy_moe._checks import align_up, sf_columns
 
 from cupy_moe.workload_inputs import fitted_routing, numpy_dtype, random_bits
 
+from helpers import assert_bits_equal, bits
+
 cupy = pytest.importorskip("cupy")
 
 
@@ -71,20 +73,6 @@ def map_to_device(kind: str, array: np.ndarray):
     return torch.from_numpy(array).cuda() if kind == "torch" else cupy.asarray(array)
 
 
-def bits_view(array: np.ndarray) -> np.ndarray:
-    return array.view(f"u{array.itemsize}")
-
-
-def assert_bits(actual_bits: np.ndarray, expected: np.ndarray, what: str) -> None:
-    expected_bits = bits_view(np.ascontiguousarray(expected))
-    assert actual_bits.shape == expected_bits.shape, what
-    mismatch = np.argwhere(actual_bits != expected_bits)
-    if mismatch.size:
-        first = tuple(int(i) for i in mismatch[0])
-        pytest.fail(f"{what}: {len(mismatch)} mismatches, first at {first}: "
-                    f"got {actual_bits[first]:#x}, expected {expected_bits[first]:#x}")
-
-
 def padded_sf_bits(kind: str, out_sf, num_expanded: int, sf_cols: int) -> np.ndarray:
     """The whole [S, align(X, 4)] buffer behind a column-major SF view, as bits."""
     ld = align_up(num_expanded, 4)
@@ -102,7 +90,7 @@ def check_expand(kind, x, token_topk_to_pos, pos_to_expert, *, out=None):
     result = cupy_moe.expand_to_fused(dx, dmap, dp2e, out=out)
     if out is not None:
         assert result is out
-    assert_bits(to_host_bits(kind, result), expected, "expanded_x")
+    assert_bits_equal(to_host_bits(kind, result), expected, "expanded_x")
     return result
 
 
@@ -125,7 +113,7 @@ def check_expand_with_sf(kind, x, x_sf, token_topk_to_pos, pos_to_expert, *, npc
         out=out, out_sf=out_sf)
     if poison_outputs:
         assert result_x is out and result_sf is out_sf
-    assert_bits(to_host_bits(kind, result_x), expected_x, "expanded_x")
+    assert_bits_equal(to_host_bits(kind, result_x), expected_x, "expanded_x")
     assert tuple(result_sf.shape) == (num_expanded, x_sf.shape[1])
     if col_major:
         ld = align_up(num_expanded, 4)
@@ -134,10 +122,10 @@ def check_expand_with_sf(kind, x, x_sf, token_topk_to_pos, pos_to_expert, *, npc
         if num_expanded > 1 and x_sf.shape[1] > 1:
             assert strides == (1, ld)
         full = padded_sf_bits(kind, result_sf, num_expanded, x_sf.shape[1])
-        assert_bits(full[:, :num_expanded], np.ascontiguousarray(expected_sf.T), "expanded_x_sf")
+        assert_bits_equal(full[:, :num_expanded], np.ascontiguousarray(expected_sf.T), "expanded_x_sf")
         assert not full[:, num_expanded:].any(), "pad columns of the SF buffer are not zero"
     else:
-        assert_bits(to_host_bits(kind, result_sf), expected_sf, "expanded_x_sf")
+        assert_bits_equal(to_host_bits(kind, result_sf), expected_sf, "expanded_x_sf")
 
 
 # -- the manifest workloads ---------------------------------------------------
@@ -220,8 +208,8 @@ def test_misaligned_base_pointer_cupy(offset_bytes):
         num_per_channels=128)
     expected_x, expected_sf = reference.expand_to_fused_with_sf_numpy(
         cupy.asnumpy(dx), x_sf, token_topk_to_pos, pos_to_expert, col_major=False)
-    assert_bits(cupy.asnumpy(out_x), expected_x, "expanded_x")
-    assert_bits(cupy.asnumpy(out_sf).view(np.uint32), expected_sf, "expanded_x_sf")
+    assert_bits_equal(cupy.asnumpy(out_x), expected_x, "expanded_x")
+    assert_bits_equal(cupy.asnumpy(out_sf).view(np.uint32), expected_sf, "expanded_x_sf")
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -293,7 +281,7 @@ def test_malformed_map_never_writes_past_outputs(kind, col_major):
     assert np.array_equal(to_host_bits(kind, sf_buf[sf_rows - guard:]), sf_guard_before)
     # the well-formed part of the map was still honoured
     got = to_host_bits(kind, out)
-    assert np.array_equal(got[4], bits_view(x)[5]) and np.array_equal(got[5], bits_view(x)[5])
+    assert np.array_equal(got[4], bits(x)[5]) and np.array_equal(got[5], bits(x)[5])
     assert not got[6:].any()
 
 
@@ -333,7 +321,7 @@ def test_validate_accepts_a_well_formed_map(kind):
     result = cupy_moe.expand_to_fused(to_device(kind, x, "bfloat16"),
                                       map_to_device(kind, token_topk_to_pos),
                                       map_to_device(kind, pos_to_expert), validate=True)
-    assert_bits(to_host_bits(kind, result),
+    assert_bits_equal(to_host_bits(kind, result),
                 reference.expand_to_fused_numpy(x, token_topk_to_pos, pos_to_expert),
                 "expanded_x")
 
@@ -353,7 +341,7 @@ def test_non_contiguous_inputs(kind):
     result = cupy_moe.expand_to_fused(dx, dmap, map_to_device(kind, pos_to_expert))
     expected = reference.expand_to_fused_numpy(np.ascontiguousarray(wide[:, ::2]),
                                                token_topk_to_pos, pos_to_expert)
-    assert_bits(to_host_bits(kind, result), expected, "expanded_x")
+    assert_bits_equal(to_host_bits(kind, result), expected, "expanded_x")
 
 
 def test_cupy_non_default_stream():
@@ -366,7 +354,7 @@ def test_cupy_non_default_stream():
                                           cupy.asarray(pos_to_expert))
         host = cupy.asnumpy(result, stream=stream)
         stream.synchronize()
-    assert_bits(host.view(np.uint16), reference.expand_to_fused_numpy(
+    assert_bits_equal(host.view(np.uint16), reference.expand_to_fused_numpy(
         x, token_topk_to_pos, pos_to_expert), "expanded_x")
 
 
@@ -387,7 +375,7 @@ def test_torch_side_stream_waits_for_its_producer():
         target.copy_(source)
         result = cupy_moe.expand_to_fused(target, dmap, dp2e)
     side.synchronize()
-    assert_bits(to_host_bits("torch", result),
+    assert_bits_equal(to_host_bits("torch", result),
                 reference.expand_to_fused_numpy(x, token_topk_to_pos, pos_to_expert),
                 "expanded_x")
 
@@ -440,14 +428,14 @@ def test_cuda_graph_capture_and_replay_with_new_inputs(col_major):
         torch.cuda.synchronize()
         expected_x, expected_sf = reference.expand_to_fused_with_sf_numpy(
             x, x_sf, token_topk_to_pos, pos_to_expert, col_major=col_major)
-        assert_bits(to_host_bits("torch", out), expected_x, "expanded_x")
+        assert_bits_equal(to_host_bits("torch", out), expected_x, "expanded_x")
         if col_major:
             full = to_host_bits("torch", sf_buf)
-            assert_bits(full[:, :num_expanded], np.ascontiguousarray(expected_sf.T),
+            assert_bits_equal(full[:, :num_expanded], np.ascontiguousarray(expected_sf.T),
                         "expanded_x_sf")
             assert not full[:, num_expanded:].any()
         else:
-            assert_bits(to_host_bits("torch", out_sf), expected_sf, "expanded_x_sf")
+            assert_bits_equal(to_host_bits("torch", out_sf), expected_sf, "expanded_x_sf")
 
 
 @pytest.mark.skipif(not _HAS_TORCH_CUDA, reason="needs torch with CUDA")
@@ -485,8 +473,8 @@ def test_torch_fast_path_stays_exact_and_falls_back_when_the_signature_changes()
             map_to_device("torch", pos_to_expert), num_per_channels=128, out=out)
         want_x, want_sf = reference.expand_to_fused_with_sf_numpy(
             x, x_sf, token_topk_to_pos, pos_to_expert, col_major=False)
-        assert_bits(to_host_bits("torch", got_x), want_x, "expanded_x")
-        assert_bits(to_host_bits("torch", got_sf), want_sf, "expanded_x_sf")
+        assert_bits_equal(to_host_bits("torch", got_x), want_x, "expanded_x")
+        assert_bits_equal(to_host_bits("torch", got_sf), want_sf, "expanded_x_sf")
         return got_x
 
     def draw():

@@ -1,0 +1,70 @@
+"""Where the host time of one eager call goes (torch tensors, decode shape).
+
+Times each step of the torch fast path in isolation (mean of many back-to-back
+calls, one synchronisation at the end), next to the whole call and to torch's
+own index_select of the same rows. GPU only.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import numpy as np
+import torch
+
+import cupy_moe
+from cupy_moe import _gpu
+from cupy_moe.workload_inputs import fitted_routing
+
+CALLS = 5000
+
+
+def per_call_us(fn, calls: int = CALLS) -> float:
+    for _ in range(100):
+        fn()
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - start) / calls * 1e6
+
+
+def main() -> int:
+    rng = np.random.default_rng(0)
+    token_topk_to_pos, pos_to_expert = fitted_routing(rng, 1, 8, 16)
+    x = torch.randn(1, 7168, device="cuda").to(torch.bfloat16)
+    m = torch.from_numpy(token_topk_to_pos).cuda()
+    p = torch.from_numpy(pos_to_expert).cuda()
+    cupy_moe.expand_to_fused(x, m, p)  # full path once: compiles, remembers the signature
+    signature = _gpu._torch_signature(x, None, m, p, None, None, None, False)
+    plan = _gpu._torch_plans[signature]
+    out = torch.empty((16, 7168), dtype=torch.bfloat16, device="cuda")
+    rows = torch.arange(1, device="cuda").repeat_interleave(8)[m.reshape(-1) >= 0]
+    steps = {
+        "python call of a no-op": lambda: None,
+        "torch.empty(shape, dtype, device)": lambda: torch.empty((16, 7168), dtype=torch.bfloat16,
+                                                                 device="cuda"),
+        "x.new_empty(shape)": lambda: x.new_empty((16, 7168)),
+        "raw stream getter": lambda: torch._C._cuda_getCurrentRawStream(0),
+        "torch.cuda.current_stream().cuda_stream": lambda: torch.cuda.current_stream().cuda_stream,
+        "cudaGetDevice (cupy runtime)": _gpu.runtime.getDevice,
+        "signature of the call": lambda: _gpu._torch_signature(x, None, m, p, None, None, None,
+                                                               False),
+        "x.data_ptr()": x.data_ptr,
+        "pack_into + cuLaunchKernel (plan.launch)": lambda: plan.launch(
+            0, x.data_ptr(), m.data_ptr(), p.data_ptr(), out.data_ptr(), 0, 0),
+        "whole call, out= given": lambda: cupy_moe.expand_to_fused(x, m, p, out=out),
+        "whole call, allocating": lambda: cupy_moe.expand_to_fused(x, m, p),
+        "torch index_select of the same rows": lambda: x.index_select(0, rows),
+    }
+    print("| step | us per call |")
+    print("| --- | --- |")
+    for name, fn in steps.items():
+        print(f"| {name} | {per_call_us(fn):.2f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
