@@ -49,6 +49,9 @@ class Record:
     gpu_us: float | None = None
     gbps: float | None = None
     pct_copy_roofline: float | None = None
+    # a device-to-device copy moving the same bytes (half read, half written),
+    # timed the same way: what launch and ramp cost at this size
+    copy_same_bytes_us: float | None = None
     eager_us: float | None = None
     graph_us: float | None = None
     index_select_eager_us: float | None = None
@@ -105,10 +108,10 @@ class GpuTimer:
         ends[-1].synchronize()
         return statistics.median(cupy.cuda.get_elapsed_time(s, e) * 1e3 for s, e in zip(starts, ends))
 
-    def copy_tbps(self, nbytes: int = 1 << 30, iters: int = 20) -> float:
-        """Device-to-device copy bandwidth, bytes read plus bytes written."""
+    def copy_us(self, nbytes: int, iters: int) -> float:
+        """Median time of a device-to-device copy of ``nbytes`` (read, then written)."""
         cupy = self.cupy
-        src = cupy.ones(nbytes, dtype=cupy.uint8)
+        src = cupy.ones(max(nbytes, 1), dtype=cupy.uint8)
         dst = cupy.empty_like(src)
         stream = cupy.cuda.get_current_stream().ptr
         kind = cupy.cuda.runtime.memcpyDeviceToDevice
@@ -116,8 +119,11 @@ class GpuTimer:
         def copy():
             cupy.cuda.runtime.memcpyAsync(dst.data.ptr, src.data.ptr, nbytes, kind, stream)
 
-        us = self.median_us(copy, iters)
-        return 2 * nbytes / us / 1e6
+        return self.median_us(copy, iters)
+
+    def copy_tbps(self, nbytes: int = 1 << 30, iters: int = 20) -> float:
+        """Device-to-device copy bandwidth, bytes read plus bytes written."""
+        return 2 * nbytes / self.copy_us(nbytes, iters) / 1e6
 
 
 def eager_us(fn: Callable[[], Any], calls: int, sync: Callable[[], None]) -> float:
@@ -234,7 +240,10 @@ def bench_gpu_workload(w: Workload, timer: GpuTimer, backend: str, iters: int,
     record.gpu_us = timer.median_us(lambda: _call(w, args, **out_kwargs), iters)
     record.gbps = w.bytes / record.gpu_us / 1e3
     record.pct_copy_roofline = 100 * record.gbps / (copy_tbps * 1e3)
+    record.copy_same_bytes_us = timer.copy_us(w.bytes // 2, iters)
     if kernel_only:
+        if use_torch and w.bytes <= GRAPH_MAX_BYTES:
+            record.graph_us = torch_graph_us(lambda: _call(w, args, **out_kwargs))
         return record
     calls = 200 if w.bytes <= GRAPH_MAX_BYTES else 20
     record.eager_us = eager_us(lambda: _call(w, args), calls, sync)
@@ -387,7 +396,8 @@ def _fmt(value, spec: str) -> str:
 def table_lines(result: dict[str, Any]) -> list[str]:
     gpu = result["backend"] != "cpu"
     if gpu:
-        header = ["op", "workload", "shapes", "MB", "GPU us", "GB/s", "% copy", "eager us",
+        header = ["op", "workload", "shapes", "MB", "GPU us", "GB/s", "% copy",
+                  "same-size copy us", "eager us",
                   "index_select us", "graph us", "torch-ref us", "nosync us", "x ref",
                   "x nosync"]
     else:
@@ -400,7 +410,8 @@ def table_lines(result: dict[str, Any]) -> list[str]:
             rows.append(base + [r["status"]] + [""] * (len(header) - 5))
         elif gpu:
             rows.append(base + [_fmt(r["gpu_us"], ".1f"), _fmt(r["gbps"], ".0f"),
-                                _fmt(r["pct_copy_roofline"], ".1f"), _fmt(r["eager_us"], ".1f"),
+                                _fmt(r["pct_copy_roofline"], ".1f"),
+                                _fmt(r["copy_same_bytes_us"], ".1f"), _fmt(r["eager_us"], ".1f"),
                                 _fmt(r["index_select_eager_us"], ".1f"), _fmt(r["graph_us"], ".2f"),
                                 _fmt(r["torch_ref_us"], ".1f"), _fmt(r["torch_nosync_us"], ".1f"),
                                 _fmt(r["speedup_vs_ref"], ".1f"), _fmt(r["speedup_vs_nosync"], ".1f")])
