@@ -42,8 +42,9 @@ SF_NONE, SF_ROW_MAJOR, SF_COL_MAJOR = 0, 1, 2
 
 # struct ExpandArgs of expand_to_fused.cu: x, token_topk_to_pos, pos_to_expert,
 # out, x_sf, out_sf (pointers); row_bytes (int64); num_tokens, top_k,
-# num_expanded, sf_columns, sf_ld, rows_per_zero_block (int32).
-_EXPAND_ARGS = struct.Struct("<6Qq6i")
+# num_expanded, sf_columns, sf_ld, rows_per_zero_block, vecs_per_thread,
+# slots_per_block (int32).
+_EXPAND_ARGS = struct.Struct("<6Qq8i")
 # struct RoutingArgs: token_topk_to_pos, pos_to_expert, first_slot, found
 # (pointers); num_slots (int64); num_expanded (int32), padded to 8 bytes.
 _ROUTING_ARGS = struct.Struct("<4Qqi4x")
@@ -83,6 +84,27 @@ def _function(device: int, sf_mode: int, name: str) -> int:
     return handle
 
 
+_multiprocessors: dict[int, int] = {}
+
+
+def _multiprocessor_count(device: int) -> int:
+    count = _multiprocessors.get(device)
+    if count is None:
+        count = _multiprocessors[device] = runtime.getDeviceProperties(device)[
+            "multiProcessorCount"]
+    return count
+
+
+class _Launch:
+    """Grid and per-width arguments of one access width of a plan."""
+
+    __slots__ = ("handle", "grid_y", "grid_z", "vecs_per_thread", "slots_per_block")
+
+    def __init__(self, handle, grid_y, grid_z, vecs_per_thread, slots_per_block) -> None:
+        self.handle, self.grid_y, self.grid_z = handle, grid_y, grid_z
+        self.vecs_per_thread, self.slots_per_block = vecs_per_thread, slots_per_block
+
+
 class _Plan:
     """Everything about a call that depends only on its sizes, dtypes and device."""
 
@@ -100,22 +122,40 @@ class _Plan:
         self.tail = (self.row_bytes, problem.num_tokens, problem.top_k, problem.num_expanded,
                      problem.sf_columns, problem.sf_leading_dim, ROWS_PER_ZERO_BLOCK)
         self.threads = KERNEL_CONFIG["EXPAND_THREADS"]
-        self.kernels: dict[int, tuple[int, int]] = {}  # access width -> (handle, grid_y)
+        self.kernels: dict[int, _Launch] = {}  # by access width in bytes
         self.out_shape = problem.out_shape()
         self.sf_buffer_shape = ((problem.sf_columns, problem.sf_leading_dim)
                                 if problem.sf_col_major else problem.out_sf_shape())
 
-    def kernel(self, vec_bytes: int) -> tuple[int, int]:
+    def kernel(self, vec_bytes: int) -> _Launch:
         found = self.kernels.get(vec_bytes)
         if found is None:
-            per_block = self.threads * KERNEL_CONFIG["EXPAND_UNROLL"]
-            chunks = -(-(self.row_bytes // vec_bytes) // per_block)
-            if chunks > _MAX_GRID_Y:
-                raise ValueError(f"x rows of {self.row_bytes} bytes are too long for one launch "
-                                 f"(at most {_MAX_GRID_Y * per_block * vec_bytes})")
-            handle = _function(self.device, self.sf_mode, f"expand_to_fused_v{vec_bytes}")
-            found = self.kernels[vec_bytes] = (handle, chunks)
+            found = self.kernels[vec_bytes] = self._shape_grid(vec_bytes)
         return found
+
+    def _shape_grid(self, vec_bytes: int) -> _Launch:
+        """Chunk size and slot split for this width.
+
+        Large batches: the biggest chunks, all K slots per block. When the
+        tokens' chunks are too few to fill the chip (decode, small batches),
+        chunks shrink to one access per thread and then each block takes one
+        slot, so that more SMs share the stores.
+        """
+        n_vec = self.row_bytes // vec_bytes
+        num_tokens, top_k = self.problem.num_tokens, self.problem.top_k
+        multiprocessors = _multiprocessor_count(self.device)
+        vecs_per_thread = KERNEL_CONFIG["EXPAND_UNROLL"]
+        chunks = -(-n_vec // (self.threads * vecs_per_thread))
+        if num_tokens * chunks < 2 * multiprocessors:
+            vecs_per_thread = 1
+            chunks = -(-n_vec // self.threads)
+        slots_per_block = 1 if num_tokens * chunks < multiprocessors else top_k
+        if chunks > _MAX_GRID_Y:
+            raise ValueError(f"x rows of {self.row_bytes} bytes are too long for one launch "
+                             f"(at most {_MAX_GRID_Y * self.threads * vec_bytes} bytes)")
+        handle = _function(self.device, self.sf_mode, f"expand_to_fused_v{vec_bytes}")
+        return _Launch(handle, chunks, -(-top_k // slots_per_block), vecs_per_thread,
+                       slots_per_block)
 
     def launch(self, stream: int, x: int, token_topk_to_pos: int, pos_to_expert: int,
                out: int, x_sf: int, out_sf: int) -> None:
@@ -123,12 +163,13 @@ class _Plan:
             return
         # Widest access (16, 8, 4, 2, 1 bytes) dividing the row and both bases.
         bits = self.row_bytes | 16 | x | out
-        handle, chunks = self.kernel(bits & -bits)
+        launch = self.kernel(bits & -bits)
         block = _arg_block
         _EXPAND_ARGS.pack_into(block.buffer, 0, x, token_topk_to_pos, pos_to_expert, out,
-                               x_sf, out_sf, *self.tail)
-        driver.launchKernel(handle, self.grid_x, chunks, 1, self.threads, 1, 1, 0, stream,
-                            block.params_address, 0)
+                               x_sf, out_sf, *self.tail, launch.vecs_per_thread,
+                               launch.slots_per_block)
+        driver.launchKernel(launch.handle, self.grid_x, launch.grid_y, launch.grid_z,
+                            self.threads, 1, 1, 0, stream, block.params_address, 0)
 
 
 _plans: dict[tuple, _Plan] = {}

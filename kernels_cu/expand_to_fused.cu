@@ -2,13 +2,17 @@
 // expert-major rows of a grouped-GEMM input, zero-filling padding rows.
 //
 // One launch does all of it. The grid's x dimension holds two kinds of
-// blocks, its y dimension splits a row into column chunks:
+// blocks, its y dimension splits a row into column chunks of
+// EXPAND_THREADS * vecs_per_thread accesses, its z dimension splits the K
+// slots into groups of slots_per_block (small batches only: more, smaller
+// blocks put more SMs to work when there are few tokens):
 //   blocks [0, T)          token t: load one chunk of x[t] into registers
-//                          once, store it to every valid slot of
-//                          token_topk_to_pos[t]; chunk 0 also moves x_sf[t].
-//   blocks [T, T + Z)      rows_per_zero_block output rows each: zero the rows
-//                          with pos_to_expert[p] < 0 (every row when T == 0)
-//                          and, column-major SF, the pad columns X..align(X,4).
+//                          once, store it to each valid slot of the block's
+//                          group; chunk 0 also moves x_sf[t].
+//   blocks [T, T + Z)      rows_per_zero_block output rows each (z == 0 only):
+//                          zero the rows with pos_to_expert[p] < 0 (every row
+//                          when T == 0) and, column-major SF, the pad columns
+//                          X .. align(X, 4).
 // Rows are raw bytes moved in VEC_BYTES accesses; the host picks the widest
 // width that divides the row length and both base addresses, so no row needs
 // a tail. Offsets are 64-bit. A slot outside [0, X) is skipped, never written.
@@ -27,7 +31,7 @@
 
 typedef long long i64;
 
-// Threads per block and vectors each thread holds in flight. The loader
+// Threads per block and the most vectors a thread holds in flight. The loader
 // passes both (cupy_moe/_gpu.py KERNEL_CONFIG), since the host sizes the
 // column chunks with the same numbers; these defaults only serve NVRTC runs
 // without them.
@@ -71,6 +75,8 @@ struct ExpandArgs {
     int sf_columns;                   // S (0 without scale factors)
     int sf_ld;                        // align(X, 4): column-major leading dim
     int rows_per_zero_block;
+    int vecs_per_thread;              // 1 .. EXPAND_UNROLL
+    int slots_per_block;              // 1 .. K
 };
 
 template <int N> struct VecOf;
@@ -99,7 +105,8 @@ __device__ __forceinline__ void store_once(T* p, T v) {
 }
 
 template <int VEC_BYTES>
-__device__ __forceinline__ void zero_row_chunk(unsigned char* out, i64 row, i64 n_vec, i64 vec_begin) {
+__device__ __forceinline__ void zero_row_chunk(unsigned char* out, i64 row, i64 n_vec, i64 vec_begin,
+                                               int vecs_per_thread) {
     typedef typename VecOf<VEC_BYTES>::type Vec;
     Vec zero;
     memset(&zero, 0, sizeof(Vec));
@@ -107,7 +114,7 @@ __device__ __forceinline__ void zero_row_chunk(unsigned char* out, i64 row, i64 
 #pragma unroll
     for (int u = 0; u < EXPAND_UNROLL; ++u) {
         i64 idx = vec_begin + u * EXPAND_THREADS + threadIdx.x;
-        if (idx < n_vec) store_once(dst + idx, zero);
+        if (u < vecs_per_thread && idx < n_vec) store_once(dst + idx, zero);
     }
 }
 
@@ -125,7 +132,8 @@ __device__ __forceinline__ void store_sf_row(unsigned int* out_sf, const ExpandA
 // src to every valid slot's row through shared memory, by the bulk engine.
 __device__ __forceinline__ void bulk_scatter_chunk(unsigned char* stage, unsigned long long* barrier,
                                                    const unsigned char* src, const int* slots,
-                                                   const ExpandArgs& a, i64 offset, unsigned bytes) {
+                                                   int k_begin, int k_end, const ExpandArgs& a,
+                                                   i64 offset, unsigned bytes) {
     const unsigned stage_addr = static_cast<unsigned>(__cvta_generic_to_shared(stage));
     const unsigned bar_addr = static_cast<unsigned>(__cvta_generic_to_shared(barrier));
     asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" :: "r"(bar_addr));
@@ -140,7 +148,7 @@ __device__ __forceinline__ void bulk_scatter_chunk(unsigned char* stage, unsigne
                  "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], 0;\n"
                  "@!done bra WAIT_LOAD;\n"
                  "}" :: "r"(bar_addr) : "memory");
-    for (int k = 0; k < a.top_k; ++k) {
+    for (int k = k_begin; k < k_end; ++k) {
         const int p = __ldg(slots + k);
         if (p < 0 || p >= a.num_expanded) continue;
         unsigned char* dst = a.out + static_cast<i64>(p) * a.row_bytes + offset;
@@ -157,22 +165,25 @@ template <int VEC_BYTES>
 __device__ __forceinline__ void expand_to_fused_body(const ExpandArgs& a) {
     typedef typename VecOf<VEC_BYTES>::type Vec;
     const i64 n_vec = a.row_bytes / VEC_BYTES;
-    const i64 vec_begin = static_cast<i64>(blockIdx.y) * (EXPAND_THREADS * EXPAND_UNROLL);
+    const int vecs_per_thread = a.vecs_per_thread;
+    const i64 vec_begin = static_cast<i64>(blockIdx.y) * (EXPAND_THREADS * vecs_per_thread);
     const int block = blockIdx.x;
 
     if (block < a.num_tokens) {
-        // Scatter: one read of the chunk, K stores.
+        // Scatter: one read of the chunk, a store per slot of the group.
         const i64 t = block;
         const int* slots = a.token_topk_to_pos + t * a.top_k;
+        const int k_begin = blockIdx.z * a.slots_per_block;
+        const int k_end = min(a.top_k, k_begin + a.slots_per_block);
 #if EXPAND_USE_BULK
         if constexpr (VEC_BYTES == 16) {
             __shared__ __align__(128) unsigned char stage[EXPAND_THREADS * EXPAND_UNROLL * 16];
             __shared__ __align__(8) unsigned long long barrier;
             if (threadIdx.x == 0 && vec_begin < n_vec) {
-                const i64 chunk_vecs = n_vec - vec_begin < EXPAND_THREADS * EXPAND_UNROLL
-                                           ? n_vec - vec_begin : EXPAND_THREADS * EXPAND_UNROLL;
-                bulk_scatter_chunk(stage, &barrier, a.x + t * a.row_bytes, slots, a,
-                                   vec_begin * 16, static_cast<unsigned>(chunk_vecs * 16));
+                const i64 chunk_vecs = min(n_vec - vec_begin,
+                                           static_cast<i64>(EXPAND_THREADS) * vecs_per_thread);
+                bulk_scatter_chunk(stage, &barrier, a.x + t * a.row_bytes, slots, k_begin, k_end,
+                                   a, vec_begin * 16, static_cast<unsigned>(chunk_vecs * 16));
             }
         } else
 #endif
@@ -182,16 +193,16 @@ __device__ __forceinline__ void expand_to_fused_body(const ExpandArgs& a) {
 #pragma unroll
         for (int u = 0; u < EXPAND_UNROLL; ++u) {
             i64 idx = vec_begin + u * EXPAND_THREADS + threadIdx.x;
-            if (idx < n_vec) held[u] = load_once(src + idx);
+            if (u < vecs_per_thread && idx < n_vec) held[u] = load_once(src + idx);
         }
-        for (int k = 0; k < a.top_k; ++k) {
+        for (int k = k_begin; k < k_end; ++k) {
             const int p = __ldg(slots + k);
             if (p < 0 || p >= a.num_expanded) continue;  // dropped, or malformed
             Vec* dst = reinterpret_cast<Vec*>(a.out) + static_cast<i64>(p) * n_vec;
 #pragma unroll
             for (int u = 0; u < EXPAND_UNROLL; ++u) {
                 i64 idx = vec_begin + u * EXPAND_THREADS + threadIdx.x;
-                if (idx < n_vec) store_once(dst + idx, held[u]);
+                if (u < vecs_per_thread && idx < n_vec) store_once(dst + idx, held[u]);
             }
         }
         }
@@ -199,7 +210,7 @@ __device__ __forceinline__ void expand_to_fused_body(const ExpandArgs& a) {
         if (blockIdx.y == 0) {
             for (int s = threadIdx.x; s < a.sf_columns; s += EXPAND_THREADS) {
                 const unsigned int word = a.x_sf[t * a.sf_columns + s];
-                for (int k = 0; k < a.top_k; ++k) {
+                for (int k = k_begin; k < k_end; ++k) {
                     const int p = __ldg(slots + k);
                     if (p < 0 || p >= a.num_expanded) continue;
                     store_sf_row(a.out_sf, a, p, s, word);
@@ -212,6 +223,7 @@ __device__ __forceinline__ void expand_to_fused_body(const ExpandArgs& a) {
 
     // Zero-fill: padding rows (all rows when there are no tokens) and, for the
     // column-major SF, the pad columns X .. sf_ld that a TMA load reads.
+    if (blockIdx.z != 0) return;
     const i64 first_row = static_cast<i64>(block - a.num_tokens) * a.rows_per_zero_block;
 #if CUPY_MOE_SF_MODE == SF_COL_MAJOR
     const i64 zero_rows = a.sf_ld;
@@ -223,7 +235,7 @@ __device__ __forceinline__ void expand_to_fused_body(const ExpandArgs& a) {
     for (i64 p = first_row; p < last_row; ++p) {
         const bool is_pad_column = p >= a.num_expanded;
         if (!is_pad_column && a.num_tokens > 0 && __ldg(a.pos_to_expert + p) >= 0) continue;
-        if (!is_pad_column) zero_row_chunk<VEC_BYTES>(a.out, p, n_vec, vec_begin);
+        if (!is_pad_column) zero_row_chunk<VEC_BYTES>(a.out, p, n_vec, vec_begin, vecs_per_thread);
 #if CUPY_MOE_SF_MODE != SF_NONE
         if (blockIdx.y == 0) {
             for (int s = threadIdx.x; s < a.sf_columns; s += EXPAND_THREADS)
