@@ -321,21 +321,32 @@ def _torch_signature(x, x_sf, token_topk_to_pos, pos_to_expert, out, out_sf,
     x_sf, out)``, each tensor as (shape, dtype, device ordinal, contiguous) or
     None when absent. None where the call is not one the fast path takes (an
     argument that is not exactly a torch.Tensor, or a caller's ``out_sf``,
-    whose buffer extent is checked every time).
+    whose buffer extent is checked every time). Written out flat: this runs
+    on every eager call.
     """
     torch = sys.modules.get("torch")
     if torch is None or out_sf is not None:
         return None
     tensor = torch.Tensor
-    groups = []
-    for a in (x, token_topk_to_pos, pos_to_expert, x_sf, out):
-        if a is None:
-            groups.append(None)
-        elif type(a) is tensor:
-            groups.append((a.shape, a.dtype, a.get_device(), a.is_contiguous()))
-        else:
+    if type(x) is not tensor or type(token_topk_to_pos) is not tensor or type(
+            pos_to_expert) is not tensor:
+        return None
+    sf_group = out_group = None
+    if x_sf is not None:
+        if type(x_sf) is not tensor:
             return None
-    return (num_per_channels, col_major, *groups)
+        sf_group = (x_sf.shape, x_sf.dtype, x_sf.get_device(), x_sf.is_contiguous())
+    if out is not None:
+        if type(out) is not tensor:
+            return None
+        out_group = (out.shape, out.dtype, out.get_device(), out.is_contiguous())
+    return (num_per_channels, col_major,
+            (x.shape, x.dtype, x.get_device(), x.is_contiguous()),
+            (token_topk_to_pos.shape, token_topk_to_pos.dtype, token_topk_to_pos.get_device(),
+             token_topk_to_pos.is_contiguous()),
+            (pos_to_expert.shape, pos_to_expert.dtype, pos_to_expert.get_device(),
+             pos_to_expert.is_contiguous()),
+            sf_group, out_group)
 
 
 def _all_contiguous(signature: tuple) -> bool:
