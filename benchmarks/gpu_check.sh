@@ -5,8 +5,10 @@
 #
 #   bash benchmarks/gpu_check.sh [--profile] [--sweep] [--bench BENCH_ARGS...]
 #
-# Run from anywhere on the GPU machine; logs and outputs go to $OUT (or
-# ./gpu_check_out when OUT is unset). If matplotlib is missing and wheels were
+# Run from anywhere on the GPU machine. Outputs go to $OUT (or ./gpu_check_out
+# when OUT is unset): the bench's JSON/Markdown/PNG and the sweep's JSON where
+# asked for, and every log in one file, gpu_check.log (few files: the device
+# tool brings back at most 8). If matplotlib is missing and wheels were
 # carried in .whl/, they are installed to /tmp/site for the plot.
 set -u
 cd "$(dirname "$0")/.."
@@ -23,25 +25,31 @@ while [ $# -gt 0 ]; do
   esac
   shift
 done
+LOG=$OUT/gpu_check.log
+: > "$LOG"
+section() { printf '\n===== %s =====\n' "$1" >> "$LOG"; }
 summary=()
 record() { summary+=("$(printf '%-30s %s' "$1" "$2")"); }
 
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
-python3 -m cupy_moe info > "$OUT/info.txt" 2>&1
+section info
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee -a "$LOG"
+python3 -m cupy_moe info >> "$LOG" 2>&1
 
 start=$(date +%s)
-python3 -m pytest -q -p no:cacheprovider tests > "$OUT/pytest.log" 2>&1
+python3 -m pytest -q -p no:cacheprovider tests > "$OUT/pytest.tmp" 2>&1
 rc=$?
-record "pytest tests/ (rc=$rc)" "$(tail -n 1 "$OUT/pytest.log") [$(( $(date +%s) - start ))s]"
-[ $rc -ne 0 ] && grep -E '^(FAILED|ERROR)' "$OUT/pytest.log" | head -n 30
+record "pytest tests/ (rc=$rc)" "$(tail -n 1 "$OUT/pytest.tmp") [$(( $(date +%s) - start ))s]"
+[ $rc -ne 0 ] && grep -E '^(FAILED|ERROR)' "$OUT/pytest.tmp" | head -n 30
+section pytest; cat "$OUT/pytest.tmp" >> "$LOG"; rm -f "$OUT/pytest.tmp"
 
 for tool in memcheck initcheck; do
   start=$(date +%s)
   compute-sanitizer --tool $tool --error-exitcode 3 python3 benchmarks/memcheck_cases.py \
-    > "$OUT/sanitizer_$tool.log" 2>&1
+    > "$OUT/sanitizer.tmp" 2>&1
   rc=$?
   record "compute-sanitizer $tool (rc=$rc)" \
-    "$(grep -E 'ERROR SUMMARY' "$OUT/sanitizer_$tool.log" | tail -n 1 | sed 's/=* //') [$(( $(date +%s) - start ))s]"
+    "$(grep -E 'ERROR SUMMARY' "$OUT/sanitizer.tmp" | tail -n 1 | sed 's/=* //') [$(( $(date +%s) - start ))s]"
+  section "compute-sanitizer $tool"; cat "$OUT/sanitizer.tmp" >> "$LOG"; rm -f "$OUT/sanitizer.tmp"
 done
 
 if [ ${#bench_args[@]} -gt 0 ]; then
@@ -50,24 +58,27 @@ if [ ${#bench_args[@]} -gt 0 ]; then
       && export PYTHONPATH=$PYTHONPATH:/tmp/site
   fi
   start=$(date +%s)
-  python3 -m cupy_moe bench "${bench_args[@]}" > "$OUT/bench.log" 2>&1
+  section "cupy-moe bench ${bench_args[*]}"
+  python3 -m cupy_moe bench "${bench_args[@]}" >> "$LOG" 2>&1
   rc=$?
   record "cupy-moe bench (rc=$rc)" "[$(( $(date +%s) - start ))s]"
-  grep -E '^(\||roofline|cupy-moe bench|note)' "$OUT/bench.log"
+  grep -E '^(\||roofline|cupy-moe bench|note)' "$LOG"
 fi
 
 if [ $profile -eq 1 ]; then
-  python3 benchmarks/profile_host_path.py > "$OUT/profile.log" 2>&1
+  section "host-path profile"
+  python3 benchmarks/profile_host_path.py >> "$LOG" 2>&1
   record "host-path profile (rc=$?)" ""
-  cat "$OUT/profile.log"
+  sed -n '/===== host-path profile/,$p' "$LOG" | tail -n +2
 fi
 
 if [ $sweep -eq 1 ]; then
   start=$(date +%s)
+  section "kernel-config sweep"
   timeout 240 python3 benchmarks/sweep_kernel_config.py --json "$OUT/sweep.json" \
-    > "$OUT/sweep.log" 2> "$OUT/sweep.err"
+    > "$OUT/sweep.tmp" 2>> "$LOG"
   record "kernel-config sweep (rc=$?)" "[$(( $(date +%s) - start ))s]"
-  cat "$OUT/sweep.log"
+  cat "$OUT/sweep.tmp" | tee -a "$LOG"; rm -f "$OUT/sweep.tmp"
 fi
 
 echo
