@@ -440,7 +440,8 @@ def write_plot(result: dict[str, Any], path: str) -> None:
     values = [r["pct_copy_roofline"] if gpu else r["gbps"] for r in records]
     labels = [r["label"] for r in records]
     fig, ax = plt.subplots(figsize=(10, 0.35 * len(labels) + 1.5))
-    ax.barh(labels[::-1], values[::-1], color="tab:green")
+    bars = ax.barh(labels[::-1], values[::-1], color="tab:green")
+    ax.bar_label(bars, fmt="%.1f", padding=2, fontsize=8)
     if gpu:
         ax.axvline(100, color="gray", lw=0.8)
         ax.set_xlabel(f"% of device-to-device copy bandwidth ({result['copy_tbps']:.2f} TB/s)")
