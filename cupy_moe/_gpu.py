@@ -32,8 +32,7 @@ from .loader import get_module
 
 _SOURCE = "expand_to_fused.cu"
 # Compile-time configuration of the expand kernels (defines of the variant).
-KERNEL_CONFIG = {"EXPAND_THREADS": 256, "EXPAND_UNROLL": 4, "EXPAND_STREAMING": 1,
-                 "EXPAND_TMA": 0}
+KERNEL_CONFIG = {"EXPAND_THREADS": 256, "EXPAND_UNROLL": 4, "EXPAND_STREAMING": 1}
 ROWS_PER_ZERO_BLOCK = 8
 _MAX_GRID_Y = 65535
 _NONE_FOUND = 0x7F7F7F7F7F7F7F7F  # ROUTING_NONE in the kernel source
@@ -96,13 +95,12 @@ def _multiprocessor_count(device: int) -> int:
 
 
 class _Launch:
-    """Grid and per-width arguments of one access width of a plan."""
+    """Kernel handle, grid and the argument block's constant tail for one access width."""
 
-    __slots__ = ("handle", "grid_y", "grid_z", "vecs_per_thread", "slots_per_block")
+    __slots__ = ("handle", "grid_y", "grid_z", "tail")
 
-    def __init__(self, handle, grid_y, grid_z, vecs_per_thread, slots_per_block) -> None:
-        self.handle, self.grid_y, self.grid_z = handle, grid_y, grid_z
-        self.vecs_per_thread, self.slots_per_block = vecs_per_thread, slots_per_block
+    def __init__(self, handle: int, grid_y: int, grid_z: int, tail: tuple) -> None:
+        self.handle, self.grid_y, self.grid_z, self.tail = handle, grid_y, grid_z, tail
 
 
 class _Plan:
@@ -124,8 +122,7 @@ class _Plan:
         self.threads = KERNEL_CONFIG["EXPAND_THREADS"]
         self.kernels: dict[int, _Launch] = {}  # by access width in bytes
         self.out_shape = problem.out_shape()
-        self.sf_buffer_shape = ((problem.sf_columns, problem.sf_leading_dim)
-                                if problem.sf_col_major else problem.out_sf_shape())
+        self.sf_buffer_shape = problem.out_sf_shape()  # row-major SF
 
     def kernel(self, vec_bytes: int) -> _Launch:
         found = self.kernels.get(vec_bytes)
@@ -154,8 +151,8 @@ class _Plan:
             raise ValueError(f"x rows of {self.row_bytes} bytes are too long for one launch "
                              f"(at most {_MAX_GRID_Y * self.threads * vec_bytes} bytes)")
         handle = _function(self.device, self.sf_mode, f"expand_to_fused_v{vec_bytes}")
-        return _Launch(handle, chunks, -(-top_k // slots_per_block), vecs_per_thread,
-                       slots_per_block)
+        return _Launch(handle, chunks, -(-top_k // slots_per_block),
+                       (*self.tail, vecs_per_thread, slots_per_block))
 
     def launch(self, stream: int, x: int, token_topk_to_pos: int, pos_to_expert: int,
                out: int, x_sf: int, out_sf: int) -> None:
@@ -166,8 +163,7 @@ class _Plan:
         launch = self.kernel(bits & -bits)
         block = _arg_block
         _EXPAND_ARGS.pack_into(block.buffer, 0, x, token_topk_to_pos, pos_to_expert, out,
-                               x_sf, out_sf, *self.tail, launch.vecs_per_thread,
-                               launch.slots_per_block)
+                               x_sf, out_sf, *launch.tail)
         driver.launchKernel(launch.handle, self.grid_x, launch.grid_y, launch.grid_z,
                             self.threads, 1, 1, 0, stream, block.params_address, 0)
 
@@ -213,6 +209,12 @@ class _TorchCuda:
         return like.new_empty(shape)
 
     @staticmethod
+    def empty_col_major(sf_columns: int, leading_dim: int, num_expanded: int, like: Any) -> Any:
+        # [align(X, 4), S] with strides (1, align(X, 4)) spans exactly the
+        # [S, align(X, 4)] buffer, pad columns included; one call, one slice.
+        return like.new_empty_strided((leading_dim, sf_columns), (1, leading_dim))[:num_expanded]
+
+    @staticmethod
     def flat_value(a: Any, index: int) -> int:
         return int(a.reshape(-1)[index].item())
 
@@ -237,6 +239,10 @@ class _Cupy:
     @staticmethod
     def empty(shape: tuple[int, ...], like: Any) -> Any:
         return cupy.empty(shape, dtype=like.dtype)
+
+    @staticmethod
+    def empty_col_major(sf_columns: int, leading_dim: int, num_expanded: int, like: Any) -> Any:
+        return cupy.empty((sf_columns, leading_dim), dtype=like.dtype)[:, :num_expanded].T
 
     @staticmethod
     def flat_value(a: Any, index: int) -> int:
@@ -265,9 +271,12 @@ def _allocate(lib, plan: _Plan, x: Any, x_sf: Any, out: Any, out_sf: Any) -> tup
     if out is None:
         out = lib.empty(plan.out_shape, x)
     if x_sf is not None and out_sf is None:
-        out_sf = lib.empty(plan.sf_buffer_shape, x_sf)
         if plan.sf_mode == SF_COL_MAJOR:
-            out_sf = out_sf[:, :plan.problem.num_expanded].T
+            problem = plan.problem
+            out_sf = lib.empty_col_major(problem.sf_columns, problem.sf_leading_dim,
+                                         problem.num_expanded, x_sf)
+        else:
+            out_sf = lib.empty(plan.sf_buffer_shape, x_sf)
     return out, out_sf
 
 

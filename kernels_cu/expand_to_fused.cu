@@ -41,18 +41,6 @@ typedef long long i64;
 #ifndef EXPAND_UNROLL
 #define EXPAND_UNROLL 4
 #endif
-// 1 (sm_90 and newer): rows of the 16-byte variant move by the bulk-copy
-// engine (cp.async.bulk): one thread loads the block's chunk of x[t] into
-// shared memory and issues one bulk store per slot; the other threads only
-// move scale factors.
-#ifndef EXPAND_TMA
-#define EXPAND_TMA 0
-#endif
-#if EXPAND_TMA && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-#define EXPAND_USE_BULK 1
-#else
-#define EXPAND_USE_BULK 0
-#endif
 // 1: loads and stores carry the evict-first (streaming) cache hint: each x
 // row is read by one block only and no output is read back by this kernel.
 #ifndef EXPAND_STREAMING
@@ -127,40 +115,6 @@ __device__ __forceinline__ void store_sf_row(unsigned int* out_sf, const ExpandA
 #endif
 }
 
-#if EXPAND_USE_BULK
-// One thread moves `bytes` (a multiple of 16, 16-byte aligned ends) from
-// src to every valid slot's row through shared memory, by the bulk engine.
-__device__ __forceinline__ void bulk_scatter_chunk(unsigned char* stage, unsigned long long* barrier,
-                                                   const unsigned char* src, const int* slots,
-                                                   int k_begin, int k_end, const ExpandArgs& a,
-                                                   i64 offset, unsigned bytes) {
-    const unsigned stage_addr = static_cast<unsigned>(__cvta_generic_to_shared(stage));
-    const unsigned bar_addr = static_cast<unsigned>(__cvta_generic_to_shared(barrier));
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" :: "r"(bar_addr));
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;"
-                 :: "r"(bar_addr), "r"(bytes) : "memory");
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
-                 :: "r"(stage_addr), "l"(src + offset), "r"(bytes), "r"(bar_addr) : "memory");
-    asm volatile("{\n"
-                 ".reg .pred done;\n"
-                 "WAIT_LOAD:\n"
-                 "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], 0;\n"
-                 "@!done bra WAIT_LOAD;\n"
-                 "}" :: "r"(bar_addr) : "memory");
-    for (int k = k_begin; k < k_end; ++k) {
-        const int p = __ldg(slots + k);
-        if (p < 0 || p >= a.num_expanded) continue;
-        unsigned char* dst = a.out + static_cast<i64>(p) * a.row_bytes + offset;
-        asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;"
-                     :: "l"(dst), "r"(stage_addr), "r"(bytes) : "memory");
-    }
-    asm volatile("cp.async.bulk.commit_group;" ::: "memory");
-    // The block may not retire while the engine still reads its shared memory.
-    asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
-}
-#endif
-
 template <int VEC_BYTES>
 __device__ __forceinline__ void expand_to_fused_body(const ExpandArgs& a) {
     typedef typename VecOf<VEC_BYTES>::type Vec;
@@ -175,19 +129,12 @@ __device__ __forceinline__ void expand_to_fused_body(const ExpandArgs& a) {
         const int* slots = a.token_topk_to_pos + t * a.top_k;
         const int k_begin = blockIdx.z * a.slots_per_block;
         const int k_end = min(a.top_k, k_begin + a.slots_per_block);
-#if EXPAND_USE_BULK
-        if constexpr (VEC_BYTES == 16) {
-            __shared__ __align__(128) unsigned char stage[EXPAND_THREADS * EXPAND_UNROLL * 16];
-            __shared__ __align__(8) unsigned long long barrier;
-            if (threadIdx.x == 0 && vec_begin < n_vec) {
-                const i64 chunk_vecs = min(n_vec - vec_begin,
-                                           static_cast<i64>(EXPAND_THREADS) * vecs_per_thread);
-                bulk_scatter_chunk(stage, &barrier, a.x + t * a.row_bytes, slots, k_begin, k_end,
-                                   a, vec_begin * 16, static_cast<unsigned>(chunk_vecs * 16));
-            }
-        } else
+#if CUPY_MOE_SF_MODE != SF_NONE
+        // Issue the first scale-factor load with the row loads, so that its
+        // latency overlaps theirs instead of following the row stores.
+        const bool moves_sf = blockIdx.y == 0 && threadIdx.x < a.sf_columns;
+        const unsigned int first_word = moves_sf ? a.x_sf[t * a.sf_columns + threadIdx.x] : 0u;
 #endif
-        {
         const Vec* src = reinterpret_cast<const Vec*>(a.x) + t * n_vec;
         Vec held[EXPAND_UNROLL];
 #pragma unroll
@@ -205,11 +152,11 @@ __device__ __forceinline__ void expand_to_fused_body(const ExpandArgs& a) {
                 if (u < vecs_per_thread && idx < n_vec) store_once(dst + idx, held[u]);
             }
         }
-        }
 #if CUPY_MOE_SF_MODE != SF_NONE
-        if (blockIdx.y == 0) {
+        if (moves_sf) {
             for (int s = threadIdx.x; s < a.sf_columns; s += EXPAND_THREADS) {
-                const unsigned int word = a.x_sf[t * a.sf_columns + s];
+                const unsigned int word = s == threadIdx.x ? first_word
+                                                           : a.x_sf[t * a.sf_columns + s];
                 for (int k = k_begin; k < k_end; ++k) {
                     const int p = __ldg(slots + k);
                     if (p < 0 || p >= a.num_expanded) continue;

@@ -23,23 +23,20 @@ def _nvrtc_or_skip():
         pytest.skip(f"NVRTC not available: {exc}")
 
 
-# (source, SF mode, bulk-copy path): every module the GPU backend can ask the
-# loader for, with the backend's own kernel configuration.
+# (source, SF mode): every module the GPU backend can ask the loader for,
+# with the backend's own kernel configuration.
 VARIANTS = [
-    pytest.param("expand_to_fused.cu", mode, bulk, id=f"expand-sf-mode-{mode}-bulk-{bulk}")
-    for mode in (0, 1, 2) for bulk in (0, 1)
+    pytest.param("expand_to_fused.cu", mode, id=f"expand-sf-mode-{mode}") for mode in (0, 1, 2)
 ]
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
-@pytest.mark.parametrize(("source", "sf_mode", "bulk"), VARIANTS)
-def test_kernel_variant_compiles(source, sf_mode, bulk, arch):
+@pytest.mark.parametrize(("source", "sf_mode"), VARIANTS)
+def test_kernel_variant_compiles(source, sf_mode, arch):
     _nvrtc_or_skip()
     from cupy_moe import _gpu
 
-    defines = tuple((name, bulk if name == "EXPAND_TMA" else value)
-                    for name, value in _gpu._defines(sf_mode))
-    cubin = compile_for_arch(source, defines, arch)
+    cubin = compile_for_arch(source, _gpu._defines(sf_mode), arch)
     assert cubin[:4] == b"\x7fELF"
     for vec_bytes in (16, 8, 4, 2, 1):
         assert f"expand_to_fused_v{vec_bytes}".encode() in cubin
