@@ -126,16 +126,21 @@ class GpuTimer:
         return 2 * nbytes / self.copy_us(nbytes, iters) / 1e6
 
 
-def eager_us(fn: Callable[[], Any], calls: int, sync: Callable[[], None]) -> float:
-    """Wall time per call of back-to-back calls, one synchronisation at the end."""
+def eager_us(fn: Callable[[], Any], calls: int, sync: Callable[[], None],
+             rounds: int = 7) -> float:
+    """Wall time per call of back-to-back calls, one synchronisation at the end
+    of each round; the median of ``rounds`` rounds (host timings are noisy)."""
     for _ in range(3):
         fn()
     sync()
-    start = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    sync()
-    return (time.perf_counter() - start) / calls * 1e6
+    per_call = []
+    for _ in range(rounds):
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        sync()
+        per_call.append((time.perf_counter() - start) / calls * 1e6)
+    return statistics.median(per_call)
 
 
 def torch_graph_us(fn: Callable[[], Any], calls: int = GRAPH_CALLS, replays: int = 10) -> float:
@@ -245,7 +250,7 @@ def bench_gpu_workload(w: Workload, timer: GpuTimer, backend: str, iters: int,
         if use_torch and w.bytes <= GRAPH_MAX_BYTES:
             record.graph_us = torch_graph_us(lambda: _call(w, args, **out_kwargs))
         return record
-    calls = 200 if w.bytes <= GRAPH_MAX_BYTES else 20
+    calls = 100 if w.bytes <= GRAPH_MAX_BYTES else 10
     record.eager_us = eager_us(lambda: _call(w, args), calls, sync)
 
     try:
