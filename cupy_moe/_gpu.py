@@ -34,6 +34,10 @@ _SOURCE = "expand_to_fused.cu"
 # Compile-time configuration of the expand kernels (defines of the variant).
 KERNEL_CONFIG = {"EXPAND_THREADS": 256, "EXPAND_UNROLL": 4, "EXPAND_STREAMING": 1}
 ROWS_PER_ZERO_BLOCK = 8
+# Small batches (in multiples of the SM count): below SHRINK_CHUNKS_BELOW
+# token chunks, chunks shrink to one access per thread; below
+# SPLIT_SLOTS_BELOW, each block takes one slot (see _Plan._shape_grid).
+GRID_POLICY = {"SHRINK_CHUNKS_BELOW": 2.0, "SPLIT_SLOTS_BELOW": 1.0}
 _MAX_GRID_Y = 65535
 _NONE_FOUND = 0x7F7F7F7F7F7F7F7F  # ROUTING_NONE in the kernel source
 
@@ -143,10 +147,11 @@ class _Plan:
         multiprocessors = _multiprocessor_count(self.device)
         vecs_per_thread = KERNEL_CONFIG["EXPAND_UNROLL"]
         chunks = -(-n_vec // (self.threads * vecs_per_thread))
-        if num_tokens * chunks < 2 * multiprocessors:
+        if num_tokens * chunks < GRID_POLICY["SHRINK_CHUNKS_BELOW"] * multiprocessors:
             vecs_per_thread = 1
             chunks = -(-n_vec // self.threads)
-        slots_per_block = 1 if num_tokens * chunks < multiprocessors else top_k
+        split = num_tokens * chunks < GRID_POLICY["SPLIT_SLOTS_BELOW"] * multiprocessors
+        slots_per_block = 1 if split else top_k
         if chunks > _MAX_GRID_Y:
             raise ValueError(f"x rows of {self.row_bytes} bytes are too long for one launch "
                              f"(at most {_MAX_GRID_Y * self.threads * vec_bytes} bytes)")
@@ -172,7 +177,8 @@ _plans: dict[tuple, _Plan] = {}
 
 
 def _plan(problem: ExpandProblem, item_bytes: int, device: int) -> _Plan:
-    key = (problem, item_bytes, device, tuple(KERNEL_CONFIG.items()))
+    key = (problem, item_bytes, device, tuple(KERNEL_CONFIG.items()),
+           tuple(GRID_POLICY.items()))
     plan = _plans.get(key)
     if plan is None:
         plan = _plans[key] = _Plan(problem, item_bytes, device)
