@@ -82,9 +82,13 @@ def expand_to_fused(x: Any, token_topk_to_pos: Any, pos_to_expert: Any, *,
         Written in place and returned (for CUDA-graph capture, buffer reuse).
     validate : bool
         Check that the map targets each expert row exactly once and nothing
-        else; raise ValueError naming the first offending index. On the GPU
-        this costs one host synchronisation. Without it a malformed map never
-        writes outside the outputs, but which rows it fills is unspecified.
+        else, before anything is written. Faults are looked for in this order:
+        a slot >= X, a slot naming a padding row, a slot repeating an earlier
+        slot's row, an expert row no slot names; the ValueError names the
+        first index of the first kind found. On the GPU this costs one host
+        synchronisation (so not inside CUDA-graph capture). Without it a
+        malformed map never writes outside the outputs, but which rows it
+        fills is unspecified.
 
     Returns
     -------

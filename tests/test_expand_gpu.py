@@ -14,7 +14,7 @@ import cupy_moe
 from cupy_moe import reference
 from cupy_moe._checks import align_up, sf_columns
 
-from cupy_moe.workload_inputs import fitted_routing, numpy_dtype, random_bits
+from cupy_moe.workload_inputs import fitted_routing, numpy_dtype, random_bits, workload_inputs
 
 from helpers import assert_bits_equal, bits
 
@@ -135,9 +135,9 @@ def check_expand_with_sf(kind, x, x_sf, token_topk_to_pos, pos_to_expert, *, npc
                          ids=lambda w: w.label)
 def test_manifest_expand(workload, kind):
     rng = np.random.default_rng()
-    x = random_bits(rng, workload.shapes["x"], numpy_dtype(workload.dtype))
-    token_topk_to_pos, pos_to_expert = fitted_routing(
-        rng, workload.num_tokens, workload.top_k, workload.num_expanded)
+    inputs = workload_inputs(workload, rng)
+    x, token_topk_to_pos, pos_to_expert = (
+        inputs["x"], inputs["token_topk_to_pos"], inputs["pos_to_expert"])
     check_expand(kind, x, token_topk_to_pos, pos_to_expert)
     poisoned = to_device(kind, random_bits(rng, (workload.num_expanded, workload.hidden),
                                               x.dtype), x.dtype.name)
@@ -149,12 +149,10 @@ def test_manifest_expand(workload, kind):
                          ids=lambda w: w.label)
 def test_manifest_expand_with_sf(workload, kind):
     rng = np.random.default_rng()
-    x = random_bits(rng, workload.shapes["x"], numpy_dtype(workload.dtype))
-    x_sf = random_bits(rng, workload.shapes["x_sf"], np.dtype(workload.sf_dtype))
-    token_topk_to_pos, pos_to_expert = fitted_routing(
-        rng, workload.num_tokens, workload.top_k, workload.num_expanded)
+    inputs = workload_inputs(workload, rng)
     for poison in (False, True):
-        check_expand_with_sf(kind, x, x_sf, token_topk_to_pos, pos_to_expert,
+        check_expand_with_sf(kind, inputs["x"], inputs["x_sf"], inputs["token_topk_to_pos"],
+                             inputs["pos_to_expert"],
                              npc=workload.num_per_channels,
                              col_major=workload.use_tma_aligned_col_major_sf,
                              poison_outputs=poison, rng=rng)
