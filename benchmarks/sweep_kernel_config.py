@@ -40,8 +40,7 @@ def main() -> int:
     rng = np.random.default_rng()
     rows = []
     for config in CONFIGS:
-        _gpu.KERNEL_CONFIG.clear()
-        _gpu.KERNEL_CONFIG.update(config)
+        _gpu.configure(kernel=config)
         row = {"config": dict(config)}
         for w in workloads:
             record = bench.bench_gpu_workload(w, timer, "torch", args.iters, copy_tbps, rng,
@@ -54,8 +53,7 @@ def main() -> int:
                 row[w.label] = round(record.pct_copy_roofline, 1)
         rows.append(row)
         print(row, file=sys.stderr, flush=True)
-    _gpu.KERNEL_CONFIG.clear()
-    _gpu.KERNEL_CONFIG.update(CONFIGS[0])
+    _gpu.configure(kernel=CONFIGS[0])
     print(f"copy roofline {copy_tbps:.2f} TB/s; % of it per workload "
           "(small shapes: CUDA-graph replay time per call)")
     print("| threads x unroll, streaming | " + " | ".join(w.label for w in workloads) + " |")

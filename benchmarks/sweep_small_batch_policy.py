@@ -32,14 +32,14 @@ def main() -> int:
     print("| shrink below, split below (x SMs) | " + " | ".join(w.label for w in workloads) + " |")
     print("|---" * (len(workloads) + 1) + "|")
     for policy in POLICIES:
-        _gpu.GRID_POLICY.update(policy)
+        _gpu.configure(grid_policy=policy)
         cells = []
         for w in workloads:
             record = bench.bench_gpu_workload(w, timer, "torch", 20, 1.0, rng, kernel_only=True)
             cells.append(f"{record.graph_us:.2f}" if record.status == "ok" else record.status)
         print(f"| {policy['SHRINK_CHUNKS_BELOW']}, {policy['SPLIT_SLOTS_BELOW']} | "
               + " | ".join(cells) + " |", flush=True)
-    _gpu.GRID_POLICY.update(default)
+    _gpu.configure(grid_policy=default)
     return 0
 
 

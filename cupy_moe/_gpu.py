@@ -176,6 +176,15 @@ class _Plan:
 _plans: dict[tuple, _Plan] = {}
 
 
+def configure(kernel: dict | None = None, grid_policy: dict | None = None) -> None:
+    """Change KERNEL_CONFIG / GRID_POLICY (experiments only) and forget every
+    plan made under the old settings, the torch fast path's included."""
+    KERNEL_CONFIG.update(kernel or {})
+    GRID_POLICY.update(grid_policy or {})
+    _plans.clear()
+    _torch_plans.clear()
+
+
 def _plan(problem: ExpandProblem, item_bytes: int, device: int) -> _Plan:
     key = (problem, item_bytes, device, tuple(KERNEL_CONFIG.items()),
            tuple(GRID_POLICY.items()))

@@ -47,8 +47,8 @@ typedef long long i64;
 #define EXPAND_STREAMING 1
 #endif
 
-// The argument block, passed by value. The host mirrors it field for field
-// in a ctypes.Structure (cupy_moe/_gpu.py), in this order.
+// The argument block, passed by value. The host packs it field for field
+// (cupy_moe/_gpu.py, _EXPAND_ARGS), in this order.
 struct ExpandArgs {
     const unsigned char* x;           // [T, row_bytes]
     const int* token_topk_to_pos;     // [T, K]
