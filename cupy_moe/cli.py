@@ -97,6 +97,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="cupy-moe",
@@ -117,7 +124,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--workload", action="append", metavar="LABEL",
                        help="a manifest label; repeat for several (default: all)")
     bench.add_argument("--backend", choices=["auto", "cupy", "torch", "cpu"], default="auto")
-    bench.add_argument("--iters", type=int, default=None,
+    bench.add_argument("--iters", type=_positive_int, default=None,
                        help="timed iterations per figure (default 50, 10 with --quick)")
     bench.add_argument("--quick", action="store_true",
                        help="fewer iterations; on the CPU, skip the largest workloads")
