@@ -45,11 +45,9 @@ def run_expand(kind: ArrayKind, problem: ExpandProblem, x: Any, x_sf: Any,
             x_np, to_numpy(x_sf), topk_np, p2e_np, col_major=problem.sf_col_major,
             out=out_np, out_sf=out_sf_np)
     if kind is ArrayKind.TORCH_CPU:
+        # NumPy hands back the very arrays it wrote; torch callers get tensors:
+        # their own out=, or views of what NumPy allocated. out_sf is set by
+        # now whenever there are scale factors (the caller's, or made above).
         result = out if out is not None else numpy_to_torch(result)
-        if result_sf is not None:
-            result_sf = out_sf if out_sf is not None else numpy_to_torch(result_sf)
-    else:
-        result = out if out is not None else result
-        if result_sf is not None and out_sf is not None:
-            result_sf = out_sf
+        result_sf = out_sf
     return result, result_sf
