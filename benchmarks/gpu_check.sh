@@ -42,10 +42,13 @@ record "pytest tests/ (rc=$rc)" "$(tail -n 1 "$OUT/pytest.tmp") [$(( $(date +%s)
 [ $rc -ne 0 ] && grep -E '^(FAILED|ERROR)' "$OUT/pytest.tmp" | head -n 30
 section pytest; cat "$OUT/pytest.tmp" >> "$LOG"; rm -f "$OUT/pytest.tmp"
 
+# initcheck does not see the bulk-copy engine's writes (memcheck_cases.py says more)
 for tool in memcheck initcheck; do
   start=$(date +%s)
+  case_args=()
+  [ $tool = initcheck ] && case_args=(--registers-only)
   compute-sanitizer --tool $tool --error-exitcode 3 python3 benchmarks/memcheck_cases.py \
-    > "$OUT/sanitizer.tmp" 2>&1
+    "${case_args[@]}" > "$OUT/sanitizer.tmp" 2>&1
   rc=$?
   record "compute-sanitizer $tool (rc=$rc)" \
     "$(grep -E 'ERROR SUMMARY' "$OUT/sanitizer.tmp" | tail -n 1 | sed 's/=* //') [$(( $(date +%s) - start ))s]"

@@ -1,9 +1,17 @@
 """A representative subset of calls for compute-sanitizer (memcheck, initcheck).
 
-Every kernel variant and access width, odd H, T == 0, X == 0, a malformed map
+Every kernel variant and access width (the bulk-copy kernel forced on small
+batches too), odd H, T == 0, X == 0, a malformed map
 with positions past X, the column-major pad columns and validate=True; each
 result is also checked bit-exact against the NumPy reference. Run it under the
 sanitizer from benchmarks/gpu_check.sh.
+
+    python benchmarks/memcheck_cases.py [--registers-only]
+
+--registers-only keeps every call on the register kernel: initcheck does not
+see the bulk-copy engine's writes, so it reports the bulk kernel's outputs as
+uninitialised when they are copied to the host (memcheck does check the bulk
+kernel's accesses, and the GPU tests check its outputs bit for bit).
 """
 
 from __future__ import annotations
@@ -15,7 +23,7 @@ import ml_dtypes
 import numpy as np
 
 import cupy_moe
-from cupy_moe import reference
+from cupy_moe import _gpu, reference
 from cupy_moe._checks import sf_columns
 
 
@@ -56,6 +64,10 @@ def run_case(rng, num_tokens, hidden, top_k, num_expanded, *, layout, npc=128, m
 
 
 def main() -> int:
+    registers_only = "--registers-only" in sys.argv[1:]
+    saved = dict(_gpu.GRID_POLICY)
+    if registers_only:
+        _gpu.configure(grid_policy={"BULK_MIN_BLOCKS": float("inf")})
     rng = np.random.default_rng(7)
     cases = 0
     for layout in ("none", "row", "col-f32", "col-ue8m0"):
@@ -64,6 +76,17 @@ def main() -> int:
                 run_case(rng, num_tokens, hidden, top_k, num_expanded, layout=layout)
                 run_case(rng, num_tokens, hidden, top_k, num_expanded, layout=layout, malformed=True)
                 cases += 2
+    # the bulk-copy kernel (sm_90+) on every batch size: 16-byte rows, whole
+    # or split into chunks with a short last one
+    if not registers_only:
+        _gpu.configure(grid_policy={"BULK_MIN_BLOCKS": 0.0})
+    for layout in ("none", "row", "col-f32", "col-ue8m0"):
+        for hidden in (16, 2064, 7168, 16400):
+            for num_tokens, top_k, num_expanded in ((5, 3, 17), (0, 8, 6), (33, 9, 301)):
+                run_case(rng, num_tokens, hidden, top_k, num_expanded, layout=layout)
+                run_case(rng, num_tokens, hidden, top_k, num_expanded, layout=layout, malformed=True)
+                cases += 2
+    _gpu.configure(grid_policy=saved)
     # validate=True: the routing kernels, on a good map and on a bad one
     x = cupy.zeros((3, 64), dtype=cupy.uint16)
     good = cupy.asarray(np.array([[0, 1], [2, -1], [3, 4]], dtype=np.int32))

@@ -34,10 +34,17 @@ _SOURCE = "expand_to_fused.cu"
 # Compile-time configuration of the expand kernels (defines of the variant).
 KERNEL_CONFIG = {"EXPAND_THREADS": 256, "EXPAND_UNROLL": 4, "EXPAND_STREAMING": 1}
 ROWS_PER_ZERO_BLOCK = 8
-# Small batches (in multiples of the SM count): below SHRINK_CHUNKS_BELOW
-# token chunks, chunks shrink to one access per thread; below
-# SPLIT_SLOTS_BELOW, each block takes one slot (see _Plan._shape_grid).
-GRID_POLICY = {"SHRINK_CHUNKS_BELOW": 2.0, "SPLIT_SLOTS_BELOW": 1.0}
+# Grid policy, block counts in multiples of the SM count (see _Plan._shape_grid).
+# Bulk-copy kernel (sm_90+, 16-byte rows): used when chunks of the smallest
+# size give at least BULK_MIN_BLOCKS blocks; the chunk is the largest of
+# BULK_CHUNK_BYTES that still gives BULK_TARGET_BLOCKS (else the smallest).
+# Register kernel, small batches: below SHRINK_CHUNKS_BELOW token chunks,
+# chunks shrink to one access per thread; below SPLIT_SLOTS_BELOW, each block
+# takes one slot.
+GRID_POLICY = {"BULK_MIN_BLOCKS": 1.0, "BULK_TARGET_BLOCKS": 12.0,
+               "SHRINK_CHUNKS_BELOW": 2.0, "SPLIT_SLOTS_BELOW": 1.0}
+BULK_CHUNK_BYTES = (16384, 8192, 4096, 2048)  # multiples of 32 lanes x 16 bytes
+_BULK_THREADS = 32
 _MAX_GRID_Y = 65535
 _NONE_FOUND = 0x7F7F7F7F7F7F7F7F  # ROUTING_NONE in the kernel source
 
@@ -87,30 +94,34 @@ def _function(device: int, sf_mode: int, name: str) -> int:
     return handle
 
 
-_multiprocessors: dict[int, int] = {}
+_device_traits: dict[int, tuple[int, int]] = {}
 
 
-def _multiprocessor_count(device: int) -> int:
-    count = _multiprocessors.get(device)
-    if count is None:
-        count = _multiprocessors[device] = runtime.getDeviceProperties(device)[
-            "multiProcessorCount"]
-    return count
+def _device_traits_of(device: int) -> tuple[int, int]:
+    """(multiprocessor count, compute capability major) of ``device``."""
+    traits = _device_traits.get(device)
+    if traits is None:
+        props = runtime.getDeviceProperties(device)
+        traits = _device_traits[device] = (props["multiProcessorCount"], props["major"])
+    return traits
 
 
 class _Launch:
-    """Kernel handle, grid and the argument block's constant tail for one access width."""
+    """Kernel handle, launch shape and the argument block's constant tail for
+    one access width."""
 
-    __slots__ = ("handle", "grid_y", "grid_z", "tail")
+    __slots__ = ("handle", "grid_y", "grid_z", "threads", "shared_bytes", "tail")
 
-    def __init__(self, handle: int, grid_y: int, grid_z: int, tail: tuple) -> None:
+    def __init__(self, handle: int, grid_y: int, grid_z: int, threads: int, shared_bytes: int,
+                 tail: tuple) -> None:
         self.handle, self.grid_y, self.grid_z, self.tail = handle, grid_y, grid_z, tail
+        self.threads, self.shared_bytes = threads, shared_bytes
 
 
 class _Plan:
     """Everything about a call that depends only on its sizes, dtypes and device."""
 
-    __slots__ = ("device", "sf_mode", "problem", "row_bytes", "grid_x", "tail", "threads",
+    __slots__ = ("device", "sf_mode", "problem", "row_bytes", "grid_x", "tail",
                  "kernels", "out_shape", "sf_buffer_shape")
 
     def __init__(self, problem: ExpandProblem, item_bytes: int, device: int) -> None:
@@ -123,7 +134,6 @@ class _Plan:
         self.grid_x = problem.num_tokens + -(-zero_rows // ROWS_PER_ZERO_BLOCK)
         self.tail = (self.row_bytes, problem.num_tokens, problem.top_k, problem.num_expanded,
                      problem.sf_columns, problem.sf_leading_dim, ROWS_PER_ZERO_BLOCK)
-        self.threads = KERNEL_CONFIG["EXPAND_THREADS"]
         self.kernels: dict[int, _Launch] = {}  # by access width in bytes
         self.out_shape = problem.out_shape()
         self.sf_buffer_shape = problem.out_sf_shape()  # row-major SF
@@ -135,29 +145,51 @@ class _Plan:
         return found
 
     def _shape_grid(self, vec_bytes: int) -> _Launch:
-        """Chunk size and slot split for this width.
+        """Kernel, chunk size and slot split for this width.
 
-        Large batches: the biggest chunks, all K slots per block. When the
+        Large batches of 16-byte rows on sm_90+: the bulk-copy kernel, with
+        the biggest chunks that still make BULK_TARGET_BLOCKS blocks. Else the
+        register kernel: the biggest chunks, all K slots per block; when the
         tokens' chunks are too few to fill the chip (decode, small batches),
         chunks shrink to one access per thread and then each block takes one
         slot, so that more SMs share the stores.
         """
         n_vec = self.row_bytes // vec_bytes
         num_tokens, top_k = self.problem.num_tokens, self.problem.top_k
-        multiprocessors = _multiprocessor_count(self.device)
+        multiprocessors, major = _device_traits_of(self.device)
+        if vec_bytes == 16 and major >= 9 and top_k <= _BULK_THREADS:
+            def blocks(chunk_bytes: int) -> int:
+                return num_tokens * -(-self.row_bytes // chunk_bytes)
+
+            if blocks(BULK_CHUNK_BYTES[-1]) >= GRID_POLICY["BULK_MIN_BLOCKS"] * multiprocessors:
+                chunk_bytes = next(
+                    (c for c in BULK_CHUNK_BYTES
+                     if blocks(c) >= GRID_POLICY["BULK_TARGET_BLOCKS"] * multiprocessors),
+                    BULK_CHUNK_BYTES[-1])
+                # a row that fits one chunk moves whole (the last chunk may be short)
+                chunk_vecs = min(chunk_bytes // 16, -(-n_vec // _BULK_THREADS) * _BULK_THREADS)
+                return self._launch("expand_to_fused_bulk", vec_bytes, _BULK_THREADS,
+                                    chunk_vecs // _BULK_THREADS, top_k, chunk_vecs * 16)
+        threads = KERNEL_CONFIG["EXPAND_THREADS"]
         vecs_per_thread = KERNEL_CONFIG["EXPAND_UNROLL"]
-        chunks = -(-n_vec // (self.threads * vecs_per_thread))
+        chunks = -(-n_vec // (threads * vecs_per_thread))
         if num_tokens * chunks < GRID_POLICY["SHRINK_CHUNKS_BELOW"] * multiprocessors:
             vecs_per_thread = 1
-            chunks = -(-n_vec // self.threads)
+            chunks = -(-n_vec // threads)
         split = num_tokens * chunks < GRID_POLICY["SPLIT_SLOTS_BELOW"] * multiprocessors
-        slots_per_block = 1 if split else top_k
+        return self._launch(f"expand_to_fused_v{vec_bytes}", vec_bytes, threads, vecs_per_thread,
+                            1 if split else top_k, 0)
+
+    def _launch(self, kernel: str, vec_bytes: int, threads: int, vecs_per_thread: int,
+                slots_per_block: int, shared_bytes: int) -> _Launch:
+        chunk_bytes = threads * vecs_per_thread * vec_bytes
+        chunks = -(-self.row_bytes // chunk_bytes)
         if chunks > _MAX_GRID_Y:
             raise ValueError(f"x rows of {self.row_bytes} bytes are too long for one launch "
-                             f"(at most {_MAX_GRID_Y * self.threads * vec_bytes} bytes)")
-        handle = _function(self.device, self.sf_mode, f"expand_to_fused_v{vec_bytes}")
-        return _Launch(handle, chunks, -(-top_k // slots_per_block),
-                       (*self.tail, vecs_per_thread, slots_per_block))
+                             f"(at most {_MAX_GRID_Y * chunk_bytes} bytes)")
+        handle = _function(self.device, self.sf_mode, kernel)
+        return _Launch(handle, chunks, -(-self.problem.top_k // slots_per_block), threads,
+                       shared_bytes, (*self.tail, vecs_per_thread, slots_per_block))
 
     def launch(self, stream: int, x: int, token_topk_to_pos: int, pos_to_expert: int,
                out: int, x_sf: int, out_sf: int) -> None:
@@ -170,7 +202,8 @@ class _Plan:
         _EXPAND_ARGS.pack_into(block.buffer, 0, x, token_topk_to_pos, pos_to_expert, out,
                                x_sf, out_sf, *launch.tail)
         driver.launchKernel(launch.handle, self.grid_x, launch.grid_y, launch.grid_z,
-                            self.threads, 1, 1, 0, stream, block.params_address, 0)
+                            launch.threads, 1, 1, launch.shared_bytes, stream,
+                            block.params_address, 0)
 
 
 _plans: dict[tuple, _Plan] = {}

@@ -7,6 +7,8 @@ poisons the buffer first. Runs with CuPy arrays and with CUDA torch tensors.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
@@ -19,6 +21,8 @@ from cupy_moe.workload_inputs import fitted_routing, numpy_dtype, random_bits, w
 from helpers import assert_bits_equal, bits
 
 cupy = pytest.importorskip("cupy")
+
+from cupy_moe import _gpu  # noqa: E402
 
 
 def _gpu_count() -> int:
@@ -37,6 +41,17 @@ try:
 except ImportError:  # pragma: no cover
     torch = None
     _HAS_TORCH_CUDA = False
+
+
+@pytest.fixture(params=["bulk", "registers"])
+def kernel_path(request):
+    """Force the bulk-copy kernel (wherever the device and the row's alignment
+    allow it) or the register kernel, whatever the batch size."""
+    saved = dict(_gpu.GRID_POLICY)
+    _gpu.configure(grid_policy={
+        "BULK_MIN_BLOCKS": 0.0 if request.param == "bulk" else math.inf})
+    yield request.param
+    _gpu.configure(grid_policy=saved)
 
 KINDS = ["cupy", pytest.param("torch", marks=pytest.mark.skipif(
     not _HAS_TORCH_CUDA, reason="needs torch with CUDA"))]
@@ -133,7 +148,7 @@ def check_expand_with_sf(kind, x, x_sf, token_topk_to_pos, pos_to_expert, *, npc
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("workload", cupy_moe.load_workloads("expand_to_fused"),
                          ids=lambda w: w.label)
-def test_manifest_expand(workload, kind):
+def test_manifest_expand(workload, kind, kernel_path):
     rng = np.random.default_rng()
     inputs = workload_inputs(workload, rng)
     x, token_topk_to_pos, pos_to_expert = (
@@ -147,7 +162,7 @@ def test_manifest_expand(workload, kind):
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("workload", cupy_moe.load_workloads("expand_to_fused_with_sf"),
                          ids=lambda w: w.label)
-def test_manifest_expand_with_sf(workload, kind):
+def test_manifest_expand_with_sf(workload, kind, kernel_path):
     rng = np.random.default_rng()
     inputs = workload_inputs(workload, rng)
     for poison in (False, True):
@@ -159,11 +174,13 @@ def test_manifest_expand_with_sf(workload, kind):
 
 
 # -- odd shapes, every vector width ----------------------------------------------
+# The last three sizes of each list give rows of whole 16-byte vectors that the
+# bulk kernel splits into chunks with a short last one (or takes whole).
 
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("top_k", [1, 9])
-@pytest.mark.parametrize("hidden", [1, 7, 37, 577, 7169])
-def test_odd_hidden_bf16(hidden, top_k, kind):
+@pytest.mark.parametrize("hidden", [1, 7, 37, 577, 7169, 8, 1032, 8200])
+def test_odd_hidden_bf16(hidden, top_k, kind, kernel_path):
     rng = np.random.default_rng()
     x = random_bits(rng, (23, hidden), numpy_dtype("bfloat16"))
     token_topk_to_pos, pos_to_expert = fitted_routing(rng, 23, top_k, 23 * top_k + 13,
@@ -175,8 +192,8 @@ def test_odd_hidden_bf16(hidden, top_k, kind):
 @pytest.mark.parametrize("layout", ["row-f32", "col-f32", "col-ue8m0"])
 @pytest.mark.parametrize("npc", [32, 128])
 @pytest.mark.parametrize("top_k", [1, 9])
-@pytest.mark.parametrize("hidden", [1, 7, 37, 577, 7169])
-def test_odd_hidden_with_sf(hidden, top_k, npc, layout, kind):
+@pytest.mark.parametrize("hidden", [1, 7, 37, 577, 7169, 16, 2064, 16400])
+def test_odd_hidden_with_sf(hidden, top_k, npc, layout, kind, kernel_path):
     rng = np.random.default_rng()
     col_major, sf_dtype = {"row-f32": (False, "float32"), "col-f32": (True, "float32"),
                            "col-ue8m0": (True, "int32")}[layout]
@@ -224,7 +241,7 @@ def test_fp8_every_byte_code(kind):
 
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("col_major", [False, True])
-def test_no_tokens_gives_zeros(kind, col_major):
+def test_no_tokens_gives_zeros(kind, col_major, kernel_path):
     rng = np.random.default_rng()
     x = np.zeros((0, 256), dtype=numpy_dtype("float8_e4m3fn"))
     x_sf = np.zeros((0, 1 if col_major else 2), dtype=np.int32 if col_major else np.float32)
@@ -249,7 +266,7 @@ def test_no_expanded_rows(kind):
 
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("col_major", [False, True])
-def test_malformed_map_never_writes_past_outputs(kind, col_major):
+def test_malformed_map_never_writes_past_outputs(kind, col_major, kernel_path):
     rng = np.random.default_rng()
     num_tokens, hidden, num_expanded, guard = 6, 96, 10, 64
     x = random_bits(rng, (num_tokens, hidden), numpy_dtype("float8_e4m3fn"))
@@ -380,7 +397,7 @@ def test_torch_side_stream_waits_for_its_producer():
 
 @pytest.mark.skipif(not _HAS_TORCH_CUDA, reason="needs torch with CUDA")
 @pytest.mark.parametrize("col_major", [False, True])
-def test_cuda_graph_capture_and_replay_with_new_inputs(col_major):
+def test_cuda_graph_capture_and_replay_with_new_inputs(col_major, kernel_path):
     rng = np.random.default_rng()
     num_tokens, top_k, hidden, num_expanded, npc = 32, 8, 3072, 300, 128
     sf_dtype = np.dtype("int32" if col_major else "float32")

@@ -5,6 +5,7 @@ import pytest
 pytest.importorskip("cupy")
 
 from cupy_moe import _gpu  # noqa: E402
+from cupy_moe._checks import ExpandProblem  # noqa: E402
 
 
 def test_configure_forgets_plans_made_under_other_settings():
@@ -27,3 +28,48 @@ def test_argument_blocks_match_the_kernel_structs():
     # pointers, an int64, an int32 padded to the struct's 8-byte alignment.
     assert _gpu._EXPAND_ARGS.size == 6 * 8 + 8 + 8 * 4
     assert _gpu._ROUTING_ARGS.size == 4 * 8 + 8 + 8
+
+
+@pytest.fixture
+def fake_h200(monkeypatch):
+    """Plans for a device 0 with 132 SMs and compute capability 9.x, no GPU needed."""
+    monkeypatch.setitem(_gpu._device_traits, 0, (132, 9))
+    monkeypatch.setattr(_gpu, "_function", lambda device, sf_mode, name: name)
+    yield
+    _gpu._plans.clear()
+
+
+def _launch_for(num_tokens, hidden, item_bytes=2, vec_bytes=16, top_k=8, **sf):
+    problem = ExpandProblem(num_tokens, hidden, top_k, num_tokens * top_k,
+                            "bfloat16" if item_bytes == 2 else "float8_e4m3fn", **sf)
+    return _gpu._Plan(problem, item_bytes, 0).kernel(vec_bytes)
+
+
+@pytest.mark.parametrize(("num_tokens", "hidden", "chunk_bytes", "chunks"), [
+    (4096, 7168, 14336, 1),   # kimi-k2-prefill: whole rows
+    (4096, 3072, 6144, 1),    # qwen3-30b-prefill
+    (512, 7168, 4096, 4),     # kimi-k2-medium: 2048 blocks >= 12 x 132
+    (512, 3072, 2048, 3),     # qwen3-30b-medium: no size reaches the target, the smallest
+    (32, 7168, 2048, 7),      # kimi-k2-small: 224 blocks >= 132
+    (4096, 16384, 16384, 2),  # rows longer than the biggest chunk
+])
+def test_bulk_kernel_chunks_for_the_batch(fake_h200, num_tokens, hidden, chunk_bytes, chunks):
+    launch = _launch_for(num_tokens, hidden)
+    assert launch.handle == "expand_to_fused_bulk"
+    assert (launch.threads, launch.shared_bytes, launch.grid_y) == (32, chunk_bytes, chunks)
+    assert launch.tail[-2:] == (chunk_bytes // 16 // 32, 8)  # vecs_per_thread, slots_per_block
+
+
+@pytest.mark.parametrize(("num_tokens", "hidden", "vec_bytes", "major", "top_k"), [
+    (1, 7168, 16, 9, 8),      # decode: too few blocks
+    (32, 3072, 16, 9, 8),     # qwen3-30b-small: 96 chunks of 2 KiB < 132 SMs
+    (4096, 7168, 8, 9, 8),    # 8-byte aligned rows
+    (4096, 7168, 16, 8, 8),   # sm_80: no bulk-copy engine
+    (4096, 7168, 16, 9, 33),  # more slots than the warp's lanes
+])
+def test_register_kernel_elsewhere(fake_h200, monkeypatch, num_tokens, hidden, vec_bytes, major,
+                                   top_k):
+    monkeypatch.setitem(_gpu._device_traits, 0, (132, major))
+    launch = _launch_for(num_tokens, hidden, vec_bytes=vec_bytes, top_k=top_k)
+    assert launch.handle == f"expand_to_fused_v{vec_bytes}"
+    assert (launch.threads, launch.shared_bytes) == (_gpu.KERNEL_CONFIG["EXPAND_THREADS"], 0)
