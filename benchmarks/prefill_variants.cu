@@ -209,7 +209,9 @@ extern "C" __global__ void __launch_bounds__(32) bulk_2(const Args a) { bulk_bod
 // warp per block, one bulk load and up to K bulk stores of one chunk. More,
 // smaller blocks: more loads in flight per SM (smem per block = the chunk).
 // ZERO_BULK = 1: padding rows are zeroed by bulk stores from a zeroed stage.
-template <int ZERO_BULK>
+// ZERO_FIRST = 1: the zero-fill blocks come first in the grid, so that the
+// grid's tail is token blocks (padding rows cluster at the end of X).
+template <int ZERO_BULK, int ZERO_FIRST>
 __device__ __forceinline__ void bulkc_body(const Args& a) {
     extern __shared__ __align__(128) unsigned char stage[];
     __shared__ __align__(8) unsigned long long bar;
@@ -217,8 +219,11 @@ __device__ __forceinline__ void bulkc_body(const Args& a) {
     const i64 begin = static_cast<i64>(blockIdx.y) * a.chunk_vec;
     const i64 count = min(static_cast<i64>(a.chunk_vec), a.n_vec - begin);
     const unsigned bytes = static_cast<unsigned>(count * 16);
-    if (blockIdx.x >= a.num_tokens) {
-        const i64 first = static_cast<i64>(blockIdx.x - a.num_tokens) * a.rows_per_zero_block;
+    const int zero_blocks = (a.num_expanded + a.rows_per_zero_block - 1) / a.rows_per_zero_block;
+    const int token_block = ZERO_FIRST ? static_cast<int>(blockIdx.x) - zero_blocks : blockIdx.x;
+    const int zero_block = ZERO_FIRST ? blockIdx.x : static_cast<int>(blockIdx.x) - a.num_tokens;
+    if (ZERO_FIRST ? token_block < 0 : token_block >= a.num_tokens) {
+        const i64 first = static_cast<i64>(zero_block) * a.rows_per_zero_block;
         i64 last = first + a.rows_per_zero_block;
         if (last > a.num_expanded) last = a.num_expanded;
         if (!ZERO_BULK) {
@@ -245,7 +250,7 @@ __device__ __forceinline__ void bulkc_body(const Args& a) {
         asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
         return;
     }
-    const i64 t = blockIdx.x;
+    const i64 t = token_block;
     if (lane == 0) {
         asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" :: "r"(smem_addr(&bar)));
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
@@ -263,5 +268,7 @@ __device__ __forceinline__ void bulkc_body(const Args& a) {
     asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
 }
 
-extern "C" __global__ void __launch_bounds__(32) bulkc_0(const Args a) { bulkc_body<0>(a); }
-extern "C" __global__ void __launch_bounds__(32) bulkc_1(const Args a) { bulkc_body<1>(a); }
+extern "C" __global__ void __launch_bounds__(32) bulkc_0(const Args a) { bulkc_body<0, 0>(a); }
+extern "C" __global__ void __launch_bounds__(32) bulkc_1(const Args a) { bulkc_body<1, 0>(a); }
+extern "C" __global__ void __launch_bounds__(32) bulkz_0(const Args a) { bulkc_body<0, 1>(a); }
+extern "C" __global__ void __launch_bounds__(32) bulkz_1(const Args a) { bulkc_body<1, 1>(a); }

@@ -33,14 +33,14 @@ ARGS = struct.Struct("<4Qq6i")
 ROWS_PER_ZERO_BLOCK = 8
 # (kernel, threads, blocks per SM for persistent kernels or None)
 VARIANTS = [
-    ("regs_256_4_1", 256, None), ("regs_256_4_0", 256, None), ("regs_128_8_1", 128, None),
-    ("regs_128_4_1", 128, None), ("regs_64_14_1", 64, None),
-    ("persist_256_4", 256, 4), ("persist_128_8", 128, 16),
-    ("bulk_1", 32, None), ("bulk_2", 32, 16),
+    ("regs_256_4_1", 256, None), ("regs_256_4_0", 256, None),
 ]
 # chunked bulk copy: (kernel, chunk bytes; 0 = the whole row)
-BULK_CHUNKS = [("bulkc_0", 0), ("bulkc_0", 8192), ("bulkc_0", 4096), ("bulkc_0", 2048),
-               ("bulkc_1", 0), ("bulkc_1", 8192), ("bulkc_1", 4096)]
+# (bulkz: zero-fill blocks first in the grid)
+BULK_CHUNKS = [("bulkc_0", 0), ("bulkc_0", 4096), ("bulkc_0", 3584), ("bulkc_0", 2048),
+               ("bulkc_0", 1536), ("bulkc_0", 1024),
+               ("bulkz_0", 0), ("bulkz_0", 4096), ("bulkz_0", 3584), ("bulkz_0", 2048),
+               ("bulkz_1", 0), ("bulkz_1", 3584), ("bulkz_1", 2048)]
 
 
 def bench_workload(w, module, timer, copy_tbps, sms, rng, iters, results) -> None:
@@ -74,14 +74,14 @@ def bench_workload(w, module, timer, copy_tbps, sms, rng, iters, results) -> Non
     for name, threads, per_sm in VARIANTS + [(n, 32, c) for n, c in BULK_CHUNKS]:
         key = (name, per_sm or "")
         chunk_vec = n_vec
-        if name.startswith("bulkc"):
+        if name.startswith(("bulkc", "bulkz")):
             chunk_vec = min(n_vec, per_sm // 16) if per_sm else n_vec
             per_sm = None
         kernel = module.get_function(name)
         zero_blocks = -(-X // ROWS_PER_ZERO_BLOCK)
         grid = per_sm * sms if per_sm else T + zero_blocks
         grid_y = -(-n_vec // chunk_vec)
-        smem = chunk_vec * 16 if name.startswith("bulkc") else 0
+        smem = chunk_vec * 16 if name.startswith(("bulkc", "bulkz")) else 0
         if name.startswith("bulk_"):
             smem = n_vec * 16 * int(name[-1])
             kernel.max_dynamic_shared_size_bytes = smem

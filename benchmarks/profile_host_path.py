@@ -58,6 +58,10 @@ def main() -> int:
         "whole call, out= given": lambda: cupy_moe.expand_to_fused(x, m, p, out=out),
         "whole call, allocating": lambda: cupy_moe.expand_to_fused(x, m, p),
         "torch index_select of the same rows": lambda: x.index_select(0, rows),
+        # torch's own launch path for a trivial kernel: the floor under any
+        # torch op on this machine
+        "torch.cuda._sleep(0) (a bare torch kernel launch)": lambda: torch.cuda._sleep(0),
+        "out.zero_() (torch memset launch)": out.zero_,
     }
     print("| step | us per call |")
     print("| --- | --- |")

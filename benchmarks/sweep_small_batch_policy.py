@@ -12,15 +12,17 @@ import numpy as np
 
 from cupy_moe import _gpu, bench, load_workloads
 
+# changes to the default policy (the first row)
 POLICIES = [
-    {"SHRINK_CHUNKS_BELOW": 2.0, "SPLIT_SLOTS_BELOW": 1.0},  # the default
+    {},
     {"SHRINK_CHUNKS_BELOW": 0.0, "SPLIT_SLOTS_BELOW": 0.0},  # never
     {"SHRINK_CHUNKS_BELOW": 2.0, "SPLIT_SLOTS_BELOW": 0.0},  # shrink chunks only
     {"SHRINK_CHUNKS_BELOW": 0.0, "SPLIT_SLOTS_BELOW": 2.0},  # split slots only
-    {"SHRINK_CHUNKS_BELOW": 4.0, "SPLIT_SLOTS_BELOW": 0.5},
+    {"BULK_MIN_BLOCKS": 0.0},  # bulk-copy kernel at every size
+    {"BULK_MIN_BLOCKS": 0.0, "BULK_TARGET_BLOCKS": 1.0},
 ]
-LABELS = ["kimi-k2-decode", "kimi-k2-small", "qwen3-30b-small", "kimi-k2-decode-sf-packed",
-          "qwen3-30b-small-sf-row-major", "qwen3-30b-small-sf-packed"]
+LABELS = ["kimi-k2-decode", "kimi-k2-small", "qwen3-30b-small", "kimi-k2-decode-sf-row-major",
+          "kimi-k2-decode-sf-packed", "qwen3-30b-small-sf-row-major", "qwen3-30b-small-sf-packed"]
 
 
 def main() -> int:
@@ -29,15 +31,16 @@ def main() -> int:
     timer = bench.GpuTimer()
     rng = np.random.default_rng()
     default = dict(_gpu.GRID_POLICY)
-    print("| shrink below, split below (x SMs) | " + " | ".join(w.label for w in workloads) + " |")
+    print("| policy (changes to the default) | " + " | ".join(w.label for w in workloads) + " |")
     print("|---" * (len(workloads) + 1) + "|")
     for policy in POLICIES:
-        _gpu.configure(grid_policy=policy)
+        _gpu.configure(grid_policy={**default, **policy})
         cells = []
         for w in workloads:
             record = bench.bench_gpu_workload(w, timer, "torch", 20, 1.0, rng, kernel_only=True)
             cells.append(f"{record.graph_us:.2f}" if record.status == "ok" else record.status)
-        print(f"| {policy['SHRINK_CHUNKS_BELOW']}, {policy['SPLIT_SLOTS_BELOW']} | "
+        name = ", ".join(f"{k} {v}" for k, v in policy.items()) or "default"
+        print(f"| {name} | "
               + " | ".join(cells) + " |", flush=True)
     _gpu.configure(grid_policy=default)
     return 0

@@ -35,15 +35,17 @@ _SOURCE = "expand_to_fused.cu"
 KERNEL_CONFIG = {"EXPAND_THREADS": 256, "EXPAND_UNROLL": 4, "EXPAND_STREAMING": 1}
 ROWS_PER_ZERO_BLOCK = 8
 # Grid policy, block counts in multiples of the SM count (see _Plan._shape_grid).
-# Bulk-copy kernel (sm_90+, 16-byte rows): used when chunks of the smallest
-# size give at least BULK_MIN_BLOCKS blocks; the chunk is the largest of
-# BULK_CHUNK_BYTES that still gives BULK_TARGET_BLOCKS (else the smallest).
+# Bulk-copy kernel (sm_90+, 16-byte rows): used when rows cut into chunks of
+# BULK_MIN_CHUNK_BYTES give at least BULK_MIN_BLOCKS blocks; a row is cut into
+# the fewest equal chunks (at most BULK_MAX_CHUNK_BYTES each) that give
+# BULK_TARGET_BLOCKS blocks, or as many as the minimum size allows.
 # Register kernel, small batches: below SHRINK_CHUNKS_BELOW token chunks,
 # chunks shrink to one access per thread; below SPLIT_SLOTS_BELOW, each block
 # takes one slot.
 GRID_POLICY = {"BULK_MIN_BLOCKS": 1.0, "BULK_TARGET_BLOCKS": 12.0,
                "SHRINK_CHUNKS_BELOW": 2.0, "SPLIT_SLOTS_BELOW": 1.0}
-BULK_CHUNK_BYTES = (16384, 8192, 4096, 2048)  # multiples of 32 lanes x 16 bytes
+BULK_MIN_CHUNK_BYTES = 2048
+BULK_MAX_CHUNK_BYTES = 16384  # shared memory per block
 _BULK_THREADS = 32
 _MAX_GRID_Y = 65535
 _NONE_FOUND = 0x7F7F7F7F7F7F7F7F  # ROUTING_NONE in the kernel source
@@ -147,8 +149,9 @@ class _Plan:
     def _shape_grid(self, vec_bytes: int) -> _Launch:
         """Kernel, chunk size and slot split for this width.
 
-        Large batches of 16-byte rows on sm_90+: the bulk-copy kernel, with
-        the biggest chunks that still make BULK_TARGET_BLOCKS blocks. Else the
+        Large batches of 16-byte rows on sm_90+: the bulk-copy kernel, rows
+        cut into the fewest equal chunks that make BULK_TARGET_BLOCKS blocks
+        (so prefill moves whole rows, medium batches quarter rows). Else the
         register kernel: the biggest chunks, all K slots per block; when the
         tokens' chunks are too few to fill the chip (decode, small batches),
         chunks shrink to one access per thread and then each block takes one
@@ -158,18 +161,17 @@ class _Plan:
         num_tokens, top_k = self.problem.num_tokens, self.problem.top_k
         multiprocessors, major = _device_traits_of(self.device)
         if vec_bytes == 16 and major >= 9 and top_k <= _BULK_THREADS:
-            def blocks(chunk_bytes: int) -> int:
-                return num_tokens * -(-self.row_bytes // chunk_bytes)
-
-            if blocks(BULK_CHUNK_BYTES[-1]) >= GRID_POLICY["BULK_MIN_BLOCKS"] * multiprocessors:
-                chunk_bytes = next(
-                    (c for c in BULK_CHUNK_BYTES
-                     if blocks(c) >= GRID_POLICY["BULK_TARGET_BLOCKS"] * multiprocessors),
-                    BULK_CHUNK_BYTES[-1])
-                # a row that fits one chunk moves whole (the last chunk may be short)
-                chunk_vecs = min(chunk_bytes // 16, -(-n_vec // _BULK_THREADS) * _BULK_THREADS)
-                return self._launch("expand_to_fused_bulk", vec_bytes, _BULK_THREADS,
-                                    chunk_vecs // _BULK_THREADS, top_k, chunk_vecs * 16)
+            # chunks per row: at least 1 and enough to stay under the maximum
+            # size, at most what the minimum size allows
+            fewest = -(-self.row_bytes // BULK_MAX_CHUNK_BYTES)
+            most = max(fewest, self.row_bytes // BULK_MIN_CHUNK_BYTES)
+            if num_tokens * most >= GRID_POLICY["BULK_MIN_BLOCKS"] * multiprocessors:
+                wanted = -(-int(GRID_POLICY["BULK_TARGET_BLOCKS"] * multiprocessors) // num_tokens)
+                chunks = min(max(wanted, fewest), most)
+                # equal chunks of whole warps' accesses (the last may be shorter)
+                lane_vecs = -(-n_vec // (chunks * _BULK_THREADS))
+                return self._launch("expand_to_fused_bulk", vec_bytes, _BULK_THREADS, lane_vecs,
+                                    top_k, lane_vecs * _BULK_THREADS * 16)
         threads = KERNEL_CONFIG["EXPAND_THREADS"]
         vecs_per_thread = KERNEL_CONFIG["EXPAND_UNROLL"]
         chunks = -(-n_vec // (threads * vecs_per_thread))

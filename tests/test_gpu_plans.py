@@ -48,16 +48,18 @@ def _launch_for(num_tokens, hidden, item_bytes=2, vec_bytes=16, top_k=8, **sf):
 @pytest.mark.parametrize(("num_tokens", "hidden", "chunk_bytes", "chunks"), [
     (4096, 7168, 14336, 1),   # kimi-k2-prefill: whole rows
     (4096, 3072, 6144, 1),    # qwen3-30b-prefill
-    (512, 7168, 4096, 4),     # kimi-k2-medium: 2048 blocks >= 12 x 132
-    (512, 3072, 2048, 3),     # qwen3-30b-medium: no size reaches the target, the smallest
+    (512, 7168, 3584, 4),     # kimi-k2-medium: 2048 blocks >= 12 x 132, equal quarters
+    (512, 3072, 2048, 3),     # qwen3-30b-medium: 1536 < 12 x 132, the most chunks of >= 2 KiB
     (32, 7168, 2048, 7),      # kimi-k2-small: 224 blocks >= 132
     (4096, 16384, 16384, 2),  # rows longer than the biggest chunk
+    (500, 7000, 3584, 4),     # 14000 bytes: 4 chunks of 7 vectors per lane, the last short
 ])
 def test_bulk_kernel_chunks_for_the_batch(fake_h200, num_tokens, hidden, chunk_bytes, chunks):
     launch = _launch_for(num_tokens, hidden)
     assert launch.handle == "expand_to_fused_bulk"
     assert (launch.threads, launch.shared_bytes, launch.grid_y) == (32, chunk_bytes, chunks)
     assert launch.tail[-2:] == (chunk_bytes // 16 // 32, 8)  # vecs_per_thread, slots_per_block
+    assert (chunks - 1) * chunk_bytes < launch.tail[0] <= chunks * chunk_bytes  # row_bytes
 
 
 @pytest.mark.parametrize(("num_tokens", "hidden", "vec_bytes", "major", "top_k"), [
