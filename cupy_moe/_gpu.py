@@ -165,7 +165,8 @@ class _Plan:
             # size, at most what the minimum size allows
             fewest = -(-self.row_bytes // BULK_MAX_CHUNK_BYTES)
             most = max(fewest, self.row_bytes // BULK_MIN_CHUNK_BYTES)
-            if num_tokens * most >= GRID_POLICY["BULK_MIN_BLOCKS"] * multiprocessors:
+            enough = GRID_POLICY["BULK_MIN_BLOCKS"] * multiprocessors
+            if num_tokens > 0 and num_tokens * most >= enough:
                 wanted = -(-int(GRID_POLICY["BULK_TARGET_BLOCKS"] * multiprocessors) // num_tokens)
                 chunks = min(max(wanted, fewest), most)
                 # equal chunks of whole warps' accesses (the last may be shorter)

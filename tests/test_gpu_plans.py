@@ -75,3 +75,13 @@ def test_register_kernel_elsewhere(fake_h200, monkeypatch, num_tokens, hidden, v
     launch = _launch_for(num_tokens, hidden, vec_bytes=vec_bytes, top_k=top_k)
     assert launch.handle == f"expand_to_fused_v{vec_bytes}"
     assert (launch.threads, launch.shared_bytes) == (_gpu.KERNEL_CONFIG["EXPAND_THREADS"], 0)
+
+
+def test_no_tokens_take_the_register_kernel_even_when_bulk_is_forced(fake_h200):
+    # T == 0 only zero-fills; the bulk kernel's chunking divides by T
+    policy = dict(_gpu.GRID_POLICY)
+    _gpu.configure(grid_policy={"BULK_MIN_BLOCKS": 0.0})
+    try:
+        assert _launch_for(0, 7168).handle == "expand_to_fused_v16"
+    finally:
+        _gpu.configure(grid_policy=policy)
