@@ -53,6 +53,7 @@ def kernel_path(request):
     yield request.param
     _gpu.configure(grid_policy=saved)
 
+
 KINDS = ["cupy", pytest.param("torch", marks=pytest.mark.skipif(
     not _HAS_TORCH_CUDA, reason="needs torch with CUDA"))]
 

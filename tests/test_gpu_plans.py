@@ -85,3 +85,16 @@ def test_no_tokens_take_the_register_kernel_even_when_bulk_is_forced(fake_h200):
         assert _launch_for(0, 7168).handle == "expand_to_fused_v16"
     finally:
         _gpu.configure(grid_policy=policy)
+
+
+@pytest.mark.parametrize(("bulk_min_blocks", "handle"), [
+    (0.0, "expand_to_fused_bulk"), (float("inf"), "expand_to_fused_v16")])
+def test_forcing_a_kernel_reaches_small_batches(fake_h200, bulk_min_blocks, handle):
+    # what the GPU tests' kernel_path fixture relies on: 5 tokens of 32-byte rows
+    policy = dict(_gpu.GRID_POLICY)
+    _gpu.configure(grid_policy={"BULK_MIN_BLOCKS": bulk_min_blocks})
+    try:
+        assert _launch_for(5, 16).handle == handle
+        assert _launch_for(4096, 7168).handle == handle
+    finally:
+        _gpu.configure(grid_policy=policy)
