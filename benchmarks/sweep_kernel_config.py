@@ -1,75 +1,176 @@
-"""Sweep the expand kernels' configuration on the bandwidth-bound workloads:
-% of the same-run copy bandwidth per (config, workload).
+"""A/B the expand kernels' configuration on every manifest workload, in
+interleaved rounds. GPU only.
 
-    python benchmarks/sweep_kernel_config.py [--iters N] [--json PATH]
+    python benchmarks/sweep_kernel_config.py [--rounds R] [--iters N] [--only LABEL ...]
+                                             [--json PATH]
 
-Each config is a grid policy (cupy_moe._gpu.GRID_POLICY: bulk-copy kernel on
-or off, its target block count) and a set of defines of the register kernel
-(cupy_moe._gpu.KERNEL_CONFIG); the default is the first row. GPU only.
+Each config is a grid policy (cupy_moe._gpu.GRID_POLICY) and kernel defines
+(cupy_moe._gpu.KERNEL_CONFIG) changed from the defaults; the first config is
+the default. Inputs are drawn once per workload; every config's output is
+first checked bit-exact against the NumPy reference (output poisoned before
+the run). Rounds run the configs in turn (A B C .. A B C ..), so a slow
+stretch of the machine hits every config alike; a cell is the median over
+rounds, with the rounds' spread (max - min). Bandwidth-bound shapes: % of the
+same-run copy bandwidth (L2 flushed between iterations); decode and small
+shapes: GPU µs per call from CUDA-graph replays.
+
+Diagnostic rows (decode and small shapes only) replay the default plan's
+launch changed in one way, to place the time of a step: "no SF words" moves
+no scale factors (sf_columns = 0), "no zero-fill blocks" launches the token
+blocks only. Their outputs are wrong by design and are not checked.
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
+import statistics
 import sys
 
 import numpy as np
+import torch
+from cupy.cuda import driver
 
 from cupy_moe import _gpu, bench, load_workloads
+from cupy_moe.workload_inputs import workload_inputs
 
 DEFAULT_KERNEL = dict(_gpu.KERNEL_CONFIG)
 DEFAULT_POLICY = dict(_gpu.GRID_POLICY)
-NO_BULK = {"BULK_MIN_BLOCKS": float("inf")}
-# (name, grid policy changes, register-kernel defines)
+# (name, grid policy changes, kernel define changes)
 CONFIGS = [
     ("default", {}, {}),
-    ("bulk, target 6 x SMs", {"BULK_TARGET_BLOCKS": 6.0}, {}),
-    ("bulk, target 24 x SMs", {"BULK_TARGET_BLOCKS": 24.0}, {}),
-    ("registers 256 x 4, streaming", NO_BULK, {}),
-    ("registers 256 x 4, plain", NO_BULK, {"EXPAND_STREAMING": 0}),
-    ("registers 128 x 8, streaming", NO_BULK, {"EXPAND_THREADS": 128, "EXPAND_UNROLL": 8}),
+    ("v5 zero-fill (one expert load per row)", {}, {"EXPAND_ZERO_SCAN_SERIAL": 1}),
+    ("32 rows per bulk zero-fill block", {"ZERO_ROWS_BULK": 32}, {}),
+    ("32 rows per zero-fill block, both kernels",
+     {"ZERO_ROWS_BULK": 32, "ZERO_ROWS_REGISTERS": 32}, {}),
+    ("bulk copies evict-first", {}, {"BULK_EVICT_FIRST": 1}),
+    ("bulk kernel, carveout 100% shared", {}, {"BULK_SMEM_CARVEOUT": 100}),
+    ("bulk chunks <= 7 KiB (kimi prefill: halves)", {"BULK_MAX_CHUNK_BYTES": 7168}, {}),
 ]
-LABELS = ["kimi-k2-prefill", "qwen3-30b-prefill", "kimi-k2-medium", "qwen3-30b-medium",
-          "kimi-k2-medium-sf-row-major", "kimi-k2-medium-sf-packed", "kimi-k2-small",
-          "qwen3-30b-small"]
+# tail fields of struct ExpandArgs after the 6 pointers (see _gpu._EXPAND_ARGS)
+_SF_COLUMNS_FIELD = 4
+
+
+def _inputs(w, rng):
+    """Torch inputs on the GPU, the reference outputs on the GPU, and out buffers."""
+    host = workload_inputs(w, rng)
+    args = {name: bench._to_torch(a) for name, a in host.items()}
+    expected = [bench._to_torch(e) for e in bench._reference(w, host)]
+    outs = bench._call(w, args)
+    return args, expected, outs
+
+
+def _raw_bytes(t):
+    """uint8 view of a tensor's whole storage region (column-major SF included)."""
+    return t.as_strided((t.untyped_storage().nbytes() // t.element_size(),), (1,)).view(torch.uint8)
+
+
+def _check(w, args, expected, outs) -> str | None:
+    for out in outs:
+        _raw_bytes(out).fill_(0xA5)
+    bench._call(w, args, **_out_kwargs(outs))
+    for name, got, want in zip(("expanded_x", "expanded_x_sf"), outs, expected):
+        if not torch.equal(got.contiguous().view(torch.uint8), want.contiguous().view(torch.uint8)):
+            return f"MISMATCH {name}"
+    return None
+
+
+def _out_kwargs(outs):
+    return {"out": outs[0]} if len(outs) == 1 else {"out": outs[0], "out_sf": outs[1]}
+
+
+def _time(w, fn, timer, iters, copy_tbps) -> float:
+    if w.bytes <= bench.GRAPH_MAX_BYTES:
+        return bench.torch_graph_us(fn)
+    return 100 * w.bytes / timer.median_us(fn, iters) / 1e6 / copy_tbps
+
+
+def _diagnostic_launches(w, args, outs):
+    """(name, launch function) pairs replaying the default plan changed in one way."""
+    _gpu.configure(kernel=DEFAULT_KERNEL, grid_policy=DEFAULT_POLICY)
+    bench._call(w, args, **_out_kwargs(outs))  # makes the plan
+    (plan,) = _gpu._plans.values()
+    pointers = (args["x"].data_ptr(), args["token_topk_to_pos"].data_ptr(),
+                args["pos_to_expert"].data_ptr(), outs[0].data_ptr(),
+                args["x_sf"].data_ptr() if "x_sf" in args else 0,
+                outs[1].data_ptr() if len(outs) > 1 else 0)
+    bits = plan.row_bytes | 16 | pointers[0] | pointers[3]
+    launch = plan.kernel(bits & -bits)
+    variants = [("no zero-fill blocks", launch.tail, w.num_tokens)]
+    if "x_sf" in args:
+        tail = list(launch.tail)
+        tail[_SF_COLUMNS_FIELD] = 0
+        variants.append(("no SF words", tuple(tail), launch.grid_x))
+    result = []
+    for name, tail, grid_x in variants:
+        buffer = (ctypes.c_uint64 * 16)()
+        _gpu._EXPAND_ARGS.pack_into(buffer, 0, *pointers, *tail)
+        params = (ctypes.c_void_p * 1)(ctypes.addressof(buffer))
+
+        def run(buffer=buffer, params=params, grid_x=grid_x):
+            driver.launchKernel(launch.handle, grid_x, launch.grid_y, launch.grid_z, launch.threads,
+                                1, 1, launch.shared_bytes, torch.cuda.current_stream().cuda_stream,
+                                ctypes.addressof(params), 0)
+        result.append((f"diagnostic: {name}", run))
+    return result
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--iters", type=int, default=30)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--iters", type=int, default=20)
+    parser.add_argument("--only", nargs="*", metavar="LABEL", help="workload labels (default: all)")
     parser.add_argument("--json", metavar="PATH")
     args = parser.parse_args()
     workloads = [w for op in ("expand_to_fused", "expand_to_fused_with_sf")
-                 for w in load_workloads(op) if w.label in LABELS]
+                 for w in load_workloads(op) if not args.only or w.label in args.only]
     timer = bench.GpuTimer()
     copy_tbps = timer.copy_tbps()
     rng = np.random.default_rng()
-    rows = []
-    for name, policy, kernel in CONFIGS:
-        _gpu.configure(kernel={**DEFAULT_KERNEL, **kernel}, grid_policy={**DEFAULT_POLICY, **policy})
-        row = {"config": name}
-        for w in workloads:
-            record = bench.bench_gpu_workload(w, timer, "torch", args.iters, copy_tbps, rng,
-                                              kernel_only=True)
-            if record.status != "ok":
-                row[w.label] = record.status
-            elif record.graph_us is not None:  # small shapes: graph-replay us per call
-                row[w.label] = f"{record.graph_us:.2f} us"
-            else:
-                row[w.label] = round(record.pct_copy_roofline, 1)
-        rows.append(row)
-        print(row, file=sys.stderr, flush=True)
+    cells: dict[str, dict[str, list | str]] = {name: {} for name, _, _ in CONFIGS}
+    for w in workloads:
+        inputs, expected, outs = _inputs(w, rng)
+        def call(w=w, inputs=inputs, outs=outs):
+            return bench._call(w, inputs, **_out_kwargs(outs))
+        for round_index in range(args.rounds):
+            for name, policy, kernel in CONFIGS:
+                _gpu.configure(kernel={**DEFAULT_KERNEL, **kernel},
+                               grid_policy={**DEFAULT_POLICY, **policy})
+                if isinstance(cells[name].get(w.label), str):
+                    continue  # already failed
+                problem = _check(w, inputs, expected, outs) if round_index == 0 else None
+                if problem:
+                    cells[name][w.label] = problem
+                    continue
+                cells[name].setdefault(w.label, []).append(
+                    _time(w, call, timer, args.iters, copy_tbps))
+        if w.bytes <= bench.GRAPH_MAX_BYTES:
+            for name, run in _diagnostic_launches(w, inputs, outs):
+                cells.setdefault(name, {})[w.label] = [bench.torch_graph_us(run)
+                                                       for _ in range(args.rounds)]
+        print(w.label, "done", file=sys.stderr, flush=True)
     _gpu.configure(kernel=DEFAULT_KERNEL, grid_policy=DEFAULT_POLICY)
-    print(f"copy roofline {copy_tbps:.2f} TB/s; % of it per workload "
-          "(small shapes: CUDA-graph replay time per call)")
+
+    def text(values, unit):
+        if isinstance(values, str):
+            return values
+        return (f"{statistics.median(values):.2f} µs ±{(max(values) - min(values)) / 2:.2f}"
+                if unit == "us" else
+                f"{statistics.median(values):.1f} ±{(max(values) - min(values)) / 2:.1f}")
+
+    units = {w.label: "us" if w.bytes <= bench.GRAPH_MAX_BYTES else "%" for w in workloads}
+    print(f"copy roofline {copy_tbps:.2f} TB/s; {args.rounds} rounds; % of it per workload "
+          "(decode/small: CUDA-graph replay µs per call); ± half the rounds' spread")
     print("| config | " + " | ".join(w.label for w in workloads) + " |")
     print("|---" * (len(workloads) + 1) + "|")
-    for row in rows:
-        print(f"| {row['config']} | " + " | ".join(str(row[w.label]) for w in workloads) + " |")
+    for name, row in cells.items():
+        print(f"| {name} | " + " | ".join(text(row[w.label], units[w.label]) if w.label in row
+                                          else "" for w in workloads) + " |")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"copy_tbps": copy_tbps, "rows": rows}, f, indent=1)
+            json.dump({"copy_tbps": copy_tbps, "rounds": args.rounds, "units": units,
+                       "cells": cells}, f, indent=1)
     return 0
 
 

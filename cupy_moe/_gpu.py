@@ -31,21 +31,24 @@ from ._checks import ROUTING_ERROR_KINDS, ExpandProblem, raise_routing_error
 from .loader import get_module
 
 _SOURCE = "expand_to_fused.cu"
-# Compile-time configuration of the expand kernels (defines of the variant).
-KERNEL_CONFIG = {"EXPAND_THREADS": 256, "EXPAND_UNROLL": 4, "EXPAND_STREAMING": 1}
-ROWS_PER_ZERO_BLOCK = 8
-# Grid policy, block counts in multiples of the SM count (see _Plan._shape_grid).
+# Compile-time configuration of the expand kernels (defines of the variant;
+# BULK_SMEM_CARVEOUT, when >= 0, is also the bulk kernel's preferred shared
+# memory carveout in percent, set on its function handle).
+KERNEL_CONFIG = {"EXPAND_THREADS": 256, "EXPAND_UNROLL": 4, "EXPAND_STREAMING": 1,
+                 "BULK_EVICT_FIRST": 0, "EXPAND_ZERO_SCAN_SERIAL": 0, "BULK_SMEM_CARVEOUT": -1}
+# Grid policy (see _Plan._shape_grid); block counts in multiples of the SM count.
 # Bulk-copy kernel (sm_90+, 16-byte rows): used when rows cut into chunks of
 # BULK_MIN_CHUNK_BYTES give at least BULK_MIN_BLOCKS blocks; a row is cut into
 # the fewest equal chunks (at most BULK_MAX_CHUNK_BYTES each) that give
 # BULK_TARGET_BLOCKS blocks, or as many as the minimum size allows.
 # Register kernel, small batches: below SHRINK_CHUNKS_BELOW token chunks,
 # chunks shrink to one access per thread; below SPLIT_SLOTS_BELOW, each block
-# takes one slot.
+# takes one slot. ZERO_ROWS_*: output rows per zero-fill block (1 .. 32).
 GRID_POLICY = {"BULK_MIN_BLOCKS": 1.0, "BULK_TARGET_BLOCKS": 12.0,
-               "SHRINK_CHUNKS_BELOW": 2.0, "SPLIT_SLOTS_BELOW": 1.0}
+               "SHRINK_CHUNKS_BELOW": 2.0, "SPLIT_SLOTS_BELOW": 1.0,
+               "BULK_MAX_CHUNK_BYTES": 16384, "ZERO_ROWS_REGISTERS": 8, "ZERO_ROWS_BULK": 8}
 BULK_MIN_CHUNK_BYTES = 2048
-BULK_MAX_CHUNK_BYTES = 16384  # shared memory per block
+BULK_SHARED_LIMIT = 16384  # the most dynamic shared memory the bulk kernel asks for
 _BULK_THREADS = 32
 _MAX_GRID_Y = 65535
 _NONE_FOUND = 0x7F7F7F7F7F7F7F7F  # ROUTING_NONE in the kernel source
@@ -83,6 +86,9 @@ def _defines(sf_mode: int) -> tuple[tuple[str, int], ...]:
     return (("CUPY_MOE_SF_MODE", sf_mode), *sorted(KERNEL_CONFIG.items()))
 
 
+_CARVEOUT_ATTRIBUTE = 9  # CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT
+
+
 def _function(device: int, sf_mode: int, name: str) -> int:
     """Driver handle of kernel ``name`` of the ``sf_mode`` variant on ``device``."""
     defines = _defines(sf_mode)
@@ -92,7 +98,12 @@ def _function(device: int, sf_mode: int, name: str) -> int:
         module = get_module(_SOURCE, defines, device)
         # RawKernel.kernel is the loaded cupy.cuda.Function; the cached module
         # keeps its code alive.
-        handle = _functions.setdefault(key, module.get_function(name).kernel.ptr)
+        handle = module.get_function(name).kernel.ptr
+        carveout = KERNEL_CONFIG["BULK_SMEM_CARVEOUT"]
+        if name == "expand_to_fused_bulk" and carveout >= 0:
+            with _OnDevice(device):
+                driver.funcSetAttribute(handle, _CARVEOUT_ATTRIBUTE, carveout)
+        handle = _functions.setdefault(key, handle)
     return handle
 
 
@@ -112,18 +123,18 @@ class _Launch:
     """Kernel handle, launch shape and the argument block's constant tail for
     one access width."""
 
-    __slots__ = ("handle", "grid_y", "grid_z", "threads", "shared_bytes", "tail")
+    __slots__ = ("handle", "grid_x", "grid_y", "grid_z", "threads", "shared_bytes", "tail")
 
-    def __init__(self, handle: int, grid_y: int, grid_z: int, threads: int, shared_bytes: int,
+    def __init__(self, handle: int, grid: tuple[int, int, int], threads: int, shared_bytes: int,
                  tail: tuple) -> None:
-        self.handle, self.grid_y, self.grid_z, self.tail = handle, grid_y, grid_z, tail
-        self.threads, self.shared_bytes = threads, shared_bytes
+        self.handle, (self.grid_x, self.grid_y, self.grid_z) = handle, grid
+        self.threads, self.shared_bytes, self.tail = threads, shared_bytes, tail
 
 
 class _Plan:
     """Everything about a call that depends only on its sizes, dtypes and device."""
 
-    __slots__ = ("device", "sf_mode", "problem", "row_bytes", "grid_x", "tail",
+    __slots__ = ("device", "sf_mode", "problem", "row_bytes", "zero_rows", "tail",
                  "kernels", "out_shape", "sf_buffer_shape")
 
     def __init__(self, problem: ExpandProblem, item_bytes: int, device: int) -> None:
@@ -132,10 +143,11 @@ class _Plan:
         self.sf_mode = (SF_NONE if not problem.has_sf else
                         SF_COL_MAJOR if problem.sf_col_major else SF_ROW_MAJOR)
         self.row_bytes = problem.hidden * item_bytes
-        zero_rows = problem.sf_leading_dim if self.sf_mode == SF_COL_MAJOR else problem.num_expanded
-        self.grid_x = problem.num_tokens + -(-zero_rows // ROWS_PER_ZERO_BLOCK)
+        # rows the zero-fill blocks walk (the column-major SF's pad columns too)
+        self.zero_rows = (problem.sf_leading_dim if self.sf_mode == SF_COL_MAJOR
+                          else problem.num_expanded)
         self.tail = (self.row_bytes, problem.num_tokens, problem.top_k, problem.num_expanded,
-                     problem.sf_columns, problem.sf_leading_dim, ROWS_PER_ZERO_BLOCK)
+                     problem.sf_columns, problem.sf_leading_dim)
         self.kernels: dict[int, _Launch] = {}  # by access width in bytes
         self.out_shape = problem.out_shape()
         self.sf_buffer_shape = problem.out_sf_shape()  # row-major SF
@@ -163,7 +175,8 @@ class _Plan:
         if vec_bytes == 16 and major >= 9 and top_k <= _BULK_THREADS:
             # chunks per row: at least 1 and enough to stay under the maximum
             # size, at most what the minimum size allows
-            fewest = -(-self.row_bytes // BULK_MAX_CHUNK_BYTES)
+            max_chunk = min(int(GRID_POLICY["BULK_MAX_CHUNK_BYTES"]), BULK_SHARED_LIMIT)
+            fewest = -(-self.row_bytes // max_chunk)
             most = max(fewest, self.row_bytes // BULK_MIN_CHUNK_BYTES)
             enough = GRID_POLICY["BULK_MIN_BLOCKS"] * multiprocessors
             if num_tokens > 0 and num_tokens * most >= enough:
@@ -172,7 +185,8 @@ class _Plan:
                 # equal chunks of whole warps' accesses (the last may be shorter)
                 lane_vecs = -(-n_vec // (chunks * _BULK_THREADS))
                 return self._launch("expand_to_fused_bulk", vec_bytes, _BULK_THREADS, lane_vecs,
-                                    top_k, lane_vecs * _BULK_THREADS * 16)
+                                    top_k, lane_vecs * _BULK_THREADS * 16,
+                                    int(GRID_POLICY["ZERO_ROWS_BULK"]))
         threads = KERNEL_CONFIG["EXPAND_THREADS"]
         vecs_per_thread = KERNEL_CONFIG["EXPAND_UNROLL"]
         chunks = -(-n_vec // (threads * vecs_per_thread))
@@ -181,30 +195,34 @@ class _Plan:
             chunks = -(-n_vec // threads)
         split = num_tokens * chunks < GRID_POLICY["SPLIT_SLOTS_BELOW"] * multiprocessors
         return self._launch(f"expand_to_fused_v{vec_bytes}", vec_bytes, threads, vecs_per_thread,
-                            1 if split else top_k, 0)
+                            1 if split else top_k, 0, int(GRID_POLICY["ZERO_ROWS_REGISTERS"]))
 
     def _launch(self, kernel: str, vec_bytes: int, threads: int, vecs_per_thread: int,
-                slots_per_block: int, shared_bytes: int) -> _Launch:
+                slots_per_block: int, shared_bytes: int, rows_per_zero_block: int) -> _Launch:
         chunk_bytes = threads * vecs_per_thread * vec_bytes
         chunks = -(-self.row_bytes // chunk_bytes)
         if chunks > _MAX_GRID_Y:
             raise ValueError(f"x rows of {self.row_bytes} bytes are too long for one launch "
                              f"(at most {_MAX_GRID_Y * chunk_bytes} bytes)")
+        if not 1 <= rows_per_zero_block <= 32:  # one warp ballot covers a block's rows
+            raise ValueError(f"rows per zero-fill block must be in 1 .. 32, not {rows_per_zero_block}")
         handle = _function(self.device, self.sf_mode, kernel)
-        return _Launch(handle, chunks, -(-self.problem.top_k // slots_per_block), threads,
-                       shared_bytes, (*self.tail, vecs_per_thread, slots_per_block))
+        grid = (self.problem.num_tokens + -(-self.zero_rows // rows_per_zero_block), chunks,
+                -(-self.problem.top_k // slots_per_block))
+        return _Launch(handle, grid, threads, shared_bytes,
+                       (*self.tail, rows_per_zero_block, vecs_per_thread, slots_per_block))
 
     def launch(self, stream: int, x: int, token_topk_to_pos: int, pos_to_expert: int,
                out: int, x_sf: int, out_sf: int) -> None:
-        if self.grid_x == 0:
-            return
         # Widest access (16, 8, 4, 2, 1 bytes) dividing the row and both bases.
         bits = self.row_bytes | 16 | x | out
-        launch = self.kernel(bits & -bits)
+        launch = self.kernels.get(bits & -bits) or self.kernel(bits & -bits)
+        if launch.grid_x == 0:  # no tokens and no output rows
+            return
         block = _arg_block
         _EXPAND_ARGS.pack_into(block.buffer, 0, x, token_topk_to_pos, pos_to_expert, out,
                                x_sf, out_sf, *launch.tail)
-        driver.launchKernel(launch.handle, self.grid_x, launch.grid_y, launch.grid_z,
+        driver.launchKernel(launch.handle, launch.grid_x, launch.grid_y, launch.grid_z,
                             launch.threads, 1, 1, launch.shared_bytes, stream,
                             block.params_address, 0)
 

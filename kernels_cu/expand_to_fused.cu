@@ -9,10 +9,10 @@
 //   blocks [0, T)          token t: load one chunk of x[t] into registers
 //                          once, store it to each valid slot of the block's
 //                          group; chunk 0 also moves x_sf[t].
-//   blocks [T, T + Z)      rows_per_zero_block output rows each (z == 0 only):
-//                          zero the rows with pos_to_expert[p] < 0 (every row
-//                          when T == 0) and, column-major SF, the pad columns
-//                          X .. align(X, 4).
+//   blocks [T, T + Z)      rows_per_zero_block (<= 32) output rows each
+//                          (z == 0 only): zero the rows with pos_to_expert[p]
+//                          < 0 (every row when T == 0) and, column-major SF,
+//                          the pad columns X .. align(X, 4).
 // Rows are raw bytes moved in VEC_BYTES accesses; the host picks the widest
 // width that divides the row length and both base addresses, so no row needs
 // a tail. Offsets are 64-bit. A slot outside [0, X) is skipped, never written.
@@ -50,6 +50,18 @@ typedef long long i64;
 #ifndef EXPAND_STREAMING
 #define EXPAND_STREAMING 1
 #endif
+// 1: the bulk kernel's copies carry an L2 evict-first policy (the bulk-copy
+// counterpart of the streaming hints above).
+#ifndef BULK_EVICT_FIRST
+#define BULK_EVICT_FIRST 0
+#endif
+// Experiment switch (benchmarks/NOTES.md v6): 1 = the v5 zero-fill, which
+// read one row's expert per iteration (a dependent load per row).
+#ifndef EXPAND_ZERO_SCAN_SERIAL
+#define EXPAND_ZERO_SCAN_SERIAL 0
+#endif
+
+static_assert(EXPAND_THREADS % 32 == 0, "blocks are whole warps (the zero-fill ballots)");
 
 // The argument block, passed by value. The host packs it field for field
 // (cupy_moe/_gpu.py, _EXPAND_ARGS), in this order.
@@ -66,7 +78,7 @@ struct ExpandArgs {
     int num_expanded;                 // X
     int sf_columns;                   // S (0 without scale factors)
     int sf_ld;                        // align(X, 4): column-major leading dim
-    int rows_per_zero_block;
+    int rows_per_zero_block;          // 1 .. 32 (a warp ballot covers them)
     int vecs_per_thread;              // a chunk is blockDim.x * this many accesses
     int slots_per_block;              // 1 .. K
 };
@@ -117,6 +129,45 @@ __device__ __forceinline__ void store_sf_row(unsigned int* out_sf, const ExpandA
 #elif CUPY_MOE_SF_MODE == SF_COL_MAJOR
     out_sf[static_cast<i64>(s) * a.sf_ld + row] = word;
 #endif
+}
+
+// Zero-fill block zero_block (blockIdx.z == 0 only): its rows_per_zero_block
+// rows that are padding (pos_to_expert < 0; every row when there are no
+// tokens) get zero data (zero_data(p), this block's column chunk) and, chunk 0,
+// zero scale factors; column-major SF rows p in [X, align(X, 4)) are pad
+// columns, SF only. Lane r of every warp reads row r's expert and a ballot
+// gathers them, so the block waits for one load instead of one per row.
+template <typename ZeroData>
+__device__ __forceinline__ void zero_fill(const ExpandArgs& a, int zero_block, int threads,
+                                          ZeroData zero_data) {
+    if (blockIdx.z != 0) return;
+    const i64 first_row = static_cast<i64>(zero_block) * a.rows_per_zero_block;
+#if CUPY_MOE_SF_MODE == SF_COL_MAJOR
+    const i64 zero_rows = a.sf_ld;
+#else
+    const i64 zero_rows = a.num_expanded;
+#endif
+#if EXPAND_ZERO_SCAN_SERIAL
+    const i64 last_row = min(first_row + a.rows_per_zero_block, zero_rows);
+    for (i64 p = first_row; p < last_row; ++p) {
+        if (p < a.num_expanded && a.num_tokens > 0 && __ldg(a.pos_to_expert + p) >= 0) continue;
+#else
+    const int lane = threadIdx.x & 31;
+    const i64 lane_row = first_row + lane;
+    bool lane_zero = false;
+    if (lane < a.rows_per_zero_block && lane_row < zero_rows)
+        lane_zero = lane_row >= a.num_expanded || a.num_tokens == 0 ||
+                    __ldg(a.pos_to_expert + lane_row) < 0;
+    for (unsigned rows = __ballot_sync(0xffffffffu, lane_zero); rows != 0; rows &= rows - 1) {
+        const i64 p = first_row + __ffs(rows) - 1;
+#endif
+        if (p < a.num_expanded) zero_data(p);
+#if CUPY_MOE_SF_MODE != SF_NONE
+        if (blockIdx.y == 0) {
+            for (int s = threadIdx.x; s < a.sf_columns; s += threads) store_sf_row(a.out_sf, a, p, s, 0u);
+        }
+#endif
+    }
 }
 
 template <int VEC_BYTES>
@@ -174,26 +225,9 @@ __device__ __forceinline__ void expand_to_fused_body(const ExpandArgs& a) {
 
     // Zero-fill: padding rows (all rows when there are no tokens) and, for the
     // column-major SF, the pad columns X .. sf_ld that a TMA load reads.
-    if (blockIdx.z != 0) return;
-    const i64 first_row = static_cast<i64>(block - a.num_tokens) * a.rows_per_zero_block;
-#if CUPY_MOE_SF_MODE == SF_COL_MAJOR
-    const i64 zero_rows = a.sf_ld;
-#else
-    const i64 zero_rows = a.num_expanded;
-#endif
-    i64 last_row = first_row + a.rows_per_zero_block;
-    if (last_row > zero_rows) last_row = zero_rows;
-    for (i64 p = first_row; p < last_row; ++p) {
-        const bool is_pad_column = p >= a.num_expanded;
-        if (!is_pad_column && a.num_tokens > 0 && __ldg(a.pos_to_expert + p) >= 0) continue;
-        if (!is_pad_column) zero_row_chunk<VEC_BYTES>(a.out, p, n_vec, vec_begin, vecs_per_thread);
-#if CUPY_MOE_SF_MODE != SF_NONE
-        if (blockIdx.y == 0) {
-            for (int s = threadIdx.x; s < a.sf_columns; s += EXPAND_THREADS)
-                store_sf_row(a.out_sf, a, p, s, 0u);
-        }
-#endif
-    }
+    zero_fill(a, block - a.num_tokens, EXPAND_THREADS, [&](i64 p) {
+        zero_row_chunk<VEC_BYTES>(a.out, p, n_vec, vec_begin, vecs_per_thread);
+    });
 }
 
 #define DEFINE_EXPAND_KERNEL(VEC_BYTES)                                              \
@@ -226,6 +260,37 @@ __device__ __forceinline__ unsigned shared_address(const void* p) {
     return static_cast<unsigned>(__cvta_generic_to_shared(p));
 }
 
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+// One bulk copy global -> shared, completing on mbarrier `loaded`.
+__device__ __forceinline__ void bulk_load(unsigned stage, const void* src, unsigned bytes,
+                                          unsigned loaded) {
+#if BULK_EVICT_FIRST
+    unsigned long long policy;
+    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint"
+                 " [%0], [%1], %2, [%3], %4;"
+                 :: "r"(stage), "l"(src), "r"(bytes), "r"(loaded), "l"(policy) : "memory");
+#else
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes"
+                 " [%0], [%1], %2, [%3];"
+                 :: "r"(stage), "l"(src), "r"(bytes), "r"(loaded) : "memory");
+#endif
+}
+
+// One bulk copy shared -> global, in the thread's current bulk group.
+__device__ __forceinline__ void bulk_store(void* dst, unsigned stage, unsigned bytes) {
+#if BULK_EVICT_FIRST
+    unsigned long long policy;
+    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+    asm volatile("cp.async.bulk.global.shared::cta.bulk_group.L2::cache_hint [%0], [%1], %2, %3;"
+                 :: "l"(dst), "r"(stage), "r"(bytes), "l"(policy) : "memory");
+#else
+    asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;"
+                 :: "l"(dst), "r"(stage), "r"(bytes) : "memory");
+#endif
+}
+#endif
+
 extern "C" __global__ void __launch_bounds__(BULK_THREADS) expand_to_fused_bulk(const ExpandArgs a) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     extern __shared__ __align__(128) unsigned char stage[];
@@ -246,10 +311,7 @@ extern "C" __global__ void __launch_bounds__(BULK_THREADS) expand_to_fused_bulk(
             asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
             asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;"
                          :: "r"(loaded_at), "r"(chunk_bytes) : "memory");
-            asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes"
-                         " [%0], [%1], %2, [%3];"
-                         :: "r"(stage_at), "l"(a.x + t * a.row_bytes + chunk_begin * 16),
-                            "r"(chunk_bytes), "r"(loaded_at) : "memory");
+            bulk_load(stage_at, a.x + t * a.row_bytes + chunk_begin * 16, chunk_bytes, loaded_at);
         }
         __syncwarp();
         const int* slots = a.token_topk_to_pos + t * a.top_k;
@@ -275,9 +337,8 @@ extern "C" __global__ void __launch_bounds__(BULK_THREADS) expand_to_fused_bulk(
                      "@!done bra WAIT_LOADED_%=;\n"
                      "}" :: "r"(loaded_at) : "memory");
         if (p >= 0 && p < a.num_expanded) {
-            asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;"
-                         :: "l"(a.out + static_cast<i64>(p) * a.row_bytes + chunk_begin * 16),
-                            "r"(stage_at), "r"(chunk_bytes) : "memory");
+            bulk_store(a.out + static_cast<i64>(p) * a.row_bytes + chunk_begin * 16, stage_at,
+                       chunk_bytes);
             asm volatile("cp.async.bulk.commit_group;" ::: "memory");
             // The block may not retire while the engine still reads its stage.
             asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
@@ -286,28 +347,10 @@ extern "C" __global__ void __launch_bounds__(BULK_THREADS) expand_to_fused_bulk(
     }
 
     // Zero-fill, as in the register variant, for this block's chunk.
-    if (blockIdx.z != 0) return;
-    const i64 first_row = static_cast<i64>(block - a.num_tokens) * a.rows_per_zero_block;
-#if CUPY_MOE_SF_MODE == SF_COL_MAJOR
-    const i64 zero_rows = a.sf_ld;
-#else
-    const i64 zero_rows = a.num_expanded;
-#endif
-    const i64 last_row = min(first_row + a.rows_per_zero_block, zero_rows);
-    const uint4 zero = make_uint4(0, 0, 0, 0);
-    for (i64 p = first_row; p < last_row; ++p) {
-        const bool is_pad_column = p >= a.num_expanded;
-        if (!is_pad_column && a.num_tokens > 0 && __ldg(a.pos_to_expert + p) >= 0) continue;
-        if (!is_pad_column) {
-            uint4* dst = reinterpret_cast<uint4*>(a.out) + p * n_vec + chunk_begin;
-            for (i64 i = lane; i < chunk_vecs; i += BULK_THREADS) store_once(dst + i, zero);
-        }
-#if CUPY_MOE_SF_MODE != SF_NONE
-        if (blockIdx.y == 0) {
-            for (int s = lane; s < a.sf_columns; s += BULK_THREADS) store_sf_row(a.out_sf, a, p, s, 0u);
-        }
-#endif
-    }
+    zero_fill(a, block - a.num_tokens, BULK_THREADS, [&](i64 p) {
+        uint4* dst = reinterpret_cast<uint4*>(a.out) + p * n_vec + chunk_begin;
+        for (i64 i = lane; i < chunk_vecs; i += BULK_THREADS) store_once(dst + i, make_uint4(0, 0, 0, 0));
+    });
 #else
     __trap();  // the host launches this kernel on sm_90 and newer only
 #endif

@@ -209,6 +209,37 @@ def test_odd_hidden_with_sf(hidden, top_k, npc, layout, kind, kernel_path):
                              col_major=col_major, poison_outputs=True, rng=rng)
 
 
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("layout", ["none", "row-f32", "col-ue8m0"])
+@pytest.mark.parametrize("zero_rows", [1, 5, 32])
+def test_zero_fill_block_sizes(zero_rows, layout, kind, kernel_path):
+    # Padding scattered through X (alignment 4, dropped slots) and a tail; X
+    # neither a multiple of the rows per zero-fill block nor of 4. Every row
+    # count a warp ballot can cover, the last block short.
+    saved = dict(_gpu.GRID_POLICY)
+    _gpu.configure(grid_policy={"ZERO_ROWS_BULK": zero_rows, "ZERO_ROWS_REGISTERS": zero_rows})
+    try:
+        rng = np.random.default_rng()
+        num_tokens, top_k, hidden = 40, 4, 1024
+        token_topk_to_pos, pos_to_expert = fitted_routing(rng, num_tokens, top_k, 263,
+                                                          num_experts=7, max_alignment=4,
+                                                          drop=0.3)
+        assert (pos_to_expert < 0).sum() > 40
+        if layout == "none":
+            x = random_bits(rng, (num_tokens, hidden), numpy_dtype("bfloat16"))
+            poisoned = to_device(kind, random_bits(rng, (263, hidden), x.dtype), "bfloat16")
+            check_expand(kind, x, token_topk_to_pos, pos_to_expert, out=poisoned)
+            return
+        sf_dtype = "float32" if layout == "row-f32" else "int32"
+        x = random_bits(rng, (num_tokens, hidden), numpy_dtype("float8_e4m3fn"))
+        x_sf = random_bits(rng, (num_tokens, sf_columns(hidden, 128, packed_ue8m0=sf_dtype == "int32")),
+                           np.dtype(sf_dtype))
+        check_expand_with_sf(kind, x, x_sf, token_topk_to_pos, pos_to_expert, npc=128,
+                             col_major=layout != "row-f32", poison_outputs=True, rng=rng)
+    finally:
+        _gpu.configure(grid_policy=saved)
+
+
 @pytest.mark.parametrize("offset_bytes", [0, 1, 2, 4, 8])
 def test_misaligned_base_pointer_cupy(offset_bytes):
     # A contiguous x that starts off a 16-byte boundary takes a narrower access.
