@@ -60,6 +60,7 @@ SF_NONE, SF_ROW_MAJOR, SF_COL_MAJOR = 0, 1, 2
 # num_expanded, sf_columns, sf_ld, rows_per_zero_block, vecs_per_thread,
 # slots_per_block (int32).
 _EXPAND_ARGS = struct.Struct("<6Qq8i")
+_EXPAND_POINTERS = struct.Struct("<6Q")  # the leading pointers alone
 # struct RoutingArgs: token_topk_to_pos, pos_to_expert, first_slot, found
 # (pointers); num_slots (int64); num_expanded (int32), padded to 8 bytes.
 _ROUTING_ARGS = struct.Struct("<4Qqi4x")
@@ -70,12 +71,17 @@ class _ArgBlock(threading.local):
 
     The driver copies the argument bytes at launch, so the block can be
     refilled for every call; per thread, so concurrent callers don't collide.
+    Given a kernel launch's constant tail (the ExpandArgs fields after the
+    pointers), each thread's block starts with it packed, and a call only
+    packs the six pointers.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, tail: tuple | None = None) -> None:
         self.buffer = (ctypes.c_uint64 * 16)()
         self.params = (ctypes.c_void_p * 1)(ctypes.addressof(self.buffer))
         self.params_address = ctypes.addressof(self.params)
+        if tail is not None:
+            _EXPAND_ARGS.pack_into(self.buffer, 0, 0, 0, 0, 0, 0, 0, *tail)
 
 
 _arg_block = _ArgBlock()
@@ -123,12 +129,13 @@ class _Launch:
     """Kernel handle, launch shape and the argument block's constant tail for
     one access width."""
 
-    __slots__ = ("handle", "grid_x", "grid_y", "grid_z", "threads", "shared_bytes", "tail")
+    __slots__ = ("args", "grid_x", "grid_y", "grid_z", "handle", "shared_bytes", "tail", "threads")
 
     def __init__(self, handle: int, grid: tuple[int, int, int], threads: int, shared_bytes: int,
                  tail: tuple) -> None:
         self.handle, (self.grid_x, self.grid_y, self.grid_z) = handle, grid
         self.threads, self.shared_bytes, self.tail = threads, shared_bytes, tail
+        self.args = _ArgBlock(tail)
 
 
 class _Plan:
@@ -219,9 +226,9 @@ class _Plan:
         launch = self.kernels.get(bits & -bits) or self.kernel(bits & -bits)
         if launch.grid_x == 0:  # no tokens and no output rows
             return
-        block = _arg_block
-        _EXPAND_ARGS.pack_into(block.buffer, 0, x, token_topk_to_pos, pos_to_expert, out,
-                               x_sf, out_sf, *launch.tail)
+        block = launch.args
+        _EXPAND_POINTERS.pack_into(block.buffer, 0, x, token_topk_to_pos, pos_to_expert, out,
+                                   x_sf, out_sf)
         driver.launchKernel(launch.handle, launch.grid_x, launch.grid_y, launch.grid_z,
                             launch.threads, 1, 1, launch.shared_bytes, stream,
                             block.params_address, 0)
@@ -382,7 +389,7 @@ def run_expand(kind: ArrayKind, problem: ExpandProblem, x: Any, x_sf: Any,
     if signature is not None and _all_contiguous(signature):
         # Every rule held and every input was contiguous: later calls with
         # the same signature may skip straight to the launch.
-        _torch_plans[signature] = plan
+        _remember_torch_plan(signature, plan)
     return out, out_sf
 
 
@@ -395,45 +402,65 @@ def _torch_signature(x, x_sf, token_topk_to_pos, pos_to_expert, out, out_sf,
                      num_per_channels, col_major) -> tuple | None:
     """What the public op's checks read of its arguments, as a dict key.
 
-    ``(num_per_channels, col_major, x, token_topk_to_pos, pos_to_expert,
-    x_sf, out)``, each tensor as (shape, dtype, device ordinal, contiguous) or
-    None when absent. None where the call is not one the fast path takes (an
+    One flat tuple: ``num_per_channels, col_major``, then shape, dtype and
+    device ordinal of x, token_topk_to_pos, pos_to_expert, x_sf (absent: one
+    None) and out (absent: one None), then whether all of them are
+    contiguous. None where the call is not one the fast path takes (an
     argument that is not exactly a torch.Tensor, or a caller's ``out_sf``,
-    whose buffer extent is checked every time). Written out flat: this runs
-    on every eager call.
+    whose buffer extent is checked every time). Written out flat, since it
+    runs on every eager call: each tensor property read costs ~0.05-0.1 us.
     """
-    torch = sys.modules.get("torch")
-    if torch is None or out_sf is not None:
+    # (run_expand asks only for torch tensors, so torch is imported by then)
+    tensor = _torch_tensor or sys.modules["torch"].Tensor
+    if (out_sf is not None or type(x) is not tensor
+            or type(token_topk_to_pos) is not tensor or type(pos_to_expert) is not tensor):
         return None
-    tensor = torch.Tensor
-    if type(x) is not tensor or type(token_topk_to_pos) is not tensor or type(
-            pos_to_expert) is not tensor:
+    contiguous = (x.is_contiguous() and token_topk_to_pos.is_contiguous()
+                  and pos_to_expert.is_contiguous())
+    key = (num_per_channels, col_major, x.shape, x.dtype, x.get_device(),
+           token_topk_to_pos.shape, token_topk_to_pos.dtype, token_topk_to_pos.get_device(),
+           pos_to_expert.shape, pos_to_expert.dtype, pos_to_expert.get_device())
+    if x_sf is None:
+        key += (None,)
+    elif type(x_sf) is tensor:
+        key += (x_sf.shape, x_sf.dtype, x_sf.get_device())
+        contiguous = contiguous and x_sf.is_contiguous()
+    else:
         return None
-    sf_group = out_group = None
-    if x_sf is not None:
-        if type(x_sf) is not tensor:
-            return None
-        sf_group = (x_sf.shape, x_sf.dtype, x_sf.get_device(), x_sf.is_contiguous())
-    if out is not None:
-        if type(out) is not tensor:
-            return None
-        out_group = (out.shape, out.dtype, out.get_device(), out.is_contiguous())
-    return (num_per_channels, col_major,
-            (x.shape, x.dtype, x.get_device(), x.is_contiguous()),
-            (token_topk_to_pos.shape, token_topk_to_pos.dtype, token_topk_to_pos.get_device(),
-             token_topk_to_pos.is_contiguous()),
-            (pos_to_expert.shape, pos_to_expert.dtype, pos_to_expert.get_device(),
-             pos_to_expert.is_contiguous()),
-            sf_group, out_group)
+    if out is None:
+        key += (None,)
+    elif type(out) is tensor:
+        key += (out.shape, out.dtype, out.get_device())
+        contiguous = contiguous and out.is_contiguous()
+    else:
+        return None
+    return (*key, contiguous)
 
 
 def _all_contiguous(signature: tuple) -> bool:
-    return all(group[3] for group in signature[2:] if group is not None)
+    return signature[-1]
+
+
+# torch.Tensor and torch's raw current-stream getter (an int, no Stream
+# object), looked up once, with the first plan the fast path remembers
+_torch_tensor = None
+_raw_torch_stream = None
+
+
+def _remember_torch_plan(signature: tuple, plan: _Plan) -> None:
+    global _torch_tensor, _raw_torch_stream
+    if _torch_tensor is None:
+        torch = sys.modules["torch"]
+        _raw_torch_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None) or _torch_stream
+        _torch_tensor = torch.Tensor
+    _torch_plans[signature] = plan
 
 
 def torch_fast_call(x, x_sf, token_topk_to_pos, pos_to_expert, out, out_sf,
                     num_per_channels, col_major) -> tuple[Any, Any] | None:
     """The call, if its signature was already checked by the full path; else None."""
+    if _torch_tensor is None:
+        return None  # no torch call has been checked yet
     signature = _torch_signature(x, x_sf, token_topk_to_pos, pos_to_expert, out, out_sf,
                                  num_per_channels, col_major)
     plan = _torch_plans.get(signature) if signature is not None else None
@@ -442,11 +469,21 @@ def torch_fast_call(x, x_sf, token_topk_to_pos, pos_to_expert, out, out_sf,
     device = plan.device
     if runtime.getDevice() != device:
         return None  # the full path switches devices
-    out, out_sf = _allocate(_TorchCuda, plan, x, x_sf, out, out_sf)
-    plan.launch(_torch_stream(device), x.data_ptr(), token_topk_to_pos.data_ptr(),
-                pos_to_expert.data_ptr(), out.data_ptr(),
-                0 if x_sf is None else x_sf.data_ptr(),
-                0 if out_sf is None else out_sf.data_ptr())
+    # the allocation of _allocate, inlined: this is the eager hot path
+    if out is None:
+        out = x.new_empty(plan.out_shape)
+    if x_sf is None:
+        plan.launch(_raw_torch_stream(device), x.data_ptr(), token_topk_to_pos.data_ptr(),
+                    pos_to_expert.data_ptr(), out.data_ptr(), 0, 0)
+        return out, None
+    if plan.sf_mode == SF_COL_MAJOR:
+        problem = plan.problem
+        out_sf = _TorchCuda.empty_col_major(problem.sf_columns, problem.sf_leading_dim,
+                                            problem.num_expanded, x_sf)
+    else:
+        out_sf = x_sf.new_empty(plan.sf_buffer_shape)
+    plan.launch(_raw_torch_stream(device), x.data_ptr(), token_topk_to_pos.data_ptr(),
+                pos_to_expert.data_ptr(), out.data_ptr(), x_sf.data_ptr(), out_sf.data_ptr())
     return out, out_sf
 
 
