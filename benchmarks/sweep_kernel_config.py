@@ -40,13 +40,15 @@ DEFAULT_POLICY = dict(_gpu.GRID_POLICY)
 # (name, grid policy changes, kernel define changes)
 CONFIGS = [
     ("default", {}, {}),
-    ("v5 zero-fill (one expert load per row)", {}, {"EXPAND_ZERO_SCAN_SERIAL": 1}),
-    ("32 rows per bulk zero-fill block", {"ZERO_ROWS_BULK": 32}, {}),
-    ("32 rows per zero-fill block, both kernels",
-     {"ZERO_ROWS_BULK": 32, "ZERO_ROWS_REGISTERS": 32}, {}),
+    ("1 row per register zero-fill block", {"ZERO_ROWS_REGISTERS": 1}, {}),
+    ("2 rows per register zero-fill block", {"ZERO_ROWS_REGISTERS": 2}, {}),
+    ("4 rows per register zero-fill block", {"ZERO_ROWS_REGISTERS": 4}, {}),
+    ("1 row per bulk zero-fill block", {"ZERO_ROWS_BULK": 1}, {}),
+    ("2 rows per bulk zero-fill block", {"ZERO_ROWS_BULK": 2}, {}),
+    ("4 rows per bulk zero-fill block", {"ZERO_ROWS_BULK": 4}, {}),
+    ("bulk zero-fill by bulk stores", {}, {"BULK_ZERO_BY_COPY": 1}),
+    ("bulk zero-fill by bulk stores, 2 rows", {"ZERO_ROWS_BULK": 2}, {"BULK_ZERO_BY_COPY": 1}),
     ("bulk copies evict-first", {}, {"BULK_EVICT_FIRST": 1}),
-    ("bulk kernel, carveout 100% shared", {}, {"BULK_SMEM_CARVEOUT": 100}),
-    ("bulk chunks <= 7 KiB (kimi prefill: halves)", {"BULK_MAX_CHUNK_BYTES": 7168}, {}),
 ]
 # tail fields of struct ExpandArgs after the 6 pointers (see _gpu._EXPAND_ARGS)
 _SF_COLUMNS_FIELD = 4

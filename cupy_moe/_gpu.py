@@ -31,11 +31,9 @@ from ._checks import ROUTING_ERROR_KINDS, ExpandProblem, raise_routing_error
 from .loader import get_module
 
 _SOURCE = "expand_to_fused.cu"
-# Compile-time configuration of the expand kernels (defines of the variant;
-# BULK_SMEM_CARVEOUT, when >= 0, is also the bulk kernel's preferred shared
-# memory carveout in percent, set on its function handle).
+# Compile-time configuration of the expand kernels (defines of the variant).
 KERNEL_CONFIG = {"EXPAND_THREADS": 256, "EXPAND_UNROLL": 4, "EXPAND_STREAMING": 1,
-                 "BULK_EVICT_FIRST": 0, "EXPAND_ZERO_SCAN_SERIAL": 0, "BULK_SMEM_CARVEOUT": -1}
+                 "BULK_EVICT_FIRST": 0, "BULK_ZERO_BY_COPY": 0}
 # Grid policy (see _Plan._shape_grid); block counts in multiples of the SM count.
 # Bulk-copy kernel (sm_90+, 16-byte rows): used when rows cut into chunks of
 # BULK_MIN_CHUNK_BYTES give at least BULK_MIN_BLOCKS blocks; a row is cut into
@@ -92,8 +90,6 @@ def _defines(sf_mode: int) -> tuple[tuple[str, int], ...]:
     return (("CUPY_MOE_SF_MODE", sf_mode), *sorted(KERNEL_CONFIG.items()))
 
 
-_CARVEOUT_ATTRIBUTE = 9  # CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT
-
 
 def _function(device: int, sf_mode: int, name: str) -> int:
     """Driver handle of kernel ``name`` of the ``sf_mode`` variant on ``device``."""
@@ -104,12 +100,7 @@ def _function(device: int, sf_mode: int, name: str) -> int:
         module = get_module(_SOURCE, defines, device)
         # RawKernel.kernel is the loaded cupy.cuda.Function; the cached module
         # keeps its code alive.
-        handle = module.get_function(name).kernel.ptr
-        carveout = KERNEL_CONFIG["BULK_SMEM_CARVEOUT"]
-        if name == "expand_to_fused_bulk" and carveout >= 0:
-            with _OnDevice(device):
-                driver.funcSetAttribute(handle, _CARVEOUT_ATTRIBUTE, carveout)
-        handle = _functions.setdefault(key, handle)
+        handle = _functions.setdefault(key, module.get_function(name).kernel.ptr)
     return handle
 
 
@@ -214,8 +205,10 @@ class _Plan:
         if not 1 <= rows_per_zero_block <= 32:  # one warp ballot covers a block's rows
             raise ValueError(f"rows per zero-fill block must be in 1 .. 32, not {rows_per_zero_block}")
         handle = _function(self.device, self.sf_mode, kernel)
-        grid = (self.problem.num_tokens + -(-self.zero_rows // rows_per_zero_block), chunks,
-                -(-self.problem.top_k // slots_per_block))
+        # zero-fill blocks are numbered across the z planes (the kernel's rows_to_zero)
+        planes = -(-self.problem.top_k // slots_per_block)
+        zero_blocks = -(-self.zero_rows // rows_per_zero_block)
+        grid = (self.problem.num_tokens + -(-zero_blocks // planes), chunks, planes)
         return _Launch(handle, grid, threads, shared_bytes,
                        (*self.tail, rows_per_zero_block, vecs_per_thread, slots_per_block))
 

@@ -9,10 +9,11 @@
 //   blocks [0, T)          token t: load one chunk of x[t] into registers
 //                          once, store it to each valid slot of the block's
 //                          group; chunk 0 also moves x_sf[t].
-//   blocks [T, T + Z)      rows_per_zero_block (<= 32) output rows each
-//                          (z == 0 only): zero the rows with pos_to_expert[p]
-//                          < 0 (every row when T == 0) and, column-major SF,
-//                          the pad columns X .. align(X, 4).
+//   blocks x >= T          zero-fill, rows_per_zero_block (<= 32) output rows
+//                          each, numbered across the z planes too: zero the
+//                          rows with pos_to_expert[p] < 0 (every row when
+//                          T == 0) and, column-major SF, the pad columns
+//                          X .. align(X, 4).
 // Rows are raw bytes moved in VEC_BYTES accesses; the host picks the widest
 // width that divides the row length and both base addresses, so no row needs
 // a tail. Offsets are 64-bit. A slot outside [0, X) is skipped, never written.
@@ -55,10 +56,10 @@ typedef long long i64;
 #ifndef BULK_EVICT_FIRST
 #define BULK_EVICT_FIRST 0
 #endif
-// Experiment switch (benchmarks/NOTES.md v6): 1 = the v5 zero-fill, which
-// read one row's expert per iteration (a dependent load per row).
-#ifndef EXPAND_ZERO_SCAN_SERIAL
-#define EXPAND_ZERO_SCAN_SERIAL 0
+// 1: the bulk kernel's zero-fill blocks zero a shared-memory stage once and
+// write each padding row's chunk with one bulk store (0: ordinary stores).
+#ifndef BULK_ZERO_BY_COPY
+#define BULK_ZERO_BY_COPY 0
 #endif
 
 static_assert(EXPAND_THREADS % 32 == 0, "blocks are whole warps (the zero-fill ballots)");
@@ -131,43 +132,56 @@ __device__ __forceinline__ void store_sf_row(unsigned int* out_sf, const ExpandA
 #endif
 }
 
-// Zero-fill block zero_block (blockIdx.z == 0 only): its rows_per_zero_block
-// rows that are padding (pos_to_expert < 0; every row when there are no
-// tokens) get zero data (zero_data(p), this block's column chunk) and, chunk 0,
-// zero scale factors; column-major SF rows p in [X, align(X, 4)) are pad
-// columns, SF only. Lane r of every warp reads row r's expert and a ballot
-// gathers them, so the block waits for one load instead of one per row.
-template <typename ZeroData>
-__device__ __forceinline__ void zero_fill(const ExpandArgs& a, int zero_block, int threads,
-                                          ZeroData zero_data) {
-    if (blockIdx.z != 0) return;
-    const i64 first_row = static_cast<i64>(zero_block) * a.rows_per_zero_block;
+// The rows one zero-fill block covers: bit r of `mask` set when row
+// first_row + r needs zeros, i.e. is a padding row (pos_to_expert < 0; every
+// row when there are no tokens) or, column-major SF, a pad column in
+// [X, align(X, 4)) (SF only). Zero-fill blocks are blocks x >= T of every z
+// plane, numbered x-major: (x - T) * gridDim.z + z, so that a grid split by
+// slots has no idle planes. Lane r of every warp reads row r's expert and a
+// ballot gathers them: the block waits for one load, not one per row.
+struct ZeroRows {
+    i64 first_row;
+    unsigned mask;
+};
+
+__device__ __forceinline__ ZeroRows rows_to_zero(const ExpandArgs& a) {
+    const i64 zero_block = static_cast<i64>(blockIdx.x - a.num_tokens) * gridDim.z + blockIdx.z;
+    const i64 first_row = zero_block * a.rows_per_zero_block;
 #if CUPY_MOE_SF_MODE == SF_COL_MAJOR
     const i64 zero_rows = a.sf_ld;
 #else
     const i64 zero_rows = a.num_expanded;
 #endif
-#if EXPAND_ZERO_SCAN_SERIAL
-    const i64 last_row = min(first_row + a.rows_per_zero_block, zero_rows);
-    for (i64 p = first_row; p < last_row; ++p) {
-        if (p < a.num_expanded && a.num_tokens > 0 && __ldg(a.pos_to_expert + p) >= 0) continue;
-#else
     const int lane = threadIdx.x & 31;
     const i64 lane_row = first_row + lane;
     bool lane_zero = false;
     if (lane < a.rows_per_zero_block && lane_row < zero_rows)
         lane_zero = lane_row >= a.num_expanded || a.num_tokens == 0 ||
                     __ldg(a.pos_to_expert + lane_row) < 0;
-    for (unsigned rows = __ballot_sync(0xffffffffu, lane_zero); rows != 0; rows &= rows - 1) {
-        const i64 p = first_row + __ffs(rows) - 1;
-#endif
-        if (p < a.num_expanded) zero_data(p);
+    return {first_row, __ballot_sync(0xffffffffu, lane_zero)};
+}
+
+// Zero scale factors of the rows in `rows` (chunk 0's blocks only).
+__device__ __forceinline__ void zero_sf_rows(const ExpandArgs& a, ZeroRows rows, int threads) {
 #if CUPY_MOE_SF_MODE != SF_NONE
-        if (blockIdx.y == 0) {
-            for (int s = threadIdx.x; s < a.sf_columns; s += threads) store_sf_row(a.out_sf, a, p, s, 0u);
-        }
-#endif
+    if (blockIdx.y != 0) return;
+    for (unsigned mask = rows.mask; mask != 0; mask &= mask - 1) {
+        const i64 p = rows.first_row + __ffs(mask) - 1;
+        for (int s = threadIdx.x; s < a.sf_columns; s += threads) store_sf_row(a.out_sf, a, p, s, 0u);
     }
+#endif
+}
+
+// A zero-fill block: zero_data(p) zeroes this block's column chunk of data
+// row p, for each of its rows that needs it; then their scale factors.
+template <typename ZeroData>
+__device__ __forceinline__ void zero_fill(const ExpandArgs& a, int threads, ZeroData zero_data) {
+    const ZeroRows rows = rows_to_zero(a);
+    for (unsigned mask = rows.mask; mask != 0; mask &= mask - 1) {
+        const i64 p = rows.first_row + __ffs(mask) - 1;
+        if (p < a.num_expanded) zero_data(p);
+    }
+    zero_sf_rows(a, rows, threads);
 }
 
 template <int VEC_BYTES>
@@ -225,7 +239,7 @@ __device__ __forceinline__ void expand_to_fused_body(const ExpandArgs& a) {
 
     // Zero-fill: padding rows (all rows when there are no tokens) and, for the
     // column-major SF, the pad columns X .. sf_ld that a TMA load reads.
-    zero_fill(a, block - a.num_tokens, EXPAND_THREADS, [&](i64 p) {
+    zero_fill(a, EXPAND_THREADS, [&](i64 p) {
         zero_row_chunk<VEC_BYTES>(a.out, p, n_vec, vec_begin, vecs_per_thread);
     });
 }
@@ -347,10 +361,30 @@ extern "C" __global__ void __launch_bounds__(BULK_THREADS) expand_to_fused_bulk(
     }
 
     // Zero-fill, as in the register variant, for this block's chunk.
-    zero_fill(a, block - a.num_tokens, BULK_THREADS, [&](i64 p) {
+#if BULK_ZERO_BY_COPY
+    const ZeroRows rows = rows_to_zero(a);
+    const unsigned data_rows = rows.first_row + 32 <= a.num_expanded ? rows.mask
+        : rows.mask & ((1ull << max(a.num_expanded - rows.first_row, i64(0))) - 1);
+    if (data_rows != 0) {
+        uint4* zeros = reinterpret_cast<uint4*>(stage);
+        for (i64 i = lane; i < chunk_vecs; i += BULK_THREADS) zeros[i] = make_uint4(0, 0, 0, 0);
+        // the generic-proxy writes must be visible to the bulk engine's reads
+        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+        __syncwarp();
+        if ((data_rows >> lane) & 1u) {
+            bulk_store(a.out + (rows.first_row + lane) * a.row_bytes + chunk_begin * 16,
+                       shared_address(stage), chunk_bytes);
+            asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+            asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
+        }
+    }
+    zero_sf_rows(a, rows, BULK_THREADS);
+#else
+    zero_fill(a, BULK_THREADS, [&](i64 p) {
         uint4* dst = reinterpret_cast<uint4*>(a.out) + p * n_vec + chunk_begin;
         for (i64 i = lane; i < chunk_vecs; i += BULK_THREADS) store_once(dst + i, make_uint4(0, 0, 0, 0));
     });
+#endif
 #else
     __trap();  // the host launches this kernel on sm_90 and newer only
 #endif
