@@ -38,17 +38,16 @@ from cupy_moe.workload_inputs import workload_inputs
 DEFAULT_KERNEL = dict(_gpu.KERNEL_CONFIG)
 DEFAULT_POLICY = dict(_gpu.GRID_POLICY)
 # (name, grid policy changes, kernel define changes)
+# (the rounds of benchmarks/NOTES.md v6 also ran 1 and 8 rows per register
+# zero-fill block, 1, 2, 8 and 32 per bulk one, and bulk zero-fill by bulk
+# stores from a zeroed stage)
 CONFIGS = [
     ("default", {}, {}),
-    ("1 row per register zero-fill block", {"ZERO_ROWS_REGISTERS": 1}, {}),
-    ("2 rows per register zero-fill block", {"ZERO_ROWS_REGISTERS": 2}, {}),
+    ("8 rows per register zero-fill block (v5)", {"ZERO_ROWS_REGISTERS": 8}, {}),
     ("4 rows per register zero-fill block", {"ZERO_ROWS_REGISTERS": 4}, {}),
-    ("1 row per bulk zero-fill block", {"ZERO_ROWS_BULK": 1}, {}),
     ("2 rows per bulk zero-fill block", {"ZERO_ROWS_BULK": 2}, {}),
-    ("4 rows per bulk zero-fill block", {"ZERO_ROWS_BULK": 4}, {}),
-    ("bulk zero-fill by bulk stores", {}, {"BULK_ZERO_BY_COPY": 1}),
-    ("bulk zero-fill by bulk stores, 2 rows", {"ZERO_ROWS_BULK": 2}, {"BULK_ZERO_BY_COPY": 1}),
-    ("bulk copies evict-first", {}, {"BULK_EVICT_FIRST": 1}),
+    ("8 rows per bulk zero-fill block (v5)", {"ZERO_ROWS_BULK": 8}, {}),
+    ("bulk copies without the evict-first hint", {}, {"BULK_EVICT_FIRST": 0}),
 ]
 # tail fields of struct ExpandArgs after the 6 pointers (see _gpu._EXPAND_ARGS)
 _SF_COLUMNS_FIELD = 4

@@ -33,7 +33,7 @@ from .loader import get_module
 _SOURCE = "expand_to_fused.cu"
 # Compile-time configuration of the expand kernels (defines of the variant).
 KERNEL_CONFIG = {"EXPAND_THREADS": 256, "EXPAND_UNROLL": 4, "EXPAND_STREAMING": 1,
-                 "BULK_EVICT_FIRST": 0, "BULK_ZERO_BY_COPY": 0}
+                 "BULK_EVICT_FIRST": 1}
 # Grid policy (see _Plan._shape_grid); block counts in multiples of the SM count.
 # Bulk-copy kernel (sm_90+, 16-byte rows): used when rows cut into chunks of
 # BULK_MIN_CHUNK_BYTES give at least BULK_MIN_BLOCKS blocks; a row is cut into
@@ -41,10 +41,12 @@ KERNEL_CONFIG = {"EXPAND_THREADS": 256, "EXPAND_UNROLL": 4, "EXPAND_STREAMING": 
 # BULK_TARGET_BLOCKS blocks, or as many as the minimum size allows.
 # Register kernel, small batches: below SHRINK_CHUNKS_BELOW token chunks,
 # chunks shrink to one access per thread; below SPLIT_SLOTS_BELOW, each block
-# takes one slot. ZERO_ROWS_*: output rows per zero-fill block (1 .. 32).
+# takes one slot. ZERO_ROWS_*: output rows per zero-fill block (1 .. 32) of
+# each kernel: a zero-fill block writes its padding rows one after another, so
+# few rows keep it from being the launch's longest block (benchmarks/NOTES.md v6).
 GRID_POLICY = {"BULK_MIN_BLOCKS": 1.0, "BULK_TARGET_BLOCKS": 12.0,
                "SHRINK_CHUNKS_BELOW": 2.0, "SPLIT_SLOTS_BELOW": 1.0,
-               "BULK_MAX_CHUNK_BYTES": 16384, "ZERO_ROWS_REGISTERS": 8, "ZERO_ROWS_BULK": 8}
+               "BULK_MAX_CHUNK_BYTES": 16384, "ZERO_ROWS_REGISTERS": 2, "ZERO_ROWS_BULK": 4}
 BULK_MIN_CHUNK_BYTES = 2048
 BULK_SHARED_LIMIT = 16384  # the most dynamic shared memory the bulk kernel asks for
 _BULK_THREADS = 32

@@ -52,14 +52,10 @@ typedef long long i64;
 #define EXPAND_STREAMING 1
 #endif
 // 1: the bulk kernel's copies carry an L2 evict-first policy (the bulk-copy
-// counterpart of the streaming hints above).
+// counterpart of the streaming hints above; +1 point of the copy bandwidth on
+// kimi-k2-prefill, benchmarks/NOTES.md v6).
 #ifndef BULK_EVICT_FIRST
-#define BULK_EVICT_FIRST 0
-#endif
-// 1: the bulk kernel's zero-fill blocks zero a shared-memory stage once and
-// write each padding row's chunk with one bulk store (0: ordinary stores).
-#ifndef BULK_ZERO_BY_COPY
-#define BULK_ZERO_BY_COPY 0
+#define BULK_EVICT_FIRST 1
 #endif
 
 static_assert(EXPAND_THREADS % 32 == 0, "blocks are whole warps (the zero-fill ballots)");
@@ -361,30 +357,10 @@ extern "C" __global__ void __launch_bounds__(BULK_THREADS) expand_to_fused_bulk(
     }
 
     // Zero-fill, as in the register variant, for this block's chunk.
-#if BULK_ZERO_BY_COPY
-    const ZeroRows rows = rows_to_zero(a);
-    const unsigned data_rows = rows.first_row + 32 <= a.num_expanded ? rows.mask
-        : rows.mask & ((1ull << max(a.num_expanded - rows.first_row, i64(0))) - 1);
-    if (data_rows != 0) {
-        uint4* zeros = reinterpret_cast<uint4*>(stage);
-        for (i64 i = lane; i < chunk_vecs; i += BULK_THREADS) zeros[i] = make_uint4(0, 0, 0, 0);
-        // the generic-proxy writes must be visible to the bulk engine's reads
-        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-        __syncwarp();
-        if ((data_rows >> lane) & 1u) {
-            bulk_store(a.out + (rows.first_row + lane) * a.row_bytes + chunk_begin * 16,
-                       shared_address(stage), chunk_bytes);
-            asm volatile("cp.async.bulk.commit_group;" ::: "memory");
-            asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
-        }
-    }
-    zero_sf_rows(a, rows, BULK_THREADS);
-#else
     zero_fill(a, BULK_THREADS, [&](i64 p) {
         uint4* dst = reinterpret_cast<uint4*>(a.out) + p * n_vec + chunk_begin;
         for (i64 i = lane; i < chunk_vecs; i += BULK_THREADS) store_once(dst + i, make_uint4(0, 0, 0, 0));
     });
-#endif
 #else
     __trap();  // the host launches this kernel on sm_90 and newer only
 #endif

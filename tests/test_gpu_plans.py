@@ -98,3 +98,41 @@ def test_forcing_a_kernel_reaches_small_batches(fake_h200, bulk_min_blocks, hand
         assert _launch_for(4096, 7168).handle == handle
     finally:
         _gpu.configure(grid_policy=policy)
+
+
+@pytest.mark.parametrize(("num_tokens", "hidden", "num_expanded", "col_major", "grid"), [
+    # decode, register kernel, slots split over 8 planes: 16 rows in 2-row
+    # zero-fill blocks = 8 blocks, one column of them across the planes
+    (1, 7168, 16, False, (1 + 1, 4, 8)),
+    # 40 rows -> 20 zero-fill blocks over 8 planes: 3 columns (4 blocks idle)
+    (1, 7168, 40, False, (1 + 3, 4, 8)),
+    # column-major SF: the pad columns count, align(18, 4) = 20 rows
+    (1, 1024, 18, True, (1 + 2, 1, 8)),
+    # prefill, bulk kernel, one plane: 32768 rows in 4-row blocks
+    (4096, 7168, 32768, False, (4096 + 8192, 1, 1)),
+])
+def test_zero_fill_blocks_span_the_slot_planes(fake_h200, num_tokens, hidden, num_expanded,
+                                               col_major, grid):
+    item_bytes = 1 if col_major else 2
+    sf = {"sf_columns": 2, "sf_col_major": True} if col_major else {}
+    problem = ExpandProblem(num_tokens, hidden, 8, num_expanded,
+                            "float8_e4m3fn" if col_major else "bfloat16", **sf)
+    launch = _gpu._Plan(problem, item_bytes, 0).kernel(16)
+    assert (launch.grid_x, launch.grid_y, launch.grid_z) == grid
+    rows = launch.tail[6]
+    zero_rows = -(-num_expanded // 4) * 4 if col_major else num_expanded
+    # every row is some zero-fill block's, and no whole column of blocks is idle
+    columns = launch.grid_x - num_tokens
+    assert columns * launch.grid_z * rows >= zero_rows > (columns - 1) * launch.grid_z * rows
+
+
+@pytest.mark.parametrize("rows", [0, 33])
+def test_rows_per_zero_fill_block_must_fit_a_warp_ballot(fake_h200, rows):
+    policy = dict(_gpu.GRID_POLICY)
+    _gpu.configure(grid_policy={"ZERO_ROWS_REGISTERS": rows})
+    try:
+        with pytest.raises(ValueError, match=rf"rows per zero-fill block must be in 1 \.\. 32, "
+                                             rf"not {rows}"):
+            _launch_for(1, 7168)
+    finally:
+        _gpu.configure(grid_policy=policy)
