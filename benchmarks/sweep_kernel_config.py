@@ -39,15 +39,17 @@ DEFAULT_KERNEL = dict(_gpu.KERNEL_CONFIG)
 DEFAULT_POLICY = dict(_gpu.GRID_POLICY)
 # (name, grid policy changes, kernel define changes)
 # (the rounds of benchmarks/NOTES.md v6 also ran 1 and 8 rows per register
-# zero-fill block, 1, 2, 8 and 32 per bulk one, and bulk zero-fill by bulk
-# stores from a zeroed stage)
+# zero-fill block, 1, 2, 8 and 32 per bulk one, bulk zero-fill by bulk
+# stores from a zeroed stage, and the bulk kernel without evict-first hints)
 CONFIGS = [
     ("default", {}, {}),
-    ("8 rows per register zero-fill block (v5)", {"ZERO_ROWS_REGISTERS": 8}, {}),
-    ("4 rows per register zero-fill block", {"ZERO_ROWS_REGISTERS": 4}, {}),
+    ("register kernel below 2 x SMs bulk blocks", {"BULK_MIN_BLOCKS": 2.0}, {}),
     ("2 rows per bulk zero-fill block", {"ZERO_ROWS_BULK": 2}, {}),
-    ("8 rows per bulk zero-fill block (v5)", {"ZERO_ROWS_BULK": 8}, {}),
-    ("bulk copies without the evict-first hint", {}, {"BULK_EVICT_FIRST": 0}),
+    ("8 rows per bulk zero-fill block", {"ZERO_ROWS_BULK": 8}, {}),
+    ("bulk block target 8 x SMs", {"BULK_TARGET_BLOCKS": 8.0}, {}),
+    ("bulk block target 16 x SMs", {"BULK_TARGET_BLOCKS": 16.0}, {}),
+    ("bulk block target 16 x SMs, 8 rows per zero-fill block",
+     {"BULK_TARGET_BLOCKS": 16.0, "ZERO_ROWS_BULK": 8}, {}),
 ]
 # tail fields of struct ExpandArgs after the 6 pointers (see _gpu._EXPAND_ARGS)
 _SF_COLUMNS_FIELD = 4

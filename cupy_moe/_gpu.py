@@ -277,13 +277,16 @@ class _TorchCuda:
 
     @staticmethod
     def empty(shape: tuple[int, ...], like: Any) -> Any:
-        return like.new_empty(shape)
+        return like.new_empty(*shape)  # ints, not a tuple: torch parses them ~0.4 us faster
 
     @staticmethod
     def empty_col_major(sf_columns: int, leading_dim: int, num_expanded: int, like: Any) -> Any:
         # [align(X, 4), S] with strides (1, align(X, 4)) spans exactly the
-        # [S, align(X, 4)] buffer, pad columns included; one call, one slice.
-        return like.new_empty_strided((leading_dim, sf_columns), (1, leading_dim))[:num_expanded]
+        # [S, align(X, 4)] buffer, pad columns included; its first X rows are
+        # the view returned.
+        full = like.new_empty_strided((leading_dim, sf_columns), (1, leading_dim))
+        # the slice costs a torch op (~1 us); X % 4 == 0 needs none
+        return full if leading_dim == num_expanded else full[:num_expanded]
 
     @staticmethod
     def flat_value(a: Any, index: int) -> int:
@@ -466,7 +469,7 @@ def torch_fast_call(x, x_sf, token_topk_to_pos, pos_to_expert, out, out_sf,
         return None  # the full path switches devices
     # the allocation of _allocate, inlined: this is the eager hot path
     if out is None:
-        out = x.new_empty(plan.out_shape)
+        out = x.new_empty(*plan.out_shape)
     if x_sf is None:
         plan.launch(_raw_torch_stream(device), x.data_ptr(), token_topk_to_pos.data_ptr(),
                     pos_to_expert.data_ptr(), out.data_ptr(), 0, 0)
@@ -476,7 +479,7 @@ def torch_fast_call(x, x_sf, token_topk_to_pos, pos_to_expert, out, out_sf,
         out_sf = _TorchCuda.empty_col_major(problem.sf_columns, problem.sf_leading_dim,
                                             problem.num_expanded, x_sf)
     else:
-        out_sf = x_sf.new_empty(plan.sf_buffer_shape)
+        out_sf = x_sf.new_empty(*plan.sf_buffer_shape)
     plan.launch(_raw_torch_stream(device), x.data_ptr(), token_topk_to_pos.data_ptr(),
                 pos_to_expert.data_ptr(), out.data_ptr(), x_sf.data_ptr(), out_sf.data_ptr())
     return out, out_sf
