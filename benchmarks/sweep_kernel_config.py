@@ -17,7 +17,8 @@ shapes: GPU µs per call from CUDA-graph replays.
 Diagnostic rows (decode and small shapes only) replay the default plan's
 launch changed in one way, to place the time of a step: "no SF words" moves
 no scale factors (sf_columns = 0), "no zero-fill blocks" launches the token
-blocks only. Their outputs are wrong by design and are not checked.
+blocks only, "zero-fill blocks find no padding rows" reads a pos_to_expert
+with none (the blocks' cost without their stores). Their outputs are wrong by design and are not checked.
 """
 
 from __future__ import annotations
@@ -98,20 +99,23 @@ def _diagnostic_launches(w, args, outs):
                 args["pos_to_expert"].data_ptr(), outs[0].data_ptr(),
                 args["x_sf"].data_ptr() if "x_sf" in args else 0,
                 outs[1].data_ptr() if len(outs) > 1 else 0)
+    no_padding = torch.zeros(w.num_expanded, dtype=torch.int32, device="cuda")  # every row an expert's
     bits = plan.row_bytes | 16 | pointers[0] | pointers[3]
     launch = plan.kernel(bits & -bits)
-    variants = [("no zero-fill blocks", launch.tail, w.num_tokens)]
+    variants = [("no zero-fill blocks", launch.tail, w.num_tokens, pointers),
+                ("zero-fill blocks find no padding rows", launch.tail, launch.grid_x,
+                 (*pointers[:2], no_padding.data_ptr(), *pointers[3:]))]
     if "x_sf" in args:
         tail = list(launch.tail)
         tail[_SF_COLUMNS_FIELD] = 0
-        variants.append(("no SF words", tuple(tail), launch.grid_x))
+        variants.append(("no SF words", tuple(tail), launch.grid_x, pointers))
     result = []
-    for name, tail, grid_x in variants:
+    for name, tail, grid_x, pointers in variants:
         buffer = (ctypes.c_uint64 * 16)()
         _gpu._EXPAND_ARGS.pack_into(buffer, 0, *pointers, *tail)
         params = (ctypes.c_void_p * 1)(ctypes.addressof(buffer))
 
-        def run(buffer=buffer, params=params, grid_x=grid_x):
+        def run(buffer=buffer, params=params, grid_x=grid_x, keep=no_padding):
             driver.launchKernel(launch.handle, grid_x, launch.grid_y, launch.grid_z, launch.threads,
                                 1, 1, launch.shared_bytes, torch.cuda.current_stream().cuda_stream,
                                 ctypes.addressof(params), 0)
