@@ -51,6 +51,8 @@ CONFIGS = [
     ("bulk block target 16 x SMs", {"BULK_TARGET_BLOCKS": 16.0}, {}),
     ("bulk block target 16 x SMs, 8 rows per zero-fill block",
      {"BULK_TARGET_BLOCKS": 16.0, "ZERO_ROWS_BULK": 8}, {}),
+    ("bulk token blocks zero-fill below 2 x SMs blocks", {"BULK_FUSE_ZERO_BELOW": 2.0}, {}),
+    ("bulk token blocks zero-fill below 16 x SMs blocks", {"BULK_FUSE_ZERO_BELOW": 16.0}, {}),
 ]
 # tail fields of struct ExpandArgs after the 6 pointers (see _gpu._EXPAND_ARGS)
 _SF_COLUMNS_FIELD = 4

@@ -211,16 +211,21 @@ def test_odd_hidden_with_sf(hidden, top_k, npc, layout, kind, kernel_path):
 
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("layout", ["none", "row-f32", "col-ue8m0"])
-@pytest.mark.parametrize("zero_rows", [1, 5, 32])
-def test_zero_fill_block_sizes(zero_rows, layout, kind, kernel_path):
+@pytest.mark.parametrize(("zero_rows", "fused", "num_tokens"), [
+    (1, False, 40), (5, False, 40), (32, False, 40),
+    # bulk kernel: token blocks zero-fill their share (7 rows each; 88 rows
+    # each, in three ballots of up to 32)
+    (4, True, 40), (4, True, 3)])
+def test_zero_fill_block_sizes(zero_rows, fused, num_tokens, layout, kind, kernel_path):
     # Padding scattered through X (alignment 4, dropped slots) and a tail; X
     # neither a multiple of the rows per zero-fill block nor of 4. Every row
     # count a warp ballot can cover, the last block short.
     saved = dict(_gpu.GRID_POLICY)
-    _gpu.configure(grid_policy={"ZERO_ROWS_BULK": zero_rows, "ZERO_ROWS_REGISTERS": zero_rows})
+    _gpu.configure(grid_policy={"ZERO_ROWS_BULK": zero_rows, "ZERO_ROWS_REGISTERS": zero_rows,
+                                "BULK_FUSE_ZERO_BELOW": math.inf if fused else 0.0})
     try:
         rng = np.random.default_rng()
-        num_tokens, top_k, hidden = 40, 4, 1024
+        top_k, hidden = 4, 1024
         token_topk_to_pos, pos_to_expert = fitted_routing(rng, num_tokens, top_k, 263,
                                                           num_experts=7, max_alignment=4,
                                                           drop=0.3)
