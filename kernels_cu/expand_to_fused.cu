@@ -13,7 +13,9 @@
 //                          each, numbered across the z planes too: zero the
 //                          rows with pos_to_expert[p] < 0 (every row when
 //                          T == 0) and, column-major SF, the pad columns
-//                          X .. align(X, 4).
+//                          X .. align(X, 4). (Bulk kernel, fused_zero_rows >
+//                          0: none; token block t zero-fills rows
+//                          [t * fused_zero_rows, (t + 1) * fused_zero_rows).)
 // Rows are raw bytes moved in VEC_BYTES accesses; the host picks the widest
 // width that divides the row length and both base addresses, so no row needs
 // a tail. Offsets are 64-bit. A slot outside [0, X) is skipped, never written.
@@ -275,7 +277,10 @@ DEFINE_EXPAND_KERNEL(1)
 // instructions per byte and many small blocks per SM keep more loads in
 // flight than the register variant: measured +4 points of the copy bandwidth
 // on kimi-k2-prefill, +13 on qwen3-30b-prefill (benchmarks/NOTES.md, v5).
-// Scale factors and zero-fill use ordinary loads and stores.
+// Scale factors and zero-fill use ordinary loads and stores; with
+// fused_zero_rows > 0 (small batches) the token blocks do the zero-fill
+// themselves while their chunk is in flight, and the grid has no zero-fill
+// blocks.
 
 #define BULK_THREADS 32
 
