@@ -159,3 +159,18 @@ def test_bulk_token_blocks_take_the_zero_fill_below_the_threshold(
         assert fused_rows * num_tokens >= (264 if col_major else num_expanded)
     finally:
         _gpu.configure(grid_policy=policy)
+
+
+@pytest.mark.parametrize(("num_expanded", "sf_columns"), [(16, 14), (18, 14), (0, 3), (5, 1)])
+def test_torch_column_major_sf_buffer_holds_the_pad_columns(num_expanded, sf_columns):
+    # The allocation the GPU path makes, on CPU tensors: an [X, S] view with
+    # strides (1, align(X, 4)) of a buffer of S * align(X, 4) elements.
+    torch = pytest.importorskip("torch")
+    leading_dim = -(-num_expanded // 4) * 4
+    like = torch.zeros(1, sf_columns, dtype=torch.int32)
+    out_sf = _gpu._TorchCuda.empty_col_major(sf_columns, leading_dim, num_expanded, like)
+    assert tuple(out_sf.shape) == (num_expanded, sf_columns)
+    if num_expanded > 0:
+        assert out_sf.stride() == (1, leading_dim)
+    assert out_sf.untyped_storage().nbytes() == sf_columns * leading_dim * 4
+    assert out_sf.dtype == torch.int32
