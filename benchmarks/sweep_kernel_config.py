@@ -41,7 +41,9 @@ DEFAULT_POLICY = dict(_gpu.GRID_POLICY)
 # (name, grid policy changes, kernel define changes)
 # (the rounds of benchmarks/NOTES.md v6 also ran 1 and 8 rows per register
 # zero-fill block, 1, 2, 8 and 32 per bulk one, bulk zero-fill by bulk
-# stores from a zeroed stage, and the bulk kernel without evict-first hints)
+# stores from a zeroed stage, the bulk kernel without evict-first hints, and
+# bulk token blocks doing the zero-fill themselves; the switches of the ones
+# that lost are gone from the kernels)
 CONFIGS = [
     ("default", {}, {}),
     ("register kernel below 2 x SMs bulk blocks", {"BULK_MIN_BLOCKS": 2.0}, {}),
@@ -51,8 +53,6 @@ CONFIGS = [
     ("bulk block target 16 x SMs", {"BULK_TARGET_BLOCKS": 16.0}, {}),
     ("bulk block target 16 x SMs, 8 rows per zero-fill block",
      {"BULK_TARGET_BLOCKS": 16.0, "ZERO_ROWS_BULK": 8}, {}),
-    ("bulk token blocks zero-fill below 2 x SMs blocks", {"BULK_FUSE_ZERO_BELOW": 2.0}, {}),
-    ("bulk token blocks zero-fill below 16 x SMs blocks", {"BULK_FUSE_ZERO_BELOW": 16.0}, {}),
 ]
 # tail fields of struct ExpandArgs after the 6 pointers (see _gpu._EXPAND_ARGS)
 _SF_COLUMNS_FIELD = 4

@@ -44,13 +44,9 @@ KERNEL_CONFIG = {"EXPAND_THREADS": 256, "EXPAND_UNROLL": 4, "EXPAND_STREAMING": 
 # takes one slot. ZERO_ROWS_*: output rows per zero-fill block (1 .. 32) of
 # each kernel: a zero-fill block writes its padding rows one after another, so
 # few rows keep it from being the launch's longest block (benchmarks/NOTES.md v6).
-# Bulk kernel below BULK_FUSE_ZERO_BELOW token blocks: no zero-fill blocks;
-# each token block zero-fills an equal share of the rows while its load is in
-# flight.
 GRID_POLICY = {"BULK_MIN_BLOCKS": 1.0, "BULK_TARGET_BLOCKS": 12.0,
                "SHRINK_CHUNKS_BELOW": 2.0, "SPLIT_SLOTS_BELOW": 1.0,
-               "BULK_MAX_CHUNK_BYTES": 16384, "ZERO_ROWS_REGISTERS": 2, "ZERO_ROWS_BULK": 4,
-               "BULK_FUSE_ZERO_BELOW": 0.0}
+               "BULK_MAX_CHUNK_BYTES": 16384, "ZERO_ROWS_REGISTERS": 2, "ZERO_ROWS_BULK": 4}
 BULK_MIN_CHUNK_BYTES = 2048
 BULK_SHARED_LIMIT = 16384  # the most dynamic shared memory the bulk kernel asks for
 _BULK_THREADS = 32
@@ -62,8 +58,8 @@ SF_NONE, SF_ROW_MAJOR, SF_COL_MAJOR = 0, 1, 2
 # struct ExpandArgs of expand_to_fused.cu: x, token_topk_to_pos, pos_to_expert,
 # out, x_sf, out_sf (pointers); row_bytes (int64); num_tokens, top_k,
 # num_expanded, sf_columns, sf_ld, rows_per_zero_block, vecs_per_thread,
-# slots_per_block, fused_zero_rows (int32), padded to 8 bytes.
-_EXPAND_ARGS = struct.Struct("<6Qq9i4x")
+# slots_per_block (int32).
+_EXPAND_ARGS = struct.Struct("<6Qq8i")
 _EXPAND_POINTERS = struct.Struct("<6Q")  # the leading pointers alone
 # struct RoutingArgs: token_topk_to_pos, pos_to_expert, first_slot, found
 # (pointers); num_slots (int64); num_expanded (int32), padded to 8 bytes.
@@ -188,11 +184,9 @@ class _Plan:
                 chunks = min(max(wanted, fewest), most)
                 # equal chunks of whole warps' accesses (the last may be shorter)
                 lane_vecs = -(-n_vec // (chunks * _BULK_THREADS))
-                fused = (num_tokens * chunks < GRID_POLICY["BULK_FUSE_ZERO_BELOW"] * multiprocessors)
                 return self._launch("expand_to_fused_bulk", vec_bytes, _BULK_THREADS, lane_vecs,
                                     top_k, lane_vecs * _BULK_THREADS * 16,
-                                    int(GRID_POLICY["ZERO_ROWS_BULK"]),
-                                    -(-self.zero_rows // num_tokens) if fused else 0)
+                                    int(GRID_POLICY["ZERO_ROWS_BULK"]))
         threads = KERNEL_CONFIG["EXPAND_THREADS"]
         vecs_per_thread = KERNEL_CONFIG["EXPAND_UNROLL"]
         chunks = -(-n_vec // (threads * vecs_per_thread))
@@ -204,8 +198,7 @@ class _Plan:
                             1 if split else top_k, 0, int(GRID_POLICY["ZERO_ROWS_REGISTERS"]))
 
     def _launch(self, kernel: str, vec_bytes: int, threads: int, vecs_per_thread: int,
-                slots_per_block: int, shared_bytes: int, rows_per_zero_block: int,
-                fused_zero_rows: int = 0) -> _Launch:
+                slots_per_block: int, shared_bytes: int, rows_per_zero_block: int) -> _Launch:
         chunk_bytes = threads * vecs_per_thread * vec_bytes
         chunks = -(-self.row_bytes // chunk_bytes)
         if chunks > _MAX_GRID_Y:
@@ -216,11 +209,10 @@ class _Plan:
         handle = _function(self.device, self.sf_mode, kernel)
         # zero-fill blocks are numbered across the z planes (the kernel's rows_to_zero)
         planes = -(-self.problem.top_k // slots_per_block)
-        zero_blocks = 0 if fused_zero_rows else -(-self.zero_rows // rows_per_zero_block)
+        zero_blocks = -(-self.zero_rows // rows_per_zero_block)
         grid = (self.problem.num_tokens + -(-zero_blocks // planes), chunks, planes)
         return _Launch(handle, grid, threads, shared_bytes,
-                       (*self.tail, rows_per_zero_block, vecs_per_thread, slots_per_block,
-                        fused_zero_rows))
+                       (*self.tail, rows_per_zero_block, vecs_per_thread, slots_per_block))
 
     def launch(self, stream: int, x: int, token_topk_to_pos: int, pos_to_expert: int,
                out: int, x_sf: int, out_sf: int) -> None:

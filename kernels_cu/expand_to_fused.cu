@@ -13,9 +13,7 @@
 //                          each, numbered across the z planes too: zero the
 //                          rows with pos_to_expert[p] < 0 (every row when
 //                          T == 0) and, column-major SF, the pad columns
-//                          X .. align(X, 4). (Bulk kernel, fused_zero_rows >
-//                          0: none; token block t zero-fills rows
-//                          [t * fused_zero_rows, (t + 1) * fused_zero_rows).)
+//                          X .. align(X, 4).
 // Rows are raw bytes moved in VEC_BYTES accesses; the host picks the widest
 // width that divides the row length and both base addresses, so no row needs
 // a tail. Offsets are 64-bit. A slot outside [0, X) is skipped, never written.
@@ -80,8 +78,6 @@ struct ExpandArgs {
     int rows_per_zero_block;          // 1 .. 32 (a warp ballot covers them)
     int vecs_per_thread;              // a chunk is blockDim.x * this many accesses
     int slots_per_block;              // 1 .. K
-    int fused_zero_rows;              // > 0 (bulk kernel): token block t zero-fills rows
-                                      // [t * this, (t + 1) * this); no zero-fill blocks
 };
 
 template <int N> struct VecOf;
@@ -144,8 +140,9 @@ struct ZeroRows {
     unsigned mask;
 };
 
-// The `count` (<= 32) rows from first_row on.
-__device__ __forceinline__ ZeroRows rows_to_zero_at(const ExpandArgs& a, i64 first_row, int count) {
+__device__ __forceinline__ ZeroRows rows_to_zero(const ExpandArgs& a) {
+    const i64 zero_block = static_cast<i64>(blockIdx.x - a.num_tokens) * gridDim.z + blockIdx.z;
+    const i64 first_row = zero_block * a.rows_per_zero_block;
 #if CUPY_MOE_SF_MODE == SF_COL_MAJOR
     const i64 zero_rows = a.sf_ld;
 #else
@@ -154,16 +151,10 @@ __device__ __forceinline__ ZeroRows rows_to_zero_at(const ExpandArgs& a, i64 fir
     const int lane = threadIdx.x & 31;
     const i64 lane_row = first_row + lane;
     bool lane_zero = false;
-    if (lane < count && lane_row < zero_rows)
+    if (lane < a.rows_per_zero_block && lane_row < zero_rows)
         lane_zero = lane_row >= a.num_expanded || a.num_tokens == 0 ||
                     __ldg(a.pos_to_expert + lane_row) < 0;
     return {first_row, __ballot_sync(0xffffffffu, lane_zero)};
-}
-
-// The rows of this zero-fill block.
-__device__ __forceinline__ ZeroRows rows_to_zero(const ExpandArgs& a) {
-    const i64 zero_block = static_cast<i64>(blockIdx.x - a.num_tokens) * gridDim.z + blockIdx.z;
-    return rows_to_zero_at(a, zero_block * a.rows_per_zero_block, a.rows_per_zero_block);
 }
 
 // Zero scale factors of the rows in `rows` (chunk 0's blocks only).
@@ -177,22 +168,16 @@ __device__ __forceinline__ void zero_sf_rows(const ExpandArgs& a, ZeroRows rows,
 #endif
 }
 
-// zero_data(p) zeroes this block's column chunk of data row p, for each of
-// `rows` that needs it; then their scale factors. zero_fill: a zero-fill
-// block's rows.
+// A zero-fill block: zero_data(p) zeroes this block's column chunk of data
+// row p, for each of its rows that needs it; then their scale factors.
 template <typename ZeroData>
-__device__ __forceinline__ void zero_rows(const ExpandArgs& a, ZeroRows rows, int threads,
-                                          ZeroData zero_data) {
+__device__ __forceinline__ void zero_fill(const ExpandArgs& a, int threads, ZeroData zero_data) {
+    const ZeroRows rows = rows_to_zero(a);
     for (unsigned mask = rows.mask; mask != 0; mask &= mask - 1) {
         const i64 p = rows.first_row + __ffs(mask) - 1;
         if (p < a.num_expanded) zero_data(p);
     }
     zero_sf_rows(a, rows, threads);
-}
-
-template <typename ZeroData>
-__device__ __forceinline__ void zero_fill(const ExpandArgs& a, int threads, ZeroData zero_data) {
-    zero_rows(a, rows_to_zero(a), threads, zero_data);
 }
 
 template <int VEC_BYTES>
@@ -277,22 +262,12 @@ DEFINE_EXPAND_KERNEL(1)
 // instructions per byte and many small blocks per SM keep more loads in
 // flight than the register variant: measured +4 points of the copy bandwidth
 // on kimi-k2-prefill, +13 on qwen3-30b-prefill (benchmarks/NOTES.md, v5).
-// Scale factors and zero-fill use ordinary loads and stores; with
-// fused_zero_rows > 0 (small batches) the token blocks do the zero-fill
-// themselves while their chunk is in flight, and the grid has no zero-fill
-// blocks.
+// Scale factors and zero-fill use ordinary loads and stores.
 
 #define BULK_THREADS 32
 
 __device__ __forceinline__ unsigned shared_address(const void* p) {
     return static_cast<unsigned>(__cvta_generic_to_shared(p));
-}
-
-// Zero one chunk of a 16-byte-vector row with the warp's ordinary stores.
-__device__ __forceinline__ void zero_bulk_chunk(const ExpandArgs& a, i64 row, i64 n_vec,
-                                                i64 chunk_begin, i64 chunk_vecs) {
-    uint4* dst = reinterpret_cast<uint4*>(a.out) + row * n_vec + chunk_begin;
-    for (i64 i = threadIdx.x; i < chunk_vecs; i += BULK_THREADS) store_once(dst + i, make_uint4(0, 0, 0, 0));
 }
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -365,16 +340,6 @@ extern "C" __global__ void __launch_bounds__(BULK_THREADS) expand_to_fused_bulk(
             }
         }
 #endif
-        if (a.fused_zero_rows > 0) {
-            // Small batches: this block's share of the zero-fill, while its
-            // chunk is in flight (no zero-fill blocks in the grid).
-            const i64 first = t * a.fused_zero_rows;
-            for (int g = 0; g < a.fused_zero_rows; g += BULK_THREADS) {
-                zero_rows(a, rows_to_zero_at(a, first + g, min(BULK_THREADS, a.fused_zero_rows - g)),
-                          BULK_THREADS, [&](i64 row) { zero_bulk_chunk(a, row, n_vec, chunk_begin,
-                                                                       chunk_vecs); });
-            }
-        }
         asm volatile("{\n"
                      ".reg .pred done;\n"
                      "WAIT_LOADED_%=:\n"
@@ -392,7 +357,10 @@ extern "C" __global__ void __launch_bounds__(BULK_THREADS) expand_to_fused_bulk(
     }
 
     // Zero-fill, as in the register variant, for this block's chunk.
-    zero_fill(a, BULK_THREADS, [&](i64 p) { zero_bulk_chunk(a, p, n_vec, chunk_begin, chunk_vecs); });
+    zero_fill(a, BULK_THREADS, [&](i64 p) {
+        uint4* dst = reinterpret_cast<uint4*>(a.out) + p * n_vec + chunk_begin;
+        for (i64 i = lane; i < chunk_vecs; i += BULK_THREADS) store_once(dst + i, make_uint4(0, 0, 0, 0));
+    });
 #else
     __trap();  // the host launches this kernel on sm_90 and newer only
 #endif

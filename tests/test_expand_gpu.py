@@ -211,18 +211,14 @@ def test_odd_hidden_with_sf(hidden, top_k, npc, layout, kind, kernel_path):
 
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("layout", ["none", "row-f32", "col-ue8m0"])
-@pytest.mark.parametrize(("zero_rows", "fused", "num_tokens"), [
-    (1, False, 40), (5, False, 40), (32, False, 40),
-    # bulk kernel: token blocks zero-fill their share (7 rows each; 88 rows
-    # each, in three ballots of up to 32)
-    (4, True, 40), (4, True, 3)])
-def test_zero_fill_block_sizes(zero_rows, fused, num_tokens, layout, kind, kernel_path):
+@pytest.mark.parametrize("zero_rows", [1, 5, 32])
+@pytest.mark.parametrize("num_tokens", [3, 40])
+def test_zero_fill_block_sizes(zero_rows, num_tokens, layout, kind, kernel_path):
     # Padding scattered through X (alignment 4, dropped slots) and a tail; X
     # neither a multiple of the rows per zero-fill block nor of 4. Every row
     # count a warp ballot can cover, the last block short.
     saved = dict(_gpu.GRID_POLICY)
-    _gpu.configure(grid_policy={"ZERO_ROWS_BULK": zero_rows, "ZERO_ROWS_REGISTERS": zero_rows,
-                                "BULK_FUSE_ZERO_BELOW": math.inf if fused else 0.0})
+    _gpu.configure(grid_policy={"ZERO_ROWS_BULK": zero_rows, "ZERO_ROWS_REGISTERS": zero_rows})
     try:
         rng = np.random.default_rng()
         top_k, hidden = 4, 1024

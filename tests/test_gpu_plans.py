@@ -24,9 +24,9 @@ def test_configure_forgets_plans_made_under_other_settings():
 
 
 def test_argument_blocks_match_the_kernel_structs():
-    # struct ExpandArgs: 6 pointers, an int64, 9 int32 padded to the struct's
-    # 8-byte alignment; RoutingArgs: 4 pointers, an int64, an int32, padded.
-    assert _gpu._EXPAND_ARGS.size == 6 * 8 + 8 + 9 * 4 + 4
+    # struct ExpandArgs: 6 pointers, an int64, 8 int32; RoutingArgs: 4
+    # pointers, an int64, an int32 padded to the struct's 8-byte alignment.
+    assert _gpu._EXPAND_ARGS.size == 6 * 8 + 8 + 8 * 4
     assert _gpu._ROUTING_ARGS.size == 4 * 8 + 8 + 8
 
 
@@ -58,8 +58,7 @@ def test_bulk_kernel_chunks_for_the_batch(fake_h200, num_tokens, hidden, chunk_b
     launch = _launch_for(num_tokens, hidden)
     assert launch.handle == "expand_to_fused_bulk"
     assert (launch.threads, launch.shared_bytes, launch.grid_y) == (32, chunk_bytes, chunks)
-    # vecs_per_thread, slots_per_block, fused_zero_rows
-    assert launch.tail[-3:] == (chunk_bytes // 16 // 32, 8, 0)
+    assert launch.tail[-2:] == (chunk_bytes // 16 // 32, 8)  # vecs_per_thread, slots_per_block
     assert (chunks - 1) * chunk_bytes < launch.tail[0] <= chunks * chunk_bytes  # row_bytes
 
 
@@ -135,28 +134,6 @@ def test_rows_per_zero_fill_block_must_fit_a_warp_ballot(fake_h200, rows):
         with pytest.raises(ValueError, match=rf"rows per zero-fill block must be in 1 \.\. 32, "
                                              rf"not {rows}"):
             _launch_for(1, 7168)
-    finally:
-        _gpu.configure(grid_policy=policy)
-
-
-@pytest.mark.parametrize(("num_tokens", "num_expanded", "col_major", "fused_rows"), [
-    (32, 256, False, 8),      # kimi-k2-small: 224 bulk blocks, 8 rows per token block
-    (3, 263, False, 88),      # more rows than a warp ballot covers: three of them
-    (3, 263, True, 88),       # column-major SF: align(263, 4) = 264 rows, pad columns too
-])
-def test_bulk_token_blocks_take_the_zero_fill_below_the_threshold(
-        fake_h200, num_tokens, num_expanded, col_major, fused_rows):
-    policy = dict(_gpu.GRID_POLICY)
-    _gpu.configure(grid_policy={"BULK_FUSE_ZERO_BELOW": float("inf"), "BULK_MIN_BLOCKS": 0.0})
-    try:
-        sf = {"sf_columns": 2, "sf_col_major": True} if col_major else {}
-        problem = ExpandProblem(num_tokens, 7168, 8, num_expanded,
-                                "float8_e4m3fn" if col_major else "bfloat16", **sf)
-        launch = _gpu._Plan(problem, 1 if col_major else 2, 0).kernel(16)
-        assert launch.handle == "expand_to_fused_bulk"
-        assert launch.grid_x == num_tokens  # no zero-fill blocks
-        assert launch.tail[-1] == fused_rows
-        assert fused_rows * num_tokens >= (264 if col_major else num_expanded)
     finally:
         _gpu.configure(grid_policy=policy)
 
