@@ -92,7 +92,6 @@ def _defines(sf_mode: int) -> tuple[tuple[str, int], ...]:
     return (("CUPY_MOE_SF_MODE", sf_mode), *sorted(KERNEL_CONFIG.items()))
 
 
-
 def _function(device: int, sf_mode: int, name: str) -> int:
     """Driver handle of kernel ``name`` of the ``sf_mode`` variant on ``device``."""
     defines = _defines(sf_mode)
