@@ -1,0 +1,51 @@
+"""The write-only ceiling of each bandwidth-bound workload: a cudaMemsetAsync
+of its output bytes, timed like the op (L2 flushed, CUDA events), as a share of
+the same-run copy bandwidth over the op's bytes. GPU only.
+
+    python benchmarks/memset_floor.py [--iters N]
+
+A kernel that writes the output cannot finish before a memset of it, so
+"% copy" of the memset is the most the op can reach on that shape under this
+timing (reads come on top).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import cupy
+
+from cupy_moe import bench, load_workloads
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--iters", type=int, default=30)
+    args = parser.parse_args()
+    timer = bench.GpuTimer()
+    copy_tbps = timer.copy_tbps()
+    print(f"copy roofline {copy_tbps:.2f} TB/s")
+    print("| workload | MB (op) | output MB | memset µs | memset % copy (op bytes) |")
+    print("|---|---|---|---|---|")
+    for op in ("expand_to_fused", "expand_to_fused_with_sf"):
+        for w in load_workloads(op):
+            if w.bytes <= bench.GRAPH_MAX_BYTES:
+                continue  # launch-bound shapes: graph time is their figure
+            item = 1 if w.dtype == "float8_e4m3fn" else 2
+            out_bytes = w.num_expanded * w.hidden * item
+            if w.sf_columns is not None:
+                rows = -(-w.num_expanded // 4) * 4 if w.use_tma_aligned_col_major_sf else w.num_expanded
+                out_bytes += rows * w.sf_columns * 4
+            buffer = cupy.empty(out_bytes, dtype=cupy.uint8)
+            stream = cupy.cuda.get_current_stream().ptr
+            us = timer.median_us(
+                lambda buffer=buffer, stream=stream: cupy.cuda.runtime.memsetAsync(
+                    buffer.data.ptr, 0, buffer.nbytes, stream), args.iters)
+            print(f"| {w.label} | {w.bytes / 1e6:.2f} | {out_bytes / 1e6:.2f} | {us:.1f} | "
+                  f"{100 * w.bytes / us / 1e6 / copy_tbps:.1f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
