@@ -23,6 +23,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--iters", type=int, default=30)
     args = parser.parse_args()
+    if args.iters < 1:
+        parser.error(f"--iters must be >= 1, got {args.iters}")
     timer = bench.GpuTimer()
     copy_tbps = timer.copy_tbps()
     print(f"copy roofline {copy_tbps:.2f} TB/s")

@@ -132,8 +132,13 @@ def main() -> int:
     parser.add_argument("--only", nargs="*", metavar="LABEL", help="workload labels (default: all)")
     parser.add_argument("--json", metavar="PATH")
     args = parser.parse_args()
-    workloads = [w for op in ("expand_to_fused", "expand_to_fused_with_sf")
-                 for w in load_workloads(op) if not args.only or w.label in args.only]
+    if args.rounds < 1 or args.iters < 1:
+        parser.error(f"--rounds and --iters must be >= 1, got {args.rounds} and {args.iters}")
+    every = [w for op in ("expand_to_fused", "expand_to_fused_with_sf") for w in load_workloads(op)]
+    unknown = sorted(set(args.only or ()) - {w.label for w in every})
+    if unknown:
+        parser.error(f"--only: unknown workload label(s) {', '.join(unknown)}")
+    workloads = [w for w in every if not args.only or w.label in args.only]
     timer = bench.GpuTimer()
     copy_tbps = timer.copy_tbps()
     rng = np.random.default_rng()

@@ -151,3 +151,37 @@ def test_torch_column_major_sf_buffer_holds_the_pad_columns(num_expanded, sf_col
         assert out_sf.stride() == (1, leading_dim)
     assert out_sf.untyped_storage().nbytes() == sf_columns * leading_dim * 4
     assert out_sf.dtype == torch.int32
+
+
+def test_torch_signature_keys_everything_the_checks_read():
+    # CPU tensors stand in for CUDA ones: the key is built the same way.
+    torch = pytest.importorskip("torch")
+    x = torch.zeros(2, 8, dtype=torch.bfloat16)
+    m = torch.zeros(2, 3, dtype=torch.int32)
+    p = torch.zeros(6, dtype=torch.int32)
+    sf = torch.zeros(2, 1, dtype=torch.float32)
+    out = torch.zeros(6, 8, dtype=torch.bfloat16)
+
+    def key(*args, npc=None, col=False):
+        return _gpu._torch_signature(*args, npc, col)
+
+    base = key(x, None, m, p, None, None)
+    assert base[-1] is True  # all contiguous
+    variants = [
+        key(x[:, :4], None, m, p, None, None),                   # another shape
+        key(x.half(), None, m, p, None, None),                   # another dtype
+        key(x, None, m.long(), p, None, None),                   # map dtype
+        key(x, None, m, p[:5], None, None),                      # X
+        key(x, None, m, p, out, None),                           # out given
+        key(x, sf, m, p, None, None, npc=128),                   # SF op
+        key(x, sf, m, p, None, None, npc=128, col=True),         # its layout
+    ]
+    assert len({base, *variants}) == len(variants) + 1
+    # an SF op with out and one with x_sf only never share a key
+    assert key(x, sf, m, p, out, None, npc=128) != key(x, sf, m, p, None, None, npc=128)
+    # a non-contiguous argument is keyed as such (the fast path never stores it)
+    assert key(x.t().contiguous().t(), None, m, p, None, None)[-1] is False
+    assert key(x, None, m, p, out[:, ::2], None)[-1] is False
+    # not taken: a caller's out_sf, an argument that is not exactly a tensor
+    assert key(x, sf, m, p, None, torch.zeros(2, 1), npc=128) is None
+    assert key(x, None, m.numpy(), p, None, None) is None
