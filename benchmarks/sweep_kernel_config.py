@@ -14,7 +14,7 @@ rounds, with the rounds' spread (max - min). Bandwidth-bound shapes: % of the
 same-run copy bandwidth (L2 flushed between iterations); decode and small
 shapes: GPU µs per call from CUDA-graph replays.
 
-Diagnostic rows (decode and small shapes only) replay the default plan's
+Diagnostic rows replay the default plan's
 launch changed in one way, to place the time of a step: "no SF words" moves
 no scale factors (sf_columns = 0), "no zero-fill blocks" launches the token
 blocks only, "zero-fill blocks find no padding rows" reads a pos_to_expert
@@ -44,15 +44,16 @@ DEFAULT_POLICY = dict(_gpu.GRID_POLICY)
 # stores from a zeroed stage, the bulk kernel without evict-first hints, and
 # bulk token blocks doing the zero-fill themselves; the switches of the ones
 # that lost are gone from the kernels)
+WHOLE_ROWS = {"BULK_ZERO_WHOLE_ROWS": 1}
 CONFIGS = [
     ("default", {}, {}),
-    ("register kernel below 2 x SMs bulk blocks", {"BULK_MIN_BLOCKS": 2.0}, {}),
-    ("2 rows per bulk zero-fill block", {"ZERO_ROWS_BULK": 2}, {}),
-    ("8 rows per bulk zero-fill block", {"ZERO_ROWS_BULK": 8}, {}),
-    ("bulk block target 8 x SMs", {"BULK_TARGET_BLOCKS": 8.0}, {}),
-    ("bulk block target 16 x SMs", {"BULK_TARGET_BLOCKS": 16.0}, {}),
-    ("bulk block target 16 x SMs, 8 rows per zero-fill block",
-     {"BULK_TARGET_BLOCKS": 16.0, "ZERO_ROWS_BULK": 8}, {}),
+    ("bulk zero-fill of whole rows, 1 row per block", {"ZERO_ROWS_BULK": 1}, WHOLE_ROWS),
+    ("bulk zero-fill of whole rows, 2 rows per block", {"ZERO_ROWS_BULK": 2}, WHOLE_ROWS),
+    ("bulk zero-fill of whole rows, 4 rows per block", {}, WHOLE_ROWS),
+    ("bulk zero-fill of whole rows, 8 rows per block", {"ZERO_ROWS_BULK": 8}, WHOLE_ROWS),
+    ("bulk zero-fill blocks first", {}, {"BULK_ZERO_FIRST": 1}),
+    ("bulk zero-fill blocks first, whole rows, 4 rows per block", {},
+     {**WHOLE_ROWS, "BULK_ZERO_FIRST": 1}),
 ]
 # tail fields of struct ExpandArgs after the 6 pointers (see _gpu._EXPAND_ARGS)
 _SF_COLUMNS_FIELD = 4
@@ -159,10 +160,9 @@ def main() -> int:
                     continue
                 cells[name].setdefault(w.label, []).append(
                     _time(w, call, timer, args.iters, copy_tbps))
-        if w.bytes <= bench.GRAPH_MAX_BYTES:
-            for name, run in _diagnostic_launches(w, inputs, outs):
-                cells.setdefault(name, {})[w.label] = [bench.torch_graph_us(run)
-                                                       for _ in range(args.rounds)]
+        for name, run in _diagnostic_launches(w, inputs, outs):
+            cells.setdefault(name, {})[w.label] = [_time(w, run, timer, args.iters, copy_tbps)
+                                                   for _ in range(args.rounds)]
         print(w.label, "done", file=sys.stderr, flush=True)
     _gpu.configure(kernel=DEFAULT_KERNEL, grid_policy=DEFAULT_POLICY)
 

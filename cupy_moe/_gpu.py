@@ -33,7 +33,7 @@ from .loader import get_module
 _SOURCE = "expand_to_fused.cu"
 # Compile-time configuration of the expand kernels (defines of the variant).
 KERNEL_CONFIG = {"EXPAND_THREADS": 256, "EXPAND_UNROLL": 4, "EXPAND_STREAMING": 1,
-                 "BULK_EVICT_FIRST": 1}
+                 "BULK_EVICT_FIRST": 1, "BULK_ZERO_WHOLE_ROWS": 0, "BULK_ZERO_FIRST": 0}
 # Grid policy (see _Plan._shape_grid); block counts in multiples of the SM count.
 # Bulk-copy kernel (sm_90+, 16-byte rows): used when rows cut into chunks of
 # BULK_MIN_CHUNK_BYTES give at least BULK_MIN_BLOCKS blocks; a row is cut into
@@ -185,7 +185,8 @@ class _Plan:
                 lane_vecs = -(-n_vec // (chunks * _BULK_THREADS))
                 return self._launch("expand_to_fused_bulk", vec_bytes, _BULK_THREADS, lane_vecs,
                                     top_k, lane_vecs * _BULK_THREADS * 16,
-                                    int(GRID_POLICY["ZERO_ROWS_BULK"]))
+                                    int(GRID_POLICY["ZERO_ROWS_BULK"]),
+                                    zero_whole_rows=bool(KERNEL_CONFIG["BULK_ZERO_WHOLE_ROWS"]))
         threads = KERNEL_CONFIG["EXPAND_THREADS"]
         vecs_per_thread = KERNEL_CONFIG["EXPAND_UNROLL"]
         chunks = -(-n_vec // (threads * vecs_per_thread))
@@ -197,7 +198,8 @@ class _Plan:
                             1 if split else top_k, 0, int(GRID_POLICY["ZERO_ROWS_REGISTERS"]))
 
     def _launch(self, kernel: str, vec_bytes: int, threads: int, vecs_per_thread: int,
-                slots_per_block: int, shared_bytes: int, rows_per_zero_block: int) -> _Launch:
+                slots_per_block: int, shared_bytes: int, rows_per_zero_block: int,
+                zero_whole_rows: bool = False) -> _Launch:
         chunk_bytes = threads * vecs_per_thread * vec_bytes
         chunks = -(-self.row_bytes // chunk_bytes)
         if chunks > _MAX_GRID_Y:
@@ -206,10 +208,12 @@ class _Plan:
         if not 1 <= rows_per_zero_block <= 32:  # one warp ballot covers a block's rows
             raise ValueError(f"rows per zero-fill block must be in 1 .. 32, not {rows_per_zero_block}")
         handle = _function(self.device, self.sf_mode, kernel)
-        # zero-fill blocks are numbered across the z planes (the kernel's rows_to_zero)
+        # zero-fill blocks are numbered across the z planes (the kernel's
+        # rows_to_zero); whole-row ones across the y planes too
         planes = -(-self.problem.top_k // slots_per_block)
         zero_blocks = -(-self.zero_rows // rows_per_zero_block)
-        grid = (self.problem.num_tokens + -(-zero_blocks // planes), chunks, planes)
+        spread = planes * chunks if zero_whole_rows else planes
+        grid = (self.problem.num_tokens + -(-zero_blocks // spread), chunks, planes)
         return _Launch(handle, grid, threads, shared_bytes,
                        (*self.tail, rows_per_zero_block, vecs_per_thread, slots_per_block))
 

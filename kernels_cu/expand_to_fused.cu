@@ -57,6 +57,18 @@ typedef long long i64;
 #ifndef BULK_EVICT_FIRST
 #define BULK_EVICT_FIRST 1
 #endif
+// Bulk kernel's zero-fill blocks. BULK_ZERO_WHOLE_ROWS 1: a zero-fill block
+// covers rows_per_zero_block whole rows (every column chunk), by bulk stores
+// from a zeroed stage, and the blocks are numbered over x >= T, y and z, so
+// there are gridDim.y times fewer of them; 0: each covers its column chunk
+// of its rows (as in the register kernel). BULK_ZERO_FIRST 1: zero-fill
+// blocks are the first blocks of each plane, token blocks after them.
+#ifndef BULK_ZERO_WHOLE_ROWS
+#define BULK_ZERO_WHOLE_ROWS 0
+#endif
+#ifndef BULK_ZERO_FIRST
+#define BULK_ZERO_FIRST 0
+#endif
 
 static_assert(EXPAND_THREADS % 32 == 0, "blocks are whole warps (the zero-fill ballots)");
 
@@ -140,8 +152,11 @@ struct ZeroRows {
     unsigned mask;
 };
 
-__device__ __forceinline__ ZeroRows rows_to_zero(const ExpandArgs& a) {
-    const i64 zero_block = static_cast<i64>(blockIdx.x - a.num_tokens) * gridDim.z + blockIdx.z;
+__device__ __forceinline__ i64 zero_block_of_chunk_grid(int zero_column) {
+    return static_cast<i64>(zero_column) * gridDim.z + blockIdx.z;
+}
+
+__device__ __forceinline__ ZeroRows rows_to_zero(const ExpandArgs& a, i64 zero_block) {
     const i64 first_row = zero_block * a.rows_per_zero_block;
 #if CUPY_MOE_SF_MODE == SF_COL_MAJOR
     const i64 zero_rows = a.sf_ld;
@@ -157,10 +172,9 @@ __device__ __forceinline__ ZeroRows rows_to_zero(const ExpandArgs& a) {
     return {first_row, __ballot_sync(0xffffffffu, lane_zero)};
 }
 
-// Zero scale factors of the rows in `rows` (chunk 0's blocks only).
+// Zero scale factors of the rows in `rows`.
 __device__ __forceinline__ void zero_sf_rows(const ExpandArgs& a, ZeroRows rows, int threads) {
 #if CUPY_MOE_SF_MODE != SF_NONE
-    if (blockIdx.y != 0) return;
     for (unsigned mask = rows.mask; mask != 0; mask &= mask - 1) {
         const i64 p = rows.first_row + __ffs(mask) - 1;
         for (int s = threadIdx.x; s < a.sf_columns; s += threads) store_sf_row(a.out_sf, a, p, s, 0u);
@@ -170,14 +184,16 @@ __device__ __forceinline__ void zero_sf_rows(const ExpandArgs& a, ZeroRows rows,
 
 // A zero-fill block: zero_data(p) zeroes this block's column chunk of data
 // row p, for each of its rows that needs it; then their scale factors.
+// (Scale factors by chunk 0's blocks only.)
 template <typename ZeroData>
-__device__ __forceinline__ void zero_fill(const ExpandArgs& a, int threads, ZeroData zero_data) {
-    const ZeroRows rows = rows_to_zero(a);
+__device__ __forceinline__ void zero_fill(const ExpandArgs& a, i64 zero_block, int threads,
+                                          ZeroData zero_data) {
+    const ZeroRows rows = rows_to_zero(a, zero_block);
     for (unsigned mask = rows.mask; mask != 0; mask &= mask - 1) {
         const i64 p = rows.first_row + __ffs(mask) - 1;
         if (p < a.num_expanded) zero_data(p);
     }
-    zero_sf_rows(a, rows, threads);
+    if (blockIdx.y == 0) zero_sf_rows(a, rows, threads);
 }
 
 template <int VEC_BYTES>
@@ -235,7 +251,7 @@ __device__ __forceinline__ void expand_to_fused_body(const ExpandArgs& a) {
 
     // Zero-fill: padding rows (all rows when there are no tokens) and, for the
     // column-major SF, the pad columns X .. sf_ld that a TMA load reads.
-    zero_fill(a, EXPAND_THREADS, [&](i64 p) {
+    zero_fill(a, zero_block_of_chunk_grid(block - a.num_tokens), EXPAND_THREADS, [&](i64 p) {
         zero_row_chunk<VEC_BYTES>(a.out, p, n_vec, vec_begin, vecs_per_thread);
     });
 }
@@ -310,9 +326,16 @@ extern "C" __global__ void __launch_bounds__(BULK_THREADS) expand_to_fused_bulk(
     const i64 chunk_begin = static_cast<i64>(blockIdx.y) * BULK_THREADS * a.vecs_per_thread;
     const i64 chunk_vecs = min(static_cast<i64>(BULK_THREADS) * a.vecs_per_thread, n_vec - chunk_begin);
     const unsigned chunk_bytes = static_cast<unsigned>(chunk_vecs * 16);
+#if BULK_ZERO_FIRST
+    const int zero_columns = gridDim.x - a.num_tokens;  // zero-fill blocks per plane
+    const int block = static_cast<int>(blockIdx.x) - zero_columns;
+    const int zero_column = blockIdx.x;
+#else
     const int block = blockIdx.x;
+    const int zero_column = block - a.num_tokens;
+#endif
 
-    if (block < a.num_tokens) {
+    if (block >= 0 && block < a.num_tokens) {
         const i64 t = block;
         const unsigned stage_at = shared_address(stage);
         const unsigned loaded_at = shared_address(&loaded);
@@ -356,11 +379,39 @@ extern "C" __global__ void __launch_bounds__(BULK_THREADS) expand_to_fused_bulk(
         return;
     }
 
+#if BULK_ZERO_WHOLE_ROWS
+    // Zero-fill of whole rows: zero blocks numbered over (column, y, z).
+    const i64 zero_block = (static_cast<i64>(blockIdx.z) * gridDim.y + blockIdx.y) *
+                           (gridDim.x - a.num_tokens) + zero_column;
+    const ZeroRows rows = rows_to_zero(a, zero_block);
+    // data rows only (the column-major SF's pad columns have no data row)
+    const i64 data_left = a.num_expanded - rows.first_row;
+    const unsigned data_rows = data_left >= 32 ? rows.mask
+                             : data_left <= 0 ? 0u : rows.mask & ((1u << data_left) - 1u);
+    if (data_rows != 0) {
+        const i64 stage_vecs = static_cast<i64>(BULK_THREADS) * a.vecs_per_thread;
+        uint4* zeros = reinterpret_cast<uint4*>(stage);
+        for (i64 i = lane; i < min(stage_vecs, n_vec); i += BULK_THREADS) zeros[i] = make_uint4(0, 0, 0, 0);
+        // the generic-proxy writes must be visible to the bulk engine's reads
+        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+        __syncwarp();
+        if ((data_rows >> lane) & 1u) {
+            unsigned char* row = a.out + (rows.first_row + lane) * a.row_bytes;
+            for (i64 begin = 0; begin < n_vec; begin += stage_vecs)
+                bulk_store(row + begin * 16, shared_address(stage),
+                           static_cast<unsigned>(min(stage_vecs, n_vec - begin) * 16));
+            asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+            asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
+        }
+    }
+    zero_sf_rows(a, rows, BULK_THREADS);
+#else
     // Zero-fill, as in the register variant, for this block's chunk.
-    zero_fill(a, BULK_THREADS, [&](i64 p) {
+    zero_fill(a, zero_block_of_chunk_grid(zero_column), BULK_THREADS, [&](i64 p) {
         uint4* dst = reinterpret_cast<uint4*>(a.out) + p * n_vec + chunk_begin;
         for (i64 i = lane; i < chunk_vecs; i += BULK_THREADS) store_once(dst + i, make_uint4(0, 0, 0, 0));
     });
+#endif
 #else
     __trap();  // the host launches this kernel on sm_90 and newer only
 #endif
