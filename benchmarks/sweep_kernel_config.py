@@ -44,16 +44,23 @@ DEFAULT_POLICY = dict(_gpu.GRID_POLICY)
 # stores from a zeroed stage, the bulk kernel without evict-first hints, and
 # bulk token blocks doing the zero-fill themselves; the switches of the ones
 # that lost are gone from the kernels)
-WHOLE_ROWS = {"BULK_ZERO_WHOLE_ROWS": 1}
+WHOLE_ROWS = {"BULK_ZERO_WHOLE_ROWS": 1}  # by bulk stores from a zeroed stage
+WHOLE_ROWS_STORES = {"BULK_ZERO_WHOLE_ROWS": 2}  # by 16-byte stores of the warp's lanes
 CONFIGS = [
     ("default", {}, {}),
-    ("bulk zero-fill of whole rows, 1 row per block", {"ZERO_ROWS_BULK": 1}, WHOLE_ROWS),
-    ("bulk zero-fill of whole rows, 2 rows per block", {"ZERO_ROWS_BULK": 2}, WHOLE_ROWS),
-    ("bulk zero-fill of whole rows, 4 rows per block", {}, WHOLE_ROWS),
-    ("bulk zero-fill of whole rows, 8 rows per block", {"ZERO_ROWS_BULK": 8}, WHOLE_ROWS),
-    ("bulk zero-fill blocks first", {}, {"BULK_ZERO_FIRST": 1}),
-    ("bulk zero-fill blocks first, whole rows, 4 rows per block", {},
-     {**WHOLE_ROWS, "BULK_ZERO_FIRST": 1}),
+    ("bulk zero-fill of whole rows by bulk stores, 2 rows per block", {"ZERO_ROWS_BULK": 2},
+     WHOLE_ROWS),
+    ("bulk zero-fill of whole rows by stores, 1 row per block", {"ZERO_ROWS_BULK": 1},
+     WHOLE_ROWS_STORES),
+    ("bulk zero-fill of whole rows by stores, 2 rows per block", {"ZERO_ROWS_BULK": 2},
+     WHOLE_ROWS_STORES),
+    ("bulk zero-fill of whole rows by stores, 4 rows per block", {}, WHOLE_ROWS_STORES),
+    ("bulk zero-fill blocks first, whole rows by bulk stores, 2 rows per block",
+     {"ZERO_ROWS_BULK": 2}, {**WHOLE_ROWS, "BULK_ZERO_FIRST": 1}),
+    ("bulk chunks >= 1 KiB, whole rows by bulk stores, 2 rows per block",
+     {"ZERO_ROWS_BULK": 2, "BULK_MIN_CHUNK_BYTES": 1024}, WHOLE_ROWS),
+    ("bulk chunks >= 1 KiB, whole rows by stores, 2 rows per block",
+     {"ZERO_ROWS_BULK": 2, "BULK_MIN_CHUNK_BYTES": 1024}, WHOLE_ROWS_STORES),
 ]
 # tail fields of struct ExpandArgs after the 6 pointers (see _gpu._EXPAND_ARGS)
 _SF_COLUMNS_FIELD = 4

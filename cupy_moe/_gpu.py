@@ -46,8 +46,8 @@ KERNEL_CONFIG = {"EXPAND_THREADS": 256, "EXPAND_UNROLL": 4, "EXPAND_STREAMING": 
 # few rows keep it from being the launch's longest block (benchmarks/NOTES.md v6).
 GRID_POLICY = {"BULK_MIN_BLOCKS": 1.0, "BULK_TARGET_BLOCKS": 12.0,
                "SHRINK_CHUNKS_BELOW": 2.0, "SPLIT_SLOTS_BELOW": 1.0,
-               "BULK_MAX_CHUNK_BYTES": 16384, "ZERO_ROWS_REGISTERS": 2, "ZERO_ROWS_BULK": 4}
-BULK_MIN_CHUNK_BYTES = 2048
+               "BULK_MIN_CHUNK_BYTES": 2048, "BULK_MAX_CHUNK_BYTES": 16384,
+               "ZERO_ROWS_REGISTERS": 2, "ZERO_ROWS_BULK": 4}
 BULK_SHARED_LIMIT = 16384  # the most dynamic shared memory the bulk kernel asks for
 _BULK_THREADS = 32
 _MAX_GRID_Y = 65535
@@ -176,7 +176,7 @@ class _Plan:
             # size, at most what the minimum size allows
             max_chunk = min(int(GRID_POLICY["BULK_MAX_CHUNK_BYTES"]), BULK_SHARED_LIMIT)
             fewest = -(-self.row_bytes // max_chunk)
-            most = max(fewest, self.row_bytes // BULK_MIN_CHUNK_BYTES)
+            most = max(fewest, self.row_bytes // int(GRID_POLICY["BULK_MIN_CHUNK_BYTES"]))
             enough = GRID_POLICY["BULK_MIN_BLOCKS"] * multiprocessors
             if num_tokens > 0 and num_tokens * most >= enough:
                 wanted = -(-int(GRID_POLICY["BULK_TARGET_BLOCKS"] * multiprocessors) // num_tokens)

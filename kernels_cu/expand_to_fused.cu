@@ -383,6 +383,16 @@ extern "C" __global__ void __launch_bounds__(BULK_THREADS) expand_to_fused_bulk(
     // Zero-fill of whole rows: zero blocks numbered over (column, y, z).
     const i64 zero_block = (static_cast<i64>(blockIdx.z) * gridDim.y + blockIdx.y) *
                            (gridDim.x - a.num_tokens) + zero_column;
+#if BULK_ZERO_WHOLE_ROWS == 2
+    // by 16-byte stores of all lanes, row after row
+    const ZeroRows rows = rows_to_zero(a, zero_block);
+    for (unsigned mask = rows.mask; mask != 0; mask &= mask - 1) {
+        const i64 p = rows.first_row + __ffs(mask) - 1;
+        if (p >= a.num_expanded) break;
+        uint4* dst = reinterpret_cast<uint4*>(a.out) + p * n_vec;
+        for (i64 i = lane; i < n_vec; i += BULK_THREADS) store_once(dst + i, make_uint4(0, 0, 0, 0));
+    }
+#else
     const ZeroRows rows = rows_to_zero(a, zero_block);
     // data rows only (the column-major SF's pad columns have no data row)
     const i64 data_left = a.num_expanded - rows.first_row;
@@ -404,6 +414,7 @@ extern "C" __global__ void __launch_bounds__(BULK_THREADS) expand_to_fused_bulk(
             asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
         }
     }
+#endif
     zero_sf_rows(a, rows, BULK_THREADS);
 #else
     // Zero-fill, as in the register variant, for this block's chunk.
