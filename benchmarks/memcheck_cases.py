@@ -78,8 +78,9 @@ def main() -> int:
                 run_case(rng, num_tokens, hidden, top_k, num_expanded, layout=layout)
                 run_case(rng, num_tokens, hidden, top_k, num_expanded, layout=layout, malformed=True)
                 cases += 2
-    # the bulk-copy kernel (sm_90+) on every batch size: 16-byte rows, whole
-    # or split into chunks with a short last one
+    # the bulk-copy kernels (sm_90+) on every batch size: 16-byte rows, whole
+    # or split into chunks with a short last one; rows of 8 KiB and more
+    # (16400) take the whole-row zero-fill kernel
     if not registers_only:
         _gpu.configure(grid_policy={"BULK_MIN_BLOCKS": 0.0})
     for layout in ("none", "row", "col-f32", "col-ue8m0"):

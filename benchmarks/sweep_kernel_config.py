@@ -42,25 +42,16 @@ DEFAULT_POLICY = dict(_gpu.GRID_POLICY)
 # (the rounds of benchmarks/NOTES.md v6 also ran 1 and 8 rows per register
 # zero-fill block, 1, 2, 8 and 32 per bulk one, bulk zero-fill by bulk
 # stores from a zeroed stage, the bulk kernel without evict-first hints, and
-# bulk token blocks doing the zero-fill themselves; the switches of the ones
-# that lost are gone from the kernels)
-WHOLE_ROWS = {"BULK_ZERO_WHOLE_ROWS": 1}  # by bulk stores from a zeroed stage
-WHOLE_ROWS_STORES = {"BULK_ZERO_WHOLE_ROWS": 2}  # by 16-byte stores of the warp's lanes
+# bulk token blocks doing the zero-fill themselves; v7's, whole-row zero-fill
+# blocks by lane stores, zero-fill blocks first in the grid and 1 KiB bulk
+# chunks; the switches of the ones that lost are gone from the kernels)
 CONFIGS = [
     ("default", {}, {}),
-    ("bulk zero-fill of whole rows by bulk stores, 2 rows per block", {"ZERO_ROWS_BULK": 2},
-     WHOLE_ROWS),
-    ("bulk zero-fill of whole rows by stores, 1 row per block", {"ZERO_ROWS_BULK": 1},
-     WHOLE_ROWS_STORES),
-    ("bulk zero-fill of whole rows by stores, 2 rows per block", {"ZERO_ROWS_BULK": 2},
-     WHOLE_ROWS_STORES),
-    ("bulk zero-fill of whole rows by stores, 4 rows per block", {}, WHOLE_ROWS_STORES),
-    ("bulk zero-fill blocks first, whole rows by bulk stores, 2 rows per block",
-     {"ZERO_ROWS_BULK": 2}, {**WHOLE_ROWS, "BULK_ZERO_FIRST": 1}),
-    ("bulk chunks >= 1 KiB, whole rows by bulk stores, 2 rows per block",
-     {"ZERO_ROWS_BULK": 2, "BULK_MIN_CHUNK_BYTES": 1024}, WHOLE_ROWS),
-    ("bulk chunks >= 1 KiB, whole rows by stores, 2 rows per block",
-     {"ZERO_ROWS_BULK": 2, "BULK_MIN_CHUNK_BYTES": 1024}, WHOLE_ROWS_STORES),
+    ("bulk zero-fill by chunks on every row length (v6)",
+     {"BULK_WHOLE_ROW_ZERO_FROM": float("inf")}, {}),
+    ("bulk zero-fill of whole rows on every row length", {"BULK_WHOLE_ROW_ZERO_FROM": 0}, {}),
+    ("1 whole row per bulk zero-fill block", {"ZERO_ROWS_BULK_WHOLE": 1}, {}),
+    ("3 whole rows per bulk zero-fill block", {"ZERO_ROWS_BULK_WHOLE": 3}, {}),
 ]
 # tail fields of struct ExpandArgs after the 6 pointers (see _gpu._EXPAND_ARGS)
 _SF_COLUMNS_FIELD = 4

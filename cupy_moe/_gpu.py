@@ -33,7 +33,7 @@ from .loader import get_module
 _SOURCE = "expand_to_fused.cu"
 # Compile-time configuration of the expand kernels (defines of the variant).
 KERNEL_CONFIG = {"EXPAND_THREADS": 256, "EXPAND_UNROLL": 4, "EXPAND_STREAMING": 1,
-                 "BULK_EVICT_FIRST": 1, "BULK_ZERO_WHOLE_ROWS": 0, "BULK_ZERO_FIRST": 0}
+                 "BULK_EVICT_FIRST": 1}
 # Grid policy (see _Plan._shape_grid); block counts in multiples of the SM count.
 # Bulk-copy kernel (sm_90+, 16-byte rows): used when rows cut into chunks of
 # BULK_MIN_CHUNK_BYTES give at least BULK_MIN_BLOCKS blocks; a row is cut into
@@ -44,10 +44,16 @@ KERNEL_CONFIG = {"EXPAND_THREADS": 256, "EXPAND_UNROLL": 4, "EXPAND_STREAMING": 
 # takes one slot. ZERO_ROWS_*: output rows per zero-fill block (1 .. 32) of
 # each kernel: a zero-fill block writes its padding rows one after another, so
 # few rows keep it from being the launch's longest block (benchmarks/NOTES.md v6).
+# Bulk rows of at least BULK_WHOLE_ROW_ZERO_FROM bytes are zero-filled by
+# blocks of ZERO_ROWS_BULK_WHOLE whole rows (expand_to_fused_bulk_zero_rows:
+# gridDim.y times fewer blocks), shorter ones by blocks of ZERO_ROWS_BULK
+# rows' column chunk; measured, not derived: whole rows won on the 14 KiB
+# rows of Kimi-K2 and lost on the 6-7 KiB ones (benchmarks/NOTES.md v7).
 GRID_POLICY = {"BULK_MIN_BLOCKS": 1.0, "BULK_TARGET_BLOCKS": 12.0,
                "SHRINK_CHUNKS_BELOW": 2.0, "SPLIT_SLOTS_BELOW": 1.0,
                "BULK_MIN_CHUNK_BYTES": 2048, "BULK_MAX_CHUNK_BYTES": 16384,
-               "ZERO_ROWS_REGISTERS": 2, "ZERO_ROWS_BULK": 4}
+               "ZERO_ROWS_REGISTERS": 2, "ZERO_ROWS_BULK": 4,
+               "BULK_WHOLE_ROW_ZERO_FROM": 8192, "ZERO_ROWS_BULK_WHOLE": 2}
 BULK_SHARED_LIMIT = 16384  # the most dynamic shared memory the bulk kernel asks for
 _BULK_THREADS = 32
 _MAX_GRID_Y = 65535
@@ -162,7 +168,8 @@ class _Plan:
 
         Large batches of 16-byte rows on sm_90+: the bulk-copy kernel, rows
         cut into the fewest equal chunks that make BULK_TARGET_BLOCKS blocks
-        (so prefill moves whole rows, medium batches quarter rows). Else the
+        (so prefill moves whole rows, medium batches quarter rows); long
+        rows are zero-filled by whole-row blocks. Else the
         register kernel: the biggest chunks, all K slots per block; when the
         tokens' chunks are too few to fill the chip (decode, small batches),
         chunks shrink to one access per thread and then each block takes one
@@ -183,10 +190,12 @@ class _Plan:
                 chunks = min(max(wanted, fewest), most)
                 # equal chunks of whole warps' accesses (the last may be shorter)
                 lane_vecs = -(-n_vec // (chunks * _BULK_THREADS))
-                return self._launch("expand_to_fused_bulk", vec_bytes, _BULK_THREADS, lane_vecs,
-                                    top_k, lane_vecs * _BULK_THREADS * 16,
-                                    int(GRID_POLICY["ZERO_ROWS_BULK"]),
-                                    zero_whole_rows=bool(KERNEL_CONFIG["BULK_ZERO_WHOLE_ROWS"]))
+                whole_rows = self.row_bytes >= GRID_POLICY["BULK_WHOLE_ROW_ZERO_FROM"]
+                return self._launch(
+                    "expand_to_fused_bulk_zero_rows" if whole_rows else "expand_to_fused_bulk",
+                    vec_bytes, _BULK_THREADS, lane_vecs, top_k, lane_vecs * _BULK_THREADS * 16,
+                    int(GRID_POLICY["ZERO_ROWS_BULK_WHOLE" if whole_rows else "ZERO_ROWS_BULK"]),
+                    zero_whole_rows=whole_rows)
         threads = KERNEL_CONFIG["EXPAND_THREADS"]
         vecs_per_thread = KERNEL_CONFIG["EXPAND_UNROLL"]
         chunks = -(-n_vec // (threads * vecs_per_thread))

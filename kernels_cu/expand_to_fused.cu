@@ -13,13 +13,15 @@
 //                          each, numbered across the z planes too: zero the
 //                          rows with pos_to_expert[p] < 0 (every row when
 //                          T == 0) and, column-major SF, the pad columns
-//                          X .. align(X, 4).
+//                          X .. align(X, 4). (expand_to_fused_bulk_zero_rows
+//                          numbers them across the y planes as well and
+//                          zeroes whole rows; see ZERO_ROWS below.)
 // Rows are raw bytes moved in VEC_BYTES accesses; the host picks the widest
 // width that divides the row length and both base addresses, so no row needs
 // a tail. Offsets are 64-bit. A slot outside [0, X) is skipped, never written.
 // Two kernels share this layout: expand_to_fused_v{16,8,4,2,1} hold chunks in
-// registers (every GPU, every batch); expand_to_fused_bulk moves 16-byte rows
-// through shared memory with the bulk-copy engine (sm_90+, batches that fill
+// registers (every GPU, every batch); expand_to_fused_bulk{,_zero_rows} move
+// 16-byte rows through shared memory with the bulk-copy engine (sm_90+, batches that fill
 // the chip; see its comment). The host (cupy_moe/_gpu.py) picks per call shape.
 //
 // CUPY_MOE_SF_MODE (set by the loader): 0 no scale factors, 1 row-major
@@ -56,18 +58,6 @@ typedef long long i64;
 // kimi-k2-prefill, benchmarks/NOTES.md v6).
 #ifndef BULK_EVICT_FIRST
 #define BULK_EVICT_FIRST 1
-#endif
-// Bulk kernel's zero-fill blocks. BULK_ZERO_WHOLE_ROWS 1: a zero-fill block
-// covers rows_per_zero_block whole rows (every column chunk), by bulk stores
-// from a zeroed stage, and the blocks are numbered over x >= T, y and z, so
-// there are gridDim.y times fewer of them; 0: each covers its column chunk
-// of its rows (as in the register kernel). BULK_ZERO_FIRST 1: zero-fill
-// blocks are the first blocks of each plane, token blocks after them.
-#ifndef BULK_ZERO_WHOLE_ROWS
-#define BULK_ZERO_WHOLE_ROWS 0
-#endif
-#ifndef BULK_ZERO_FIRST
-#define BULK_ZERO_FIRST 0
 #endif
 
 static_assert(EXPAND_THREADS % 32 == 0, "blocks are whole warps (the zero-fill ballots)");
@@ -278,7 +268,8 @@ DEFINE_EXPAND_KERNEL(1)
 // instructions per byte and many small blocks per SM keep more loads in
 // flight than the register variant: measured +4 points of the copy bandwidth
 // on kimi-k2-prefill, +13 on qwen3-30b-prefill (benchmarks/NOTES.md, v5).
-// Scale factors and zero-fill use ordinary loads and stores.
+// Scale factors use ordinary loads and stores; zero-fill, see ZERO_CHUNKS
+// and ZERO_ROWS below.
 
 #define BULK_THREADS 32
 
@@ -317,25 +308,30 @@ __device__ __forceinline__ void bulk_store(void* dst, unsigned stage, unsigned b
 }
 #endif
 
-extern "C" __global__ void __launch_bounds__(BULK_THREADS) expand_to_fused_bulk(const ExpandArgs a) {
+// Zero-fill blocks of the bulk kernel, two layouts (the host picks one by row
+// length, benchmarks/NOTES.md v7):
+//   ZERO_CHUNKS  as in the register kernel: a block zeroes its column chunk of
+//                its rows with 16-byte stores, chunk 0's blocks their scale
+//                factors; blocks numbered across the z planes.
+//   ZERO_ROWS    a block zeroes its rows whole (every chunk), by bulk stores
+//                from a zeroed stage, and their scale factors; blocks numbered
+//                across the y and z planes, so there are gridDim.y times fewer.
+enum BulkZeroFill { ZERO_CHUNKS, ZERO_ROWS };
+
+template <BulkZeroFill ZERO_FILL>
+__device__ __forceinline__ void expand_to_fused_bulk_body(const ExpandArgs& a) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     extern __shared__ __align__(128) unsigned char stage[];
     __shared__ __align__(8) unsigned long long loaded;
     const int lane = threadIdx.x;
     const i64 n_vec = a.row_bytes / 16;
-    const i64 chunk_begin = static_cast<i64>(blockIdx.y) * BULK_THREADS * a.vecs_per_thread;
-    const i64 chunk_vecs = min(static_cast<i64>(BULK_THREADS) * a.vecs_per_thread, n_vec - chunk_begin);
+    const i64 stage_vecs = static_cast<i64>(BULK_THREADS) * a.vecs_per_thread;  // a full chunk
+    const i64 chunk_begin = static_cast<i64>(blockIdx.y) * stage_vecs;
+    const i64 chunk_vecs = min(stage_vecs, n_vec - chunk_begin);
     const unsigned chunk_bytes = static_cast<unsigned>(chunk_vecs * 16);
-#if BULK_ZERO_FIRST
-    const int zero_columns = gridDim.x - a.num_tokens;  // zero-fill blocks per plane
-    const int block = static_cast<int>(blockIdx.x) - zero_columns;
-    const int zero_column = blockIdx.x;
-#else
     const int block = blockIdx.x;
-    const int zero_column = block - a.num_tokens;
-#endif
 
-    if (block >= 0 && block < a.num_tokens) {
+    if (block < a.num_tokens) {
         const i64 t = block;
         const unsigned stage_at = shared_address(stage);
         const unsigned loaded_at = shared_address(&loaded);
@@ -379,33 +375,28 @@ extern "C" __global__ void __launch_bounds__(BULK_THREADS) expand_to_fused_bulk(
         return;
     }
 
-#if BULK_ZERO_WHOLE_ROWS
-    // Zero-fill of whole rows: zero blocks numbered over (column, y, z).
+    const int zero_column = block - a.num_tokens;
+    if (ZERO_FILL == ZERO_CHUNKS) {
+        zero_fill(a, zero_block_of_chunk_grid(zero_column), BULK_THREADS, [&](i64 p) {
+            uint4* dst = reinterpret_cast<uint4*>(a.out) + p * n_vec + chunk_begin;
+            for (i64 i = lane; i < chunk_vecs; i += BULK_THREADS) store_once(dst + i, make_uint4(0, 0, 0, 0));
+        });
+        return;
+    }
     const i64 zero_block = (static_cast<i64>(blockIdx.z) * gridDim.y + blockIdx.y) *
                            (gridDim.x - a.num_tokens) + zero_column;
-#if BULK_ZERO_WHOLE_ROWS == 2
-    // by 16-byte stores of all lanes, row after row
-    const ZeroRows rows = rows_to_zero(a, zero_block);
-    for (unsigned mask = rows.mask; mask != 0; mask &= mask - 1) {
-        const i64 p = rows.first_row + __ffs(mask) - 1;
-        if (p >= a.num_expanded) break;
-        uint4* dst = reinterpret_cast<uint4*>(a.out) + p * n_vec;
-        for (i64 i = lane; i < n_vec; i += BULK_THREADS) store_once(dst + i, make_uint4(0, 0, 0, 0));
-    }
-#else
     const ZeroRows rows = rows_to_zero(a, zero_block);
     // data rows only (the column-major SF's pad columns have no data row)
     const i64 data_left = a.num_expanded - rows.first_row;
     const unsigned data_rows = data_left >= 32 ? rows.mask
                              : data_left <= 0 ? 0u : rows.mask & ((1u << data_left) - 1u);
     if (data_rows != 0) {
-        const i64 stage_vecs = static_cast<i64>(BULK_THREADS) * a.vecs_per_thread;
         uint4* zeros = reinterpret_cast<uint4*>(stage);
         for (i64 i = lane; i < min(stage_vecs, n_vec); i += BULK_THREADS) zeros[i] = make_uint4(0, 0, 0, 0);
         // the generic-proxy writes must be visible to the bulk engine's reads
         asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
         __syncwarp();
-        if ((data_rows >> lane) & 1u) {
+        if ((data_rows >> lane) & 1u) {  // lane r zeroes row first_row + r
             unsigned char* row = a.out + (rows.first_row + lane) * a.row_bytes;
             for (i64 begin = 0; begin < n_vec; begin += stage_vecs)
                 bulk_store(row + begin * 16, shared_address(stage),
@@ -414,18 +405,19 @@ extern "C" __global__ void __launch_bounds__(BULK_THREADS) expand_to_fused_bulk(
             asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
         }
     }
-#endif
     zero_sf_rows(a, rows, BULK_THREADS);
 #else
-    // Zero-fill, as in the register variant, for this block's chunk.
-    zero_fill(a, zero_block_of_chunk_grid(zero_column), BULK_THREADS, [&](i64 p) {
-        uint4* dst = reinterpret_cast<uint4*>(a.out) + p * n_vec + chunk_begin;
-        for (i64 i = lane; i < chunk_vecs; i += BULK_THREADS) store_once(dst + i, make_uint4(0, 0, 0, 0));
-    });
+    __trap();  // the host launches these kernels on sm_90 and newer only
 #endif
-#else
-    __trap();  // the host launches this kernel on sm_90 and newer only
-#endif
+}
+
+extern "C" __global__ void __launch_bounds__(BULK_THREADS) expand_to_fused_bulk(const ExpandArgs a) {
+    expand_to_fused_bulk_body<ZERO_CHUNKS>(a);
+}
+
+extern "C" __global__ void __launch_bounds__(BULK_THREADS)
+expand_to_fused_bulk_zero_rows(const ExpandArgs a) {
+    expand_to_fused_bulk_body<ZERO_ROWS>(a);
 }
 
 // ---------------------------------------------------------------------------

@@ -43,13 +43,23 @@ except ImportError:  # pragma: no cover
     _HAS_TORCH_CUDA = False
 
 
-@pytest.fixture(params=["bulk", "registers"])
+# grid policies that force one kernel (the bulk ones wherever the device and
+# the row's alignment allow them) whatever the batch size
+_KERNEL_PATHS = {
+    "bulk": {"BULK_MIN_BLOCKS": 0.0, "BULK_WHOLE_ROW_ZERO_FROM": math.inf},
+    # whole-row zero-fill blocks on every row length, rows cut into 512-byte
+    # chunks so that even short test rows span several y planes
+    "bulk-zero-rows": {"BULK_MIN_BLOCKS": 0.0, "BULK_WHOLE_ROW_ZERO_FROM": 0,
+                       "BULK_MIN_CHUNK_BYTES": 512},
+    "registers": {"BULK_MIN_BLOCKS": math.inf},
+}
+
+
+@pytest.fixture(params=sorted(_KERNEL_PATHS))
 def kernel_path(request):
-    """Force the bulk-copy kernel (wherever the device and the row's alignment
-    allow it) or the register kernel, whatever the batch size."""
+    """Force the bulk-copy kernel with either zero-fill layout, or the register kernel."""
     saved = dict(_gpu.GRID_POLICY)
-    _gpu.configure(grid_policy={
-        "BULK_MIN_BLOCKS": 0.0 if request.param == "bulk" else math.inf})
+    _gpu.configure(grid_policy=_KERNEL_PATHS[request.param])
     yield request.param
     _gpu.configure(grid_policy=saved)
 

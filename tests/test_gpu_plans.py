@@ -56,7 +56,9 @@ def _launch_for(num_tokens, hidden, item_bytes=2, vec_bytes=16, top_k=8, **sf):
 ])
 def test_bulk_kernel_chunks_for_the_batch(fake_h200, num_tokens, hidden, chunk_bytes, chunks):
     launch = _launch_for(num_tokens, hidden)
-    assert launch.handle == "expand_to_fused_bulk"
+    # rows of 8 KiB and more: zero-fill blocks of whole rows
+    assert launch.handle == ("expand_to_fused_bulk_zero_rows" if hidden * 2 >= 8192
+                             else "expand_to_fused_bulk")
     assert (launch.threads, launch.shared_bytes, launch.grid_y) == (32, chunk_bytes, chunks)
     assert launch.tail[-2:] == (chunk_bytes // 16 // 32, 8)  # vecs_per_thread, slots_per_block
     assert (chunks - 1) * chunk_bytes < launch.tail[0] <= chunks * chunk_bytes  # row_bytes
@@ -95,7 +97,7 @@ def test_forcing_a_kernel_reaches_small_batches(fake_h200, bulk_min_blocks, hand
     _gpu.configure(grid_policy={"BULK_MIN_BLOCKS": bulk_min_blocks})
     try:
         assert _launch_for(5, 16).handle == handle
-        assert _launch_for(4096, 7168).handle == handle
+        assert _launch_for(4096, 7168).handle.startswith(handle)  # bulk: either zero-fill
     finally:
         _gpu.configure(grid_policy=policy)
 
@@ -108,8 +110,14 @@ def test_forcing_a_kernel_reaches_small_batches(fake_h200, bulk_min_blocks, hand
     (1, 7168, 40, False, (1 + 3, 4, 8)),
     # column-major SF: the pad columns count, align(18, 4) = 20 rows
     (1, 1024, 18, True, (1 + 2, 1, 8)),
-    # prefill, bulk kernel, one plane: 32768 rows in 4-row blocks
-    (4096, 7168, 32768, False, (4096 + 8192, 1, 1)),
+    # qwen3-30b-medium, bulk kernel, 3 chunks: 4096 rows in 4-row blocks of a chunk
+    (512, 3072, 4096, False, (512 + 1024, 3, 1)),
+    # kimi-k2-prefill, 14 KiB rows: 32768 rows in 2-row blocks of whole rows
+    (4096, 7168, 32768, False, (4096 + 16384, 1, 1)),
+    # kimi-k2-medium, 4 chunks: 2048 whole-row blocks, numbered across the y planes
+    (512, 7168, 4096, False, (512 + 512, 4, 1)),
+    # kimi-k2-small, 7 chunks: 128 whole-row blocks over 7 planes, 19 columns (5 idle)
+    (32, 7168, 256, False, (32 + 19, 7, 1)),
 ])
 def test_zero_fill_blocks_span_the_slot_planes(fake_h200, num_tokens, hidden, num_expanded,
                                                col_major, grid):
@@ -123,7 +131,8 @@ def test_zero_fill_blocks_span_the_slot_planes(fake_h200, num_tokens, hidden, nu
     zero_rows = -(-num_expanded // 4) * 4 if col_major else num_expanded
     # every row is some zero-fill block's, and no whole column of blocks is idle
     columns = launch.grid_x - num_tokens
-    assert columns * launch.grid_z * rows >= zero_rows > (columns - 1) * launch.grid_z * rows
+    planes = launch.grid_z * (launch.grid_y if launch.handle.endswith("_zero_rows") else 1)
+    assert columns * planes * rows >= zero_rows > (columns - 1) * planes * rows
 
 
 @pytest.mark.parametrize("rows", [0, 33])
