@@ -42,6 +42,11 @@ def main() -> int:
     plan = _gpu._torch_plans[signature]
     out = torch.empty((16, 7168), dtype=torch.bfloat16, device="cuda")
     rows = torch.arange(1, device="cuda").repeat_interleave(8)[m.reshape(-1) >= 0]
+    # the SF op on kimi-k2-decode-sf-row-major: fp8 rows, 56 float32 scale factors
+    x8 = torch.randint(0, 256, (1, 7168), dtype=torch.uint8, device="cuda").view(
+        torch.float8_e4m3fn)
+    x_sf = torch.rand(1, 56, device="cuda")
+    cupy_moe.expand_to_fused_with_sf(x8, x_sf, m, p, num_per_channels=128)
     steps = {
         "python call of a no-op": lambda: None,
         "torch.empty(shape, dtype, device)": lambda: torch.empty((16, 7168), dtype=torch.bfloat16,
@@ -58,6 +63,13 @@ def main() -> int:
         "whole call, out= given": lambda: cupy_moe.expand_to_fused(x, m, p, out=out),
         "whole call, allocating": lambda: cupy_moe.expand_to_fused(x, m, p),
         "torch index_select of the same rows": lambda: x.index_select(0, rows),
+        "SF op (row-major SF), whole call, allocating": lambda: cupy_moe.expand_to_fused_with_sf(
+            x8, x_sf, m, p, num_per_channels=128),
+        "x_sf.new_empty(shape) (the SF op's second output)": lambda: x_sf.new_empty(16, 56),
+        "torch index_select of the fp8 rows (what the bench compares the SF op with)":
+            lambda: x8.index_select(0, rows),
+        "torch index_select of the fp8 rows and of their scale factors":
+            lambda: (x8.index_select(0, rows), x_sf.index_select(0, rows)),
         # torch's own launch path for a trivial kernel: the floor under any
         # torch op on this machine
         "torch.cuda._sleep(0) (a bare torch kernel launch)": lambda: torch.cuda._sleep(0),
