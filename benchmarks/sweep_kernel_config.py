@@ -49,9 +49,10 @@ CONFIGS = [
     ("default", {}, {}),
     ("bulk zero-fill by chunks on every row length (v6)",
      {"BULK_WHOLE_ROW_ZERO_FROM": float("inf")}, {}),
-    ("bulk zero-fill of whole rows on every row length", {"BULK_WHOLE_ROW_ZERO_FROM": 0}, {}),
-    ("1 whole row per bulk zero-fill block", {"ZERO_ROWS_BULK_WHOLE": 1}, {}),
-    ("3 whole rows per bulk zero-fill block", {"ZERO_ROWS_BULK_WHOLE": 3}, {}),
+    ("bulk block target 8 x SMs", {"BULK_TARGET_BLOCKS": 8.0}, {}),
+    ("bulk block target 16 x SMs", {"BULK_TARGET_BLOCKS": 16.0}, {}),
+    ("bulk chunks <= 7 KiB (kimi prefill: halves)", {"BULK_MAX_CHUNK_BYTES": 7168}, {}),
+    ("bulk copies without the evict-first hint", {}, {"BULK_EVICT_FIRST": 0}),
 ]
 # tail fields of struct ExpandArgs after the 6 pointers (see _gpu._EXPAND_ARGS)
 _SF_COLUMNS_FIELD = 4
