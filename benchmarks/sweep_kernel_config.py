@@ -47,12 +47,13 @@ DEFAULT_POLICY = dict(_gpu.GRID_POLICY)
 # chunks; the switches of the ones that lost are gone from the kernels)
 CONFIGS = [
     ("default", {}, {}),
-    ("bulk zero-fill by chunks on every row length (v6)",
-     {"BULK_WHOLE_ROW_ZERO_FROM": float("inf")}, {}),
-    ("bulk block target 8 x SMs", {"BULK_TARGET_BLOCKS": 8.0}, {}),
-    ("bulk block target 16 x SMs", {"BULK_TARGET_BLOCKS": 16.0}, {}),
-    ("bulk chunks <= 7 KiB (kimi prefill: halves)", {"BULK_MAX_CHUNK_BYTES": 7168}, {}),
-    ("bulk copies without the evict-first hint", {}, {"BULK_EVICT_FIRST": 0}),
+    ("2 tokens per bulk token block", {"BULK_TOKENS_PER_BLOCK": 2}, {}),
+    ("4 tokens per bulk token block", {"BULK_TOKENS_PER_BLOCK": 4}, {}),
+    ("8 tokens per bulk token block", {"BULK_TOKENS_PER_BLOCK": 8}, {}),
+    ("2 tokens per bulk token block, block target 24 x SMs",
+     {"BULK_TOKENS_PER_BLOCK": 2, "BULK_TARGET_BLOCKS": 24.0}, {}),
+    ("4 tokens per bulk token block, block target 48 x SMs",
+     {"BULK_TOKENS_PER_BLOCK": 4, "BULK_TARGET_BLOCKS": 48.0}, {}),
 ]
 # tail fields of struct ExpandArgs after the 6 pointers (see _gpu._EXPAND_ARGS)
 _SF_COLUMNS_FIELD = 4
@@ -104,7 +105,8 @@ def _diagnostic_launches(w, args, outs):
     no_padding = torch.zeros(w.num_expanded, dtype=torch.int32, device="cuda")  # every row an expert's
     bits = plan.row_bytes | 16 | pointers[0] | pointers[3]
     launch = plan.kernel(bits & -bits)
-    variants = [("no zero-fill blocks", launch.tail, w.num_tokens, pointers),
+    token_columns = launch.tail[-1]
+    variants = [("no zero-fill blocks", launch.tail, token_columns, pointers),
                 ("zero-fill blocks find no padding rows", launch.tail, launch.grid_x,
                  (*pointers[:2], no_padding.data_ptr(), *pointers[3:]))]
     if "x_sf" in args:
