@@ -43,17 +43,16 @@ DEFAULT_POLICY = dict(_gpu.GRID_POLICY)
 # zero-fill block, 1, 2, 8 and 32 per bulk one, bulk zero-fill by bulk
 # stores from a zeroed stage, the bulk kernel without evict-first hints, and
 # bulk token blocks doing the zero-fill themselves; v7's, whole-row zero-fill
-# blocks by lane stores, zero-fill blocks first in the grid and 1 KiB bulk
-# chunks; the switches of the ones that lost are gone from the kernels)
+# blocks by lane stores, zero-fill blocks first in the grid, 1 KiB bulk
+# chunks and bulk token blocks looping over 2-8 tokens; the switches of the
+# ones that lost are gone from the kernels)
 CONFIGS = [
     ("default", {}, {}),
-    ("2 tokens per bulk token block", {"BULK_TOKENS_PER_BLOCK": 2}, {}),
-    ("4 tokens per bulk token block", {"BULK_TOKENS_PER_BLOCK": 4}, {}),
-    ("8 tokens per bulk token block", {"BULK_TOKENS_PER_BLOCK": 8}, {}),
-    ("2 tokens per bulk token block, block target 24 x SMs",
-     {"BULK_TOKENS_PER_BLOCK": 2, "BULK_TARGET_BLOCKS": 24.0}, {}),
-    ("4 tokens per bulk token block, block target 48 x SMs",
-     {"BULK_TOKENS_PER_BLOCK": 4, "BULK_TARGET_BLOCKS": 48.0}, {}),
+    ("bulk zero-fill by chunks on every row length (v6)",
+     {"BULK_WHOLE_ROW_ZERO_FROM": float("inf")}, {}),
+    ("bulk zero-fill of whole rows on every row length", {"BULK_WHOLE_ROW_ZERO_FROM": 0}, {}),
+    ("1 whole row per bulk zero-fill block", {"ZERO_ROWS_BULK_WHOLE": 1}, {}),
+    ("3 whole rows per bulk zero-fill block", {"ZERO_ROWS_BULK_WHOLE": 3}, {}),
 ]
 # tail fields of struct ExpandArgs after the 6 pointers (see _gpu._EXPAND_ARGS)
 _SF_COLUMNS_FIELD = 4
@@ -105,8 +104,7 @@ def _diagnostic_launches(w, args, outs):
     no_padding = torch.zeros(w.num_expanded, dtype=torch.int32, device="cuda")  # every row an expert's
     bits = plan.row_bytes | 16 | pointers[0] | pointers[3]
     launch = plan.kernel(bits & -bits)
-    token_columns = launch.tail[-1]
-    variants = [("no zero-fill blocks", launch.tail, token_columns, pointers),
+    variants = [("no zero-fill blocks", launch.tail, w.num_tokens, pointers),
                 ("zero-fill blocks find no padding rows", launch.tail, launch.grid_x,
                  (*pointers[:2], no_padding.data_ptr(), *pointers[3:]))]
     if "x_sf" in args:

@@ -53,8 +53,7 @@ GRID_POLICY = {"BULK_MIN_BLOCKS": 1.0, "BULK_TARGET_BLOCKS": 12.0,
                "SHRINK_CHUNKS_BELOW": 2.0, "SPLIT_SLOTS_BELOW": 1.0,
                "BULK_MIN_CHUNK_BYTES": 2048, "BULK_MAX_CHUNK_BYTES": 16384,
                "ZERO_ROWS_REGISTERS": 2, "ZERO_ROWS_BULK": 4,
-               "BULK_WHOLE_ROW_ZERO_FROM": 8192, "ZERO_ROWS_BULK_WHOLE": 2,
-               "BULK_TOKENS_PER_BLOCK": 1}
+               "BULK_WHOLE_ROW_ZERO_FROM": 8192, "ZERO_ROWS_BULK_WHOLE": 2}
 BULK_SHARED_LIMIT = 16384  # the most dynamic shared memory the bulk kernel asks for
 _BULK_THREADS = 32
 _MAX_GRID_Y = 65535
@@ -65,8 +64,8 @@ SF_NONE, SF_ROW_MAJOR, SF_COL_MAJOR = 0, 1, 2
 # struct ExpandArgs of expand_to_fused.cu: x, token_topk_to_pos, pos_to_expert,
 # out, x_sf, out_sf (pointers); row_bytes (int64); num_tokens, top_k,
 # num_expanded, sf_columns, sf_ld, rows_per_zero_block, vecs_per_thread,
-# slots_per_block, token_columns (int32), padded to 8 bytes.
-_EXPAND_ARGS = struct.Struct("<6Qq9i4x")
+# slots_per_block (int32).
+_EXPAND_ARGS = struct.Struct("<6Qq8i")
 _EXPAND_POINTERS = struct.Struct("<6Q")  # the leading pointers alone
 # struct RoutingArgs: token_topk_to_pos, pos_to_expert, first_slot, found
 # (pointers); num_slots (int64); num_expanded (int32), padded to 8 bytes.
@@ -196,8 +195,7 @@ class _Plan:
                     "expand_to_fused_bulk_zero_rows" if whole_rows else "expand_to_fused_bulk",
                     vec_bytes, _BULK_THREADS, lane_vecs, top_k, lane_vecs * _BULK_THREADS * 16,
                     int(GRID_POLICY["ZERO_ROWS_BULK_WHOLE" if whole_rows else "ZERO_ROWS_BULK"]),
-                    zero_whole_rows=whole_rows,
-                    tokens_per_block=int(GRID_POLICY["BULK_TOKENS_PER_BLOCK"]))
+                    zero_whole_rows=whole_rows)
         threads = KERNEL_CONFIG["EXPAND_THREADS"]
         vecs_per_thread = KERNEL_CONFIG["EXPAND_UNROLL"]
         chunks = -(-n_vec // (threads * vecs_per_thread))
@@ -210,7 +208,7 @@ class _Plan:
 
     def _launch(self, kernel: str, vec_bytes: int, threads: int, vecs_per_thread: int,
                 slots_per_block: int, shared_bytes: int, rows_per_zero_block: int,
-                zero_whole_rows: bool = False, tokens_per_block: int = 1) -> _Launch:
+                zero_whole_rows: bool = False) -> _Launch:
         chunk_bytes = threads * vecs_per_thread * vec_bytes
         chunks = -(-self.row_bytes // chunk_bytes)
         if chunks > _MAX_GRID_Y:
@@ -224,12 +222,9 @@ class _Plan:
         planes = -(-self.problem.top_k // slots_per_block)
         zero_blocks = -(-self.zero_rows // rows_per_zero_block)
         spread = planes * chunks if zero_whole_rows else planes
-        # token blocks first (tokens_per_block > 1: the bulk kernel's token loop)
-        token_columns = -(-self.problem.num_tokens // tokens_per_block)
-        grid = (token_columns + -(-zero_blocks // spread), chunks, planes)
+        grid = (self.problem.num_tokens + -(-zero_blocks // spread), chunks, planes)
         return _Launch(handle, grid, threads, shared_bytes,
-                       (*self.tail, rows_per_zero_block, vecs_per_thread, slots_per_block,
-                        token_columns))
+                       (*self.tail, rows_per_zero_block, vecs_per_thread, slots_per_block))
 
     def launch(self, stream: int, x: int, token_topk_to_pos: int, pos_to_expert: int,
                out: int, x_sf: int, out_sf: int) -> None:

@@ -8,9 +8,7 @@
 // blocks put more SMs to work when there are few tokens):
 //   blocks [0, T)          token t: load one chunk of x[t] into registers
 //                          once, store it to each valid slot of the block's
-//                          group; chunk 0 also moves x_sf[t]. (The bulk
-//                          kernel may take tokens x, x + C, ... in block x
-//                          of the first C = token_columns.)
+//                          group; chunk 0 also moves x_sf[t].
 //   blocks x >= T          zero-fill, rows_per_zero_block (<= 32) output rows
 //                          each, numbered across the z planes too: zero the
 //                          rows with pos_to_expert[p] < 0 (every row when
@@ -82,8 +80,6 @@ struct ExpandArgs {
     int rows_per_zero_block;          // 1 .. 32 (a warp ballot covers them)
     int vecs_per_thread;              // a chunk is blockDim.x * this many accesses
     int slots_per_block;              // 1 .. K
-    int token_columns;                // blocks x < this are token blocks (T, or
-                                      // fewer: the bulk kernel's token loop)
 };
 
 template <int N> struct VecOf;
@@ -198,7 +194,7 @@ __device__ __forceinline__ void expand_to_fused_body(const ExpandArgs& a) {
     const i64 vec_begin = static_cast<i64>(blockIdx.y) * (EXPAND_THREADS * vecs_per_thread);
     const int block = blockIdx.x;
 
-    if (block < a.token_columns) {
+    if (block < a.num_tokens) {
         // Scatter: one read of the chunk, a store per slot of the group.
         const i64 t = block;
         const int* slots = a.token_topk_to_pos + t * a.top_k;
@@ -245,7 +241,7 @@ __device__ __forceinline__ void expand_to_fused_body(const ExpandArgs& a) {
 
     // Zero-fill: padding rows (all rows when there are no tokens) and, for the
     // column-major SF, the pad columns X .. sf_ld that a TMA load reads.
-    zero_fill(a, zero_block_of_chunk_grid(block - a.token_columns), EXPAND_THREADS, [&](i64 p) {
+    zero_fill(a, zero_block_of_chunk_grid(block - a.num_tokens), EXPAND_THREADS, [&](i64 p) {
         zero_row_chunk<VEC_BYTES>(a.out, p, n_vec, vec_begin, vecs_per_thread);
     });
 }
@@ -335,60 +331,51 @@ __device__ __forceinline__ void expand_to_fused_bulk_body(const ExpandArgs& a) {
     const unsigned chunk_bytes = static_cast<unsigned>(chunk_vecs * 16);
     const int block = blockIdx.x;
 
-    if (block < a.token_columns) {
+    if (block < a.num_tokens) {
+        const i64 t = block;
         const unsigned stage_at = shared_address(stage);
         const unsigned loaded_at = shared_address(&loaded);
         if (lane == 0) {
             asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" :: "r"(loaded_at));
             asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+            asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;"
+                         :: "r"(loaded_at), "r"(chunk_bytes) : "memory");
+            bulk_load(stage_at, a.x + t * a.row_bytes + chunk_begin * 16, chunk_bytes, loaded_at);
         }
-        // tokens block, block + token_columns, ...: one after another through
-        // the one stage (token_columns == T: one token per block)
-        unsigned phase = 0;
-        for (i64 t = block; t < a.num_tokens; t += a.token_columns, phase ^= 1u) {
-            if (lane == 0) {
-                asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;"
-                             :: "r"(loaded_at), "r"(chunk_bytes) : "memory");
-                bulk_load(stage_at, a.x + t * a.row_bytes + chunk_begin * 16, chunk_bytes,
-                          loaded_at);
-            }
-            __syncwarp();
-            const int* slots = a.token_topk_to_pos + t * a.top_k;
-            const int k = blockIdx.z * a.slots_per_block + lane;
-            const int k_end = min(a.top_k, (blockIdx.z + 1) * a.slots_per_block);
-            const int p = k < k_end ? __ldg(slots + k) : -1;
+        __syncwarp();
+        const int* slots = a.token_topk_to_pos + t * a.top_k;
+        const int k = blockIdx.z * a.slots_per_block + lane;
+        const int k_end = min(a.top_k, (blockIdx.z + 1) * a.slots_per_block);
+        const int p = k < k_end ? __ldg(slots + k) : -1;
 #if CUPY_MOE_SF_MODE != SF_NONE
-            // Scale factors while the chunk is in flight (chunk 0's blocks only).
-            if (blockIdx.y == 0) {
-                for (int s = lane; s < a.sf_columns; s += BULK_THREADS) {
-                    const unsigned int word = a.x_sf[t * a.sf_columns + s];
-                    for (int j = blockIdx.z * a.slots_per_block; j < k_end; ++j) {
-                        const int q = __ldg(slots + j);
-                        if (q >= 0 && q < a.num_expanded) store_sf_row(a.out_sf, a, q, s, word);
-                    }
+        // Scale factors while the chunk is in flight (chunk 0's blocks only).
+        if (blockIdx.y == 0) {
+            for (int s = lane; s < a.sf_columns; s += BULK_THREADS) {
+                const unsigned int word = a.x_sf[t * a.sf_columns + s];
+                for (int j = blockIdx.z * a.slots_per_block; j < k_end; ++j) {
+                    const int q = __ldg(slots + j);
+                    if (q >= 0 && q < a.num_expanded) store_sf_row(a.out_sf, a, q, s, word);
                 }
             }
+        }
 #endif
-            asm volatile("{\n"
-                         ".reg .pred done;\n"
-                         "WAIT_LOADED_%=:\n"
-                         "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-                         "@!done bra WAIT_LOADED_%=;\n"
-                         "}" :: "r"(loaded_at), "r"(phase) : "memory");
-            if (p >= 0 && p < a.num_expanded) {
-                bulk_store(a.out + static_cast<i64>(p) * a.row_bytes + chunk_begin * 16, stage_at,
-                           chunk_bytes);
-                asm volatile("cp.async.bulk.commit_group;" ::: "memory");
-                // Neither the next load nor the block's exit may come while the
-                // engine still reads the stage.
-                asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
-            }
-            __syncwarp();
+        asm volatile("{\n"
+                     ".reg .pred done;\n"
+                     "WAIT_LOADED_%=:\n"
+                     "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], 0;\n"
+                     "@!done bra WAIT_LOADED_%=;\n"
+                     "}" :: "r"(loaded_at) : "memory");
+        if (p >= 0 && p < a.num_expanded) {
+            bulk_store(a.out + static_cast<i64>(p) * a.row_bytes + chunk_begin * 16, stage_at,
+                       chunk_bytes);
+            asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+            // The block may not retire while the engine still reads its stage.
+            asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
         }
         return;
     }
 
-    const int zero_column = block - a.token_columns;
+    const int zero_column = block - a.num_tokens;
     if (ZERO_FILL == ZERO_CHUNKS) {
         zero_fill(a, zero_block_of_chunk_grid(zero_column), BULK_THREADS, [&](i64 p) {
             uint4* dst = reinterpret_cast<uint4*>(a.out) + p * n_vec + chunk_begin;
@@ -397,7 +384,7 @@ __device__ __forceinline__ void expand_to_fused_bulk_body(const ExpandArgs& a) {
         return;
     }
     const i64 zero_block = (static_cast<i64>(blockIdx.z) * gridDim.y + blockIdx.y) *
-                           (gridDim.x - a.token_columns) + zero_column;
+                           (gridDim.x - a.num_tokens) + zero_column;
     const ZeroRows rows = rows_to_zero(a, zero_block);
     // data rows only (the column-major SF's pad columns have no data row)
     const i64 data_left = a.num_expanded - rows.first_row;

@@ -24,9 +24,9 @@ def test_configure_forgets_plans_made_under_other_settings():
 
 
 def test_argument_blocks_match_the_kernel_structs():
-    # struct ExpandArgs: 6 pointers, an int64, 9 int32; RoutingArgs: 4
-    # pointers, an int64, an int32; both padded to their 8-byte alignment.
-    assert _gpu._EXPAND_ARGS.size == 6 * 8 + 8 + 9 * 4 + 4
+    # struct ExpandArgs: 6 pointers, an int64, 8 int32; RoutingArgs: 4
+    # pointers, an int64, an int32 padded to the struct's 8-byte alignment.
+    assert _gpu._EXPAND_ARGS.size == 6 * 8 + 8 + 8 * 4
     assert _gpu._ROUTING_ARGS.size == 4 * 8 + 8 + 8
 
 
@@ -60,8 +60,7 @@ def test_bulk_kernel_chunks_for_the_batch(fake_h200, num_tokens, hidden, chunk_b
     assert launch.handle == ("expand_to_fused_bulk_zero_rows" if hidden * 2 >= 8192
                              else "expand_to_fused_bulk")
     assert (launch.threads, launch.shared_bytes, launch.grid_y) == (32, chunk_bytes, chunks)
-    # vecs_per_thread, slots_per_block, token_columns
-    assert launch.tail[-3:] == (chunk_bytes // 16 // 32, 8, num_tokens)
+    assert launch.tail[-2:] == (chunk_bytes // 16 // 32, 8)  # vecs_per_thread, slots_per_block
     assert (chunks - 1) * chunk_bytes < launch.tail[0] <= chunks * chunk_bytes  # row_bytes
 
 
