@@ -53,6 +53,12 @@ CONFIGS = [
     ("bulk zero-fill of whole rows on every row length", {"BULK_WHOLE_ROW_ZERO_FROM": 0}, {}),
     ("1 whole row per bulk zero-fill block", {"ZERO_ROWS_BULK_WHOLE": 1}, {}),
     ("3 whole rows per bulk zero-fill block", {"ZERO_ROWS_BULK_WHOLE": 3}, {}),
+    ("bulk slots in 2 planes below 2 x SMs blocks",
+     {"BULK_SPLIT_SLOTS_BELOW": 2.0, "BULK_SLOT_PLANES": 2}, {}),
+    ("bulk slots in 4 planes below 2 x SMs blocks",
+     {"BULK_SPLIT_SLOTS_BELOW": 2.0, "BULK_SLOT_PLANES": 4}, {}),
+    ("bulk slots in 8 planes below 2 x SMs blocks",
+     {"BULK_SPLIT_SLOTS_BELOW": 2.0, "BULK_SLOT_PLANES": 8}, {}),
 ]
 # tail fields of struct ExpandArgs after the 6 pointers (see _gpu._EXPAND_ARGS)
 _SF_COLUMNS_FIELD = 4

@@ -38,7 +38,9 @@ KERNEL_CONFIG = {"EXPAND_THREADS": 256, "EXPAND_UNROLL": 4, "EXPAND_STREAMING": 
 # Bulk-copy kernel (sm_90+, 16-byte rows): used when rows cut into chunks of
 # BULK_MIN_CHUNK_BYTES give at least BULK_MIN_BLOCKS blocks; a row is cut into
 # the fewest equal chunks (at most BULK_MAX_CHUNK_BYTES each) that give
-# BULK_TARGET_BLOCKS blocks, or as many as the minimum size allows.
+# BULK_TARGET_BLOCKS blocks, or as many as the minimum size allows; below
+# BULK_SPLIT_SLOTS_BELOW token chunks, the K slots are split into
+# BULK_SLOT_PLANES groups (z planes; a chunk is then loaded once per group).
 # Register kernel, small batches: below SHRINK_CHUNKS_BELOW token chunks,
 # chunks shrink to one access per thread; below SPLIT_SLOTS_BELOW, each block
 # takes one slot. ZERO_ROWS_*: output rows per zero-fill block (1 .. 32) of
@@ -53,7 +55,8 @@ GRID_POLICY = {"BULK_MIN_BLOCKS": 1.0, "BULK_TARGET_BLOCKS": 12.0,
                "SHRINK_CHUNKS_BELOW": 2.0, "SPLIT_SLOTS_BELOW": 1.0,
                "BULK_MIN_CHUNK_BYTES": 2048, "BULK_MAX_CHUNK_BYTES": 16384,
                "ZERO_ROWS_REGISTERS": 2, "ZERO_ROWS_BULK": 4,
-               "BULK_WHOLE_ROW_ZERO_FROM": 8192, "ZERO_ROWS_BULK_WHOLE": 2}
+               "BULK_WHOLE_ROW_ZERO_FROM": 8192, "ZERO_ROWS_BULK_WHOLE": 2,
+               "BULK_SPLIT_SLOTS_BELOW": 0.0, "BULK_SLOT_PLANES": 2}
 BULK_SHARED_LIMIT = 16384  # the most dynamic shared memory the bulk kernel asks for
 _BULK_THREADS = 32
 _MAX_GRID_Y = 65535
@@ -191,9 +194,11 @@ class _Plan:
                 # equal chunks of whole warps' accesses (the last may be shorter)
                 lane_vecs = -(-n_vec // (chunks * _BULK_THREADS))
                 whole_rows = self.row_bytes >= GRID_POLICY["BULK_WHOLE_ROW_ZERO_FROM"]
+                split = num_tokens * chunks < GRID_POLICY["BULK_SPLIT_SLOTS_BELOW"] * multiprocessors
+                slots = -(-top_k // int(GRID_POLICY["BULK_SLOT_PLANES"])) if split else top_k
                 return self._launch(
                     "expand_to_fused_bulk_zero_rows" if whole_rows else "expand_to_fused_bulk",
-                    vec_bytes, _BULK_THREADS, lane_vecs, top_k, lane_vecs * _BULK_THREADS * 16,
+                    vec_bytes, _BULK_THREADS, lane_vecs, slots, lane_vecs * _BULK_THREADS * 16,
                     int(GRID_POLICY["ZERO_ROWS_BULK_WHOLE" if whole_rows else "ZERO_ROWS_BULK"]),
                     zero_whole_rows=whole_rows)
         threads = KERNEL_CONFIG["EXPAND_THREADS"]

@@ -48,9 +48,11 @@ except ImportError:  # pragma: no cover
 _KERNEL_PATHS = {
     "bulk": {"BULK_MIN_BLOCKS": 0.0, "BULK_WHOLE_ROW_ZERO_FROM": math.inf},
     # whole-row zero-fill blocks on every row length, rows cut into 512-byte
-    # chunks so that even short test rows span several y planes
+    # chunks so that even short test rows span several y planes, the slots
+    # split into 3 z planes (uneven for most K)
     "bulk-zero-rows": {"BULK_MIN_BLOCKS": 0.0, "BULK_WHOLE_ROW_ZERO_FROM": 0,
-                       "BULK_MIN_CHUNK_BYTES": 512},
+                       "BULK_MIN_CHUNK_BYTES": 512, "BULK_SPLIT_SLOTS_BELOW": math.inf,
+                       "BULK_SLOT_PLANES": 3},
     "registers": {"BULK_MIN_BLOCKS": math.inf},
 }
 
