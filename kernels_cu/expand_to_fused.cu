@@ -130,18 +130,19 @@ __device__ __forceinline__ void store_sf_row(unsigned int* out_sf, const ExpandA
 #endif
 }
 
-// The rows one zero-fill block covers: bit r of `mask` set when row
+// The rows zero-fill block `zero_block` covers: bit r of `mask` set when row
 // first_row + r needs zeros, i.e. is a padding row (pos_to_expert < 0; every
 // row when there are no tokens) or, column-major SF, a pad column in
-// [X, align(X, 4)) (SF only). Zero-fill blocks are blocks x >= T of every z
-// plane, numbered x-major: (x - T) * gridDim.z + z, so that a grid split by
-// slots has no idle planes. Lane r of every warp reads row r's expert and a
+// [X, align(X, 4)) (SF only). Lane r of every warp reads row r's expert and a
 // ballot gathers them: the block waits for one load, not one per row.
 struct ZeroRows {
     i64 first_row;
     unsigned mask;
 };
 
+// Zero-fill blocks are blocks x >= T of every plane. Those that zero a column
+// chunk (each y plane has its own) are numbered x-major across the z planes,
+// (x - T) * gridDim.z + z, so that a grid split by slots has no idle planes.
 __device__ __forceinline__ i64 zero_block_of_chunk_grid(int zero_column) {
     return static_cast<i64>(zero_column) * gridDim.z + blockIdx.z;
 }
