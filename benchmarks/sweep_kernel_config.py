@@ -14,11 +14,12 @@ rounds, with the rounds' spread (max - min). Bandwidth-bound shapes: % of the
 same-run copy bandwidth (L2 flushed between iterations); decode and small
 shapes: GPU µs per call from CUDA-graph replays.
 
-Diagnostic rows replay the default plan's
-launch changed in one way, to place the time of a step: "no SF words" moves
-no scale factors (sf_columns = 0), "no zero-fill blocks" launches the token
-blocks only, "zero-fill blocks find no padding rows" reads a pos_to_expert
-with none (the blocks' cost without their stores). Their outputs are wrong by design and are not checked.
+Diagnostic rows replay the default plan's launch changed in one way, to
+place the time of a step: "no SF words" moves no scale factors
+(sf_columns = 0), "no zero-fill blocks" launches the token blocks only,
+"zero-fill blocks find no padding rows" reads a pos_to_expert with none (the
+blocks' cost without their stores). Their outputs are wrong by design and
+are not checked.
 """
 
 from __future__ import annotations

@@ -135,6 +135,21 @@ def test_zero_fill_blocks_span_the_slot_planes(fake_h200, num_tokens, hidden, nu
     assert columns * planes * rows >= zero_rows > (columns - 1) * planes * rows
 
 
+def test_bulk_slot_planes_split_the_slots_and_share_the_zero_fill(fake_h200):
+    # kimi-k2-small with the (default-off) slot split forced into 3 planes:
+    # 8 slots -> 3 per block, planes of 3, 3, 2; the 128 whole-row zero-fill
+    # blocks spread over 7 chunks x 3 planes: 7 columns (19 blocks idle)
+    policy = dict(_gpu.GRID_POLICY)
+    _gpu.configure(grid_policy={"BULK_SPLIT_SLOTS_BELOW": float("inf"), "BULK_SLOT_PLANES": 3})
+    try:
+        launch = _launch_for(32, 7168)
+        assert launch.handle == "expand_to_fused_bulk_zero_rows"
+        assert (launch.grid_x, launch.grid_y, launch.grid_z) == (32 + 7, 7, 3)
+        assert launch.tail[-1] == 3  # slots_per_block
+    finally:
+        _gpu.configure(grid_policy=policy)
+
+
 @pytest.mark.parametrize("rows", [0, 33])
 def test_rows_per_zero_fill_block_must_fit_a_warp_ballot(fake_h200, rows):
     policy = dict(_gpu.GRID_POLICY)
