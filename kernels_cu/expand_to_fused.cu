@@ -21,8 +21,9 @@
 // a tail. Offsets are 64-bit. A slot outside [0, X) is skipped, never written.
 // Two kernels share this layout: expand_to_fused_v{16,8,4,2,1} hold chunks in
 // registers (every GPU, every batch); expand_to_fused_bulk{,_zero_rows} move
-// 16-byte rows through shared memory with the bulk-copy engine (sm_90+, batches that fill
-// the chip; see its comment). The host (cupy_moe/_gpu.py) picks per call shape.
+// 16-byte rows through shared memory with the bulk-copy engine (sm_90+,
+// batches that fill the chip; see their comment). The host (cupy_moe/_gpu.py)
+// picks per call shape.
 //
 // CUPY_MOE_SF_MODE (set by the loader): 0 no scale factors, 1 row-major
 // [X, S] float32, 2 TMA-aligned column-major [S, sf_ld] (float32 or packed

@@ -135,6 +135,20 @@ def test_zero_fill_blocks_span_the_slot_planes(fake_h200, num_tokens, hidden, nu
     assert columns * planes * rows >= zero_rows > (columns - 1) * planes * rows
 
 
+def test_whole_row_zero_fill_policy_reaches_short_rows(fake_h200):
+    # what the GPU tests' "bulk-zero-rows" kernel path relies on: 2 KiB rows
+    # of 5 tokens take the whole-row zero-fill kernel, cut into 4 chunks
+    policy = dict(_gpu.GRID_POLICY)
+    _gpu.configure(grid_policy={"BULK_MIN_BLOCKS": 0.0, "BULK_WHOLE_ROW_ZERO_FROM": 0,
+                                "BULK_MIN_CHUNK_BYTES": 512})
+    try:
+        launch = _launch_for(5, 1024)
+        assert launch.handle == "expand_to_fused_bulk_zero_rows"
+        assert (launch.shared_bytes, launch.grid_y) == (512, 4)
+    finally:
+        _gpu.configure(grid_policy=policy)
+
+
 def test_bulk_slot_planes_split_the_slots_and_share_the_zero_fill(fake_h200):
     # kimi-k2-small with the (default-off) slot split forced into 3 planes:
     # 8 slots -> 3 per block, planes of 3, 3, 2; the 128 whole-row zero-fill
