@@ -1,6 +1,6 @@
 """The seed's benchmark, re-expressed for cupy_moe: both ops over every manifest
 workload, ours against the seed's PyTorch reference (and a sync-free torch
-version), with the timing code of ``cupy-moe bench`` (cupy_moe/bench.py).
+version), with the timing code of ``cupy-moe bench`` (cupy_moe/harness/runner.py).
 
     python benchmarks/bench_expand_to_fused.py [--op OP] [--quick] [--json PATH]
 
@@ -13,8 +13,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from cupy_moe import bench
-from cupy_moe.manifest import OP_NAMES
+from cupy_moe.harness import report, runner
+from cupy_moe.harness.manifest import OP_NAMES
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -26,13 +26,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     ops = list(OP_NAMES) if args.op == "all" else [args.op]
-    result = bench.run(ops, None, "auto", args.iters or (10 if args.quick else 50), args.quick)
+    result = runner.run(ops, None, "auto", args.iters or (10 if args.quick else 50), args.quick)
     for record in result["records"]:
         ours = record["gpu_us"] if record["gpu_us"] is not None else record["cpu_us"]
         print(f"{record['op']:<24} {record['label']:<30} ours {ours} us, "
               f"torch-ref {record['torch_ref_us']} us, status {record['status']}")
-    print("\n".join(bench.summary_lines(result) + bench.table_lines(result)))
-    bench.write_outputs(result, args.json, None, None)
+    print("\n".join(report.summary_lines(result) + report.table_lines(result)))
+    report.write_outputs(result, args.json, None, None)
     return 0 if all(r["status"] == "ok" for r in result["records"]) else 1
 
 

@@ -16,7 +16,10 @@ import sys
 
 import cupy
 
-from cupy_moe import bench, load_workloads
+from cupy_moe.harness.manifest import OP_NAMES, load_workloads
+from cupy_moe.harness.runner import GRAPH_MAX_BYTES
+from cupy_moe.harness.timing import GpuTimer
+from cupy_moe.runtime.sizes import align_up
 
 
 def main() -> int:
@@ -25,19 +28,18 @@ def main() -> int:
     args = parser.parse_args()
     if args.iters < 1:
         parser.error(f"--iters must be >= 1, got {args.iters}")
-    timer = bench.GpuTimer()
+    timer = GpuTimer()
     copy_tbps = timer.copy_tbps()
     print(f"copy roofline {copy_tbps:.2f} TB/s")
     print("| workload | MB (op) | output MB | memset µs | memset % copy (op bytes) |")
     print("|---|---|---|---|---|")
-    for op in ("expand_to_fused", "expand_to_fused_with_sf"):
+    for op in OP_NAMES:
         for w in load_workloads(op):
-            if w.bytes <= bench.GRAPH_MAX_BYTES:
+            if w.bytes <= GRAPH_MAX_BYTES:
                 continue  # launch-bound shapes: graph time is their figure
-            item = 1 if w.dtype == "float8_e4m3fn" else 2
-            out_bytes = w.num_expanded * w.hidden * item
+            out_bytes = w.num_expanded * w.hidden * w.elem_bytes
             if w.sf_columns is not None:
-                rows = -(-w.num_expanded // 4) * 4 if w.use_tma_aligned_col_major_sf else w.num_expanded
+                rows = align_up(w.num_expanded, 4) if w.use_tma_aligned_col_major_sf else w.num_expanded
                 out_bytes += rows * w.sf_columns * 4
             buffer = cupy.empty(out_bytes, dtype=cupy.uint8)
             stream = cupy.cuda.get_current_stream().ptr

@@ -2,19 +2,36 @@
 
 NumPy-style functions that take NumPy arrays (run on the CPU), CuPy arrays
 and torch tensors (run on the GPU, zero-copy), and return the kind they were
-given.
+given. ``as_cupy`` / ``as_torch`` move GPU arrays between CuPy and torch
+without a copy.
 """
 
-from .manifest import Workload, load_workloads, roofline_bytes
-from .ops import expand_to_fused, expand_to_fused_with_sf
+from __future__ import annotations
 
-__version__ = "0.1.0"
+from typing import Any
+
+from ._version import __version__
+from .expand import expand_to_fused, expand_to_fused_with_sf
+from .interop import as_cupy, as_torch
 
 __all__ = [
     "expand_to_fused",
     "expand_to_fused_with_sf",
+    "as_cupy",
+    "as_torch",
     "load_workloads",
     "roofline_bytes",
     "Workload",
     "__version__",
 ]
+
+# The manifest lives in the benchmark harness, which the ops never import;
+# these names load it on first use.
+_HARNESS_NAMES = ("load_workloads", "roofline_bytes", "Workload")
+
+
+def __getattr__(name: str) -> Any:
+    if name in _HARNESS_NAMES:
+        from .harness import manifest
+        return getattr(manifest, name)
+    raise AttributeError(f"module 'cupy_moe' has no attribute {name!r}")

@@ -1,5 +1,7 @@
+"""``python -m cupy_moe``: the ``cupy-moe`` command."""
+
 import sys
 
-from .cli import main
+from cupy_moe.harness.cli import main
 
 sys.exit(main())

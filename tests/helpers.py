@@ -8,11 +8,11 @@ of ``cupy_moe.reference`` (which is the code under test).
 from __future__ import annotations
 
 import numpy as np
+from cupy_moe.runtime.sizes import align_up, ceil_div  # noqa: F401 - re-exported for the tests
+from cupy_moe.harness.inputs import numpy_dtype as np_dtype
+from cupy_moe.harness.inputs import random_bits
 
-from cupy_moe._checks import align_up, ceil_div  # noqa: F401 - re-exported for the tests
 from cupy_moe.reference import fused_mapping_numpy
-from cupy_moe.workload_inputs import numpy_dtype as np_dtype
-from cupy_moe.workload_inputs import random_bits
 
 
 def bits(array: np.ndarray) -> np.ndarray:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -11,11 +12,22 @@ import numpy as np
 import pytest
 
 import cupy_moe
-from cupy_moe.cli import main
+from cupy_moe.harness import runner
+from cupy_moe.harness.cli import main
+from cupy_moe.harness.manifest import load_workloads
 
 pytestmark = pytest.mark.smoke
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+
+# The keys of the JSON that `cupy-moe bench --json` writes: result files and
+# scripts read them, so a rename is a breaking change.
+RESULT_KEYS = {"date", "backend", "iters", "quick", "versions", "copy_tbps", "device",
+               "records", "notes"}
+RECORD_KEYS = {"op", "label", "shapes", "bytes", "status", "gpu_us", "gbps",
+               "pct_copy_roofline", "copy_same_bytes_us", "eager_us", "graph_us",
+               "index_select_eager_us", "torch_ref_us", "torch_nosync_us", "speedup_vs_ref",
+               "speedup_vs_nosync", "cpu_us", "extra"}
 
 
 def test_info_prints_versions_and_backends(capsys):
@@ -25,6 +37,13 @@ def test_info_prints_versions_and_backends(capsys):
     assert f"numpy: {np.__version__}" in lines
     (backends,) = [line for line in lines if line.startswith("backends:")]
     assert "cpu (numpy)" in backends
+
+
+def test_version_flag_prints_the_package_version(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--version"])
+    assert exit_info.value.code == 0
+    assert capsys.readouterr().out == f"cupy-moe {cupy_moe.__version__}\n"
 
 
 def test_module_help_exits_zero():
@@ -48,13 +67,33 @@ def test_bench_quick_on_the_cpu_writes_json_and_markdown(tmp_path, capsys):
     assert "backend cpu" in out and "note: no GPU: CPU backend" in out
     assert "| expand | qwen3-30b-decode |" in out
     assert "| with_sf | kimi-k2-decode-sf-packed |" in out
-    import json
     result = json.loads(path.read_text())
+    assert set(result) == RESULT_KEYS
+    assert all(set(r) == RECORD_KEYS for r in result["records"])
     assert [r["label"] for r in result["records"]] == ["qwen3-30b-decode",
                                                       "kimi-k2-decode-sf-packed"]
     assert all(r["status"] == "ok" and r["cpu_us"] > 0 for r in result["records"])
-    assert result["records"][0]["bytes"] == cupy_moe.load_workloads("expand_to_fused")[4].bytes
+    assert result["records"][0]["bytes"] == load_workloads("expand_to_fused")[4].bytes
     assert path.with_suffix(".md").read_text().count("\n| ") >= 3
+
+
+def test_bench_plot_without_matplotlib_fails_before_timing(tmp_path, capsys, monkeypatch):
+    # None in sys.modules makes `import matplotlib` raise ImportError, as on a
+    # machine without the plot extra.
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+
+    def run_must_not_start(*args, **kwargs):
+        raise AssertionError("the benchmark ran although the plot could not be written")
+    monkeypatch.setattr(runner, "run", run_must_not_start)
+
+    code = main(["bench", "--backend", "cpu", "--iters", "1", "--workload", "qwen3-30b-decode",
+                 "--json", str(tmp_path / "bench.json"), "--plot", str(tmp_path / "bench.png")])
+    assert code == 2
+    captured = capsys.readouterr()
+    assert "--plot needs matplotlib, the plot extra" in captured.err
+    assert "cupy-moe[plot]" in captured.err
+    assert captured.out == ""
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_bench_rejects_unknown_workloads_and_bad_iteration_counts(capsys):

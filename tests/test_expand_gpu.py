@@ -11,14 +11,17 @@ import math
 
 import numpy as np
 import pytest
+from cupy_moe._checks import align_up, sf_columns
+from cupy_moe.workload_inputs import (
+    fitted_routing,
+    numpy_dtype,
+    random_bits,
+    workload_inputs,
+)
+from helpers import assert_bits_equal, bits
 
 import cupy_moe
 from cupy_moe import reference
-from cupy_moe._checks import align_up, sf_columns
-
-from cupy_moe.workload_inputs import fitted_routing, numpy_dtype, random_bits, workload_inputs
-
-from helpers import assert_bits_equal, bits
 
 cupy = pytest.importorskip("cupy")
 

@@ -4,8 +4,9 @@ import pytest
 
 pytest.importorskip("cupy")
 
-from cupy_moe import _gpu  # noqa: E402
 from cupy_moe._checks import ExpandProblem  # noqa: E402
+
+from cupy_moe import _gpu  # noqa: E402
 
 
 def test_configure_forgets_plans_made_under_other_settings():

@@ -5,8 +5,13 @@ from __future__ import annotations
 import pytest
 
 import cupy_moe
-from cupy_moe import load_workloads, roofline_bytes
-from helpers import ceil_div
+from cupy_moe.harness.manifest import OP_NAMES, Workload, load_workloads, roofline_bytes
+from cupy_moe.harness.rooflines import (
+    ROOFLINES,
+    expand_to_fused_bytes,
+    expand_to_fused_with_sf_bytes,
+)
+from cupy_moe.runtime.sizes import ceil_div
 
 pytestmark = pytest.mark.smoke
 
@@ -34,6 +39,13 @@ def by_hand(workload) -> int:
         s = workload.shapes["x_sf"][1]
         total += t * s * 4 + x * s * 4
     return total
+
+
+def test_every_op_has_workloads_and_a_roofline():
+    assert tuple(SEED_LABELS) == OP_NAMES
+    assert set(ROOFLINES) == set(OP_NAMES)
+    assert ROOFLINES["expand_to_fused"] is expand_to_fused_bytes
+    assert ROOFLINES["expand_to_fused_with_sf"] is expand_to_fused_with_sf_bytes
 
 
 @pytest.mark.parametrize("op", list(SEED_LABELS))
@@ -78,6 +90,32 @@ def test_roofline_bytes_hand_computed(op, label, expected):
     (workload,) = [w for w in load_workloads(op) if w.label == label]
     assert workload.bytes == expected
     assert roofline_bytes(op, workload.shapes, workload.elem_bytes) == expected
+    assert ROOFLINES[op](workload.shapes, workload.elem_bytes) == expected
+
+
+# T=3, H=10, K=2, X=8 (and S=5): every dimension different, so a term that
+# uses the wrong one changes the sum.
+SMALL = {"x": (3, 10), "token_topk_to_pos": (3, 2), "pos_to_expert": (8,)}
+SMALL_SF = {**SMALL, "x_sf": (3, 5)}
+
+
+def test_expand_to_fused_bytes_counts_each_array_once():
+    # x 3*10*2 + maps 3*2*4 + 8*4 + expanded 8*10*2
+    assert expand_to_fused_bytes(SMALL, 2) == 60 + 24 + 32 + 160
+    # fp8: x 3*10 + maps 3*2*4 + 8*4 + expanded 8*10
+    assert expand_to_fused_bytes(SMALL, 1) == 30 + 24 + 32 + 80
+    # no tokens (an idle expert-parallel rank): maps and zeroed rows still count
+    assert expand_to_fused_bytes({"x": (0, 10), "token_topk_to_pos": (0, 2),
+                                  "pos_to_expert": (8,)}, 2) == 32 + 160
+
+
+def test_expand_to_fused_with_sf_bytes_adds_scale_factors():
+    # x 3*10 + x_sf 3*5*4 + maps 3*2*4 + 8*4 + expanded 8*10 + expanded_sf 8*5*4
+    assert expand_to_fused_with_sf_bytes(SMALL_SF, 1) == 30 + 60 + 24 + 32 + 80 + 160
+    assert roofline_bytes("expand_to_fused_with_sf", SMALL_SF, 1) == 386
+    # X not a multiple of 4: the TMA layout's pad columns are not counted
+    shapes = {**SMALL_SF, "pos_to_expert": (7,)}
+    assert expand_to_fused_with_sf_bytes(shapes, 1) == 30 + 60 + 24 + 28 + 70 + 140
 
 
 @pytest.mark.parametrize("op", list(SEED_LABELS))
@@ -89,10 +127,13 @@ def test_roofline_bytes_follow_the_seed_formula(op):
 def test_unknown_op_is_a_key_error():
     with pytest.raises(KeyError, match="no op 'expand_to_nowhere' in the manifest"):
         load_workloads("expand_to_nowhere")
-    with pytest.raises(KeyError, match="no op 'expand_to_nowhere'"):
+    with pytest.raises(KeyError, match=r"no op 'expand_to_nowhere' in the manifest; "
+                                       r"known: \['expand_to_fused', 'expand_to_fused_with_sf'\]"):
         roofline_bytes("expand_to_nowhere", {"x": (1, 1)}, 2)
 
 
 def test_public_names():
     assert cupy_moe.load_workloads is load_workloads
+    assert cupy_moe.roofline_bytes is roofline_bytes
+    assert cupy_moe.Workload is Workload
     assert isinstance(load_workloads("expand_to_fused")[0], cupy_moe.Workload)

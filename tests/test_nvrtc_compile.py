@@ -7,7 +7,6 @@ not compile. Where CI=true a missing CuPy/NVRTC is an error, not a skip.
 import os
 
 import pytest
-
 from cupy_moe.loader import KernelCompileError, compile_for_arch, kernel_dir
 
 _IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")

@@ -1,0 +1,225 @@
+"""The public expand ops: token rows (and their scale factors) to the fused,
+expert-major layout of a grouped GEMM.
+
+Each op describes its arguments once, checks the rules on the descriptions,
+then hands the arrays to the CPU (NumPy reference) or the GPU (NVRTC kernels)
+code of their kind. Torch calls whose descriptions were checked before take
+the fast path straight to their launch plan.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..runtime.arrays import ArrayKind, bytes_to_allocation_end, common_kind, describe
+from ..runtime.fast_path import TorchFastPath
+from ..runtime.rules import (
+    check_no_overlap,
+    check_out,
+    check_strides,
+    require_bool,
+    require_int,
+)
+from .rules import ExpandProblem, check_expand, check_expand_with_sf
+from .tuning import DEFAULT_TUNING, ExpandTuning
+
+__all__ = ["expand_to_fused", "expand_to_fused_with_sf", "run_with_tuning"]
+
+# one per op: their keys have different arguments
+_plain_fast_path = TorchFastPath()
+_sf_fast_path = TorchFastPath()
+
+
+def expand_to_fused(x: Any, token_topk_to_pos: Any, pos_to_expert: Any, *,
+                    out: Any = None, validate: bool = False) -> Any:
+    """Scatter token rows to the expert-major rows of a grouped-GEMM input.
+
+    ``out[p] = x[t]`` for every slot with ``token_topk_to_pos[t, k] = p >= 0``;
+    negative slots are dropped; rows with ``pos_to_expert[p] < 0`` (padding)
+    are zero. A pure byte copy: nothing is weighted or reduced.
+
+    Parameters
+    ----------
+    x : array [T, H], bfloat16 or float16 (uint16 holding bf16 bits also)
+        Token rows. T may be 0 (the result is then all zeros).
+    token_topk_to_pos : array [T, K], int32
+        Output row of each (token, slot); negative = dropped slot.
+    pos_to_expert : array [X], int32
+        Expert of each output row; negative = padding row.
+    out : array [X, H] of x's dtype, C-contiguous, optional
+        Written in place and returned (for CUDA-graph capture, buffer reuse).
+    validate : bool
+        Check that the map targets each expert row exactly once and nothing
+        else, before anything is written. Faults are looked for in this order:
+        a slot >= X, a slot naming a padding row, a slot repeating an earlier
+        slot's row, an expert row no slot names; the ValueError names the
+        first index of the first kind found. On the GPU this costs one host
+        synchronisation (so not inside CUDA-graph capture). Without it a
+        malformed map never writes outside the outputs, but which rows it
+        fills is unspecified.
+
+    Returns
+    -------
+    array [X, H], x's kind, device and dtype
+        numpy.ndarray, cupy.ndarray or torch.Tensor as given.
+
+    Raises
+    ------
+    TypeError
+        An argument is not an array (None included), arrays of different
+        kinds are mixed, a flag is not a bool, or a torch tensor requires
+        grad while grad mode is on (the ops are inference-only).
+    ValueError
+        A shape, dtype or device rule fails (the message names the argument and
+        the numbers), ``out`` is read-only or overlaps an input, or
+        ``validate=True`` finds a malformed map.
+    """
+    if validate is False:
+        plan = _plain_fast_path.lookup((), (x, token_topk_to_pos, pos_to_expert, out))
+        if plan is not None:
+            from .gpu import run_torch_fast
+            result = run_torch_fast(plan, x, None, token_topk_to_pos, pos_to_expert, out)
+            if result is not None:
+                return result[0]
+    return _expand(DEFAULT_TUNING, x, None, token_topk_to_pos, pos_to_expert, with_sf=False,
+                   num_per_channels=None, use_tma_aligned_col_major_sf=False, out=out,
+                   out_sf=None, validate=validate, fast_path=_plain_fast_path)[0]
+
+
+def expand_to_fused_with_sf(x: Any, x_sf: Any, token_topk_to_pos: Any, pos_to_expert: Any, *,
+                            num_per_channels: int, use_tma_aligned_col_major_sf: bool = False,
+                            out: Any = None, out_sf: Any = None,
+                            validate: bool = False) -> tuple[Any, Any]:
+    """Scatter quantized token rows and their per-block scale factors.
+
+    The routing contract is that of :func:`expand_to_fused`; each row's scale
+    factors travel with it, and padding rows get zero scale factors too.
+
+    Parameters
+    ----------
+    x : array [T, H], float8_e4m3fn (or uint8 / int8: any 1-byte payload, e.g.
+        two fp4 per byte with H counted in bytes)
+    x_sf : array [T, S], float32 or int32
+        float32: ``S = ceil(H / num_per_channels)``. int32: packed UE8M0, four
+        exponent bytes per word (byte j of word w is block 4w + j),
+        ``S = ceil(ceil(H / num_per_channels) / 4)``; needs
+        ``use_tma_aligned_col_major_sf=True``.
+    token_topk_to_pos, pos_to_expert : as in :func:`expand_to_fused`
+    num_per_channels : {32, 128}
+        Channels per scale-factor block.
+    use_tma_aligned_col_major_sf : bool
+        Return ``expanded_x_sf`` as the transposed view of the first X columns
+        of an ``[S, align(X, 4)]`` buffer (shape [X, S], element strides
+        ``(1, align(X, 4))``), the layout a TMA load of a grouped GEMM reads.
+        The pad columns X .. align(X, 4) are zero.
+    out : array [X, H], optional
+    out_sf : array [X, S], optional
+        Caller-provided outputs, written and returned. A column-major
+        ``out_sf`` must have the strides above and view a buffer that holds
+        the pad columns.
+    validate : bool
+        As in :func:`expand_to_fused`.
+
+    Returns
+    -------
+    (expanded_x, expanded_x_sf) : arrays [X, H] and [X, S], the inputs' kind
+
+    Raises
+    ------
+    TypeError, ValueError
+        As in :func:`expand_to_fused`, plus the scale-factor rules
+        (``num_per_channels`` that is not an int is a TypeError).
+    """
+    if (validate is False and out_sf is None and type(num_per_channels) is int
+            and type(use_tma_aligned_col_major_sf) is bool):
+        plan = _sf_fast_path.lookup((num_per_channels, use_tma_aligned_col_major_sf),
+                                    (x, x_sf, token_topk_to_pos, pos_to_expert, out, None))
+        if plan is not None:
+            from .gpu import run_torch_fast
+            result = run_torch_fast(plan, x, x_sf, token_topk_to_pos, pos_to_expert, out)
+            if result is not None:
+                return result
+    return _expand(DEFAULT_TUNING, x, x_sf, token_topk_to_pos, pos_to_expert, with_sf=True,
+                   num_per_channels=num_per_channels,
+                   use_tma_aligned_col_major_sf=use_tma_aligned_col_major_sf, out=out,
+                   out_sf=out_sf, validate=validate, fast_path=_sf_fast_path)
+
+
+def run_with_tuning(tuning: ExpandTuning, x: Any, token_topk_to_pos: Any, pos_to_expert: Any,
+                    *, x_sf: Any = None, num_per_channels: int | None = None,
+                    use_tma_aligned_col_major_sf: bool = False, out: Any = None,
+                    out_sf: Any = None, validate: bool = False) -> tuple[Any, Any]:
+    """Either op under a tuning of its own (tests and sweeps; no fast path).
+
+    The op with scale factors when ``x_sf`` is given, else the plain one
+    (then ``out_sf`` of the result is None). Same rules and results as the
+    public ops; only the kernel choice and grid differ.
+    """
+    return _expand(tuning, x, x_sf, token_topk_to_pos, pos_to_expert, with_sf=x_sf is not None,
+                   num_per_channels=num_per_channels,
+                   use_tma_aligned_col_major_sf=use_tma_aligned_col_major_sf, out=out,
+                   out_sf=out_sf, validate=validate, fast_path=None)
+
+
+def _expand(tuning: ExpandTuning, x, x_sf, token_topk_to_pos, pos_to_expert, *, with_sf: bool,
+            num_per_channels, use_tma_aligned_col_major_sf, out, out_sf, validate,
+            fast_path: TorchFastPath | None) -> tuple[Any, Any]:
+    """The full path of both ops: every rule, then the backend of the arrays' kind."""
+    validate = require_bool("validate", validate)
+    # in the fast path's key order
+    descs = {"x": describe("x", x)}
+    if with_sf:
+        descs["x_sf"] = describe("x_sf", x_sf)
+    descs["token_topk_to_pos"] = describe("token_topk_to_pos", token_topk_to_pos)
+    descs["pos_to_expert"] = describe("pos_to_expert", pos_to_expert)
+    descs["out"] = None if out is None else describe("out", out)
+    if with_sf:
+        descs["out_sf"] = None if out_sf is None else describe("out_sf", out_sf)
+    kind, _ = common_kind(descs)
+    if with_sf:
+        scalars = (require_int("num_per_channels", num_per_channels),
+                   require_bool("use_tma_aligned_col_major_sf", use_tma_aligned_col_major_sf))
+        problem = check_expand_with_sf(
+            descs["x"], descs["x_sf"], descs["token_topk_to_pos"], descs["pos_to_expert"],
+            num_per_channels=scalars[0], use_tma_aligned_col_major_sf=scalars[1])
+    else:
+        scalars = ()
+        problem = check_expand(descs["x"], descs["token_topk_to_pos"], descs["pos_to_expert"])
+    _check_outputs(kind, problem, descs, x, x_sf, token_topk_to_pos, pos_to_expert, out, out_sf)
+    if kind.on_gpu:
+        from .gpu import run_expand
+        result, plan = run_expand(kind, problem, tuning, x, x_sf, token_topk_to_pos,
+                                  pos_to_expert, out, out_sf, validate)
+        if fast_path is not None and kind is ArrayKind.TORCH_CUDA and out_sf is None:
+            fast_path.remember(scalars, tuple(descs.values()), plan)
+        return result
+    from .cpu import run_expand
+    return run_expand(kind, problem, x, x_sf, token_topk_to_pos, pos_to_expert, out, out_sf,
+                      validate)
+
+
+def _check_outputs(kind: ArrayKind, problem: ExpandProblem, descs: dict, x, x_sf,
+                   token_topk_to_pos, pos_to_expert, out, out_sf) -> None:
+    """Caller-provided outputs: shape, dtype, strides, writeable, extent, no overlap."""
+    if out is None and out_sf is None:
+        return
+    if out is not None:
+        check_out("out", descs["out"], problem.out_shape(), descs["x"].dtype)
+        check_strides("out", kind, out, problem.out_strides(), "C-contiguous")
+    if out_sf is not None:
+        check_out("out_sf", descs["out_sf"], problem.out_sf_shape(), descs["x_sf"].dtype)
+        check_strides("out_sf", kind, out_sf, problem.out_sf_strides(), problem.out_sf_layout())
+        if problem.sf_col_major and problem.num_expanded > 0:
+            # The kernels zero the pad columns X .. align(X, 4), which lie past
+            # the view's last element: the buffer behind it must hold them.
+            needed = problem.out_sf_buffer_bytes()
+            available = bytes_to_allocation_end(kind, out_sf)
+            if available < needed:
+                raise ValueError(
+                    f"out_sf must view a buffer of [S, align(X, 4)] = [{problem.sf_columns}, "
+                    f"{problem.sf_leading_dim}] elements ({needed} bytes, pad columns "
+                    f"included); only {available} bytes follow its first element")
+    written_sf = problem.out_sf_buffer_bytes() if problem.sf_col_major else 0
+    check_no_overlap(kind, {"out": (out, 0), "out_sf": (out_sf, written_sf)},
+                     {"x": x, "x_sf": x_sf, "token_topk_to_pos": token_topk_to_pos,
+                      "pos_to_expert": pos_to_expert})

@@ -1,0 +1,129 @@
+"""The expand ops on the GPU: CuPy arrays and CUDA torch tensors.
+
+Arguments are used in place (raw device pointers; no copies unless an input
+is non-contiguous) and the kernels run on the caller's current stream: CuPy's
+for CuPy arrays, torch's for tensors. Nothing here synchronises with the host
+except ``validate=True``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import cupy
+import numpy as np
+from cupy.cuda import runtime
+
+from ..runtime.arrays import ArrayKind
+from ..runtime.gpu_arrays import TorchCuda, gpu_library, raw_torch_stream_getter
+from ..runtime.launch import ArgBlock, ArgStruct, OnDevice, function_handle, launch
+from ..runtime.sizes import ceil_div
+from .plan import SF_COL_MAJOR, SF_NONE, SOURCE, ExpandPlan, kernel_defines, plan_for
+from .rules import ROUTING_ERROR_KINDS, ExpandProblem, raise_routing_error
+from .tuning import ExpandTuning
+
+# struct RoutingArgs of expand.cu
+ROUTING_ARGS = ArgStruct(("token_topk_to_pos", "ptr"), ("pos_to_expert", "ptr"),
+                         ("first_slot", "ptr"), ("found", "ptr"), ("num_slots", "i64"),
+                         ("num_expanded", "i32"))
+_NONE_FOUND = 0x7F7F7F7F7F7F7F7F  # ROUTING_NONE in the kernel source
+_routing_args = ArgBlock(ROUTING_ARGS)
+
+
+def _allocate(lib, plan: ExpandPlan, x: Any, x_sf: Any, out: Any, out_sf: Any) -> tuple[Any, Any]:
+    problem = plan.problem
+    if out is None:
+        out = lib.empty(problem.out_shape(), x)
+    if x_sf is not None and out_sf is None:
+        if plan.sf_mode == SF_COL_MAJOR:
+            out_sf = lib.empty_col_major(problem.num_expanded, problem.sf_columns,
+                                         problem.sf_leading_dim, x_sf)
+        else:
+            out_sf = lib.empty(problem.out_sf_shape(), x_sf)
+    return out, out_sf
+
+
+def run_expand(kind: ArrayKind, problem: ExpandProblem, tuning: ExpandTuning, x: Any,
+               x_sf: Any, token_topk_to_pos: Any, pos_to_expert: Any, out: Any, out_sf: Any,
+               validate: bool) -> tuple[tuple[Any, Any], ExpandPlan]:
+    """Both ops on the GPU, after the public op checked every rule.
+
+    ``x_sf`` is None for the op without scale factors. Returns ``((out,
+    out_sf), plan)``; caller-provided outputs are written in place and
+    returned as the same objects.
+    """
+    lib = gpu_library(kind)
+    device = lib.device(x)
+    with OnDevice(device):
+        stream = lib.stream(device)
+        token_topk_to_pos = lib.contiguous(token_topk_to_pos)
+        pos_to_expert = lib.contiguous(pos_to_expert)
+        if validate:
+            _validate_routing(lib, problem, token_topk_to_pos, pos_to_expert, device, stream)
+        x = lib.contiguous(x)
+        if x_sf is not None:
+            x_sf = lib.contiguous(x_sf)
+        plan = plan_for(problem, lib.item_bytes(x), device, tuning)
+        out, out_sf = _allocate(lib, plan, x, x_sf, out, out_sf)
+        plan.launch(stream, lib.pointer(x), lib.pointer(token_topk_to_pos),
+                    lib.pointer(pos_to_expert), lib.pointer(out),
+                    0 if x_sf is None else lib.pointer(x_sf),
+                    0 if out_sf is None else lib.pointer(out_sf))
+    return (out, out_sf), plan
+
+
+_raw_torch_stream = None
+
+
+def run_torch_fast(plan: ExpandPlan, x, x_sf, token_topk_to_pos, pos_to_expert,
+                   out) -> tuple[Any, Any] | None:
+    """A torch call whose arguments' descriptions ``plan`` was made for (the
+    fast path's hit); None when ``out`` overlaps an input, so that the full
+    path raises."""
+    global _raw_torch_stream
+    if _raw_torch_stream is None:
+        _raw_torch_stream = raw_torch_stream_getter()
+    pointers = (x.data_ptr(), token_topk_to_pos.data_ptr(), pos_to_expert.data_ptr(),
+                0 if x_sf is None else x_sf.data_ptr())
+    if out is None:
+        out = x.new_empty(*plan.problem.out_shape())
+    else:  # the one rule that depends on addresses, not on descriptions
+        first = out.data_ptr()
+        end = first + plan.out_bytes
+        for pointer, size in zip(pointers, plan.input_bytes):
+            if pointer < end and first < pointer + size:
+                return None
+    out_sf = None
+    if x_sf is not None:
+        problem = plan.problem
+        out_sf = (TorchCuda.empty_col_major(problem.num_expanded, problem.sf_columns,
+                                            problem.sf_leading_dim, x_sf)
+                  if plan.sf_mode == SF_COL_MAJOR else x_sf.new_empty(*problem.out_sf_shape()))
+    plan.launch(_raw_torch_stream(plan.device), pointers[0], pointers[1], pointers[2],
+                out.data_ptr(), pointers[3], 0 if out_sf is None else out_sf.data_ptr())
+    return out, out_sf
+
+
+def _validate_routing(lib, problem: ExpandProblem, token_topk_to_pos: Any, pos_to_expert: Any,
+                      device: int, stream: int) -> None:
+    """Run the routing checks on ``stream``; one host synchronisation."""
+    num_slots = problem.num_tokens * problem.top_k
+    first_slot = cupy.empty(max(problem.num_expanded, 1), dtype=cupy.int64)
+    found = cupy.empty(len(ROUTING_ERROR_KINDS), dtype=cupy.int64)
+    for scratch in (first_slot, found):  # every byte 0x7F: the "none found" sentinel
+        runtime.memsetAsync(scratch.data.ptr, 0x7F, scratch.nbytes, stream)
+    _routing_args.set_all(lib.pointer(token_topk_to_pos), lib.pointer(pos_to_expert),
+                          first_slot.data.ptr, found.data.ptr, num_slots, problem.num_expanded)
+    blocks = max(1, min(1024, ceil_div(max(num_slots, problem.num_expanded), 256)))
+    # the routing kernels are the same in every variant: take the plain one's
+    defines = kernel_defines(SF_NONE, ExpandTuning())
+    for name in ("routing_first_slots", "routing_repeats_and_gaps"):
+        launch(function_handle(SOURCE, defines, device, name), (blocks, 1, 1), 256, 0, stream,
+               _routing_args)
+    found_host = np.empty(len(ROUTING_ERROR_KINDS), dtype=np.int64)
+    runtime.memcpyAsync(found_host.ctypes.data, found.data.ptr, found_host.nbytes,
+                        runtime.memcpyDeviceToHost, stream)
+    runtime.streamSynchronize(stream)
+    first = {kind: (-1 if value == _NONE_FOUND else int(value))
+             for kind, value in zip(ROUTING_ERROR_KINDS, found_host)}
+    raise_routing_error(first, problem, lambda i: lib.flat_value(token_topk_to_pos, i))

@@ -1,0 +1,167 @@
+"""Launch plans of the expand kernels: which kernel, which grid, which constants.
+
+Everything about a call that depends only on its sizes, dtypes, device and
+tuning is worked out once and kept in an ``ExpandPlan``: the kernel handles,
+the grids and each launch's argument block with its constant fields packed.
+A call then packs six pointers and launches.
+"""
+
+from __future__ import annotations
+
+from ..runtime.launch import ArgBlock, ArgStruct, device_traits, function_handle, launch
+from ..runtime.sizes import ceil_div
+from .rules import ExpandProblem
+from .tuning import ExpandTuning
+
+SOURCE = "expand.cu"
+SF_NONE, SF_ROW_MAJOR, SF_COL_MAJOR = 0, 1, 2  # CUPY_MOE_SF_MODE of the kernel source
+
+# struct ExpandArgs of expand.cu, field for field
+EXPAND_ARGS = ArgStruct(
+    ("x", "ptr"), ("token_topk_to_pos", "ptr"), ("pos_to_expert", "ptr"), ("out", "ptr"),
+    ("x_sf", "ptr"), ("out_sf", "ptr"), ("row_bytes", "i64"), ("num_tokens", "i32"),
+    ("top_k", "i32"), ("num_expanded", "i32"), ("sf_columns", "i32"), ("sf_ld", "i32"),
+    ("rows_per_zero_block", "i32"), ("vecs_per_thread", "i32"), ("slots_per_block", "i32"))
+
+BULK_SHARED_LIMIT = 16384  # the most dynamic shared memory the bulk kernel asks for
+BULK_THREADS = 32  # one warp: a lane per slot (so K <= 32 for the bulk kernel)
+MAX_GRID_Y = 65535
+
+
+def kernel_defines(sf_mode: int, tuning: ExpandTuning) -> tuple[tuple[str, int], ...]:
+    return (("CUPY_MOE_SF_MODE", sf_mode), *tuning.defines())
+
+
+class ExpandLaunch:
+    """One kernel launch: handle, grid, block size, shared memory, argument block."""
+
+    __slots__ = ("args", "grid", "handle", "name", "shared_bytes", "threads")
+
+    def __init__(self, name: str, handle: int, grid: tuple[int, int, int], threads: int,
+                 shared_bytes: int, args: ArgBlock) -> None:
+        self.name, self.handle, self.grid = name, handle, grid
+        self.threads, self.shared_bytes, self.args = threads, shared_bytes, args
+
+    def constant(self, field: str) -> int:
+        """A constant field of the argument block as packed (for tests and sweeps)."""
+        layout = self.args.layout
+        return layout.packer.unpack_from(self.args.buffer)[layout.names.index(field)]
+
+
+class ExpandPlan:
+    """The launches of one (problem, item size, device, tuning), by access width."""
+
+    __slots__ = ("device", "kernels", "out_bytes", "problem", "row_bytes", "sf_mode", "tuning",
+                 "zero_rows", "input_bytes")
+
+    def __init__(self, problem: ExpandProblem, item_bytes: int, device: int,
+                 tuning: ExpandTuning) -> None:
+        self.device, self.problem, self.tuning = device, problem, tuning
+        self.sf_mode = (SF_NONE if not problem.has_sf else
+                        SF_COL_MAJOR if problem.sf_col_major else SF_ROW_MAJOR)
+        self.row_bytes = problem.hidden * item_bytes
+        # rows the zero-fill blocks walk (the column-major SF's pad columns too)
+        self.zero_rows = (problem.sf_leading_dim if self.sf_mode == SF_COL_MAJOR
+                          else problem.num_expanded)
+        self.kernels: dict[int, ExpandLaunch] = {}  # by access width in bytes
+        # sizes of x, token_topk_to_pos, pos_to_expert, x_sf; and of out: what
+        # the fast path's overlap test compares
+        self.input_bytes = (problem.num_tokens * self.row_bytes,
+                            problem.num_tokens * problem.top_k * 4, problem.num_expanded * 4,
+                            problem.num_tokens * problem.sf_columns * 4)
+        self.out_bytes = problem.num_expanded * self.row_bytes
+
+    def kernel(self, vec_bytes: int) -> ExpandLaunch:
+        found = self.kernels.get(vec_bytes)
+        if found is None:
+            found = self.kernels[vec_bytes] = self._shape_grid(vec_bytes)
+        return found
+
+    def _shape_grid(self, vec_bytes: int) -> ExpandLaunch:
+        """Kernel, chunk size and slot split for this access width.
+
+        Large batches of 16-byte rows on sm_90+: the bulk-copy kernel, rows
+        cut into the fewest equal chunks that make ``bulk_target_blocks``
+        blocks (prefill moves whole rows, medium batches quarter rows). Else
+        the register kernel: the biggest chunks, all K slots per block; when
+        the tokens' chunks are too few to fill the chip, chunks shrink to one
+        access per thread and then each block takes one slot.
+        """
+        tuning, problem = self.tuning, self.problem
+        n_vec = self.row_bytes // vec_bytes
+        num_tokens = problem.num_tokens
+        multiprocessors, major = device_traits(self.device)
+        if vec_bytes == 16 and major >= 9 and problem.top_k <= BULK_THREADS:
+            # chunks per row: enough to stay under the maximum size, at most
+            # what the minimum size allows
+            max_chunk = min(int(tuning.bulk_max_chunk_bytes), BULK_SHARED_LIMIT)
+            fewest = ceil_div(self.row_bytes, max_chunk)
+            most = max(fewest, self.row_bytes // int(tuning.bulk_min_chunk_bytes))
+            if num_tokens > 0 and num_tokens * most >= tuning.bulk_min_blocks * multiprocessors:
+                wanted = ceil_div(int(tuning.bulk_target_blocks * multiprocessors), num_tokens)
+                chunks = min(max(wanted, fewest), most)
+                # equal chunks of whole warps' accesses (the last may be shorter)
+                lane_vecs = ceil_div(n_vec, chunks * BULK_THREADS)
+                whole_rows = self.row_bytes >= tuning.bulk_whole_row_zero_from
+                return self._launch(
+                    "expand_to_fused_bulk_zero_rows" if whole_rows else "expand_to_fused_bulk",
+                    vec_bytes, BULK_THREADS, lane_vecs, problem.top_k,
+                    lane_vecs * BULK_THREADS * 16,
+                    tuning.zero_rows_bulk_whole if whole_rows else tuning.zero_rows_bulk,
+                    zero_whole_rows=whole_rows)
+        threads, vecs_per_thread = tuning.threads, tuning.unroll
+        chunks = ceil_div(n_vec, threads * vecs_per_thread)
+        if num_tokens * chunks < tuning.shrink_chunks_below * multiprocessors:
+            vecs_per_thread = 1
+            chunks = ceil_div(n_vec, threads)
+        split = num_tokens * chunks < tuning.split_slots_below * multiprocessors
+        return self._launch(f"expand_to_fused_v{vec_bytes}", vec_bytes, threads, vecs_per_thread,
+                            1 if split else problem.top_k, 0, tuning.zero_rows_registers)
+
+    def _launch(self, kernel: str, vec_bytes: int, threads: int, vecs_per_thread: int,
+                slots_per_block: int, shared_bytes: int, rows_per_zero_block: int,
+                zero_whole_rows: bool = False) -> ExpandLaunch:
+        problem = self.problem
+        chunk_bytes = threads * vecs_per_thread * vec_bytes
+        chunks = ceil_div(self.row_bytes, chunk_bytes)
+        if chunks > MAX_GRID_Y:
+            raise ValueError(f"x rows of {self.row_bytes} bytes are too long for one launch "
+                             f"(at most {MAX_GRID_Y * chunk_bytes} bytes)")
+        handle = function_handle(SOURCE, kernel_defines(self.sf_mode, self.tuning), self.device,
+                                 kernel)
+        # zero-fill blocks are numbered across the z planes (the kernel's
+        # rows_to_zero); whole-row ones across the y planes too
+        planes = ceil_div(problem.top_k, slots_per_block)
+        zero_blocks = ceil_div(self.zero_rows, rows_per_zero_block)
+        spread = planes * chunks if zero_whole_rows else planes
+        grid = (problem.num_tokens + ceil_div(zero_blocks, spread), chunks, planes)
+        constants = EXPAND_ARGS.constants(
+            row_bytes=self.row_bytes, num_tokens=problem.num_tokens, top_k=problem.top_k,
+            num_expanded=problem.num_expanded, sf_columns=problem.sf_columns,
+            sf_ld=problem.sf_leading_dim, rows_per_zero_block=int(rows_per_zero_block),
+            vecs_per_thread=int(vecs_per_thread), slots_per_block=int(slots_per_block))
+        return ExpandLaunch(kernel, handle, grid, threads, shared_bytes,
+                            ArgBlock(EXPAND_ARGS, constants))
+
+    def launch(self, stream: int, x: int, token_topk_to_pos: int, pos_to_expert: int,
+               out: int, x_sf: int, out_sf: int) -> None:
+        # Widest access (16, 8, 4, 2, 1 bytes) dividing the row and both bases.
+        bits = self.row_bytes | 16 | x | out
+        kernel = self.kernels.get(bits & -bits) or self.kernel(bits & -bits)
+        if kernel.grid[0] == 0:  # no tokens and no output rows
+            return
+        kernel.args.set_pointers(x, token_topk_to_pos, pos_to_expert, out, x_sf, out_sf)
+        launch(kernel.handle, kernel.grid, kernel.threads, kernel.shared_bytes, stream,
+               kernel.args)
+
+
+_plans: dict[tuple, ExpandPlan] = {}
+
+
+def plan_for(problem: ExpandProblem, item_bytes: int, device: int,
+             tuning: ExpandTuning) -> ExpandPlan:
+    key = (problem, item_bytes, device, tuning)
+    plan = _plans.get(key)
+    if plan is None:
+        plan = _plans[key] = ExpandPlan(problem, item_bytes, device, tuning)
+    return plan

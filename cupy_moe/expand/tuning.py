@@ -1,0 +1,79 @@
+"""Tuning of the expand kernels: compile-time sizes and the grid policy.
+
+One frozen object, part of every plan's key: nothing here changes at run
+time. The defaults are measured, not derived (benchmarks/NOTES.md has the
+sweeps behind each); experiments make their own with
+``dataclasses.replace(DEFAULT_TUNING, ...)`` and pass it to
+``cupy_moe.expand.api.run_with_tuning``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+__all__ = ["ExpandTuning", "DEFAULT_TUNING"]
+
+
+@dataclass(frozen=True)
+class ExpandTuning:
+    """How the expand kernels are compiled and how a call's grid is cut.
+
+    Block counts are in multiples of the GPU's SM count.
+
+    Register kernel (every GPU; decode and small batches, unaligned rows):
+    ``threads`` per block, each holding up to ``unroll`` accesses of a row
+    chunk (both compiled in). Below ``shrink_chunks_below`` token chunks,
+    chunks shrink to one access per thread; below ``split_slots_below``, each
+    block takes one slot, so that more SMs share the stores.
+    ``zero_rows_registers``: output rows per zero-fill block.
+
+    Bulk-copy kernel (sm_90+, 16-byte rows): used when rows cut into chunks
+    of ``bulk_min_chunk_bytes`` give at least ``bulk_min_blocks`` blocks; a
+    row is cut into the fewest equal chunks of at most ``bulk_max_chunk_bytes``
+    that give ``bulk_target_blocks`` blocks. Rows of at least
+    ``bulk_whole_row_zero_from`` bytes are zero-filled by blocks of
+    ``zero_rows_bulk_whole`` whole rows, shorter ones by blocks of
+    ``zero_rows_bulk`` rows' column chunk (whole rows won on Kimi-K2's 14 KiB
+    rows and lost on 6-7 KiB ones). A zero-fill block writes its rows one
+    after another: few rows keep it from being the launch's longest block.
+    """
+
+    threads: int = 256
+    unroll: int = 4
+    shrink_chunks_below: float = 2.0
+    split_slots_below: float = 1.0
+    zero_rows_registers: int = 2
+    bulk_min_blocks: float = 1.0
+    bulk_target_blocks: float = 12.0
+    bulk_min_chunk_bytes: int = 2048
+    bulk_max_chunk_bytes: int = 16384
+    bulk_whole_row_zero_from: float = 8192
+    zero_rows_bulk: int = 4
+    zero_rows_bulk_whole: int = 2
+
+    def __post_init__(self) -> None:
+        for field in fields(self):
+            value = getattr(self, field.name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+                raise ValueError(f"ExpandTuning.{field.name} must be a number >= 0; "
+                                 f"got {value!r}")
+        if self.threads % 32 or not 32 <= self.threads <= 1024:
+            raise ValueError(f"ExpandTuning.threads must be whole warps in 32 .. 1024 (the "
+                             f"zero-fill ballots); got {self.threads}")
+        if not 1 <= self.unroll <= 16:
+            raise ValueError(f"ExpandTuning.unroll must be in 1 .. 16; got {self.unroll}")
+        for name in ("zero_rows_registers", "zero_rows_bulk", "zero_rows_bulk_whole"):
+            if not 1 <= getattr(self, name) <= 32:  # one warp ballot covers a block's rows
+                raise ValueError(f"ExpandTuning.{name} must be in 1 .. 32; "
+                                 f"got {getattr(self, name)}")
+        if not 16 <= self.bulk_min_chunk_bytes <= self.bulk_max_chunk_bytes:
+            raise ValueError(f"ExpandTuning needs 16 <= bulk_min_chunk_bytes <= "
+                             f"bulk_max_chunk_bytes; got {self.bulk_min_chunk_bytes}, "
+                             f"{self.bulk_max_chunk_bytes}")
+
+    def defines(self) -> tuple[tuple[str, int], ...]:
+        """The compile-time part (the kernel source's EXPAND_* macros)."""
+        return (("EXPAND_THREADS", int(self.threads)), ("EXPAND_UNROLL", int(self.unroll)))
+
+
+DEFAULT_TUNING = ExpandTuning()

@@ -1,0 +1,152 @@
+"""The ``cupy-moe`` command: ``info`` (what this machine offers) and ``bench``."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import platform
+import sys
+from pathlib import Path
+
+from cupy_moe import __version__
+
+from .manifest import OP_NAMES
+from .timing import device_name
+
+# An option needs an extra that is not installed (1 is a failed bit-exact check).
+EXIT_MISSING_EXTRA = 2
+
+
+def _module_version(name: str) -> str | None:
+    try:
+        module = importlib.import_module(name)
+    except Exception:  # noqa: BLE001 - any import failure means "not usable"
+        return None
+    return getattr(module, "__version__", "?")
+
+
+def _gpu_summary() -> list[str]:
+    lines = []
+    try:
+        import cupy
+    except Exception as exc:  # noqa: BLE001
+        return [f"cupy: not usable ({type(exc).__name__})"]
+    try:
+        count = cupy.cuda.runtime.getDeviceCount()
+    except Exception as exc:  # noqa: BLE001 - no driver, no device
+        return [f"GPU: none ({exc})"]
+    if count == 0:
+        return ["GPU: none"]
+    for ordinal in range(count):
+        props = cupy.cuda.runtime.getDeviceProperties(ordinal)
+        lines.append(f"GPU {ordinal}: {device_name(props)}, sm_{props['major']}{props['minor']}, "
+                     f"{props['totalGlobalMem'] / 2**30:.0f} GiB")
+    return lines
+
+
+def _nvrtc_version() -> str:
+    try:
+        from cupy.cuda import nvrtc
+        major, minor = nvrtc.getVersion()
+    except Exception as exc:  # noqa: BLE001
+        return f"not usable ({type(exc).__name__})"
+    return f"{major}.{minor}"
+
+
+def cmd_info(_args: argparse.Namespace) -> int:
+    from cupy_moe.runtime.loader import kernel_dir
+
+    print(f"cupy_moe {__version__} (python {platform.python_version()}, "
+          f"{platform.machine()})")
+    print(f"kernel sources: {kernel_dir()}")
+    for name in ("numpy", "ml_dtypes", "cupy", "torch"):
+        version = _module_version(name)
+        print(f"{name}: {version if version else 'not installed'}")
+    backends = ["cpu (numpy)"]
+    if _module_version("torch"):
+        backends.append("cpu (torch)")
+    print(f"nvrtc: {_nvrtc_version()}")
+    gpu_lines = _gpu_summary()
+    if any(line.startswith("GPU 0") for line in gpu_lines):
+        backends.append("gpu (cupy)")
+        if _module_version("torch"):
+            backends.append("gpu (torch)")
+    for line in gpu_lines:
+        print(line)
+    print(f"backends: {', '.join(backends)}")
+    return 0
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from . import report, runner
+
+    # Checked first: a run takes minutes, and its figures would be lost.
+    if args.plot and not report.can_plot():
+        print("cupy-moe bench: --plot needs matplotlib, the plot extra: "
+              "pip install 'cupy-moe[plot]'", file=sys.stderr)
+        return EXIT_MISSING_EXTRA
+    ops = list(OP_NAMES) if args.op == "all" else [args.op]
+    iters = args.iters or (10 if args.quick else 50)
+    result = runner.run(ops, args.workload, args.backend, iters, args.quick)
+    print("\n".join(report.summary_lines(result)))
+    print("\n".join(report.table_lines(result)))
+    markdown = args.markdown
+    if args.json and markdown is None:
+        markdown = str(Path(args.json).with_suffix(".md"))
+    report.write_outputs(result, args.json, markdown, args.plot)
+    failed = [r["label"] for r in result["records"] if r["status"] != "ok"]
+    if failed:
+        print(f"bit-exact check failed for: {', '.join(failed)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="cupy-moe",
+        description="CUDA raw kernels for the token-layout steps of MoE layers.",
+    )
+    parser.add_argument("--version", action="version", version=f"cupy-moe {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True)
+    info = commands.add_parser("info", help="versions, backends found, GPU or not")
+    info.set_defaults(run=cmd_info)
+
+    bench = commands.add_parser(
+        "bench", help="time the manifest workloads against the torch peers",
+        description="Time both ops on the manifest workloads: GPU time (L2 flushed), GB/s, "
+                    "share of the same-run copy bandwidth, eager and CUDA-graph time per call, "
+                    "and the seed's torch reference and a sync-free torch version. Without a "
+                    "GPU, times the CPU backend.")
+    bench.add_argument("--op", choices=["all", *OP_NAMES], default="all")
+    bench.add_argument("--workload", action="append", metavar="LABEL",
+                       help="a manifest label; repeat for several (default: all)")
+    bench.add_argument("--backend", choices=["auto", "cupy", "torch", "cpu"], default="auto")
+    bench.add_argument("--iters", type=_positive_int, default=None,
+                       help="timed iterations per figure (default 50, 10 with --quick)")
+    bench.add_argument("--quick", action="store_true",
+                       help="fewer iterations; on the CPU, skip the largest workloads")
+    bench.add_argument("--json", metavar="PATH", help="write the records as JSON "
+                       "(and a Markdown table beside it unless --markdown is given)")
+    bench.add_argument("--markdown", metavar="PATH", help="write the table as Markdown")
+    bench.add_argument("--plot", metavar="PATH", help="PNG of %% roofline per workload "
+                       "(needs matplotlib: the plot extra)")
+    bench.set_defaults(run=cmd_bench)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Runs the command; returns 0, 1 (a result failed the bit-exact check) or
+    2 (--plot without matplotlib)."""
+    args = build_parser().parse_args(argv)
+    return args.run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

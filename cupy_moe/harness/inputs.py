@@ -1,0 +1,73 @@
+"""Inputs for a workload: random payload bits and a realistic routing plan.
+
+Shared by the GPU tests, the benchmarks and the CLI, so that what is timed is
+what is tested. Everything is NumPy on the host; callers move it to a device.
+"""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+
+from cupy_moe.reference import fused_mapping_numpy
+
+from .manifest import Workload
+
+__all__ = ["numpy_dtype", "random_bits", "fitted_routing", "workload_inputs"]
+
+
+def numpy_dtype(name) -> np.dtype:
+    """NumPy dtype of a manifest dtype name (bf16 and fp8 from ml_dtypes), or of a dtype."""
+    if isinstance(name, str):
+        return np.dtype(getattr(ml_dtypes, name, None) or name)
+    return np.dtype(name)
+
+
+def random_bits(rng: np.random.Generator, shape: tuple[int, ...], dtype) -> np.ndarray:
+    """An array of ``dtype`` whose bytes are uniformly random: every code of the
+    type occurs, NaN and infinity encodings and negative zero included."""
+    dtype = np.dtype(dtype)
+    count = int(np.prod(shape, dtype=np.int64))
+    raw = rng.integers(0, 256, size=count * dtype.itemsize, dtype=np.uint8)
+    return raw.view(dtype).reshape(shape)
+
+
+def fitted_routing(rng: np.random.Generator, num_tokens: int, top_k: int, num_expanded: int,
+                   *, num_experts: int = 32, max_alignment: int = 16,
+                   drop: float = 0.1) -> tuple[np.ndarray, np.ndarray]:
+    """Expert-major routing of random experts with dropped slots, in exactly X rows.
+
+    Each slot picks a random expert (a ``drop`` share is dropped); experts'
+    segments are aligned to the largest power of two <= ``max_alignment``
+    that fits the layout in ``num_expanded`` rows (more slots are dropped if
+    even alignment 1 does not); padding rows fill the rest. Returns int32
+    ``token_topk_to_pos [T, K]`` and ``pos_to_expert [X]``.
+    """
+    topk_ids = rng.integers(0, num_experts, size=(num_tokens, top_k))
+    topk_ids[rng.random(topk_ids.shape) < drop] = -1
+    while True:
+        alignment = max_alignment
+        while True:
+            token_topk_to_pos, pos_to_expert = fused_mapping_numpy(
+                topk_ids, num_experts, alignment=alignment)
+            if pos_to_expert.shape[0] <= num_expanded or alignment == 1:
+                break
+            alignment //= 2
+        if pos_to_expert.shape[0] <= num_expanded:
+            break
+        topk_ids[rng.random(topk_ids.shape) < 0.1] = -1
+    tail = np.full(num_expanded - pos_to_expert.shape[0], -1, dtype=np.int32)
+    return token_topk_to_pos, np.concatenate([pos_to_expert, tail])
+
+
+def workload_inputs(workload: Workload, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """Host inputs of one manifest workload, keyed by argument name: ``x [T, H]``
+    (and ``x_sf [T, S]``) of the workload's dtypes with random bits,
+    ``token_topk_to_pos [T, K]`` and ``pos_to_expert [X]`` int32 from
+    :func:`fitted_routing`."""
+    inputs = {"x": random_bits(rng, workload.shapes["x"], numpy_dtype(workload.dtype))}
+    if workload.sf_dtype is not None:
+        inputs["x_sf"] = random_bits(rng, workload.shapes["x_sf"], numpy_dtype(workload.sf_dtype))
+    inputs["token_topk_to_pos"], inputs["pos_to_expert"] = fitted_routing(
+        rng, workload.num_tokens, workload.top_k, workload.num_expanded)
+    return inputs

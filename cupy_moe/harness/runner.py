@@ -1,0 +1,337 @@
+"""Benchmark of the ops over the manifest workloads (DESIGN.md section 7).
+
+Per workload: inputs drawn fresh (random bits, realistic expert-major
+routing), our result checked bit-exact against the NumPy reference before
+anything is timed, then
+- GPU time: median of CUDA-event timings, L2 flushed between iterations;
+- GB/s from the roofline byte count, and its share of the device-to-device
+  copy bandwidth measured at the start of the same run;
+- eager wall time per call with torch tensors in and out, allocation included,
+  against torch's own ``index_select`` of the same rows;
+- GPU time per call from replaying a CUDA graph of many calls (small shapes);
+- the seed's PyTorch reference and a sync-free torch version, same timings.
+Without a GPU, the CPU backend's wall time. Used by ``cupy-moe bench`` and by
+benchmarks/bench_expand_to_fused.py; :mod:`.report` formats the result.
+"""
+
+from __future__ import annotations
+
+import datetime
+import platform
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+from cupy_moe import __version__, expand_to_fused, expand_to_fused_with_sf
+from cupy_moe.reference import expand_to_fused_numpy, expand_to_fused_with_sf_numpy
+
+from .inputs import workload_inputs
+from .manifest import Workload, load_workloads
+from .timing import GpuTimer, eager_us, torch_graph_us
+
+__all__ = ["GRAPH_MAX_BYTES", "CPU_QUICK_MAX_BYTES", "Record", "bench_gpu_workload",
+           "bench_cpu_workload", "resolve_backend", "versions", "run"]
+
+# Workloads at most this large get a CUDA-graph replay figure (decode, small).
+GRAPH_MAX_BYTES = 8 << 20
+# The CPU backend takes seconds a call above this; --quick leaves such workloads out.
+CPU_QUICK_MAX_BYTES = 100 << 20
+
+
+@dataclass
+class Record:
+    """One workload's figures; times in microseconds, None where not measured.
+
+    Its fields are the keys of a record in the JSON that ``cupy-moe bench
+    --json`` writes.
+    """
+
+    op: str
+    label: str
+    shapes: str
+    bytes: int
+    status: str = "ok"
+    gpu_us: float | None = None
+    gbps: float | None = None
+    pct_copy_roofline: float | None = None
+    # a device-to-device copy moving the same bytes (half read, half written),
+    # timed the same way: what launch and ramp cost at this size
+    copy_same_bytes_us: float | None = None
+    eager_us: float | None = None
+    graph_us: float | None = None
+    index_select_eager_us: float | None = None
+    torch_ref_us: float | None = None
+    torch_nosync_us: float | None = None
+    speedup_vs_ref: float | None = None
+    speedup_vs_nosync: float | None = None
+    cpu_us: float | None = None
+    extra: dict = field(default_factory=dict)
+
+
+def _shapes_text(w: Workload) -> str:
+    text = f"T={w.num_tokens} H={w.hidden} K={w.top_k} X={w.num_expanded}"
+    if w.sf_columns is not None:
+        layout = "col" if w.use_tma_aligned_col_major_sf else "row"
+        text += f" S={w.sf_columns} {w.sf_dtype}/{layout}"
+    return text
+
+
+def _new_record(w: Workload) -> Record:
+    return Record(w.op, w.label, _shapes_text(w), w.bytes)
+
+
+def _bits(a: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(a).view(f"u{a.itemsize}")
+
+
+def _reference(w: Workload, host: dict[str, np.ndarray]) -> tuple[np.ndarray, ...]:
+    if w.op == "expand_to_fused":
+        return (expand_to_fused_numpy(host["x"], host["token_topk_to_pos"],
+                                      host["pos_to_expert"]),)
+    return expand_to_fused_with_sf_numpy(
+        host["x"], host["x_sf"], host["token_topk_to_pos"], host["pos_to_expert"],
+        col_major=w.use_tma_aligned_col_major_sf)
+
+
+def _call(w: Workload, args: dict[str, Any], **kwargs) -> tuple:
+    """The op of ``w`` on ``args`` (any array kind); its results as a tuple."""
+    if w.op == "expand_to_fused":
+        return (expand_to_fused(args["x"], args["token_topk_to_pos"], args["pos_to_expert"],
+                                **kwargs),)
+    return expand_to_fused_with_sf(
+        args["x"], args["x_sf"], args["token_topk_to_pos"], args["pos_to_expert"],
+        num_per_channels=w.num_per_channels,
+        use_tma_aligned_col_major_sf=w.use_tma_aligned_col_major_sf, **kwargs)
+
+
+def _mismatch(results, expected, to_host: Callable[[Any], np.ndarray]) -> str | None:
+    """Where ``results`` differ from ``expected`` bit for bit; None if nowhere."""
+    for name, got, want in zip(("expanded_x", "expanded_x_sf"), results, expected):
+        got_bits, want_bits = _bits(to_host(got)), _bits(want)
+        if got_bits.shape != want_bits.shape:
+            return f"{name}: shape {got_bits.shape} != {want_bits.shape}"
+        wrong = np.argwhere(got_bits != want_bits)
+        if wrong.size:
+            return f"{name}: {len(wrong)} elements differ, first at {tuple(wrong[0])}"
+    return None
+
+
+def _to_torch(array: np.ndarray):
+    from cupy_moe.runtime.arrays import numpy_to_torch
+    return numpy_to_torch(np.ascontiguousarray(array)).cuda()
+
+
+def _torch_to_host(tensor) -> np.ndarray:
+    from cupy_moe.runtime.arrays import torch_to_numpy
+    return torch_to_numpy(tensor.cpu())
+
+
+def _to_cupy(array: np.ndarray):
+    import cupy
+    bits = np.ascontiguousarray(array)
+    if bits.dtype.name in ("bfloat16", "float8_e4m3fn"):
+        bits = bits.view(f"u{bits.itemsize}")  # CuPy has no such dtypes: move the bits
+    return cupy.asarray(bits)
+
+
+def _time_torch_peers(record: Record, w: Workload, targs: dict[str, Any],
+                      expected: tuple[np.ndarray, ...], timer: GpuTimer, iters: int,
+                      calls: int) -> None:
+    """Fills the torch figures of ``record``: ``index_select`` of the same rows,
+    the seed's reference and the sync-free version (each checked bit-exact
+    first; a peer that fails or differs is noted in ``record.extra``)."""
+    import torch
+
+    from . import peers
+
+    flat = targs["token_topk_to_pos"].reshape(-1).long()
+    rows = torch.arange(w.num_tokens, device="cuda").repeat_interleave(w.top_k)[flat >= 0]
+    record.index_select_eager_us = eager_us(lambda: targs["x"].index_select(0, rows), calls,
+                                            torch.cuda.synchronize)
+    maps = (targs["token_topk_to_pos"], targs["pos_to_expert"])
+    if w.op == "expand_to_fused":
+        ref = lambda: peers.torch_reference_expand(targs["x"], *maps)  # noqa: E731
+        nosync = lambda: peers.torch_nosync_expand(targs["x"], *maps)  # noqa: E731
+    else:
+        col = w.use_tma_aligned_col_major_sf
+        ref = lambda: peers.torch_reference_expand_with_sf(  # noqa: E731
+            targs["x"], targs["x_sf"], *maps, use_tma_aligned_col_major_sf=col)
+        nosync = lambda: peers.torch_nosync_expand_with_sf(  # noqa: E731
+            targs["x"], targs["x_sf"], *maps, use_tma_aligned_col_major_sf=col)
+    for name, peer in (("torch_ref", ref), ("torch_nosync", nosync)):
+        try:
+            result = peer()
+        except Exception as exc:  # noqa: BLE001 - a peer's failure must not end the run
+            record.extra[f"{name}_error"] = f"{type(exc).__name__}: {exc}"
+            continue
+        result = result if isinstance(result, tuple) else (result,)
+        problem = _mismatch(result, expected, _torch_to_host)
+        if problem:
+            record.extra[f"{name}_mismatch"] = problem
+            continue
+        setattr(record, f"{name}_us", timer.median_us(peer, iters))
+    if record.torch_ref_us:
+        record.speedup_vs_ref = record.torch_ref_us / record.gpu_us
+    if record.torch_nosync_us:
+        record.speedup_vs_nosync = record.torch_nosync_us / record.gpu_us
+
+
+def bench_gpu_workload(w: Workload, timer: GpuTimer, backend: str, iters: int,
+                       copy_tbps: float, rng: np.random.Generator, *,
+                       kernel_only: bool = False) -> Record:
+    """One workload on the GPU through ``backend`` ("cupy" or "torch");
+    ``kernel_only`` skips the eager and peer figures (the graph figure stays
+    for small shapes under torch)."""
+    record = _new_record(w)
+    host = workload_inputs(w, rng)
+    expected = _reference(w, host)
+    use_torch = backend == "torch"
+    if use_torch:
+        import torch
+        args = {name: _to_torch(a) for name, a in host.items()}
+        to_host, sync = _torch_to_host, torch.cuda.synchronize
+    else:
+        import cupy
+        args = {name: _to_cupy(a) for name, a in host.items()}
+        to_host, sync = cupy.asnumpy, cupy.cuda.Device().synchronize
+    problem = _mismatch(_call(w, args), expected, to_host)
+    if problem:
+        record.status = f"MISMATCH {problem}"
+        return record
+
+    # Timed with preallocated outputs (out=), so the figure is the kernel's.
+    outs = _call(w, args)
+    out_kwargs = {"out": outs[0]} if len(outs) == 1 else {"out": outs[0], "out_sf": outs[1]}
+    record.gpu_us = timer.median_us(lambda: _call(w, args, **out_kwargs), iters)
+    record.gbps = w.bytes / record.gpu_us / 1e3
+    record.pct_copy_roofline = 100 * record.gbps / (copy_tbps * 1e3)
+    record.copy_same_bytes_us = timer.copy_us(w.bytes // 2, iters)
+    graphed = use_torch and w.bytes <= GRAPH_MAX_BYTES
+    if kernel_only:
+        if graphed:
+            record.graph_us = torch_graph_us(lambda: _call(w, args, **out_kwargs))
+        return record
+    calls = 100 if w.bytes <= GRAPH_MAX_BYTES else 10
+    record.eager_us = eager_us(lambda: _call(w, args), calls, sync)
+
+    try:
+        import torch
+
+        from . import peers  # noqa: F401 - imports torch; a broken torch skips the peers
+    except ImportError:
+        return record
+    if not torch.cuda.is_available():
+        return record
+    if graphed:
+        record.graph_us = torch_graph_us(lambda: _call(w, args, **out_kwargs))
+    targs = args if use_torch else {name: _to_torch(a) for name, a in host.items()}
+    _time_torch_peers(record, w, targs, expected, timer, iters, calls)
+    return record
+
+
+def bench_cpu_workload(w: Workload, iters: int, rng: np.random.Generator) -> Record:
+    """One workload on the CPU backend (NumPy arrays): median wall time of ``iters`` calls."""
+    record = _new_record(w)
+    host = workload_inputs(w, rng)
+    expected = _reference(w, host)
+    problem = _mismatch(_call(w, host), expected, lambda a: a)
+    if problem:
+        record.status = f"MISMATCH {problem}"
+        return record
+    times = []
+    for _ in range(iters):
+        start = time.perf_counter()
+        _call(w, host)
+        times.append((time.perf_counter() - start) * 1e6)
+    record.cpu_us = statistics.median(times)
+    record.gbps = w.bytes / record.cpu_us / 1e3
+    return record
+
+
+def _gpu_available() -> bool:
+    try:
+        import cupy
+        return cupy.cuda.runtime.getDeviceCount() > 0
+    except Exception:  # noqa: BLE001 - no CuPy, no driver
+        return False
+
+
+def resolve_backend(backend: str) -> str:
+    """The backend to run: "auto" becomes torch (GPU and torch), cupy (GPU) or
+    cpu; a GPU backend asked for on a machine without a GPU is a SystemExit."""
+    if backend == "auto":
+        if not _gpu_available():
+            return "cpu"
+        try:
+            import torch
+            return "torch" if torch.cuda.is_available() else "cupy"
+        except ImportError:
+            return "cupy"
+    if backend in ("cupy", "torch") and not _gpu_available():
+        raise SystemExit(f"--backend {backend} needs a CUDA GPU; none was found")
+    return backend
+
+
+def versions() -> dict[str, str]:
+    """Versions of cupy_moe, Python, NumPy and of cupy and torch where the run loaded them."""
+    found = {"cupy_moe": __version__, "python": platform.python_version(),
+             "numpy": np.__version__}
+    for name in ("cupy", "torch"):
+        module = sys.modules.get(name)
+        if module is not None:
+            found[name] = module.__version__
+    return found
+
+
+def _select_workloads(ops: list[str], labels: list[str] | None) -> list[Workload]:
+    workloads = [w for op in ops for w in load_workloads(op)
+                 if not labels or w.label in labels]
+    if labels:
+        unknown = set(labels) - {w.label for w in workloads}
+        if unknown:
+            raise SystemExit(f"unknown workload label(s) for {ops}: {sorted(unknown)}")
+    return workloads
+
+
+def run(ops: list[str], labels: list[str] | None, backend: str, iters: int, quick: bool,
+        progress=sys.stderr) -> dict[str, Any]:
+    """Benchmark the workloads of ``ops`` (only ``labels``, if given) on ``backend``
+    ("auto", "cupy", "torch", "cpu"). Returns the JSON-ready result: date,
+    backend, iters, quick, versions, copy_tbps, device, records (one
+    :class:`Record` dict a workload), notes. Progress lines go to ``progress``."""
+    backend = resolve_backend(backend)
+    workloads = _select_workloads(ops, labels)
+    rng = np.random.default_rng()
+    result: dict[str, Any] = {
+        "date": datetime.date.today().isoformat(), "backend": backend, "iters": iters,
+        "quick": quick, "versions": {}, "copy_tbps": None, "device": platform.processor() or
+        platform.machine(), "records": [], "notes": [],
+    }
+    timer = None
+    if backend == "cpu":
+        result["notes"].append("no GPU: CPU backend (vectorised NumPy); GPU columns empty")
+        if quick:
+            skipped = [w.label for w in workloads if w.bytes > CPU_QUICK_MAX_BYTES]
+            workloads = [w for w in workloads if w.bytes <= CPU_QUICK_MAX_BYTES]
+            if skipped:
+                result["notes"].append(f"--quick on the CPU skips workloads over "
+                                       f"{CPU_QUICK_MAX_BYTES >> 20} MiB: {', '.join(skipped)}")
+    else:
+        timer = GpuTimer()
+        result["device"] = timer.device_name
+        result["copy_tbps"] = timer.copy_tbps()
+        print(f"device-to-device copy: {result['copy_tbps']:.2f} TB/s (read + write)",
+              file=progress)
+    for index, w in enumerate(workloads, 1):
+        print(f"[{index}/{len(workloads)}] {w.op} {w.label} ...", file=progress, flush=True)
+        if timer is None:
+            record = bench_cpu_workload(w, iters, rng)
+        else:
+            record = bench_gpu_workload(w, timer, backend, iters, result["copy_tbps"], rng)
+        result["records"].append(asdict(record))
+    result["versions"] = versions()
+    return result

@@ -1,0 +1,121 @@
+"""Timers: GPU time by CUDA events with the L2 flushed, host wall time of eager
+calls, and GPU time per call from CUDA-graph replays (torch).
+
+cupy and torch are imported where a timer is made, so that the CPU benchmark
+and the CLI's ``info`` run without them.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Any, Callable, Mapping
+
+__all__ = ["GRAPH_CALLS", "device_name", "GpuTimer", "eager_us", "torch_graph_us"]
+
+GRAPH_CALLS = 100
+
+
+def device_name(props: Mapping[str, Any]) -> str:
+    """The name in ``cupy.cuda.runtime.getDeviceProperties``' dict (bytes on
+    some CuPy versions, str on others)."""
+    name = props["name"]
+    return name.decode() if isinstance(name, bytes) else name
+
+
+class GpuTimer:
+    """CUDA-event timings on the current stream, with an L2 flush between runs.
+
+    The flush writes a buffer ``l2_multiple`` times the L2 size, then reads
+    another, so no dirty lines are left for the timed kernel to write back.
+    """
+
+    def __init__(self, l2_multiple: int = 4) -> None:
+        import cupy
+        self.cupy = cupy
+        props = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.runtime.getDevice())
+        self.device_name = device_name(props)
+        flush_bytes = l2_multiple * int(props["l2CacheSize"])
+        self._written = cupy.empty(flush_bytes, dtype=cupy.uint8)
+        self._read = cupy.ones(flush_bytes // 4, dtype=cupy.float32)
+        self._sink = cupy.empty((), dtype=cupy.float32)
+
+    def flush_l2(self) -> None:
+        self._written.fill(1)
+        self.cupy.sum(self._read, out=self._sink)  # leaves clean lines behind
+
+    def median_us(self, fn: Callable[[], Any], iters: int, *, flush: bool = True) -> float:
+        """Median GPU time of ``fn`` in microseconds over ``iters`` runs, after one warm-up."""
+        cupy = self.cupy
+        fn()  # warm-up
+        starts = [cupy.cuda.Event() for _ in range(iters)]
+        ends = [cupy.cuda.Event() for _ in range(iters)]
+        for start, end in zip(starts, ends):
+            if flush:
+                self.flush_l2()
+            start.record()
+            fn()
+            end.record()
+        ends[-1].synchronize()
+        return statistics.median(cupy.cuda.get_elapsed_time(s, e) * 1e3 for s, e in zip(starts, ends))
+
+    def copy_us(self, nbytes: int, iters: int) -> float:
+        """Median time of a device-to-device copy of ``nbytes`` (read, then written)."""
+        cupy = self.cupy
+        src = cupy.ones(max(nbytes, 1), dtype=cupy.uint8)
+        dst = cupy.empty_like(src)
+        stream = cupy.cuda.get_current_stream().ptr
+        kind = cupy.cuda.runtime.memcpyDeviceToDevice
+
+        def copy():
+            cupy.cuda.runtime.memcpyAsync(dst.data.ptr, src.data.ptr, nbytes, kind, stream)
+
+        return self.median_us(copy, iters)
+
+    def copy_tbps(self, nbytes: int = 1 << 30, iters: int = 20) -> float:
+        """Device-to-device copy bandwidth in TB/s, bytes read plus bytes written."""
+        return 2 * nbytes / self.copy_us(nbytes, iters) / 1e6
+
+
+def eager_us(fn: Callable[[], Any], calls: int, sync: Callable[[], None],
+             rounds: int = 7) -> float:
+    """Wall time per call of back-to-back calls, one synchronisation at the end
+    of each round; the median of ``rounds`` rounds (host timings are noisy)."""
+    for _ in range(3):
+        fn()
+    sync()
+    per_call = []
+    for _ in range(rounds):
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        sync()
+        per_call.append((time.perf_counter() - start) / calls * 1e6)
+    return statistics.median(per_call)
+
+
+def torch_graph_us(fn: Callable[[], Any], calls: int = GRAPH_CALLS, replays: int = 10) -> float:
+    """GPU time per call from replays of a CUDA graph of ``calls`` calls."""
+    import torch
+    # Capture needs a warm-up on a side stream (lazy initialisation must not
+    # land in the graph).
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(replays):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3 / calls)
+    return statistics.median(times)

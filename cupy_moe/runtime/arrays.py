@@ -1,0 +1,206 @@
+"""Array kinds, one description of an array, and CPU conversions.
+
+``describe(name, array)`` is the only place that reads an argument's kind,
+shape, dtype, device and flags: the argument rules read its result, and the
+torch fast path uses the very same tuples as its cache key, so a call the
+fast path lets through is one the rules have already passed.
+
+torch and CuPy are optional: they are looked up in ``sys.modules`` rather than
+imported, since an argument of theirs can only exist once they are imported.
+"""
+
+from __future__ import annotations
+
+import enum
+import sys
+from typing import Any, NamedTuple
+
+import ml_dtypes
+import numpy as np
+
+__all__ = ["ArrayKind", "ArrayDesc", "describe", "common_kind", "torch_to_numpy",
+           "numpy_to_torch", "element_strides", "bytes_to_allocation_end", "byte_span"]
+
+
+class ArrayKind(enum.Enum):
+    NUMPY = "numpy.ndarray"
+    TORCH_CPU = "torch.Tensor (cpu)"
+    TORCH_CUDA = "torch.Tensor (cuda)"
+    CUPY = "cupy.ndarray"
+
+    @property
+    def on_gpu(self) -> bool:
+        return self in (ArrayKind.TORCH_CUDA, ArrayKind.CUPY)
+
+    @property
+    def is_torch(self) -> bool:
+        return self in (ArrayKind.TORCH_CPU, ArrayKind.TORCH_CUDA)
+
+
+class ArrayDesc(NamedTuple):
+    """What the rules may read of an array argument (hashable: a cache key part).
+
+    ``dtype`` is the canonical name (NumPy's, or torch's without ``torch.``);
+    ``device`` the CUDA ordinal (None on the CPU); ``contiguous`` C order;
+    ``requires_grad`` only ever True for torch; ``writeable`` only ever False
+    for a read-only NumPy array.
+    """
+
+    kind: ArrayKind
+    shape: tuple
+    dtype: str
+    device: int | None
+    contiguous: bool
+    requires_grad: bool
+    writeable: bool
+
+
+# torch dtype -> canonical name, filled as dtypes are met (str() costs ~0.3 us)
+_torch_dtype_names: dict[Any, str] = {}
+_new_desc = tuple.__new__  # NamedTuple's own __new__ is a Python function: ~10x slower
+
+
+def _torch_dtype_name(dtype: Any) -> str:
+    name = _torch_dtype_names.get(dtype)
+    if name is None:
+        name = _torch_dtype_names[dtype] = str(dtype).removeprefix("torch.")
+    return name
+
+
+def describe(name: str, array: Any) -> ArrayDesc:
+    """The description of argument ``name``.
+
+    Raises TypeError naming ``name`` for anything that is not a NumPy array,
+    CuPy array or torch tensor (None included), and ValueError for a tensor
+    on a device other than the CPU or a CUDA GPU (e.g. ``meta``).
+    """
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(array, torch.Tensor):
+        if array.is_cuda:
+            kind, device = ArrayKind.TORCH_CUDA, array.get_device()
+        elif array.device.type == "cpu":
+            kind, device = ArrayKind.TORCH_CPU, None
+        else:
+            raise ValueError(f"{name} is a tensor on device '{array.device}'; cupy_moe takes "
+                             "CPU and CUDA tensors")
+        return _new_desc(ArrayDesc, (kind, array.shape, _torch_dtype_name(array.dtype), device,
+                                     array.is_contiguous(), array.requires_grad, True))
+    if isinstance(array, np.ndarray):
+        flags = array.flags
+        return _new_desc(ArrayDesc, (ArrayKind.NUMPY, array.shape, array.dtype.name, None,
+                                     flags.c_contiguous, False, flags.writeable))
+    cupy = sys.modules.get("cupy")
+    if cupy is not None and isinstance(array, cupy.ndarray):
+        return _new_desc(ArrayDesc, (ArrayKind.CUPY, array.shape, array.dtype.name,
+                                     array.device.id, array.flags.c_contiguous, False, True))
+    got = "None" if array is None else f"{type(array).__module__}.{type(array).__qualname__}"
+    raise TypeError(f"{name} must be a numpy.ndarray, cupy.ndarray or torch.Tensor; got {got}")
+
+
+def common_kind(descs: dict[str, ArrayDesc | None]) -> tuple[ArrayKind, int | None]:
+    """The one kind and device of all described arrays (None entries skipped).
+
+    Raises TypeError when two kinds are mixed, ValueError when two GPU arrays
+    sit on different devices (naming both arguments), and TypeError for a
+    torch tensor that requires grad while grad mode is on: the ops are
+    inference-only and record nothing for autograd.
+    """
+    first_name = kind = device = None
+    for name, desc in descs.items():
+        if desc is None:
+            continue
+        if kind is None:
+            first_name, kind, device = name, desc.kind, desc.device
+        elif desc.kind is not kind:
+            raise TypeError(f"all arrays must be of one kind: {first_name} is {kind.value}, "
+                            f"{name} is {desc.kind.value}")
+        elif desc.device != device:
+            raise ValueError(f"all arrays must be on one device: {first_name} is on "
+                             f"cuda:{device}, {name} is on cuda:{desc.device}")
+        if desc.requires_grad and sys.modules["torch"].is_grad_enabled():
+            raise TypeError(f"{name} requires grad, but cupy_moe ops are inference-only (no "
+                            f"autograd): pass {name}.detach() or call under torch.no_grad()")
+    return kind, device
+
+
+# torch CPU tensors <-> NumPy arrays, sharing memory. NumPy has no bfloat16 or
+# float8 of its own: ml_dtypes names them, the bytes are viewed through a
+# same-size integer type on the torch side.
+_TORCH_VIA_BITS = {
+    "bfloat16": ("int16", ml_dtypes.bfloat16),
+    "float8_e4m3fn": ("uint8", ml_dtypes.float8_e4m3fn),
+}
+
+
+def torch_to_numpy(tensor: Any) -> np.ndarray:
+    """A NumPy view of a CPU tensor (any strides), native dtype via ml_dtypes."""
+    torch = sys.modules["torch"]
+    name = _torch_dtype_name(tensor.dtype)
+    if name in _TORCH_VIA_BITS:
+        bits, np_dtype = _TORCH_VIA_BITS[name]
+        return tensor.view(getattr(torch, bits)).numpy().view(np_dtype)
+    return tensor.numpy()
+
+
+def numpy_to_torch(array: np.ndarray) -> Any:
+    """A CPU tensor sharing ``array``'s memory, torch's native dtype."""
+    torch = sys.modules["torch"]
+    name = array.dtype.name
+    if name in _TORCH_VIA_BITS:
+        bits, _ = _TORCH_VIA_BITS[name]
+        return torch.from_numpy(array.view(bits)).view(getattr(torch, name))
+    return torch.from_numpy(array)
+
+
+def element_strides(kind: ArrayKind, array: Any) -> tuple[int, ...]:
+    if kind.is_torch:
+        return tuple(array.stride())
+    return tuple(s // array.itemsize for s in array.strides)
+
+
+def byte_span(kind: ArrayKind, array: Any) -> tuple[int, int]:
+    """``[first, end)`` device addresses of the bytes a GPU array's view touches
+    (``(0, 0)`` when it is empty)."""
+    if kind is ArrayKind.CUPY:
+        address, item, strides = array.data.ptr, array.itemsize, array.strides
+    else:
+        item = array.element_size()
+        address, strides = array.data_ptr(), [s * item for s in array.stride()]
+    if 0 in array.shape:
+        return (0, 0)
+    low = high = address
+    for n, stride in zip(array.shape, strides):
+        reach = (n - 1) * stride
+        low, high = (low + reach, high) if reach < 0 else (low, high + reach)
+    return (low, high + item)
+
+
+def bytes_to_allocation_end(kind: ArrayKind, array: Any) -> int:
+    """Bytes from ``array``'s first element to the end of the memory it views.
+
+    Tells whether a view (a column-major SF output) may be written past its
+    own last element, into pad columns of the buffer behind it.
+    """
+    if kind.is_torch:
+        return array.untyped_storage().nbytes() - array.storage_offset() * array.element_size()
+    if kind is ArrayKind.CUPY:
+        return array.data.mem.size - (array.data.ptr - array.data.mem.ptr)
+    return _byte_bounds(_numpy_owner(array))[1] - array.ctypes.data
+
+
+def _numpy_owner(array: np.ndarray) -> np.ndarray:
+    """The array that owns ``array``'s memory, through views and as_strided."""
+    owner = array
+    while True:
+        base = owner.base
+        if isinstance(base, np.ndarray):
+            owner = base
+        elif isinstance(getattr(base, "base", None), np.ndarray):
+            owner = base.base  # as_strided wraps the real array in a DummyArray
+        else:
+            return owner
+
+
+# np.byte_bounds moved to np.lib.array_utils in NumPy 2.0.
+_byte_bounds = getattr(getattr(np.lib, "array_utils", None), "byte_bounds", None) or getattr(
+    np, "byte_bounds", None)

@@ -1,0 +1,149 @@
+"""Kernel launches: argument blocks from a struct description, kernel handles,
+device traits, the current device.
+
+Per-call host work is what decode latency is made of, so launches go straight
+to ``cuLaunchKernel`` with a pre-built argument block: the constant fields are
+packed once per launch configuration, a call packs only its pointers.
+Imports CuPy: only GPU code paths import this module.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import struct
+import threading
+from typing import Any, NamedTuple
+
+from cupy.cuda import driver, runtime
+
+from .loader import get_module
+
+__all__ = ["ArgStruct", "ArgBlock", "function_handle", "DeviceTraits", "device_traits",
+           "OnDevice", "launch"]
+
+# C field types of a kernel argument struct: struct code and size (= alignment)
+_FIELD_TYPES = {"ptr": ("Q", 8), "i64": ("q", 8), "i32": ("i", 4)}
+
+
+class ArgStruct:
+    """A kernel's by-value argument struct, field by field in declaration order.
+
+    Packs the way the CUDA compiler lays the struct out: each field at its
+    natural alignment, the size rounded up to the largest alignment. Pointer
+    fields come first (a call fills only those; see ArgBlock).
+    """
+
+    def __init__(self, *fields: tuple[str, str]) -> None:
+        layout, offset, widest = "<", 0, 1
+        for _, field_type in fields:
+            code, size = _FIELD_TYPES[field_type]
+            pad = -offset % size
+            layout += f"{pad}x{code}" if pad else code
+            offset += pad + size
+            widest = max(widest, size)
+        if offset % widest:
+            layout += f"{-offset % widest}x"
+        self.names = tuple(name for name, _ in fields)
+        self.pointer_count = next((i for i, (_, t) in enumerate(fields) if t != "ptr"),
+                                  len(fields))
+        self.packer = struct.Struct(layout)
+        self.pointer_packer = struct.Struct("<" + "Q" * self.pointer_count)
+
+    @property
+    def size(self) -> int:
+        return self.packer.size
+
+    def constants(self, **values: int) -> tuple[int, ...]:
+        """The non-pointer fields, in order, from keyword values (all required)."""
+        names = self.names[self.pointer_count:]
+        missing = set(names) - set(values)
+        extra = set(values) - set(names)
+        if missing or extra:
+            raise TypeError(f"argument struct fields: missing {sorted(missing)}, "
+                            f"unknown {sorted(extra)}")
+        return tuple(values[name] for name in names)
+
+
+class ArgBlock(threading.local):
+    """A per-thread argument block and the one-entry ``void*`` array pointing at it.
+
+    The driver copies the argument bytes at launch, so the block is refilled
+    for every call; per thread, so concurrent callers don't collide. With
+    ``constants`` (the struct's non-pointer fields) each thread's block starts
+    with them packed, and ``set_pointers`` packs only the leading pointers.
+    """
+
+    def __init__(self, layout: ArgStruct, constants: tuple[int, ...] | None = None) -> None:
+        self.layout = layout
+        self.buffer = (ctypes.c_uint64 * -(-layout.size // 8))()
+        self.params = (ctypes.c_void_p * 1)(ctypes.addressof(self.buffer))
+        self.params_address = ctypes.addressof(self.params)
+        if constants is not None:
+            layout.packer.pack_into(self.buffer, 0, *([0] * layout.pointer_count), *constants)
+
+    def set_pointers(self, *pointers: int) -> None:
+        self.layout.pointer_packer.pack_into(self.buffer, 0, *pointers)
+
+    def set_all(self, *values: int) -> None:
+        self.layout.packer.pack_into(self.buffer, 0, *values)
+
+
+def launch(handle: int, grid: tuple[int, int, int], threads: int, shared_bytes: int,
+           stream: int, block: ArgBlock) -> None:
+    driver.launchKernel(handle, grid[0], grid[1], grid[2], threads, 1, 1, shared_bytes, stream,
+                        block.params_address, 0)
+
+
+_functions: dict[tuple, int] = {}
+
+
+def function_handle(source: str, defines: tuple[tuple[str, int], ...], device: int,
+                    name: str) -> int:
+    """Driver handle of kernel ``name`` of ``source`` compiled with ``defines``."""
+    key = (device, source, defines, name)
+    handle = _functions.get(key)
+    if handle is None:
+        module = get_module(source, defines, device)
+        # RawKernel.kernel is the loaded cupy.cuda.Function; the cached module
+        # keeps its code alive.
+        handle = _functions.setdefault(key, module.get_function(name).kernel.ptr)
+    return handle
+
+
+class DeviceTraits(NamedTuple):
+    multiprocessors: int
+    major: int  # compute capability major: 9 = Hopper (bulk copies, TMA)
+
+
+_device_traits: dict[int, DeviceTraits] = {}
+
+
+def device_traits(device: int) -> DeviceTraits:
+    traits = _device_traits.get(device)
+    if traits is None:
+        props = runtime.getDeviceProperties(device)
+        traits = _device_traits[device] = DeviceTraits(props["multiProcessorCount"],
+                                                       props["major"])
+    return traits
+
+
+def current_device() -> int:
+    return runtime.getDevice()
+
+
+class OnDevice:
+    """Make ``device`` current for the call, only when it is not already."""
+
+    def __init__(self, device: int) -> None:
+        self.device = device
+        self.previous = None
+
+    def __enter__(self) -> None:
+        current = runtime.getDevice()
+        if current != self.device:
+            self.previous = current
+            runtime.setDevice(self.device)
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.previous is not None:
+            runtime.setDevice(self.previous)

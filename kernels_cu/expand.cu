@@ -1,0 +1,377 @@
+// Expand to fused: scatter token rows (and their scale factors) to the
+// expert-major rows of a grouped-GEMM input, zero-filling padding rows.
+//
+// One launch does all of it. The grid's x dimension holds two kinds of
+// blocks, its y dimension splits a row into column chunks of
+// EXPAND_THREADS * vecs_per_thread accesses, its z dimension splits the K
+// slots into groups of slots_per_block (small batches only: more, smaller
+// blocks put more SMs to work when there are few tokens):
+//   blocks [0, T)          token t: load one chunk of x[t] into registers
+//                          once, store it to each valid slot of the block's
+//                          group; chunk 0 also moves x_sf[t].
+//   blocks x >= T          zero-fill, rows_per_zero_block (<= 32) output rows
+//                          each, numbered across the z planes too: zero the
+//                          rows with pos_to_expert[p] < 0 (every row when
+//                          T == 0) and, column-major SF, the pad columns
+//                          X .. align(X, 4). (expand_to_fused_bulk_zero_rows
+//                          numbers them across the y planes as well and
+//                          zeroes whole rows; see ZERO_ROWS below.)
+// Rows are raw bytes moved in VEC_BYTES accesses; the host picks the widest
+// width that divides the row length and both base addresses, so no row needs
+// a tail. Offsets are 64-bit. A slot outside [0, X) is skipped, never written.
+// Two kernels share this layout: expand_to_fused_v{16,8,4,2,1} hold chunks in
+// registers (every GPU, every batch); expand_to_fused_bulk{,_zero_rows} move
+// 16-byte rows through shared memory with the bulk-copy engine (sm_90+,
+// batches that fill the chip; see their comment). The host
+// (cupy_moe/expand/plan.py) picks per call shape.
+//
+// CUPY_MOE_SF_MODE (set by the loader): 0 no scale factors, 1 row-major
+// [X, S] float32, 2 TMA-aligned column-major [S, sf_ld] (float32 or packed
+// UE8M0 int32: both are moved as 4-byte words).
+
+#ifndef CUPY_MOE_SF_MODE
+#define CUPY_MOE_SF_MODE 0
+#endif
+
+#define SF_NONE 0
+#define SF_ROW_MAJOR 1
+#define SF_COL_MAJOR 2
+
+#include "vector_access.cuh"
+#include "bulk_copy.cuh"
+#include "zero_fill.cuh"
+
+// Threads per block and the most vectors a thread holds in flight. The loader
+// passes both (cupy_moe/expand/tuning.py), since the host sizes the column
+// chunks with the same numbers; these defaults only serve NVRTC runs without
+// them.
+#ifndef EXPAND_THREADS
+#define EXPAND_THREADS 256
+#endif
+#ifndef EXPAND_UNROLL
+#define EXPAND_UNROLL 4
+#endif
+
+static_assert(EXPAND_THREADS % 32 == 0, "blocks are whole warps (the zero-fill ballots)");
+
+// The argument block, passed by value. The host packs it field for field
+// (cupy_moe/expand/plan.py, EXPAND_ARGS), in this order.
+struct ExpandArgs {
+    const unsigned char* x;           // [T, row_bytes]
+    const int* token_topk_to_pos;     // [T, K]
+    const int* pos_to_expert;         // [X]
+    unsigned char* out;               // [X, row_bytes]
+    const unsigned int* x_sf;         // [T, S] 4-byte words, or null
+    unsigned int* out_sf;             // [X, S] or [S, sf_ld], or null
+    i64 row_bytes;                    // H * itemsize(x)
+    int num_tokens;                   // T
+    int top_k;                        // K
+    int num_expanded;                 // X
+    int sf_columns;                   // S (0 without scale factors)
+    int sf_ld;                        // align(X, 4): column-major leading dim
+    int rows_per_zero_block;          // 1 .. 32 (a warp ballot covers them)
+    int vecs_per_thread;              // a chunk is blockDim.x * this many accesses
+    int slots_per_block;              // 1 .. K
+};
+
+template <int VEC_BYTES>
+__device__ __forceinline__ void zero_row_chunk(unsigned char* out, i64 row, i64 n_vec, i64 vec_begin,
+                                               int vecs_per_thread) {
+    typedef typename VecOf<VEC_BYTES>::type Vec;
+    Vec zero;
+    memset(&zero, 0, sizeof(Vec));
+    Vec* dst = reinterpret_cast<Vec*>(out) + row * n_vec;
+#pragma unroll
+    for (int u = 0; u < EXPAND_UNROLL; ++u) {
+        i64 idx = vec_begin + u * EXPAND_THREADS + threadIdx.x;
+        if (u < vecs_per_thread && idx < n_vec) store_once(dst + idx, zero);
+    }
+}
+
+__device__ __forceinline__ void store_sf_row(unsigned int* out_sf, const ExpandArgs& a, i64 row,
+                                             int s, unsigned int word) {
+#if CUPY_MOE_SF_MODE == SF_ROW_MAJOR
+    out_sf[row * a.sf_columns + s] = word;
+#elif CUPY_MOE_SF_MODE == SF_COL_MAJOR
+    out_sf[static_cast<i64>(s) * a.sf_ld + row] = word;
+#endif
+}
+
+// Zero-fill blocks are blocks x >= T of every plane. Those that zero a column
+// chunk (each y plane has its own) are numbered x-major across the z planes,
+// (x - T) * gridDim.z + z, so that a grid split by slots has no idle planes.
+__device__ __forceinline__ i64 zero_block_of_chunk_grid(int zero_column) {
+    return static_cast<i64>(zero_column) * gridDim.z + blockIdx.z;
+}
+
+// The rows zero-fill block `zero_block` covers that need zeros: padding rows
+// (pos_to_expert < 0; every row when there are no tokens) and, column-major
+// SF, the pad columns [X, align(X, 4)) (SF only).
+__device__ __forceinline__ ZeroRows rows_to_zero(const ExpandArgs& a, i64 zero_block) {
+#if CUPY_MOE_SF_MODE == SF_COL_MAJOR
+    const i64 zero_rows = a.sf_ld;
+#else
+    const i64 zero_rows = a.num_expanded;
+#endif
+    return padding_rows_ballot(a.pos_to_expert, zero_block * a.rows_per_zero_block,
+                               a.rows_per_zero_block, zero_rows, a.num_expanded,
+                               a.num_tokens == 0);
+}
+
+// Zero scale factors of the rows in `rows`.
+__device__ __forceinline__ void zero_sf_rows(const ExpandArgs& a, ZeroRows rows, int threads) {
+#if CUPY_MOE_SF_MODE != SF_NONE
+    for (unsigned mask = rows.mask; mask != 0; mask &= mask - 1) {
+        const i64 p = rows.first_row + __ffs(mask) - 1;
+        for (int s = threadIdx.x; s < a.sf_columns; s += threads) store_sf_row(a.out_sf, a, p, s, 0u);
+    }
+#endif
+}
+
+// A zero-fill block: zero_data(p) zeroes this block's column chunk of data
+// row p, for each of its rows that needs it; then their scale factors.
+// (Scale factors by chunk 0's blocks only.)
+template <typename ZeroData>
+__device__ __forceinline__ void zero_fill(const ExpandArgs& a, i64 zero_block, int threads,
+                                          ZeroData zero_data) {
+    const ZeroRows rows = rows_to_zero(a, zero_block);
+    for (unsigned mask = rows.mask; mask != 0; mask &= mask - 1) {
+        const i64 p = rows.first_row + __ffs(mask) - 1;
+        if (p < a.num_expanded) zero_data(p);
+    }
+    if (blockIdx.y == 0) zero_sf_rows(a, rows, threads);
+}
+
+template <int VEC_BYTES>
+__device__ __forceinline__ void expand_to_fused_body(const ExpandArgs& a) {
+    typedef typename VecOf<VEC_BYTES>::type Vec;
+    const i64 n_vec = a.row_bytes / VEC_BYTES;
+    const int vecs_per_thread = a.vecs_per_thread;
+    const i64 vec_begin = static_cast<i64>(blockIdx.y) * (EXPAND_THREADS * vecs_per_thread);
+    const int block = blockIdx.x;
+
+    if (block < a.num_tokens) {
+        // Scatter: one read of the chunk, a store per slot of the group.
+        const i64 t = block;
+        const int* slots = a.token_topk_to_pos + t * a.top_k;
+        const int k_begin = blockIdx.z * a.slots_per_block;
+        const int k_end = min(a.top_k, k_begin + a.slots_per_block);
+#if CUPY_MOE_SF_MODE != SF_NONE
+        // Issue the first scale-factor load with the row loads, so that its
+        // latency overlaps theirs instead of following the row stores.
+        const bool moves_sf = blockIdx.y == 0 && threadIdx.x < a.sf_columns;
+        const unsigned int first_word = moves_sf ? a.x_sf[t * a.sf_columns + threadIdx.x] : 0u;
+#endif
+        const Vec* src = reinterpret_cast<const Vec*>(a.x) + t * n_vec;
+        Vec held[EXPAND_UNROLL];
+#pragma unroll
+        for (int u = 0; u < EXPAND_UNROLL; ++u) {
+            i64 idx = vec_begin + u * EXPAND_THREADS + threadIdx.x;
+            if (u < vecs_per_thread && idx < n_vec) held[u] = load_once(src + idx);
+        }
+        for (int k = k_begin; k < k_end; ++k) {
+            const int p = __ldg(slots + k);
+            if (p < 0 || p >= a.num_expanded) continue;  // dropped, or malformed
+            Vec* dst = reinterpret_cast<Vec*>(a.out) + static_cast<i64>(p) * n_vec;
+#pragma unroll
+            for (int u = 0; u < EXPAND_UNROLL; ++u) {
+                i64 idx = vec_begin + u * EXPAND_THREADS + threadIdx.x;
+                if (u < vecs_per_thread && idx < n_vec) store_once(dst + idx, held[u]);
+            }
+        }
+#if CUPY_MOE_SF_MODE != SF_NONE
+        if (moves_sf) {
+            for (int s = threadIdx.x; s < a.sf_columns; s += EXPAND_THREADS) {
+                const unsigned int word = s == threadIdx.x ? first_word
+                                                           : a.x_sf[t * a.sf_columns + s];
+                for (int k = k_begin; k < k_end; ++k) {
+                    const int p = __ldg(slots + k);
+                    if (p < 0 || p >= a.num_expanded) continue;
+                    store_sf_row(a.out_sf, a, p, s, word);
+                }
+            }
+        }
+#endif
+        return;
+    }
+
+    // Zero-fill: padding rows (all rows when there are no tokens) and, for the
+    // column-major SF, the pad columns X .. sf_ld that a TMA load reads.
+    zero_fill(a, zero_block_of_chunk_grid(block - a.num_tokens), EXPAND_THREADS, [&](i64 p) {
+        zero_row_chunk<VEC_BYTES>(a.out, p, n_vec, vec_begin, vecs_per_thread);
+    });
+}
+
+#define DEFINE_EXPAND_KERNEL(VEC_BYTES)                                              \
+    extern "C" __global__ void __launch_bounds__(EXPAND_THREADS)                     \
+    expand_to_fused_v##VEC_BYTES(const ExpandArgs args) {                            \
+        expand_to_fused_body<VEC_BYTES>(args);                                       \
+    }
+
+DEFINE_EXPAND_KERNEL(16)
+DEFINE_EXPAND_KERNEL(8)
+DEFINE_EXPAND_KERNEL(4)
+DEFINE_EXPAND_KERNEL(2)
+DEFINE_EXPAND_KERNEL(1)
+
+// ---------------------------------------------------------------------------
+// Bulk-copy variant (sm_90 and newer; 16-byte aligned rows only), for batches
+// big enough to fill the chip with chunks. One warp per block, same grid
+// layout as above with blockDim.x == 32: lane 0 loads the block's chunk of
+// x[t] (32 * vecs_per_thread vectors; the last chunk of a row may be
+// shorter) into shared memory with one cp.async.bulk, then lane k stores it
+// to slot k with one bulk store (so slots_per_block must be <= 32). Few
+// instructions per byte and many small blocks per SM keep more loads in
+// flight than the register variant: measured +4 points of the copy bandwidth
+// on kimi-k2-prefill, +13 on qwen3-30b-prefill (benchmarks/NOTES.md).
+// Scale factors use ordinary loads and stores; zero-fill, see ZERO_CHUNKS
+// and ZERO_ROWS below.
+
+#define BULK_THREADS 32
+
+// Zero-fill blocks of the bulk kernel, two layouts (the host picks one by row
+// length; benchmarks/NOTES.md has the measurements):
+//   ZERO_CHUNKS  as in the register kernel: a block zeroes its column chunk of
+//                its rows with 16-byte stores, chunk 0's blocks their scale
+//                factors; blocks numbered across the z planes.
+//   ZERO_ROWS    a block zeroes its rows whole (every chunk), by bulk stores
+//                from a zeroed stage, and their scale factors; blocks numbered
+//                across the y and z planes, so there are gridDim.y times fewer.
+enum BulkZeroFill { ZERO_CHUNKS, ZERO_ROWS };
+
+template <BulkZeroFill ZERO_FILL>
+__device__ __forceinline__ void expand_to_fused_bulk_body(const ExpandArgs& a) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    extern __shared__ __align__(128) unsigned char stage[];
+    __shared__ __align__(8) unsigned long long loaded;
+    const int lane = threadIdx.x;
+    const i64 n_vec = a.row_bytes / 16;
+    const i64 stage_vecs = static_cast<i64>(BULK_THREADS) * a.vecs_per_thread;  // a full chunk
+    const i64 chunk_begin = static_cast<i64>(blockIdx.y) * stage_vecs;
+    const i64 chunk_vecs = min(stage_vecs, n_vec - chunk_begin);
+    const unsigned chunk_bytes = static_cast<unsigned>(chunk_vecs * 16);
+    const int block = blockIdx.x;
+
+    if (block < a.num_tokens) {
+        const i64 t = block;
+        const unsigned stage_at = shared_address(stage);
+        const unsigned loaded_at = shared_address(&loaded);
+        if (lane == 0) {
+            mbarrier_expect(loaded_at, chunk_bytes);
+            bulk_load(stage_at, a.x + t * a.row_bytes + chunk_begin * 16, chunk_bytes, loaded_at);
+        }
+        __syncwarp();
+        const int* slots = a.token_topk_to_pos + t * a.top_k;
+        const int k = blockIdx.z * a.slots_per_block + lane;
+        const int k_end = min(a.top_k, (blockIdx.z + 1) * a.slots_per_block);
+        const int p = k < k_end ? __ldg(slots + k) : -1;
+#if CUPY_MOE_SF_MODE != SF_NONE
+        // Scale factors while the chunk is in flight (chunk 0's blocks only).
+        if (blockIdx.y == 0) {
+            for (int s = lane; s < a.sf_columns; s += BULK_THREADS) {
+                const unsigned int word = a.x_sf[t * a.sf_columns + s];
+                for (int j = blockIdx.z * a.slots_per_block; j < k_end; ++j) {
+                    const int q = __ldg(slots + j);
+                    if (q >= 0 && q < a.num_expanded) store_sf_row(a.out_sf, a, q, s, word);
+                }
+            }
+        }
+#endif
+        mbarrier_wait(loaded_at);
+        if (p >= 0 && p < a.num_expanded) {
+            bulk_store(a.out + static_cast<i64>(p) * a.row_bytes + chunk_begin * 16, stage_at,
+                       chunk_bytes);
+            bulk_stores_done_reading();
+        }
+        return;
+    }
+
+    const int zero_column = block - a.num_tokens;
+    if (ZERO_FILL == ZERO_CHUNKS) {
+        zero_fill(a, zero_block_of_chunk_grid(zero_column), BULK_THREADS, [&](i64 p) {
+            uint4* dst = reinterpret_cast<uint4*>(a.out) + p * n_vec + chunk_begin;
+            for (i64 i = lane; i < chunk_vecs; i += BULK_THREADS) store_once(dst + i, make_uint4(0, 0, 0, 0));
+        });
+        return;
+    }
+    const i64 zero_block = (static_cast<i64>(blockIdx.z) * gridDim.y + blockIdx.y) *
+                           (gridDim.x - a.num_tokens) + zero_column;
+    const ZeroRows rows = rows_to_zero(a, zero_block);
+    // data rows only (the column-major SF's pad columns have no data row)
+    const i64 data_left = a.num_expanded - rows.first_row;
+    const unsigned data_rows = data_left >= 32 ? rows.mask
+                             : data_left <= 0 ? 0u : rows.mask & ((1u << data_left) - 1u);
+    if (data_rows != 0) {
+        uint4* zeros = reinterpret_cast<uint4*>(stage);
+        for (i64 i = lane; i < min(stage_vecs, n_vec); i += BULK_THREADS) zeros[i] = make_uint4(0, 0, 0, 0);
+        fence_shared_for_bulk();
+        __syncwarp();
+        if ((data_rows >> lane) & 1u) {  // lane r zeroes row first_row + r
+            unsigned char* row = a.out + (rows.first_row + lane) * a.row_bytes;
+            for (i64 begin = 0; begin < n_vec; begin += stage_vecs)
+                bulk_store(row + begin * 16, shared_address(stage),
+                           static_cast<unsigned>(min(stage_vecs, n_vec - begin) * 16));
+            bulk_stores_done_reading();
+        }
+    }
+    zero_sf_rows(a, rows, BULK_THREADS);
+#else
+    __trap();  // the host launches these kernels on sm_90 and newer only
+#endif
+}
+
+extern "C" __global__ void __launch_bounds__(BULK_THREADS) expand_to_fused_bulk(const ExpandArgs a) {
+    expand_to_fused_bulk_body<ZERO_CHUNKS>(a);
+}
+
+extern "C" __global__ void __launch_bounds__(BULK_THREADS)
+expand_to_fused_bulk_zero_rows(const ExpandArgs a) {
+    expand_to_fused_bulk_body<ZERO_ROWS>(a);
+}
+
+// ---------------------------------------------------------------------------
+// validate=True: find the first offending slot of each kind in two passes,
+// without a per-row host round trip. found[] starts at ROUTING_NONE ("none";
+// every byte 0x7F, so the host sets it with one memset):
+//   found[0] first flat slot with a position >= X            (out of range)
+//   found[1] first flat slot naming a row with pos_to_expert < 0
+//   found[2] first flat slot repeating an earlier slot's row (duplicate)
+//   found[3] first expert row (pos_to_expert >= 0) no slot names
+// first_slot[X] (ROUTING_NONE-initialised) gets the smallest slot naming each row.
+
+#define ROUTING_NONE 0x7F7F7F7F7F7F7F7FLL
+
+struct RoutingArgs {
+    const int* token_topk_to_pos;   // [T * K]
+    const int* pos_to_expert;       // [X]
+    long long* first_slot;          // [X]
+    long long* found;               // [4]
+    i64 num_slots;                  // T * K
+    int num_expanded;               // X
+};
+
+extern "C" __global__ void routing_first_slots(const RoutingArgs a) {
+    for (i64 i = blockIdx.x * static_cast<i64>(blockDim.x) + threadIdx.x; i < a.num_slots;
+         i += static_cast<i64>(gridDim.x) * blockDim.x) {
+        const int p = a.token_topk_to_pos[i];
+        if (p >= a.num_expanded) {
+            atomicMin(a.found + 0, i);
+        } else if (p >= 0) {
+            if (a.pos_to_expert[p] < 0) atomicMin(a.found + 1, i);
+            atomicMin(a.first_slot + p, i);
+        }
+    }
+}
+
+extern "C" __global__ void routing_repeats_and_gaps(const RoutingArgs a) {
+    const i64 stride = static_cast<i64>(gridDim.x) * blockDim.x;
+    const i64 start = blockIdx.x * static_cast<i64>(blockDim.x) + threadIdx.x;
+    for (i64 i = start; i < a.num_slots; i += stride) {
+        const int p = a.token_topk_to_pos[i];
+        if (p >= 0 && p < a.num_expanded && a.first_slot[p] != i) atomicMin(a.found + 2, i);
+    }
+    for (i64 p = start; p < a.num_expanded; p += stride) {
+        if (a.pos_to_expert[p] >= 0 && a.first_slot[p] == ROUTING_NONE)
+            atomicMin(a.found + 3, p);
+    }
+}
