@@ -1,14 +1,15 @@
 """A representative subset of calls for compute-sanitizer (memcheck, initcheck).
 
 Every kernel variant and access width (the bulk-copy kernel forced on small
-batches too), odd H, T == 0, X == 0, a malformed map
-with positions past X, the column-major pad columns and validate=True; each
-result is also checked bit-exact against the NumPy reference. Run it under the
-sanitizer from benchmarks/gpu_check.sh.
+batches too, by a tuning whose bulk_min_blocks is 0), odd H, T == 0, X == 0,
+a malformed map with positions past X, the column-major pad columns and
+validate=True; each result is also checked bit-exact against the NumPy
+reference. Run it under the sanitizer from benchmarks/gpu_check.sh.
 
     python benchmarks/memcheck_cases.py [--registers-only]
 
---registers-only keeps every call on the register kernel: initcheck does not
+--registers-only keeps every call on the register kernel (a tuning whose
+bulk_min_blocks is infinite): initcheck does not
 see the bulk-copy engine's writes, so it reports the bulk kernel's outputs as
 uninitialised when they are copied to the host. Whether memcheck instruments
 the bulk engine's own accesses is not documented either; what shows that the
@@ -18,6 +19,9 @@ tests (poisoned outputs, guard rows behind malformed maps, both kernels).
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
+import math
 import sys
 
 import cupy
@@ -25,15 +29,23 @@ import ml_dtypes
 import numpy as np
 
 import cupy_moe
-from cupy_moe import _gpu, reference
-from cupy_moe._checks import sf_columns
+from cupy_moe import reference
+from cupy_moe.expand.api import run_with_tuning
+from cupy_moe.expand.rules import sf_columns
+from cupy_moe.expand.tuning import DEFAULT_TUNING, ExpandTuning
+
+# the register kernel on every call; the bulk-copy kernel (sm_90+, 16-byte
+# rows) on every batch size
+REGISTERS_ONLY = dataclasses.replace(DEFAULT_TUNING, bulk_min_blocks=math.inf)
+BULK_ALWAYS = dataclasses.replace(DEFAULT_TUNING, bulk_min_blocks=0.0)
 
 
 def bits(a: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(a).view(f"u{a.itemsize}")
 
 
-def run_case(rng, num_tokens, hidden, top_k, num_expanded, *, layout, npc=128, malformed=False):
+def run_case(rng, tuning: ExpandTuning, num_tokens, hidden, top_k, num_expanded, *, layout,
+             npc=128, malformed=False):
     fp8 = np.dtype(ml_dtypes.float8_e4m3fn)
     x = rng.integers(0, 256, (num_tokens, hidden), dtype=np.uint8)
     slots = np.full(num_tokens * top_k, -1, dtype=np.int32)
@@ -48,7 +60,7 @@ def run_case(rng, num_tokens, hidden, top_k, num_expanded, *, layout, npc=128, m
     pos_to_expert[token_topk_to_pos[(token_topk_to_pos >= 0) & (token_topk_to_pos < num_expanded)]] = 1
     dmap, dp2e = cupy.asarray(token_topk_to_pos), cupy.asarray(pos_to_expert)
     if layout == "none":
-        got = cupy_moe.expand_to_fused(cupy.asarray(x.view(np.uint8).astype(np.uint16)), dmap, dp2e)
+        got, _ = run_with_tuning(tuning, cupy.asarray(x.astype(np.uint16)), dmap, dp2e)
         want = reference.expand_to_fused_numpy(x.astype(np.uint16), token_topk_to_pos, pos_to_expert)
         assert np.array_equal(cupy.asnumpy(got), want)
         return
@@ -56,8 +68,8 @@ def run_case(rng, num_tokens, hidden, top_k, num_expanded, *, layout, npc=128, m
                            "col-ue8m0": (True, np.int32)}[layout]
     s = sf_columns(hidden, npc, packed_ue8m0=sf_dtype is np.int32)
     x_sf = rng.integers(0, 2**32, (num_tokens, s), dtype=np.uint32).view(sf_dtype)
-    got_x, got_sf = cupy_moe.expand_to_fused_with_sf(
-        cupy.asarray(x), cupy.asarray(x_sf), dmap, dp2e, num_per_channels=npc,
+    got_x, got_sf = run_with_tuning(
+        tuning, cupy.asarray(x), dmap, dp2e, x_sf=cupy.asarray(x_sf), num_per_channels=npc,
         use_tma_aligned_col_major_sf=col_major)
     want_x, want_sf = reference.expand_to_fused_with_sf_numpy(
         x.view(fp8), x_sf, token_topk_to_pos, pos_to_expert, col_major=col_major)
@@ -65,31 +77,34 @@ def run_case(rng, num_tokens, hidden, top_k, num_expanded, *, layout, npc=128, m
     assert np.array_equal(bits(cupy.asnumpy(got_sf)), bits(want_sf))
 
 
-def main() -> int:
-    registers_only = "--registers-only" in sys.argv[1:]
-    saved = dict(_gpu.GRID_POLICY)
-    if registers_only:
-        _gpu.configure(grid_policy={"BULK_MIN_BLOCKS": float("inf")})
-    rng = np.random.default_rng(7)
+def run_cases(rng, tuning: ExpandTuning, hiddens, sizes) -> int:
+    """Every layout, row length and (T, K, X) of ``sizes``, with a well-formed
+    and a malformed map; returns the number of calls."""
     cases = 0
     for layout in ("none", "row", "col-f32", "col-ue8m0"):
-        for hidden in (1, 7, 37, 577, 7168):
-            for num_tokens, top_k, num_expanded in ((5, 3, 17), (0, 8, 6), (4, 2, 0), (33, 9, 301)):
-                run_case(rng, num_tokens, hidden, top_k, num_expanded, layout=layout)
-                run_case(rng, num_tokens, hidden, top_k, num_expanded, layout=layout, malformed=True)
-                cases += 2
+        for hidden in hiddens:
+            for num_tokens, top_k, num_expanded in sizes:
+                for malformed in (False, True):
+                    run_case(rng, tuning, num_tokens, hidden, top_k, num_expanded, layout=layout,
+                             malformed=malformed)
+                    cases += 1
+    return cases
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--registers-only", action="store_true",
+                        help="keep every call on the register kernel (for initcheck)")
+    registers_only = parser.parse_args().registers_only
+    rng = np.random.default_rng(7)
+    # the default tuning: the bulk kernel where its policy picks it
+    cases = run_cases(rng, REGISTERS_ONLY if registers_only else DEFAULT_TUNING,
+                      (1, 7, 37, 577, 7168), ((5, 3, 17), (0, 8, 6), (4, 2, 0), (33, 9, 301)))
     # the bulk-copy kernels (sm_90+) on every batch size: 16-byte rows, whole
     # or split into chunks with a short last one; rows of 8 KiB and more
     # (16400) take the whole-row zero-fill kernel
-    if not registers_only:
-        _gpu.configure(grid_policy={"BULK_MIN_BLOCKS": 0.0})
-    for layout in ("none", "row", "col-f32", "col-ue8m0"):
-        for hidden in (16, 2064, 7168, 16400):
-            for num_tokens, top_k, num_expanded in ((5, 3, 17), (0, 8, 6), (33, 9, 301)):
-                run_case(rng, num_tokens, hidden, top_k, num_expanded, layout=layout)
-                run_case(rng, num_tokens, hidden, top_k, num_expanded, layout=layout, malformed=True)
-                cases += 2
-    _gpu.configure(grid_policy=saved)
+    cases += run_cases(rng, REGISTERS_ONLY if registers_only else BULK_ALWAYS,
+                       (16, 2064, 7168, 16400), ((5, 3, 17), (0, 8, 6), (33, 9, 301)))
     # validate=True: the routing kernels, on a good map and on a bad one
     x = cupy.zeros((3, 64), dtype=cupy.uint16)
     good = cupy.asarray(np.array([[0, 1], [2, -1], [3, 4]], dtype=np.int32))

@@ -3,10 +3,17 @@
 Times each step of the torch fast path in isolation (mean of many back-to-back
 calls, one synchronisation at the end), next to the whole call and to torch's
 own index_select of the same rows. GPU only.
+
+    python benchmarks/profile_host_path.py
+
+Prints a Markdown table. The steps are those of ``expand_to_fused`` on a
+fast-path hit: the lookup (``describe`` of each tensor, the key, the current
+device), then ``run_torch_fast`` (stream, output allocation, ``plan.launch``).
 """
 
 from __future__ import annotations
 
+import argparse
 import sys
 import time
 
@@ -14,8 +21,12 @@ import numpy as np
 import torch
 
 import cupy_moe
-from cupy_moe import _gpu
-from cupy_moe.workload_inputs import fitted_routing
+from cupy_moe.expand.api import _plain_fast_path, _sf_fast_path
+from cupy_moe.expand.gpu import run_torch_fast
+from cupy_moe.harness.inputs import fitted_routing
+from cupy_moe.runtime.arrays import describe
+from cupy_moe.runtime.gpu_arrays import raw_torch_stream_getter
+from cupy_moe.runtime.launch import current_device
 
 CALLS = 5000
 
@@ -32,14 +43,14 @@ def per_call_us(fn, calls: int = CALLS) -> float:
 
 
 def main() -> int:
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args()
     rng = np.random.default_rng(0)
     token_topk_to_pos, pos_to_expert = fitted_routing(rng, 1, 8, 16)
     x = torch.randn(1, 7168, device="cuda").to(torch.bfloat16)
     m = torch.from_numpy(token_topk_to_pos).cuda()
     p = torch.from_numpy(pos_to_expert).cuda()
-    cupy_moe.expand_to_fused(x, m, p)  # full path once: compiles, remembers the signature
-    signature = _gpu._torch_signature(x, None, m, p, None, None, None, False)
-    plan = _gpu._torch_plans[signature]
+    cupy_moe.expand_to_fused(x, m, p)  # full path once: compiles, remembers the call's key
+    plan = _plain_fast_path.lookup((), (x, m, p, None))
     out = torch.empty((16, 7168), dtype=torch.bfloat16, device="cuda")
     rows = torch.arange(1, device="cuda").repeat_interleave(8)[m.reshape(-1) >= 0]
     # the SF op on kimi-k2-decode-sf-row-major: fp8 rows, 56 float32 scale factors
@@ -47,25 +58,37 @@ def main() -> int:
         torch.float8_e4m3fn)
     x_sf = torch.rand(1, 56, device="cuda")
     cupy_moe.expand_to_fused_with_sf(x8, x_sf, m, p, num_per_channels=128)
+    sf_plan = _sf_fast_path.lookup((128, False), (x8, x_sf, m, p, None, None))
+    if plan is None or sf_plan is None:
+        raise SystemExit("the torch fast path did not remember the first calls' keys")
+    stream = raw_torch_stream_getter()
     steps = {
         "python call of a no-op": lambda: None,
         "torch.empty(shape, dtype, device)": lambda: torch.empty((16, 7168), dtype=torch.bfloat16,
                                                                  device="cuda"),
-        "x.new_empty(shape)": lambda: x.new_empty((16, 7168)),
-        "raw stream getter": lambda: torch._C._cuda_getCurrentRawStream(0),
+        "x.new_empty(16, 7168) (the fast path's allocation)": lambda: x.new_empty(16, 7168),
+        "raw stream getter": lambda: stream(0),
         "torch.cuda.current_stream().cuda_stream": lambda: torch.cuda.current_stream().cuda_stream,
-        "cudaGetDevice (cupy runtime)": _gpu.runtime.getDevice,
-        "signature of the call": lambda: _gpu._torch_signature(x, None, m, p, None, None, None,
-                                                               False),
+        "cudaGetDevice (runtime.launch.current_device)": current_device,
+        "describe(x) (one tensor's key part)": lambda: describe("x", x),
+        "fast-path lookup (describe x 3, key, device; finds the plan)":
+            lambda: _plain_fast_path.lookup((), (x, m, p, None)),
         "x.data_ptr()": x.data_ptr,
-        "pack_into + cuLaunchKernel (plan.launch)": lambda: plan.launch(
+        "pack pointers + cuLaunchKernel (plan.launch)": lambda: plan.launch(
             0, x.data_ptr(), m.data_ptr(), p.data_ptr(), out.data_ptr(), 0, 0),
+        "run_torch_fast, out= given (overlap test, stream, launch)":
+            lambda: run_torch_fast(plan, x, None, m, p, out),
+        "run_torch_fast, allocating": lambda: run_torch_fast(plan, x, None, m, p, None),
         "whole call, out= given": lambda: cupy_moe.expand_to_fused(x, m, p, out=out),
         "whole call, allocating": lambda: cupy_moe.expand_to_fused(x, m, p),
         "torch index_select of the same rows": lambda: x.index_select(0, rows),
+        "SF op fast-path lookup (describe x 4, key, device)":
+            lambda: _sf_fast_path.lookup((128, False), (x8, x_sf, m, p, None, None)),
+        "SF op (row-major SF), run_torch_fast, allocating":
+            lambda: run_torch_fast(sf_plan, x8, x_sf, m, p, None),
         "SF op (row-major SF), whole call, allocating": lambda: cupy_moe.expand_to_fused_with_sf(
             x8, x_sf, m, p, num_per_channels=128),
-        "x_sf.new_empty(shape) (the SF op's second output)": lambda: x_sf.new_empty(16, 56),
+        "x_sf.new_empty(16, 56) (the SF op's second output)": lambda: x_sf.new_empty(16, 56),
         "torch index_select of the fp8 rows (what the bench compares the SF op with)":
             lambda: x8.index_select(0, rows),
         "torch index_select of the fp8 rows and of their scale factors":

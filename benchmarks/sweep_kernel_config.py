@@ -1,18 +1,19 @@
-"""A/B the expand kernels' configuration on every manifest workload, in
-interleaved rounds. GPU only.
+"""A/B tunings of the expand kernels on every manifest workload. GPU only.
 
     python benchmarks/sweep_kernel_config.py [--rounds R] [--iters N] [--only LABEL ...]
                                              [--json PATH]
 
-Each config is a grid policy (cupy_moe._gpu.GRID_POLICY) and kernel defines
-(cupy_moe._gpu.KERNEL_CONFIG) changed from the defaults; the first config is
-the default. Inputs are drawn once per workload; every config's output is
-first checked bit-exact against the NumPy reference (output poisoned before
-the run). Rounds run the configs in turn (A B C .. A B C ..), so a slow
-stretch of the machine hits every config alike; a cell is the median over
-rounds, with the rounds' spread (max - min). Bandwidth-bound shapes: % of the
-same-run copy bandwidth (L2 flushed between iterations); decode and small
-shapes: GPU µs per call from CUDA-graph replays.
+Each config is an ``ExpandTuning`` (cupy_moe.expand.tuning) changed from the
+default in one way; the first config is the default. Inputs are drawn once
+per workload; every config's output is first checked bit-exact against the
+NumPy reference, through ``run_with_tuning`` into outputs poisoned before the
+call. What is timed is the launch of that call's plan (what the torch fast
+path runs), so the full path's host checks stay out of the figures.
+Interleaved rounds run the configs in turn (A B C .. A B C ..), so a slow stretch of the machine
+hits every config alike; a cell is the median over rounds, with the rounds'
+spread (max - min). Bandwidth-bound shapes: % of the same-run copy bandwidth
+(L2 flushed between iterations); decode and small shapes: GPU µs per call
+from CUDA-graph replays.
 
 Diagnostic rows replay the default plan's launch changed in one way, to
 place the time of a step: "no SF words" moves no scale factors
@@ -20,116 +21,179 @@ place the time of a step: "no SF words" moves no scale factors
 "zero-fill blocks find no padding rows" reads a pos_to_expert with none (the
 blocks' cost without their stores). Their outputs are wrong by design and
 are not checked.
+
+Only configs that still make sense on the current kernels are here; the
+ones measured before and the switches dropped because they lost are in
+benchmarks/NOTES.md and results/sweep.md.
 """
 
 from __future__ import annotations
 
 import argparse
-import ctypes
+import dataclasses
 import json
+import math
 import statistics
 import sys
 
 import numpy as np
 import torch
-from cupy.cuda import driver
 
-from cupy_moe import _gpu, bench, load_workloads
-from cupy_moe.workload_inputs import workload_inputs
+from cupy_moe.expand.api import run_with_tuning
+from cupy_moe.expand.plan import EXPAND_ARGS, ExpandPlan, plan_for
+from cupy_moe.expand.rules import check_expand, check_expand_with_sf
+from cupy_moe.expand.tuning import DEFAULT_TUNING, ExpandTuning
+from cupy_moe.harness.inputs import workload_inputs
+from cupy_moe.harness.manifest import OP_NAMES, Workload, load_workloads
+from cupy_moe.harness.runner import GRAPH_MAX_BYTES
+from cupy_moe.harness.timing import GpuTimer, torch_graph_us
+from cupy_moe.reference import expand_to_fused_numpy, expand_to_fused_with_sf_numpy
+from cupy_moe.runtime.arrays import describe, numpy_to_torch
+from cupy_moe.runtime.gpu_arrays import raw_torch_stream_getter
+from cupy_moe.runtime.launch import ArgBlock, launch
 
-DEFAULT_KERNEL = dict(_gpu.KERNEL_CONFIG)
-DEFAULT_POLICY = dict(_gpu.GRID_POLICY)
-# (name, grid policy changes, kernel define changes)
-# (the rounds of benchmarks/NOTES.md v6 also ran 1 and 8 rows per register
-# zero-fill block, 1, 2, 8 and 32 per bulk one, bulk zero-fill by bulk
-# stores from a zeroed stage, the bulk kernel without evict-first hints, and
-# bulk token blocks doing the zero-fill themselves; v7's, whole-row zero-fill
-# blocks by lane stores, zero-fill blocks first in the grid, 1 KiB bulk
-# chunks and bulk token blocks looping over 2-8 tokens; the switches of the
-# ones that lost are gone from the kernels)
-CONFIGS = [
-    ("default", {}, {}),
-    ("bulk zero-fill by chunks on every row length (v6)",
-     {"BULK_WHOLE_ROW_ZERO_FROM": float("inf")}, {}),
-    ("bulk zero-fill of whole rows on every row length", {"BULK_WHOLE_ROW_ZERO_FROM": 0}, {}),
-    ("1 whole row per bulk zero-fill block", {"ZERO_ROWS_BULK_WHOLE": 1}, {}),
-    ("3 whole rows per bulk zero-fill block", {"ZERO_ROWS_BULK_WHOLE": 3}, {}),
-    ("bulk slots in 2 planes below 2 x SMs blocks",
-     {"BULK_SPLIT_SLOTS_BELOW": 2.0, "BULK_SLOT_PLANES": 2}, {}),
-    ("bulk slots in 4 planes below 2 x SMs blocks",
-     {"BULK_SPLIT_SLOTS_BELOW": 2.0, "BULK_SLOT_PLANES": 4}, {}),
-    ("bulk slots in 8 planes below 2 x SMs blocks",
-     {"BULK_SPLIT_SLOTS_BELOW": 2.0, "BULK_SLOT_PLANES": 8}, {}),
+
+def _tuned(**changes) -> ExpandTuning:
+    return dataclasses.replace(DEFAULT_TUNING, **changes)
+
+
+# (name, tuning); the first is the default. Block counts are multiples of the
+# SM count; row lengths in bytes.
+CONFIGS: list[tuple[str, ExpandTuning]] = [
+    ("default", DEFAULT_TUNING),
+    ("bulk zero-fill by column chunks on every row length",
+     _tuned(bulk_whole_row_zero_from=math.inf)),
+    ("bulk zero-fill of whole rows on every row length", _tuned(bulk_whole_row_zero_from=0)),
+    ("1 whole row per bulk zero-fill block", _tuned(zero_rows_bulk_whole=1)),
+    ("3 whole rows per bulk zero-fill block", _tuned(zero_rows_bulk_whole=3)),
+    ("bulk target 8 x SMs blocks", _tuned(bulk_target_blocks=8.0)),
+    ("bulk target 16 x SMs blocks", _tuned(bulk_target_blocks=16.0)),
+    ("bulk chunks >= 1 KiB", _tuned(bulk_min_chunk_bytes=1024)),
+    ("register kernel only (no bulk copies)", _tuned(bulk_min_blocks=math.inf)),
 ]
-# tail fields of struct ExpandArgs after the 6 pointers (see _gpu._EXPAND_ARGS)
-_SF_COLUMNS_FIELD = 4
+assert len({name for name, _ in CONFIGS}) == len(CONFIGS), "config names must differ"
+
+_stream = raw_torch_stream_getter()
 
 
-def _inputs(w, rng):
-    """Torch inputs on the GPU, the reference outputs on the GPU, and out buffers."""
-    host = workload_inputs(w, rng)
-    args = {name: bench._to_torch(a) for name, a in host.items()}
-    expected = [bench._to_torch(e) for e in bench._reference(w, host)]
-    outs = bench._call(w, args)
-    return args, expected, outs
+def _to_torch(array: np.ndarray) -> torch.Tensor:
+    return numpy_to_torch(np.ascontiguousarray(array)).cuda()
 
 
-def _raw_bytes(t):
+def _reference(w: Workload, host: dict[str, np.ndarray]) -> tuple[np.ndarray, ...]:
+    if w.op == "expand_to_fused":
+        return (expand_to_fused_numpy(host["x"], host["token_topk_to_pos"],
+                                      host["pos_to_expert"]),)
+    return expand_to_fused_with_sf_numpy(
+        host["x"], host["x_sf"], host["token_topk_to_pos"], host["pos_to_expert"],
+        col_major=w.use_tma_aligned_col_major_sf)
+
+
+def _run(w: Workload, tuning: ExpandTuning, args: dict, outs: tuple = ()) -> tuple:
+    """``w``'s op under ``tuning`` (into ``outs`` when given); its results as a tuple."""
+    result = run_with_tuning(
+        tuning, args["x"], args["token_topk_to_pos"], args["pos_to_expert"],
+        x_sf=args.get("x_sf"), num_per_channels=w.num_per_channels,
+        use_tma_aligned_col_major_sf=w.use_tma_aligned_col_major_sf,
+        out=outs[0] if outs else None, out_sf=outs[1] if len(outs) > 1 else None)
+    return result if "x_sf" in args else result[:1]
+
+
+def _plan(w: Workload, args: dict, tuning: ExpandTuning) -> ExpandPlan:
+    """The plan ``run_with_tuning`` launches for these arguments: the same rules
+    make the same problem, so ``plan_for`` returns the same cached object."""
+    x, t2p, p2e = (describe(name, args[name])
+                   for name in ("x", "token_topk_to_pos", "pos_to_expert"))
+    if w.op == "expand_to_fused":
+        problem = check_expand(x, t2p, p2e)
+    else:
+        problem = check_expand_with_sf(
+            x, describe("x_sf", args["x_sf"]), t2p, p2e, num_per_channels=w.num_per_channels,
+            use_tma_aligned_col_major_sf=w.use_tma_aligned_col_major_sf)
+    return plan_for(problem, args["x"].element_size(), args["x"].device.index, tuning)
+
+
+def _pointers(args: dict, outs: tuple) -> tuple[int, ...]:
+    """x, token_topk_to_pos, pos_to_expert, out, x_sf, out_sf (0 where absent)."""
+    return (args["x"].data_ptr(), args["token_topk_to_pos"].data_ptr(),
+            args["pos_to_expert"].data_ptr(), outs[0].data_ptr(),
+            args["x_sf"].data_ptr() if "x_sf" in args else 0,
+            outs[1].data_ptr() if len(outs) > 1 else 0)
+
+
+def _raw_bytes(t: torch.Tensor) -> torch.Tensor:
     """uint8 view of a tensor's whole storage region (column-major SF included)."""
     return t.as_strided((t.untyped_storage().nbytes() // t.element_size(),), (1,)).view(torch.uint8)
 
 
-def _check(w, args, expected, outs) -> str | None:
+def _check(w: Workload, tuning: ExpandTuning, args: dict, expected: tuple,
+           outs: tuple) -> str | None:
     for out in outs:
         _raw_bytes(out).fill_(0xA5)
-    bench._call(w, args, **_out_kwargs(outs))
+    _run(w, tuning, args, outs)
     for name, got, want in zip(("expanded_x", "expanded_x_sf"), outs, expected):
         if not torch.equal(got.contiguous().view(torch.uint8), want.contiguous().view(torch.uint8)):
             return f"MISMATCH {name}"
     return None
 
 
-def _out_kwargs(outs):
-    return {"out": outs[0]} if len(outs) == 1 else {"out": outs[0], "out_sf": outs[1]}
-
-
-def _time(w, fn, timer, iters, copy_tbps) -> float:
-    if w.bytes <= bench.GRAPH_MAX_BYTES:
-        return bench.torch_graph_us(fn)
+def _time(w: Workload, fn, timer: GpuTimer, iters: int, copy_tbps: float) -> float:
+    if w.bytes <= GRAPH_MAX_BYTES:
+        return torch_graph_us(fn)
     return 100 * w.bytes / timer.median_us(fn, iters) / 1e6 / copy_tbps
 
 
-def _diagnostic_launches(w, args, outs):
+def _plan_launch(plan: ExpandPlan, pointers: tuple[int, ...]):
+    def run():
+        plan.launch(_stream(plan.device), *pointers)
+    return run
+
+
+def _diagnostic_launches(w: Workload, args: dict, outs: tuple):
     """(name, launch function) pairs replaying the default plan changed in one way."""
-    _gpu.configure(kernel=DEFAULT_KERNEL, grid_policy=DEFAULT_POLICY)
-    bench._call(w, args, **_out_kwargs(outs))  # makes the plan
-    (plan,) = _gpu._plans.values()
-    pointers = (args["x"].data_ptr(), args["token_topk_to_pos"].data_ptr(),
-                args["pos_to_expert"].data_ptr(), outs[0].data_ptr(),
-                args["x_sf"].data_ptr() if "x_sf" in args else 0,
-                outs[1].data_ptr() if len(outs) > 1 else 0)
-    no_padding = torch.zeros(w.num_expanded, dtype=torch.int32, device="cuda")  # every row an expert's
+    plan = _plan(w, args, DEFAULT_TUNING)
+    pointers = _pointers(args, outs)
+    # the access width plan.launch picks for these pointers
     bits = plan.row_bytes | 16 | pointers[0] | pointers[3]
-    launch = plan.kernel(bits & -bits)
-    variants = [("no zero-fill blocks", launch.tail, w.num_tokens, pointers),
-                ("zero-fill blocks find no padding rows", launch.tail, launch.grid_x,
+    kernel = plan.kernel(bits & -bits)
+    constants = {name: kernel.constant(name)
+                 for name in EXPAND_ARGS.names[EXPAND_ARGS.pointer_count:]}
+    no_padding = torch.zeros(w.num_expanded, dtype=torch.int32, device="cuda")  # every row an expert's
+    variants = [("no zero-fill blocks", constants, (w.num_tokens, *kernel.grid[1:]), pointers),
+                ("zero-fill blocks find no padding rows", constants, kernel.grid,
                  (*pointers[:2], no_padding.data_ptr(), *pointers[3:]))]
     if "x_sf" in args:
-        tail = list(launch.tail)
-        tail[_SF_COLUMNS_FIELD] = 0
-        variants.append(("no SF words", tuple(tail), launch.grid_x, pointers))
+        variants.append(("no SF words", {**constants, "sf_columns": 0}, kernel.grid, pointers))
     result = []
-    for name, tail, grid_x, pointers in variants:
-        buffer = (ctypes.c_uint64 * 16)()
-        _gpu._EXPAND_ARGS.pack_into(buffer, 0, *pointers, *tail)
-        params = (ctypes.c_void_p * 1)(ctypes.addressof(buffer))
+    for name, fields, grid, launch_pointers in variants:
+        block = ArgBlock(EXPAND_ARGS, EXPAND_ARGS.constants(**fields))
 
-        def run(buffer=buffer, params=params, grid_x=grid_x, keep=no_padding):
-            driver.launchKernel(launch.handle, grid_x, launch.grid_y, launch.grid_z, launch.threads,
-                                1, 1, launch.shared_bytes, torch.cuda.current_stream().cuda_stream,
-                                ctypes.addressof(params), 0)
+        def run(block=block, grid=grid, launch_pointers=launch_pointers, keep=no_padding):
+            block.set_pointers(*launch_pointers)
+            launch(kernel.handle, grid, kernel.threads, kernel.shared_bytes,
+                   _stream(plan.device), block)
         result.append((f"diagnostic: {name}", run))
     return result
+
+
+def _cell_text(values: list[float] | str, unit: str) -> str:
+    if isinstance(values, str):
+        return values
+    spread = (max(values) - min(values)) / 2
+    if unit == "us":
+        return f"{statistics.median(values):.2f} µs ±{spread:.2f}"
+    return f"{statistics.median(values):.1f} ±{spread:.1f}"
+
+
+def _changes(tuning: ExpandTuning) -> dict[str, float]:
+    """The fields of ``tuning`` that differ from the default."""
+    return {field.name: getattr(tuning, field.name) for field in dataclasses.fields(tuning)
+            if getattr(tuning, field.name) != getattr(DEFAULT_TUNING, field.name)}
+
+
+def _json_fields(fields: dict[str, float]) -> dict[str, float | str]:
+    """Tuning fields for strict JSON: infinity as the string "inf"."""
+    return {name: value if math.isfinite(value) else str(value) for name, value in fields.items()}
 
 
 def main() -> int:
@@ -141,55 +205,51 @@ def main() -> int:
     args = parser.parse_args()
     if args.rounds < 1 or args.iters < 1:
         parser.error(f"--rounds and --iters must be >= 1, got {args.rounds} and {args.iters}")
-    every = [w for op in ("expand_to_fused", "expand_to_fused_with_sf") for w in load_workloads(op)]
+    every = [w for op in OP_NAMES for w in load_workloads(op)]
     unknown = sorted(set(args.only or ()) - {w.label for w in every})
     if unknown:
         parser.error(f"--only: unknown workload label(s) {', '.join(unknown)}")
     workloads = [w for w in every if not args.only or w.label in args.only]
-    timer = bench.GpuTimer()
+    timer = GpuTimer()
     copy_tbps = timer.copy_tbps()
     rng = np.random.default_rng()
-    cells: dict[str, dict[str, list | str]] = {name: {} for name, _, _ in CONFIGS}
+    cells: dict[str, dict[str, list | str]] = {name: {} for name, _ in CONFIGS}
     for w in workloads:
-        inputs, expected, outs = _inputs(w, rng)
-        def call(w=w, inputs=inputs, outs=outs):
-            return bench._call(w, inputs, **_out_kwargs(outs))
+        host = workload_inputs(w, rng)
+        inputs = {name: _to_torch(a) for name, a in host.items()}
+        expected = tuple(_to_torch(e) for e in _reference(w, host))
+        outs = _run(w, DEFAULT_TUNING, inputs)
+        pointers = _pointers(inputs, outs)
         for round_index in range(args.rounds):
-            for name, policy, kernel in CONFIGS:
-                _gpu.configure(kernel={**DEFAULT_KERNEL, **kernel},
-                               grid_policy={**DEFAULT_POLICY, **policy})
+            for name, tuning in CONFIGS:
                 if isinstance(cells[name].get(w.label), str):
                     continue  # already failed
-                problem = _check(w, inputs, expected, outs) if round_index == 0 else None
+                problem = _check(w, tuning, inputs, expected, outs) if round_index == 0 else None
                 if problem:
                     cells[name][w.label] = problem
                     continue
+                run = _plan_launch(_plan(w, inputs, tuning), pointers)
                 cells[name].setdefault(w.label, []).append(
-                    _time(w, call, timer, args.iters, copy_tbps))
+                    _time(w, run, timer, args.iters, copy_tbps))
         for name, run in _diagnostic_launches(w, inputs, outs):
             cells.setdefault(name, {})[w.label] = [_time(w, run, timer, args.iters, copy_tbps)
                                                    for _ in range(args.rounds)]
         print(w.label, "done", file=sys.stderr, flush=True)
-    _gpu.configure(kernel=DEFAULT_KERNEL, grid_policy=DEFAULT_POLICY)
 
-    def text(values, unit):
-        if isinstance(values, str):
-            return values
-        return (f"{statistics.median(values):.2f} µs ±{(max(values) - min(values)) / 2:.2f}"
-                if unit == "us" else
-                f"{statistics.median(values):.1f} ±{(max(values) - min(values)) / 2:.1f}")
-
-    units = {w.label: "us" if w.bytes <= bench.GRAPH_MAX_BYTES else "%" for w in workloads}
+    units = {w.label: "us" if w.bytes <= GRAPH_MAX_BYTES else "%" for w in workloads}
     print(f"copy roofline {copy_tbps:.2f} TB/s; {args.rounds} rounds; % of it per workload "
           "(decode/small: CUDA-graph replay µs per call); ± half the rounds' spread")
     print("| config | " + " | ".join(w.label for w in workloads) + " |")
     print("|---" * (len(workloads) + 1) + "|")
     for name, row in cells.items():
-        print(f"| {name} | " + " | ".join(text(row[w.label], units[w.label]) if w.label in row
-                                          else "" for w in workloads) + " |")
+        print(f"| {name} | " + " | ".join(_cell_text(row[w.label], units[w.label])
+                                          if w.label in row else "" for w in workloads) + " |")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"copy_tbps": copy_tbps, "rounds": args.rounds, "units": units,
+                       "default_tuning": _json_fields(dataclasses.asdict(DEFAULT_TUNING)),
+                       "config_changes": {name: _json_fields(_changes(tuning))
+                                          for name, tuning in CONFIGS},
                        "cells": cells}, f, indent=1)
     return 0
 

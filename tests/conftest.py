@@ -2,13 +2,36 @@
 
 from __future__ import annotations
 
+import math
 import zlib
 
 import numpy as np
 import pytest
+
+from cupy_moe.expand.tuning import ExpandTuning
 
 
 @pytest.fixture
 def rng(request) -> np.random.Generator:
     """A generator seeded from the test's id: reruns draw the same bits."""
     return np.random.default_rng(zlib.crc32(request.node.nodeid.encode()))
+
+
+# Tunings that force one kernel (the bulk ones wherever the device and the
+# row's alignment allow them) whatever the batch size; None is the public op
+# with the default tuning (and, for torch, its fast path).
+KERNEL_PATHS = {
+    "public": None,
+    "bulk": ExpandTuning(bulk_min_blocks=0.0, bulk_whole_row_zero_from=math.inf),
+    # whole-row zero-fill blocks on every row length, rows cut into 512-byte
+    # chunks so that even short test rows span several y planes
+    "bulk-zero-rows": ExpandTuning(bulk_min_blocks=0.0, bulk_whole_row_zero_from=0,
+                                   bulk_min_chunk_bytes=512),
+    "registers": ExpandTuning(bulk_min_blocks=math.inf),
+}
+
+
+@pytest.fixture(params=sorted(KERNEL_PATHS))
+def kernel_path(request):
+    """The tuning of one kernel path (None: the public op)."""
+    return KERNEL_PATHS[request.param]

@@ -7,7 +7,7 @@ not compile. Where CI=true a missing CuPy/NVRTC is an error, not a skip.
 import os
 
 import pytest
-from cupy_moe.loader import KernelCompileError, compile_for_arch, kernel_dir
+from cupy_moe.runtime.loader import KernelCompileError, compile_for_arch, kernel_dir
 
 _IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
@@ -23,9 +23,9 @@ def _nvrtc_or_skip():
 
 
 # (source, SF mode): every module the GPU backend can ask the loader for,
-# with the backend's own kernel configuration.
+# with the default tuning's defines.
 VARIANTS = [
-    pytest.param("expand_to_fused.cu", mode, id=f"expand-sf-mode-{mode}") for mode in (0, 1, 2)
+    pytest.param("expand.cu", mode, id=f"expand-sf-mode-{mode}") for mode in (0, 1, 2)
 ]
 
 
@@ -33,12 +33,14 @@ VARIANTS = [
 @pytest.mark.parametrize(("source", "sf_mode"), VARIANTS)
 def test_kernel_variant_compiles(source, sf_mode, arch):
     _nvrtc_or_skip()
-    from cupy_moe import _gpu
+    from cupy_moe.expand.plan import kernel_defines
+    from cupy_moe.expand.tuning import DEFAULT_TUNING
 
-    cubin = compile_for_arch(source, _gpu._defines(sf_mode), arch)
+    cubin = compile_for_arch(source, kernel_defines(sf_mode, DEFAULT_TUNING), arch)
     assert cubin[:4] == b"\x7fELF"
     for vec_bytes in (16, 8, 4, 2, 1):
         assert f"expand_to_fused_v{vec_bytes}".encode() in cubin
+    assert b"expand_to_fused_bulk" in cubin and b"expand_to_fused_bulk_zero_rows" in cubin
     assert b"routing_first_slots" in cubin and b"routing_repeats_and_gaps" in cubin
 
 
@@ -49,7 +51,7 @@ def test_every_source_is_covered():
 
 def test_compile_error_carries_file_and_log(tmp_path, monkeypatch):
     _nvrtc_or_skip()
-    import cupy_moe.loader as loader
+    import cupy_moe.runtime.loader as loader
 
     broken = tmp_path / "broken.cu"
     broken.write_text('extern "C" __global__ void k() { this_is_not_declared(); }\n')
@@ -65,10 +67,12 @@ def test_compile_error_carries_file_and_log(tmp_path, monkeypatch):
 
 
 def test_sources_hash_tracks_every_file(tmp_path, monkeypatch):
-    import cupy_moe.loader as loader
+    import cupy_moe.runtime.loader as loader
 
     (tmp_path / "a.cu").write_text("// a\n")
     (tmp_path / "common.cuh").write_text("// v1\n")
+    (tmp_path / "detail").mkdir()
+    (tmp_path / "detail" / "deep.cuh").write_text("// v1\n")
     monkeypatch.setattr(loader, "kernel_dir", lambda: tmp_path)
     loader.sources_hash.cache_clear()
     try:
@@ -78,5 +82,9 @@ def test_sources_hash_tracks_every_file(tmp_path, monkeypatch):
         after = loader.sources_hash()
         assert before != after
         assert f"-DCUPY_MOE_SOURCES_HASH=0x{after}ULL" in loader.compile_options()
+        # a header in a subfolder counts too
+        (tmp_path / "detail" / "deep.cuh").write_text("// v2\n")
+        loader.sources_hash.cache_clear()
+        assert loader.sources_hash() not in (before, after)
     finally:
         loader.sources_hash.cache_clear()

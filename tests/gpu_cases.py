@@ -1,0 +1,138 @@
+"""Shared pieces of the GPU expand tests: skip marks, the kernel paths (tunings
+that force each kernel), moving bits to and from the device, calling the ops
+and checking them bit for bit against the NumPy reference."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import cupy_moe
+from cupy_moe import reference
+from cupy_moe.harness.inputs import random_bits
+from cupy_moe.runtime.sizes import align_up
+from helpers import assert_bits_equal
+
+cupy = pytest.importorskip("cupy")
+
+from cupy_moe.expand.api import run_with_tuning  # noqa: E402
+
+
+def _gpu_count() -> int:
+    try:
+        return cupy.cuda.runtime.getDeviceCount()
+    except Exception:  # noqa: BLE001 - no driver
+        return 0
+
+
+GPU_MARKS = [pytest.mark.gpu, pytest.mark.skipif(_gpu_count() == 0, reason="needs a CUDA GPU")]
+
+try:
+    import torch
+    HAS_TORCH_CUDA = torch.cuda.is_available()
+except ImportError:  # pragma: no cover
+    torch = None
+    HAS_TORCH_CUDA = False
+
+needs_torch_cuda = pytest.mark.skipif(not HAS_TORCH_CUDA, reason="needs torch with CUDA")
+KINDS = ["cupy", pytest.param("torch", marks=needs_torch_cuda)]
+
+# NumPy bit carriers of the payload dtypes, and their torch names.
+_TORCH_DTYPE = {"bfloat16": "bfloat16", "float16": "float16", "float8_e4m3fn": "float8_e4m3fn",
+                "float32": "float32", "int32": "int32", "uint8": "uint8"}
+
+
+def to_device(kind: str, array: np.ndarray, dtype: str):
+    """A device copy of ``array``'s bits, typed ``dtype`` (CuPy: bits where it has no such dtype)."""
+    bits = np.ascontiguousarray(array).view(f"u{array.itemsize}" if dtype not in ("int32",) else "i4")
+    if kind == "torch":
+        bits_t = torch.from_numpy(bits.view(f"i{array.itemsize}") if array.itemsize > 1 else bits)
+        return bits_t.cuda().view(getattr(torch, _TORCH_DTYPE[dtype]))
+    if dtype in ("float16", "float32", "int32"):
+        return cupy.asarray(bits).view(dtype)
+    return cupy.asarray(bits)  # bf16 as uint16 bits, fp8 as uint8
+
+
+def to_host_bits(kind: str, array) -> np.ndarray:
+    """Raw bits of a device array, as unsigned ints, same shape and strides."""
+    if kind == "torch":
+        size = array.element_size()
+        carrier = {1: torch.uint8, 2: torch.int16, 4: torch.int32}[size]
+        host = array.view(carrier).cpu().numpy()
+    else:
+        host = cupy.asnumpy(array)
+    return host.view(f"u{host.itemsize}")
+
+
+def map_to_device(kind: str, array: np.ndarray):
+    array = np.ascontiguousarray(array, dtype=np.int32)
+    return torch.from_numpy(array).cuda() if kind == "torch" else cupy.asarray(array)
+
+
+def padded_sf_bits(kind: str, out_sf, num_expanded: int, sf_cols: int) -> np.ndarray:
+    """The whole [S, align(X, 4)] buffer behind a column-major SF view, as bits."""
+    ld = align_up(num_expanded, 4)
+    if kind == "torch":
+        full = torch.as_strided(out_sf, (sf_cols, ld), (ld, 1))
+    else:
+        full = cupy.lib.stride_tricks.as_strided(out_sf, (sf_cols, ld), (ld * 4, 4))
+    return to_host_bits(kind, full)
+
+
+def expand_op(tuning, *args, **kwargs):
+    """``expand_to_fused``: the public op when ``tuning`` is None, else under ``tuning``."""
+    if tuning is None:
+        return cupy_moe.expand_to_fused(*args, **kwargs)
+    return run_with_tuning(tuning, *args, **kwargs)[0]
+
+
+def expand_sf_op(tuning, x, x_sf, *args, **kwargs):
+    """``expand_to_fused_with_sf``: the public op when ``tuning`` is None, else under ``tuning``."""
+    if tuning is None:
+        return cupy_moe.expand_to_fused_with_sf(x, x_sf, *args, **kwargs)
+    return run_with_tuning(tuning, x, *args, x_sf=x_sf, **kwargs)
+
+
+def check_expand(kind, x, token_topk_to_pos, pos_to_expert, *, out=None, tuning=None):
+    dx = to_device(kind, x, x.dtype.name)
+    dmap, dp2e = map_to_device(kind, token_topk_to_pos), map_to_device(kind, pos_to_expert)
+    expected = reference.expand_to_fused_numpy(x, token_topk_to_pos, pos_to_expert)
+    result = expand_op(tuning, dx, dmap, dp2e, out=out)
+    if out is not None:
+        assert result is out
+    assert_bits_equal(to_host_bits(kind, result), expected, "expanded_x")
+    return result
+
+
+def check_expand_with_sf(kind, x, x_sf, token_topk_to_pos, pos_to_expert, *, npc, col_major,
+                         poison_outputs=False, rng=None, tuning=None):
+    num_expanded = pos_to_expert.shape[0]
+    dx, dsf = to_device(kind, x, x.dtype.name), to_device(kind, x_sf, x_sf.dtype.name)
+    dmap, dp2e = map_to_device(kind, token_topk_to_pos), map_to_device(kind, pos_to_expert)
+    out = out_sf = None
+    if poison_outputs:
+        out = to_device(kind, random_bits(rng, (num_expanded, x.shape[1]), x.dtype), x.dtype.name)
+        ld = align_up(num_expanded, 4) if col_major else None
+        buf_shape = (x_sf.shape[1], ld) if col_major else (num_expanded, x_sf.shape[1])
+        buf = to_device(kind, random_bits(rng, buf_shape, x_sf.dtype), x_sf.dtype.name)
+        out_sf = buf[:, :num_expanded].T if col_major else buf
+    expected_x, expected_sf = reference.expand_to_fused_with_sf_numpy(
+        x, x_sf, token_topk_to_pos, pos_to_expert, col_major=col_major)
+    result_x, result_sf = expand_sf_op(
+        tuning, dx, dsf, dmap, dp2e, num_per_channels=npc, use_tma_aligned_col_major_sf=col_major,
+        out=out, out_sf=out_sf)
+    if poison_outputs:
+        assert result_x is out and result_sf is out_sf
+    assert_bits_equal(to_host_bits(kind, result_x), expected_x, "expanded_x")
+    assert tuple(result_sf.shape) == (num_expanded, x_sf.shape[1])
+    if col_major:
+        ld = align_up(num_expanded, 4)
+        strides = tuple(result_sf.stride()) if kind == "torch" else tuple(
+            s // 4 for s in result_sf.strides)
+        if num_expanded > 1 and x_sf.shape[1] > 1:
+            assert strides == (1, ld)
+        full = padded_sf_bits(kind, result_sf, num_expanded, x_sf.shape[1])
+        assert_bits_equal(full[:, :num_expanded], np.ascontiguousarray(expected_sf.T), "expanded_x_sf")
+        assert not full[:, num_expanded:].any(), "pad columns of the SF buffer are not zero"
+    else:
+        assert_bits_equal(to_host_bits(kind, result_sf), expected_sf, "expanded_x_sf")

@@ -1,0 +1,181 @@
+"""Arguments a new user gets wrong, on the CPU: each must raise an error that
+names the argument (NumPy arrays and CPU torch tensors)."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+import torch
+
+import cupy_moe
+from cpu_cases import KINDS, as_kind, expand, expand_sf, i32, sf_inputs
+from helpers import assert_bits_equal, oracle_expand, random_payload
+
+T2P = i32([[0, 3], [1, 4], [2, -1]])
+P2E = i32([0, 0, 0, 1, 1, -1, -1])
+
+
+def _sf_args(kind, rng):
+    x, x_sf = sf_inputs(rng, 3, 256, 128, "float32")
+    return {"x": as_kind(kind, x), "x_sf": as_kind(kind, x_sf),
+            "token_topk_to_pos": as_kind(kind, T2P), "pos_to_expert": as_kind(kind, P2E)}
+
+
+def _plain_args(kind, rng):
+    return {"x": as_kind(kind, random_payload(rng, (3, 8), "bfloat16")),
+            "token_topk_to_pos": as_kind(kind, T2P), "pos_to_expert": as_kind(kind, P2E)}
+
+
+def _call(args, **kwargs):
+    if "x_sf" in args:
+        return cupy_moe.expand_to_fused_with_sf(*args.values(), num_per_channels=128, **kwargs)
+    return cupy_moe.expand_to_fused(*args.values(), **kwargs)
+
+
+@pytest.mark.parametrize(("op", "name"), [
+    *[("plain", name) for name in ("x", "token_topk_to_pos", "pos_to_expert")],
+    *[("sf", name) for name in ("x", "x_sf", "token_topk_to_pos", "pos_to_expert")]])
+def test_none_for_an_array_is_a_type_error_naming_it(op, name, rng):
+    args = (_sf_args if op == "sf" else _plain_args)("numpy", rng)
+    args[name] = None
+    with pytest.raises(TypeError, match=re.escape(
+            f"{name} must be a numpy.ndarray, cupy.ndarray or torch.Tensor; got None")):
+        _call(args)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_out_overlapping_x_is_rejected(kind, rng):
+    # the issue's case: x = out[:T]
+    out = as_kind(kind, random_payload(rng, (7, 8), "bfloat16"))
+    args = _plain_args(kind, rng)
+    args["x"] = out[:3]
+    with pytest.raises(ValueError, match="out overlaps x in memory"):
+        _call(args, out=out)
+
+
+def _overlapping_call(output: str, other: str, rng) -> dict:
+    """Arguments of the SF op (uint8 payload) where ``other`` lives inside
+    ``output``'s memory."""
+    out = np.zeros((7, 256), dtype=np.uint8)
+    out_sf = np.zeros((7, 2), dtype=np.float32)
+    args = {"x": random_payload(rng, (3, 256), "uint8"),
+            "x_sf": random_payload(rng, (3, 2), "float32"),
+            "token_topk_to_pos": T2P.copy(), "pos_to_expert": P2E.copy()}
+    if (output, other) == ("out", "out_sf"):
+        out_sf = out.reshape(-1)[:56].view(np.float32).reshape(7, 2)
+    else:
+        holder = out if output == "out" else out_sf
+        inside = holder.reshape(-1).view(np.uint8)[:args[other].nbytes]
+        inside = inside.view(args[other].dtype).reshape(args[other].shape)
+        inside[...] = args[other]
+        args[other] = inside
+    return {**args, "out": out, "out_sf": out_sf}
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize(("output", "other"), [
+    ("out", "x"), ("out_sf", "x_sf"), ("out_sf", "pos_to_expert"), ("out", "out_sf")])
+def test_outputs_overlapping_inputs_or_each_other_are_rejected(kind, output, other, rng):
+    arrays = _overlapping_call(output, other, rng)
+    if kind == "torch":
+        arrays = {name: torch.from_numpy(a) for name, a in arrays.items()}  # same memory
+    with pytest.raises(ValueError, match=f"{output} overlaps {other} in memory"):
+        cupy_moe.expand_to_fused_with_sf(
+            arrays["x"], arrays["x_sf"], arrays["token_topk_to_pos"], arrays["pos_to_expert"],
+            num_per_channels=128, out=arrays["out"], out_sf=arrays["out_sf"])
+
+
+def test_disjoint_views_of_one_buffer_are_accepted(rng):
+    # np.shares_memory is exact: interleaved columns of one buffer do not overlap
+    buffer = np.zeros((7, 16), dtype=np.uint16)
+    x = buffer[:3, 1::2]
+    x[...] = random_payload(rng, (3, 8), "uint16")
+    out = np.zeros((7, 8), dtype=np.uint16)
+    result = cupy_moe.expand_to_fused(x, T2P, P2E, out=out)
+    assert_bits_equal(result, oracle_expand(np.ascontiguousarray(x), T2P, P2E))
+
+
+@pytest.mark.parametrize("name", ["out", "out_sf"])
+def test_read_only_outputs_are_rejected_naming_them(name, rng):
+    args = _sf_args("numpy", rng)
+    outs = {"out": np.zeros((7, 256), dtype=args["x"].dtype),
+            "out_sf": np.zeros((7, 2), dtype=np.float32)}
+    outs[name].flags.writeable = False
+    with pytest.raises(ValueError, match=f"{name} is read-only; an output must be writeable"):
+        _call(args, **outs)
+
+
+@pytest.mark.parametrize("name", ["x", "x_sf", "token_topk_to_pos", "pos_to_expert", "out",
+                                  "out_sf"])
+def test_meta_tensors_are_rejected_naming_them(name, rng):
+    args = _sf_args("torch", rng)
+    outs = {}
+    if name.startswith("out"):
+        outs[name] = torch.empty((7, 256) if name == "out" else (7, 2), device="meta",
+                                 dtype=args["x"].dtype if name == "out" else torch.float32)
+    else:
+        args[name] = args[name].to("meta")
+    with pytest.raises(ValueError, match=re.escape(
+            f"{name} is a tensor on device 'meta'; cupy_moe takes CPU and CUDA tensors")):
+        _call(args, **outs)
+
+
+@pytest.mark.parametrize("name", ["x", "x_sf"])
+def test_tensors_requiring_grad_are_rejected_unless_grad_mode_is_off(name, rng):
+    x = random_payload(rng, (3, 256), "bfloat16")
+    x_sf = random_payload(rng, (3, 2), "float32")
+    tensors = {"x": torch.from_numpy(x.view(np.int16)).view(torch.bfloat16),
+               "x_sf": torch.from_numpy(x_sf)}
+    tensors[name] = tensors[name].clone().requires_grad_(True)
+    t2p, p2e = torch.from_numpy(T2P), torch.from_numpy(P2E)
+
+    def call():
+        if name == "x":
+            return (cupy_moe.expand_to_fused(tensors["x"], t2p, p2e),)
+        # the SF op takes 1-byte payloads: x_sf alone carries the grad here
+        x8 = torch.zeros(3, 256, dtype=torch.uint8)
+        return cupy_moe.expand_to_fused_with_sf(x8, tensors["x_sf"], t2p, p2e,
+                                                num_per_channels=128)
+
+    with pytest.raises(TypeError, match=re.escape(
+            f"{name} requires grad, but cupy_moe ops are inference-only (no autograd): "
+            f"pass {name}.detach() or call under torch.no_grad()")):
+        call()
+    with torch.no_grad():
+        result = call()[-1]
+    expected = oracle_expand(x if name == "x" else x_sf, T2P, P2E)
+    got = result.view(torch.int16).numpy() if name == "x" else result.numpy()
+    assert_bits_equal(got.view(expected.dtype), expected)
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"num_per_channels": 128.0}, "num_per_channels must be an int; got float 128.0"),
+    ({"num_per_channels": True}, "num_per_channels must be an int; got bool True"),
+    ({"num_per_channels": "128"}, "num_per_channels must be an int; got str '128'"),
+    ({"num_per_channels": 128, "validate": "yes"}, "validate must be True or False; got str 'yes'"),
+    ({"num_per_channels": 128, "validate": 1}, "validate must be True or False; got int 1"),
+    ({"num_per_channels": 128, "use_tma_aligned_col_major_sf": "no"},
+     "use_tma_aligned_col_major_sf must be True or False; got str 'no'"),
+])
+def test_scalar_arguments_of_the_wrong_type_are_rejected(kwargs, message, rng):
+    args = _sf_args("numpy", rng)
+    with pytest.raises(TypeError, match=re.escape(message)):
+        cupy_moe.expand_to_fused_with_sf(*args.values(), **kwargs)
+
+
+def test_plain_op_rejects_a_non_bool_validate(rng):
+    with pytest.raises(TypeError, match=re.escape("validate must be True or False; got str 'yes'")):
+        _call(_plain_args("numpy", rng), validate="yes")
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_numpy_integer_and_bool_scalars_are_accepted(kind, rng):
+    x, x_sf = sf_inputs(rng, 3, 256, 128, "float32")
+    out, out_sf = expand_sf(kind, x, x_sf, T2P, P2E, npc=np.int64(128), col_major=np.bool_(False),
+                            validate=np.bool_(True))
+    assert_bits_equal(out, oracle_expand(x, T2P, P2E))
+    assert_bits_equal(out_sf, oracle_expand(x_sf, T2P, P2E))
+    assert_bits_equal(expand(kind, x.view(np.uint16).reshape(3, 128), T2P, P2E),
+                      oracle_expand(x.view(np.uint16).reshape(3, 128), T2P, P2E))

@@ -1,0 +1,127 @@
+"""The shared runtime, host side: argument descriptions and the torch fast
+path's keys, scalar rules, address spans, the column-major allocation."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+import torch
+
+from cupy_moe.runtime.arrays import ArrayKind, describe
+from cupy_moe.runtime.fast_path import TorchFastPath
+from cupy_moe.runtime.rules import require_bool, require_int
+
+
+def test_describe_reads_what_the_rules_need():
+    x = torch.zeros(2, 8, dtype=torch.bfloat16)
+    desc = describe("x", x)
+    assert (desc.kind, tuple(desc.shape), desc.dtype, desc.device) == (
+        ArrayKind.TORCH_CPU, (2, 8), "bfloat16", None)
+    assert desc.contiguous and not desc.requires_grad and desc.writeable
+    assert not describe("x", x.t()).contiguous
+    frozen = np.zeros(3, dtype=np.int32)
+    frozen.flags.writeable = False
+    assert describe("p", frozen) == (ArrayKind.NUMPY, (3,), "int32", None, True, False, False)
+
+
+class _FakePlan:
+    device = 0
+
+
+@pytest.fixture
+def fast_path(monkeypatch):
+    """A fast path that takes CPU tensors for CUDA ones (its keys are built
+    the same way) and believes device 0 is current."""
+    path = TorchFastPath()
+    path.remember((), (None,), _FakePlan())  # arms it: torch.Tensor, device getter
+    path.clear()
+    monkeypatch.setattr(path, "_current_device", lambda: 0)
+    return path
+
+
+def test_fast_path_keys_everything_the_rules_read(fast_path):
+    x = torch.zeros(2, 8, dtype=torch.bfloat16)
+    m = torch.zeros(2, 3, dtype=torch.int32)
+    p = torch.zeros(6, dtype=torch.int32)
+    plan = _FakePlan()
+    fast_path.remember((), tuple(describe("", a) for a in (x, m, p)) + (None,), plan)
+    assert fast_path.lookup((), (x, m, p, None)) is plan
+    assert fast_path.lookup((), (x.clone(), m.clone(), p.clone(), None)) is plan  # same description
+    misses = [
+        ((), (x[:, :4].contiguous(), m, p, None)),             # another shape
+        ((), (x.half(), m, p, None)),                          # another dtype
+        ((), (x, m.long(), p, None)),                          # map dtype
+        ((), (x, m, p[:5], None)),                             # X
+        ((), (x, m, p, torch.zeros(6, 8, dtype=torch.bfloat16))),  # out given
+        ((128, False), (x, m, p, None)),                       # other scalars
+        ((), (x.t().contiguous().t(), m, p, None)),            # not contiguous
+        ((), (x.clone().requires_grad_(True), m, p, None)),    # needs grad
+        ((), (x, m.numpy(), p, None)),                         # not a tensor
+        ((), (x.to("meta"), m, p, None)),                      # a device we don't take
+    ]
+    for scalars, arrays in misses:
+        assert fast_path.lookup(scalars, arrays) is None
+
+
+def test_fast_path_never_remembers_what_the_full_path_copies_or_grad_can_change(fast_path):
+    x = torch.zeros(2, 8)
+    for odd in (x.t(), x.clone().requires_grad_(True)):
+        fast_path.remember((), (describe("x", odd),), _FakePlan())
+    assert len(fast_path) == 0
+
+
+def test_fast_path_hands_a_plan_of_another_device_back_to_the_full_path(fast_path, monkeypatch):
+    x = torch.zeros(2, 8)
+    plan = _FakePlan()
+    fast_path.remember((), (describe("x", x),), plan)
+    monkeypatch.setattr(fast_path, "_current_device", lambda: 1)
+    assert fast_path.lookup((), (x,)) is None
+
+
+@pytest.mark.parametrize(("value", "message"), [
+    (1.0, "n must be an int; got float 1.0"), (True, "n must be an int; got bool True"),
+    (None, "n must be an int; got NoneType None"), (np.bool_(True), "n must be an int; got bool")])
+def test_require_int_rejects(value, message):
+    with pytest.raises(TypeError, match=re.escape(message)):
+        require_int("n", value)
+
+
+def test_require_int_and_bool_accept_numpy_scalars():
+    assert require_int("n", np.int32(32)) == 32 and type(require_int("n", np.int64(7))) is int
+    assert require_bool("f", np.bool_(True)) is True and require_bool("f", False) is False
+    with pytest.raises(TypeError, match=re.escape("f must be True or False; got int 0")):
+        require_bool("f", 0)
+
+
+cupy = pytest.importorskip("cupy")
+
+
+@pytest.mark.parametrize(("num_expanded", "sf_columns"), [(16, 14), (18, 14), (0, 3), (5, 1)])
+def test_torch_column_major_buffer_holds_the_pad_columns(num_expanded, sf_columns):
+    # the allocation the GPU path makes, on CPU tensors: an [X, S] view with
+    # strides (1, align(X, 4)) of a buffer of S * align(X, 4) elements
+    from cupy_moe.runtime.gpu_arrays import TorchCuda
+
+    leading_dim = -(-num_expanded // 4) * 4
+    like = torch.zeros(1, sf_columns, dtype=torch.int32)
+    out_sf = TorchCuda.empty_col_major(num_expanded, sf_columns, leading_dim, like)
+    assert tuple(out_sf.shape) == (num_expanded, sf_columns)
+    if num_expanded > 0:
+        assert out_sf.stride() == (1, leading_dim)
+    assert out_sf.untyped_storage().nbytes() == sf_columns * leading_dim * 4
+    assert out_sf.dtype == torch.int32
+
+
+def test_byte_span_of_strided_views():
+    # CPU tensors stand in for CUDA ones: the span is computed from the
+    # pointer, shape and strides alone
+    from cupy_moe.runtime.arrays import byte_span
+
+    base = torch.zeros(4, 6, dtype=torch.float32)
+    start = base.data_ptr()
+    assert byte_span(ArrayKind.TORCH_CUDA, base) == (start, start + 96)
+    assert byte_span(ArrayKind.TORCH_CUDA, base[1:3, 2:4]) == (start + 32, start + 64)
+    assert byte_span(ArrayKind.TORCH_CUDA, base.t()) == (start, start + 96)
+    assert byte_span(ArrayKind.TORCH_CUDA, base[:0]) == (0, 0)
