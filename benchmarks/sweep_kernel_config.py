@@ -9,11 +9,11 @@ per workload; every config's output is first checked bit-exact against the
 NumPy reference, through ``run_with_tuning`` into outputs poisoned before the
 call. What is timed is the launch of that call's plan (what the torch fast
 path runs), so the full path's host checks stay out of the figures.
-Interleaved rounds run the configs in turn (A B C .. A B C ..), so a slow stretch of the machine
-hits every config alike; a cell is the median over rounds, with the rounds'
-spread (max - min). Bandwidth-bound shapes: % of the same-run copy bandwidth
-(L2 flushed between iterations); decode and small shapes: GPU µs per call
-from CUDA-graph replays.
+Interleaved rounds run the configs in turn (A B C .. A B C ..), so a slow
+stretch of the machine hits every config alike; a cell is the median over
+rounds, with the rounds' spread (max - min). Bandwidth-bound shapes: % of the
+same-run copy bandwidth (L2 flushed between iterations); decode and small
+shapes: GPU µs per call from CUDA-graph replays.
 
 Diagnostic rows replay the default plan's launch changed in one way, to
 place the time of a step: "no SF words" moves no scale factors

@@ -28,6 +28,9 @@ __all__ = ["expand_to_fused", "expand_to_fused_with_sf", "run_with_tuning"]
 # one per op: their keys have different arguments
 _plain_fast_path = TorchFastPath()
 _sf_fast_path = TorchFastPath()
+# expand.gpu.run_torch_fast, bound when the GPU code is first loaded (the fast
+# path can only hit after that); an import statement per call costs ~0.5 us
+_run_torch_fast = None
 
 
 def expand_to_fused(x: Any, token_topk_to_pos: Any, pos_to_expert: Any, *,
@@ -77,8 +80,7 @@ def expand_to_fused(x: Any, token_topk_to_pos: Any, pos_to_expert: Any, *,
     if validate is False:
         plan = _plain_fast_path.lookup((), (x, token_topk_to_pos, pos_to_expert, out))
         if plan is not None:
-            from .gpu import run_torch_fast
-            result = run_torch_fast(plan, x, None, token_topk_to_pos, pos_to_expert, out)
+            result = _run_torch_fast(plan, x, None, token_topk_to_pos, pos_to_expert, out)
             if result is not None:
                 return result[0]
     return _expand(DEFAULT_TUNING, x, None, token_topk_to_pos, pos_to_expert, with_sf=False,
@@ -135,8 +137,7 @@ def expand_to_fused_with_sf(x: Any, x_sf: Any, token_topk_to_pos: Any, pos_to_ex
         plan = _sf_fast_path.lookup((num_per_channels, use_tma_aligned_col_major_sf),
                                     (x, x_sf, token_topk_to_pos, pos_to_expert, out, None))
         if plan is not None:
-            from .gpu import run_torch_fast
-            result = run_torch_fast(plan, x, x_sf, token_topk_to_pos, pos_to_expert, out)
+            result = _run_torch_fast(plan, x, x_sf, token_topk_to_pos, pos_to_expert, out)
             if result is not None:
                 return result
     return _expand(DEFAULT_TUNING, x, x_sf, token_topk_to_pos, pos_to_expert, with_sf=True,
@@ -187,7 +188,9 @@ def _expand(tuning: ExpandTuning, x, x_sf, token_topk_to_pos, pos_to_expert, *, 
         problem = check_expand(descs["x"], descs["token_topk_to_pos"], descs["pos_to_expert"])
     _check_outputs(kind, problem, descs, x, x_sf, token_topk_to_pos, pos_to_expert, out, out_sf)
     if kind.on_gpu:
-        from .gpu import run_expand
+        global _run_torch_fast
+        from .gpu import run_expand, run_torch_fast
+        _run_torch_fast = run_torch_fast
         result, plan = run_expand(kind, problem, tuning, x, x_sf, token_topk_to_pos,
                                   pos_to_expert, out, out_sf, validate)
         if fast_path is not None and kind is ArrayKind.TORCH_CUDA and out_sf is None:

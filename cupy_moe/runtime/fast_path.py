@@ -1,8 +1,8 @@
 """The torch fast path: eager calls whose arguments were already checked.
 
-A call's key is its scalar settings plus the ``describe`` tuple of each array
-argument (None where absent): exactly what the rules read, so a key that was
-checked once stays checked. A call with a known key skips the rules and the
+A call's key is its scalar settings plus the description of each array
+argument (``torch_fields``, what ``describe`` wraps; None where absent):
+exactly what the rules read, so a key that was checked once stays checked. A call with a known key skips the rules and the
 planning and goes straight to the plan its first call made. Only calls whose
 tensors are all contiguous and need no grad are remembered (the full path
 copies non-contiguous inputs, and grad mode can change between calls).
@@ -10,10 +10,9 @@ copies non-contiguous inputs, and grad mode can change between calls).
 
 from __future__ import annotations
 
-import sys
 from typing import Any
 
-from .arrays import ArrayDesc, describe
+from .arrays import ArrayDesc, torch_fields
 
 __all__ = ["TorchFastPath"]
 
@@ -23,26 +22,17 @@ class TorchFastPath:
 
     def __init__(self) -> None:
         self._plans: dict[tuple, Any] = {}
-        self._tensor_type = None  # torch.Tensor, once a plan is remembered
         self._current_device = None
 
     def lookup(self, scalars: tuple, arrays: tuple) -> Any:
         """The plan of this call, or None when the full path must take it."""
         if not self._plans:
             return None
-        key = [scalars]
-        tensor = self._tensor_type
-        for array in arrays:
-            if array is None:
-                key.append(None)
-            elif type(array) is tensor:  # exactly: a subclass may override anything
-                try:
-                    key.append(describe("", array))
-                except (TypeError, ValueError):
-                    return None  # the full path raises with the argument's name
-            else:
-                return None
-        plan = self._plans.get(tuple(key))
+        try:
+            key = (scalars, *[None if a is None else torch_fields("", a) for a in arrays])
+        except (AttributeError, ValueError):
+            return None  # not a tensor, or not one we take: the full path says why
+        plan = self._plans.get(key)
         if plan is None or self._current_device() != plan.device:
             return None  # the full path switches devices
         return plan
@@ -51,9 +41,8 @@ class TorchFastPath:
         """Keep ``plan`` for calls described by ``descs`` (in ``lookup``'s order)."""
         if not all(d is None or (d.contiguous and not d.requires_grad) for d in descs):
             return
-        if self._tensor_type is None:
+        if self._current_device is None:
             from .launch import current_device
-            self._tensor_type = sys.modules["torch"].Tensor
             self._current_device = current_device
         self._plans[(scalars, *descs)] = plan
 
