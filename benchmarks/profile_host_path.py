@@ -7,8 +7,9 @@ own index_select of the same rows. GPU only.
     python benchmarks/profile_host_path.py
 
 Prints a Markdown table. The steps are those of ``expand_to_fused`` on a
-fast-path hit: the lookup (``describe`` of each tensor, the key, the current
-device), then ``run_torch_fast`` (stream, output allocation, ``plan.launch``).
+fast-path hit: the lookup (``torch_fields`` of each tensor, the key, the
+current device), then ``run_torch_fast`` (output allocation or overlap test,
+stream, ``plan.launch``).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import cupy_moe
 from cupy_moe.expand.api import _plain_fast_path, _sf_fast_path
 from cupy_moe.expand.gpu import run_torch_fast
 from cupy_moe.harness.inputs import fitted_routing
-from cupy_moe.runtime.arrays import describe
+from cupy_moe.runtime.arrays import describe, torch_fields
 from cupy_moe.runtime.gpu_arrays import raw_torch_stream_getter
 from cupy_moe.runtime.launch import current_device
 
@@ -70,8 +71,9 @@ def main() -> int:
         "raw stream getter": lambda: stream(0),
         "torch.cuda.current_stream().cuda_stream": lambda: torch.cuda.current_stream().cuda_stream,
         "cudaGetDevice (runtime.launch.current_device)": current_device,
-        "describe(x) (one tensor's key part)": lambda: describe("x", x),
-        "fast-path lookup (describe x 3, key, device; finds the plan)":
+        "torch_fields(x) (one tensor's part of the fast-path key)": lambda: torch_fields("x", x),
+        "describe(x) (the full path's description of a tensor)": lambda: describe("x", x),
+        "fast-path lookup (3 tensors' fields, key, device; finds the plan)":
             lambda: _plain_fast_path.lookup((), (x, m, p, None)),
         "x.data_ptr()": x.data_ptr,
         "pack pointers + cuLaunchKernel (plan.launch)": lambda: plan.launch(
@@ -82,7 +84,7 @@ def main() -> int:
         "whole call, out= given": lambda: cupy_moe.expand_to_fused(x, m, p, out=out),
         "whole call, allocating": lambda: cupy_moe.expand_to_fused(x, m, p),
         "torch index_select of the same rows": lambda: x.index_select(0, rows),
-        "SF op fast-path lookup (describe x 4, key, device)":
+        "SF op fast-path lookup (4 tensors' fields, key, device)":
             lambda: _sf_fast_path.lookup((128, False), (x8, x_sf, m, p, None, None)),
         "SF op (row-major SF), run_torch_fast, allocating":
             lambda: run_torch_fast(sf_plan, x8, x_sf, m, p, None),

@@ -38,11 +38,13 @@ class ExpandTuning:
     after another: few rows keep it from being the launch's longest block.
     """
 
+    # register kernel
     threads: int = 256
     unroll: int = 4
     shrink_chunks_below: float = 2.0
     split_slots_below: float = 1.0
     zero_rows_registers: int = 2
+    # bulk-copy kernel
     bulk_min_blocks: float = 1.0
     bulk_target_blocks: float = 12.0
     bulk_min_chunk_bytes: int = 2048

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Collection
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any, Mapping
 
@@ -43,21 +43,18 @@ class Workload:
     num_per_channels: int | None = None
     use_tma_aligned_col_major_sf: bool = False
 
-    @property
-    def num_tokens(self) -> int:
-        return self.shapes["x"][0]
+    # T, H, K, X: read off the shapes (not arguments)
+    num_tokens: int = field(init=False, compare=False)
+    hidden: int = field(init=False, compare=False)
+    top_k: int = field(init=False, compare=False)
+    num_expanded: int = field(init=False, compare=False)
 
-    @property
-    def hidden(self) -> int:
-        return self.shapes["x"][1]
-
-    @property
-    def top_k(self) -> int:
-        return self.shapes["token_topk_to_pos"][1]
-
-    @property
-    def num_expanded(self) -> int:
-        return self.shapes["pos_to_expert"][0]
+    def __post_init__(self) -> None:
+        sizes = {"num_tokens": self.shapes["x"][0], "hidden": self.shapes["x"][1],
+                 "top_k": self.shapes["token_topk_to_pos"][1],
+                 "num_expanded": self.shapes["pos_to_expert"][0]}
+        for name, value in sizes.items():
+            object.__setattr__(self, name, value)  # frozen: set once, here
 
     @property
     def sf_columns(self) -> int | None:

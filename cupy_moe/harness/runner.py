@@ -55,15 +55,18 @@ class Record:
     shapes: str
     bytes: int
     status: str = "ok"
+    # the kernel, L2 flushed
     gpu_us: float | None = None
     gbps: float | None = None
     pct_copy_roofline: float | None = None
     # a device-to-device copy moving the same bytes (half read, half written),
     # timed the same way: what launch and ramp cost at this size
     copy_same_bytes_us: float | None = None
+    # per call: eager wall time, and GPU time in a CUDA graph
     eager_us: float | None = None
     graph_us: float | None = None
     index_select_eager_us: float | None = None
+    # the torch peers
     torch_ref_us: float | None = None
     torch_nosync_us: float | None = None
     speedup_vs_ref: float | None = None
