@@ -79,28 +79,31 @@ def run_torch_fast(plan: ExpandPlan, x, x_sf, token_topk_to_pos, pos_to_expert,
                    out) -> tuple[Any, Any] | None:
     """A torch call whose arguments' descriptions ``plan`` was made for (the
     fast path's hit); None when ``out`` overlaps an input, so that the full
-    path raises."""
+    path raises. Written flat: it runs on every eager call."""
     global _raw_torch_stream
     if _raw_torch_stream is None:
         _raw_torch_stream = raw_torch_stream_getter()
-    pointers = (x.data_ptr(), token_topk_to_pos.data_ptr(), pos_to_expert.data_ptr(),
-                0 if x_sf is None else x_sf.data_ptr())
+    x_ptr, map_ptr, p2e_ptr = x.data_ptr(), token_topk_to_pos.data_ptr(), pos_to_expert.data_ptr()
+    sf_ptr = 0 if x_sf is None else x_sf.data_ptr()
     if out is None:
-        out = x.new_empty(*plan.problem.out_shape())
+        out = x.new_empty(*plan.out_shape)
     else:  # the one rule that depends on addresses, not on descriptions
         first = out.data_ptr()
         end = first + plan.out_bytes
-        for pointer, size in zip(pointers, plan.input_bytes):
+        for pointer, size in zip((x_ptr, map_ptr, p2e_ptr, sf_ptr), plan.input_bytes):
             if pointer < end and first < pointer + size:
                 return None
-    out_sf = None
-    if x_sf is not None:
+    if x_sf is None:
+        plan.launch(_raw_torch_stream(plan.device), x_ptr, map_ptr, p2e_ptr, out.data_ptr(), 0, 0)
+        return out, None
+    if plan.sf_mode == SF_COL_MAJOR:
         problem = plan.problem
-        out_sf = (TorchCuda.empty_col_major(problem.num_expanded, problem.sf_columns,
-                                            problem.sf_leading_dim, x_sf)
-                  if plan.sf_mode == SF_COL_MAJOR else x_sf.new_empty(*problem.out_sf_shape()))
-    plan.launch(_raw_torch_stream(plan.device), pointers[0], pointers[1], pointers[2],
-                out.data_ptr(), pointers[3], 0 if out_sf is None else out_sf.data_ptr())
+        out_sf = TorchCuda.empty_col_major(problem.num_expanded, problem.sf_columns,
+                                           problem.sf_leading_dim, x_sf)
+    else:
+        out_sf = x_sf.new_empty(*plan.out_sf_shape)
+    plan.launch(_raw_torch_stream(plan.device), x_ptr, map_ptr, p2e_ptr, out.data_ptr(), sf_ptr,
+                out_sf.data_ptr())
     return out, out_sf
 
 

@@ -8,7 +8,9 @@ A call then packs six pointers and launches.
 
 from __future__ import annotations
 
-from ..runtime.launch import ArgBlock, ArgStruct, device_traits, function_handle, launch
+from cupy.cuda import driver
+
+from ..runtime.launch import ArgBlock, ArgStruct, device_traits, function_handle
 from ..runtime.sizes import ceil_div
 from .rules import ExpandProblem
 from .tuning import ExpandTuning
@@ -23,6 +25,9 @@ EXPAND_ARGS = ArgStruct(
     ("top_k", "i32"), ("num_expanded", "i32"), ("sf_columns", "i32"), ("sf_ld", "i32"),
     ("rows_per_zero_block", "i32"), ("vecs_per_thread", "i32"), ("slots_per_block", "i32"))
 
+# packs a launch's six pointers into its argument block (the hot path's only packing)
+_pack_pointers = EXPAND_ARGS.pointer_packer.pack_into
+
 BULK_SHARED_LIMIT = 16384  # the most dynamic shared memory the bulk kernel asks for
 BULK_THREADS = 32  # one warp: a lane per slot (so K <= 32 for the bulk kernel)
 MAX_GRID_Y = 65535
@@ -35,12 +40,17 @@ def kernel_defines(sf_mode: int, tuning: ExpandTuning) -> tuple[tuple[str, int],
 class ExpandLaunch:
     """One kernel launch: handle, grid, block size, shared memory, argument block."""
 
-    __slots__ = ("args", "grid", "handle", "name", "shared_bytes", "threads")
+    __slots__ = ("args", "grid_x", "grid_y", "grid_z", "handle", "name", "shared_bytes",
+                 "threads")
 
     def __init__(self, name: str, handle: int, grid: tuple[int, int, int], threads: int,
                  shared_bytes: int, args: ArgBlock) -> None:
-        self.name, self.handle, self.grid = name, handle, grid
+        self.name, self.handle, (self.grid_x, self.grid_y, self.grid_z) = name, handle, grid
         self.threads, self.shared_bytes, self.args = threads, shared_bytes, args
+
+    @property
+    def grid(self) -> tuple[int, int, int]:
+        return (self.grid_x, self.grid_y, self.grid_z)
 
     def constant(self, field: str) -> int:
         """A constant field of the argument block as packed (for tests and sweeps)."""
@@ -51,8 +61,8 @@ class ExpandLaunch:
 class ExpandPlan:
     """The launches of one (problem, item size, device, tuning), by access width."""
 
-    __slots__ = ("device", "kernels", "out_bytes", "problem", "row_bytes", "sf_mode", "tuning",
-                 "zero_rows", "input_bytes")
+    __slots__ = ("device", "input_bytes", "kernels", "out_bytes", "out_sf_shape", "out_shape",
+                 "problem", "row_bytes", "sf_mode", "tuning", "zero_rows")
 
     def __init__(self, problem: ExpandProblem, item_bytes: int, device: int,
                  tuning: ExpandTuning) -> None:
@@ -70,6 +80,7 @@ class ExpandPlan:
                             problem.num_tokens * problem.top_k * 4, problem.num_expanded * 4,
                             problem.num_tokens * problem.sf_columns * 4)
         self.out_bytes = problem.num_expanded * self.row_bytes
+        self.out_shape, self.out_sf_shape = problem.out_shape(), problem.out_sf_shape()
 
     def kernel(self, vec_bytes: int) -> ExpandLaunch:
         found = self.kernels.get(vec_bytes)
@@ -148,11 +159,14 @@ class ExpandPlan:
         # Widest access (16, 8, 4, 2, 1 bytes) dividing the row and both bases.
         bits = self.row_bytes | 16 | x | out
         kernel = self.kernels.get(bits & -bits) or self.kernel(bits & -bits)
-        if kernel.grid[0] == 0:  # no tokens and no output rows
+        if kernel.grid_x == 0:  # no tokens and no output rows
             return
-        kernel.args.set_pointers(x, token_topk_to_pos, pos_to_expert, out, x_sf, out_sf)
-        launch(kernel.handle, kernel.grid, kernel.threads, kernel.shared_bytes, stream,
-               kernel.args)
+        # written out, not through runtime.launch: this runs on every eager call
+        block = kernel.args
+        _pack_pointers(block.buffer, 0, x, token_topk_to_pos, pos_to_expert, out, x_sf, out_sf)
+        driver.launchKernel(kernel.handle, kernel.grid_x, kernel.grid_y, kernel.grid_z,
+                            kernel.threads, 1, 1, kernel.shared_bytes, stream,
+                            block.params_address, 0)
 
 
 _plans: dict[tuple, ExpandPlan] = {}

@@ -22,7 +22,9 @@ __all__ = ["ArrayKind", "ArrayDesc", "describe", "torch_fields", "common_kind", 
            "numpy_to_torch", "element_strides", "bytes_to_allocation_end", "byte_span"]
 
 
-class ArrayKind(enum.Enum):
+class ArrayKind(str, enum.Enum):
+    # a str mixin: a plain Enum hashes in Python (~0.1 us), and kinds are part
+    # of the fast path's key, hashed on every eager call
     NUMPY = "numpy.ndarray"
     TORCH_CPU = "torch.Tensor (cpu)"
     TORCH_CUDA = "torch.Tensor (cuda)"

@@ -42,8 +42,8 @@ class TorchFastPath:
         if not all(d is None or (d.contiguous and not d.requires_grad) for d in descs):
             return
         if self._current_device is None:
-            from .launch import current_device
-            self._current_device = current_device
+            from cupy.cuda.runtime import getDevice  # the bare binding: no wrapper call
+            self._current_device = getDevice
         self._plans[(scalars, *descs)] = plan
 
     def clear(self) -> None:
