@@ -102,3 +102,17 @@ def test_bench_rejects_unknown_workloads_and_bad_iteration_counts(capsys):
     with pytest.raises(SystemExit):
         main(["bench", "--iters", "0"])
     assert "--iters: must be >= 1, got 0" in capsys.readouterr().err
+
+
+def test_version_is_written_in_one_place():
+    # pyproject.toml reads cupy_moe._version; an installed package's metadata
+    # must therefore agree with the module
+    from importlib import metadata
+
+    try:
+        installed = metadata.version("cupy-moe")
+    except metadata.PackageNotFoundError:
+        pytest.skip("cupy-moe is not installed (running from the source tree)")
+    assert installed == cupy_moe.__version__
+    text = (REPO_ROOT / "pyproject.toml").read_text()
+    assert 'dynamic = ["version"]' in text and "cupy_moe._version.__version__" in text

@@ -47,9 +47,9 @@ class ExpandTuning:
     # bulk-copy kernel
     bulk_min_blocks: float = 1.0
     bulk_target_blocks: float = 12.0
-    bulk_min_chunk_bytes: int = 2048
-    bulk_max_chunk_bytes: int = 16384
-    bulk_whole_row_zero_from: float = 8192
+    bulk_min_chunk_bytes: int = 2 * 1024
+    bulk_max_chunk_bytes: int = 16 * 1024
+    bulk_whole_row_zero_from: float = 8 * 1024
     zero_rows_bulk: int = 4
     zero_rows_bulk_whole: int = 2
 

@@ -71,8 +71,10 @@ class Record:
     torch_nosync_us: float | None = None
     speedup_vs_ref: float | None = None
     speedup_vs_nosync: float | None = None
-    cpu_us: float | None = None
+    # peers' errors and mismatches, by name
     extra: dict = field(default_factory=dict)
+    # the CPU backend's median wall time (no GPU)
+    cpu_us: float | None = None
 
 
 def _shapes_text(w: Workload) -> str:
