@@ -13,10 +13,13 @@ from typing import Any
 from ._version import __version__
 from .expand import expand_to_fused, expand_to_fused_with_sf
 from .interop import as_cupy, as_torch
+from .mapping import FusedMapping, fused_mapping
 
 __all__ = [
     "expand_to_fused",
     "expand_to_fused_with_sf",
+    "fused_mapping",
+    "FusedMapping",
     "as_cupy",
     "as_torch",
     "load_workloads",

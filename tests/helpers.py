@@ -45,7 +45,8 @@ def make_expert_major_routing(topk_ids: np.ndarray, num_experts: int,
     """(token_topk_to_pos [T, K], pos_to_expert [X]), both int32: the library's
     NumPy routing plan (experts one after the other, each padded to a multiple
     of ``block_size``; within an expert, ascending t*K+k)."""
-    return fused_mapping_numpy(topk_ids, num_experts, alignment=block_size)
+    plan = fused_mapping_numpy(topk_ids, num_experts, alignment=block_size)
+    return plan.token_topk_to_pos, plan.pos_to_expert
 
 
 def make_manifest_routing(num_tokens: int, top_k: int,

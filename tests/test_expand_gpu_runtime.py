@@ -53,7 +53,8 @@ def test_validate_accepts_a_well_formed_map(kind):
     x = random_bits(rng, (300, 64), numpy_dtype("bfloat16"))
     topk_ids = rng.integers(0, 7, size=(300, 4))
     topk_ids[::5, 0] = -1
-    token_topk_to_pos, pos_to_expert = reference.fused_mapping_numpy(topk_ids, 7, alignment=8)
+    plan = reference.fused_mapping_numpy(topk_ids, 7, alignment=8)
+    token_topk_to_pos, pos_to_expert = plan.token_topk_to_pos, plan.pos_to_expert
     result = cupy_moe.expand_to_fused(to_device(kind, x, "bfloat16"),
                                       map_to_device(kind, token_topk_to_pos),
                                       map_to_device(kind, pos_to_expert), validate=True)

@@ -27,6 +27,8 @@ def _nvrtc_or_skip():
 VARIANTS = [
     pytest.param("expand.cu", mode, id=f"expand-sf-mode-{mode}") for mode in (0, 1, 2)
 ]
+MAPPING_KERNELS = ("mapping_count_i32", "mapping_count_i64", "mapping_scan",
+                   "mapping_place_i32", "mapping_place_i64")
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
@@ -44,9 +46,18 @@ def test_kernel_variant_compiles(source, sf_mode, arch):
     assert b"routing_first_slots" in cubin and b"routing_repeats_and_gaps" in cubin
 
 
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_mapping_kernels_compile(arch):
+    _nvrtc_or_skip()
+    cubin = compile_for_arch("mapping.cu", (), arch)
+    assert cubin[:4] == b"\x7fELF"
+    for name in MAPPING_KERNELS:
+        assert name.encode() in cubin
+
+
 def test_every_source_is_covered():
     sources = {path.name for path in kernel_dir().glob("*.cu")}
-    assert sources == {param.values[0] for param in VARIANTS}
+    assert sources == {param.values[0] for param in VARIANTS} | {"mapping.cu"}
 
 
 def test_compile_error_carries_file_and_log(tmp_path, monkeypatch):

@@ -48,8 +48,8 @@ def fitted_routing(rng: np.random.Generator, num_tokens: int, top_k: int, num_ex
     while True:
         alignment = max_alignment
         while True:
-            token_topk_to_pos, pos_to_expert = fused_mapping_numpy(
-                topk_ids, num_experts, alignment=alignment)
+            plan = fused_mapping_numpy(topk_ids, num_experts, alignment=alignment)
+            token_topk_to_pos, pos_to_expert = plan.token_topk_to_pos, plan.pos_to_expert
             if pos_to_expert.shape[0] <= num_expanded or alignment == 1:
                 break
             alignment //= 2

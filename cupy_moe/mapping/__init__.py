@@ -1,5 +1,10 @@
-"""The routing plan family: from top-k expert ids to the expert-major layout."""
+"""The routing plan family: from top-k expert ids to the expert-major layout.
 
-from .reference import fused_mapping_numpy
+``api`` (the public op), ``rules`` (sizes, messages, validate), ``reference``
+(NumPy: the CPU backend and the oracle), ``gpu`` (kernels_cu/mapping.cu).
+"""
 
-__all__ = ["fused_mapping_numpy"]
+from .api import fused_mapping
+from .reference import FusedMapping, fused_mapping_numpy, worst_case_rows
+
+__all__ = ["fused_mapping", "FusedMapping", "fused_mapping_numpy", "worst_case_rows"]

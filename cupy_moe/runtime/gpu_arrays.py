@@ -60,8 +60,17 @@ class TorchCuda:
         return full if leading_dim == rows else full[:rows]
 
     @staticmethod
+    def empty_int32(count: int, like: Any) -> Any:
+        return like.new_empty(count, dtype=sys.modules["torch"].int32)
+
+    @staticmethod
     def flat_value(a: Any, index: int) -> int:
         return int(a.reshape(-1)[index].item())
+
+    @staticmethod
+    def to_numpy(a: Any) -> Any:
+        """A host copy (synchronises with the current stream)."""
+        return a.cpu().numpy()
 
 
 class Cupy:
@@ -94,8 +103,17 @@ class Cupy:
         return cupy.empty((columns, leading_dim), dtype=like.dtype)[:, :rows].T
 
     @staticmethod
+    def empty_int32(count: int, like: Any) -> Any:
+        return cupy.empty(count, dtype=cupy.int32)
+
+    @staticmethod
     def flat_value(a: Any, index: int) -> int:
         return int(a.reshape(-1)[index])
+
+    @staticmethod
+    def to_numpy(a: Any) -> Any:
+        """A host copy (synchronises with the current stream)."""
+        return cupy.asnumpy(a)
 
 
 def gpu_library(kind: ArrayKind):

@@ -1,0 +1,125 @@
+"""``fused_mapping`` on the GPU (marker ``gpu``): bit-identical to the NumPy
+oracle on fresh random cases, sync-free (CUDA-graph capture), trim/validate."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import cupy_moe
+from cupy_moe.mapping import fused_mapping_numpy, worst_case_rows
+from gpu_cases import GPU_MARKS, cupy, needs_torch_cuda, torch
+from helpers import assert_bits_equal
+from mapping_cases import random_case
+
+pytestmark = GPU_MARKS
+FIELDS = cupy_moe.FusedMapping._fields
+
+
+def _to_device(kind, array):
+    if kind == "torch":
+        return torch.from_numpy(np.ascontiguousarray(array)).cuda()
+    return cupy.asarray(array)
+
+
+def _host(kind, array):
+    return array.cpu().numpy() if kind == "torch" else cupy.asnumpy(array)
+
+
+def _poison_allocator(kind, nbytes):
+    """Leave a block of garbage where the next allocation of this size will
+    likely land (both libraries cache freed blocks), so that unwritten rows
+    would show."""
+    if kind == "torch":
+        block = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+        block.fill_(0x5A)
+    else:
+        block = cupy.empty(nbytes, dtype=cupy.uint8)
+        block.fill(0x5A)
+    del block
+
+
+def check_case(kind, topk_ids, num_experts, alignment, num_expanded, **kwargs):
+    x = num_expanded if num_expanded is not None else worst_case_rows(
+        topk_ids.size, num_experts, alignment)
+    expected = fused_mapping_numpy(topk_ids, num_experts, alignment=alignment, num_expanded=x)
+    chunks = -(-topk_ids.size // 1024)
+    _poison_allocator(kind, 4 * (topk_ids.size + 3 * x + 3 * num_experts
+                                 + chunks * num_experts + 1))
+    plan = cupy_moe.fused_mapping(_to_device(kind, topk_ids), num_experts, alignment=alignment,
+                                  num_expanded=num_expanded, **kwargs)
+    for name, got, want in zip(FIELDS, plan, expected):
+        assert_bits_equal(_host(kind, got), want, name)
+    return plan
+
+
+@pytest.mark.parametrize("kind", ["cupy", pytest.param("torch", marks=needs_torch_cuda)])
+def test_thousand_random_plans_are_bit_identical(kind):
+    rng = np.random.default_rng()
+    for case in range(600):
+        big = case % 20 == 0
+        topk_ids, num_experts, alignment, num_expanded = random_case(
+            rng, max_tokens=8192 if big else 300)
+        try:
+            check_case(kind, topk_ids, num_experts, alignment, num_expanded)
+        except AssertionError as error:
+            raise AssertionError(f"case {case}: T={topk_ids.shape[0]} K={topk_ids.shape[1]} "
+                                 f"E={num_experts} A={alignment} X={num_expanded} "
+                                 f"{topk_ids.dtype}: {error}") from None
+
+
+@pytest.mark.parametrize("kind", ["cupy", pytest.param("torch", marks=needs_torch_cuda)])
+@pytest.mark.parametrize(("num_tokens", "top_k", "num_experts", "alignment"), [
+    (8192, 10, 1024, 256), (8192, 8, 384, 128), (4096, 8, 128, 128), (1, 8, 384, 128),
+    (0, 8, 16, 128), (5000, 1, 1, 1), (3000, 9, 12288, 64)])
+def test_production_shapes(kind, num_tokens, top_k, num_experts, alignment):
+    rng = np.random.default_rng()
+    topk_ids = rng.integers(0, num_experts, size=(num_tokens, top_k)).astype(np.int64)
+    check_case(kind, topk_ids, num_experts, alignment, None)
+    check_case(kind, topk_ids.astype(np.int32), num_experts, alignment, num_tokens * top_k // 2)
+
+
+@pytest.mark.parametrize("kind", ["cupy", pytest.param("torch", marks=needs_torch_cuda)])
+def test_trim_and_validate_agree_with_the_cpu(kind):
+    topk_ids = np.array([[0, 1], [1, 1], [2, -1]], dtype=np.int32)
+    plan = cupy_moe.fused_mapping(_to_device(kind, topk_ids), 3, alignment=4, trim=True)
+    assert _host(kind, plan.pos_to_expert).tolist() == [0, -1, -1, -1, 1, 1, 1, -1, 2, -1, -1,
+                                                        -1]
+    for ids, kwargs in (([[0, 5]], {}), ([[0, 1], [1, 1]], {"num_expanded": 2})):
+        ids = np.array(ids, dtype=np.int32)
+        with pytest.raises(ValueError) as on_cpu:
+            cupy_moe.fused_mapping(ids, 3, alignment=1, validate=True, **kwargs)
+        with pytest.raises(ValueError) as on_gpu:
+            cupy_moe.fused_mapping(_to_device(kind, ids), 3, alignment=1, validate=True,
+                                   **kwargs)
+        assert str(on_gpu.value) == str(on_cpu.value)
+
+
+@needs_torch_cuda
+def test_graph_capture_replays_with_new_ids_and_the_fast_path_is_taken(monkeypatch):
+    rng = np.random.default_rng()
+    static = torch.zeros((256, 8), dtype=torch.int64, device="cuda")
+    cupy_moe.fused_mapping(static, 64, alignment=16)  # full path: compiles, remembers
+    from cupy_moe.mapping import api
+
+    def full_path(*args, **kwargs):
+        raise AssertionError("the fast path should have taken this call")
+
+    monkeypatch.setattr(api, "check_fused_mapping", full_path)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        cupy_moe.fused_mapping(static, 64, alignment=16)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        plan = cupy_moe.fused_mapping(static, 64, alignment=16)
+    for _ in range(3):
+        ids = rng.integers(-1, 70, size=(256, 8))
+        static.copy_(torch.from_numpy(ids))
+        graph.replay()
+        torch.cuda.synchronize()
+        expected = fused_mapping_numpy(ids, 64, alignment=16,
+                                       num_expanded=worst_case_rows(2048, 64, 16))
+        for name, got, want in zip(FIELDS, plan, expected):
+            assert_bits_equal(got.cpu().numpy(), want, name)
