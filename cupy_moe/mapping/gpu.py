@@ -20,9 +20,8 @@ from .reference import FusedMapping
 from .rules import MappingProblem, raise_mapping_error
 
 SOURCE = "mapping.cu"
-MAP_CHUNK = 1024  # MAP_CHUNK, MAP_COUNT_THREADS, MAP_SCAN_THREADS of the source
-COUNT_THREADS = 256
-SCAN_THREADS = 1024
+MAP_CHUNK = 256  # slots per chunk = threads of a count or place block (as in the source)
+PREFIX_EXPERTS, PREFIX_THREADS = 32, 256  # experts and threads of a prefix block
 FILL_PER_THREAD = 16  # pos_* entries a counting thread sets to -1, at least
 
 # struct MappingArgs of mapping.cu, field for field
@@ -50,18 +49,19 @@ class MappingPlan:
         self.total_index = self.offsets[3] + chunks * experts
         self.buffer_size = self.total_index + 1
         suffix = "i64" if problem.id_dtype == "int64" else "i32"
-        count_blocks = max(chunks, ceil_div(3 * rows, COUNT_THREADS * FILL_PER_THREAD))
-        shared = 4 * experts
+        count_blocks = max(chunks, ceil_div(3 * rows, MAP_CHUNK * FILL_PER_THREAD))
 
         def kernel(name: str, blocks: int, threads: int, shared_bytes: int) -> tuple:
             return (function_handle(SOURCE, (), device, name), blocks, threads, shared_bytes)
 
-        # counting (and padding) only when there are slots or rows
-        self.launches = ([kernel(f"mapping_count_{suffix}", count_blocks, COUNT_THREADS, shared)]
+        # counting (and padding) only when there are slots or rows; the place
+        # kernel always runs: its block 0 writes the expert rows
+        self.launches = ([kernel(f"mapping_count_{suffix}", count_blocks, MAP_CHUNK, 4 * experts)]
                          if count_blocks else [])
-        self.launches.append(kernel("mapping_scan", 1, SCAN_THREADS, 0))
-        if chunks:
-            self.launches.append(kernel(f"mapping_place_{suffix}", chunks, 32, shared))
+        self.launches.append(kernel("mapping_prefix", ceil_div(experts, PREFIX_EXPERTS),
+                                    PREFIX_THREADS, 0))
+        self.launches.append(kernel(f"mapping_place_{suffix}", max(chunks, 1), MAP_CHUNK,
+                                    8 * experts))
         self.args = ArgBlock(MAPPING_ARGS, MAPPING_ARGS.constants(
             num_slots=slots, top_k=problem.top_k, num_experts=experts,
             alignment=problem.alignment, num_expanded=rows, num_chunks=chunks))

@@ -13,8 +13,8 @@ from .reference import worst_case_rows
 TOPK_ID_DTYPES = ("int32", "int64")
 # positions are int32, and the kernels index 3 * X rows of one buffer
 MAX_ROWS = (2**31 - 1) // 3
-# the kernels keep one int32 per expert in shared memory (48 KiB without opt-in)
-MAX_EXPERTS_GPU = 12288
+# the place kernel keeps two int32 per expert in shared memory (48 KiB without opt-in)
+MAX_EXPERTS_GPU = 6144
 
 
 @dataclass(frozen=True)
