@@ -39,7 +39,7 @@ def fused_mapping(topk_ids: Any, num_experts: int, *, alignment: int = 128,
         Expert of each slot. A negative id is a dropped slot; an id >=
         ``num_experts`` is dropped too (expert parallelism: a remote expert).
     num_experts : int >= 1
-        E, the experts of this rank (at most 6144 on the GPU).
+        E, the experts of this rank (at most 4096 on the GPU).
     alignment : int >= 1
         Rows per segment are a multiple of this (the GEMM's M block, 128 for
         DeepGEMM).

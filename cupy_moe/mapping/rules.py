@@ -13,8 +13,9 @@ from .reference import worst_case_rows
 TOPK_ID_DTYPES = ("int32", "int64")
 # positions are int32, and the kernels index 3 * X rows of one buffer
 MAX_ROWS = (2**31 - 1) // 3
-# the place kernel keeps two int32 per expert in shared memory (48 KiB without opt-in)
-MAX_EXPERTS_GPU = 6144
+# the place kernel keeps two int32 per expert in shared memory, beside a few
+# static ones, within the 48 KiB a launch gets without opt-in
+MAX_EXPERTS_GPU = 4096
 
 
 @dataclass(frozen=True)
