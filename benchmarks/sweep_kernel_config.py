@@ -45,9 +45,8 @@ from cupy_moe.expand.rules import check_expand, check_expand_with_sf
 from cupy_moe.expand.tuning import DEFAULT_TUNING, ExpandTuning
 from cupy_moe.harness.inputs import workload_inputs
 from cupy_moe.harness.manifest import OP_NAMES, Workload, load_workloads
-from cupy_moe.harness.runner import GRAPH_MAX_BYTES
+from cupy_moe.harness.runner import GRAPH_MAX_BYTES, reference_outputs
 from cupy_moe.harness.timing import GpuTimer, torch_graph_us
-from cupy_moe.reference import expand_to_fused_numpy, expand_to_fused_with_sf_numpy
 from cupy_moe.runtime.arrays import describe, numpy_to_torch
 from cupy_moe.runtime.gpu_arrays import raw_torch_stream_getter
 from cupy_moe.runtime.launch import ArgBlock, launch
@@ -78,15 +77,6 @@ _stream = raw_torch_stream_getter()
 
 def _to_torch(array: np.ndarray) -> torch.Tensor:
     return numpy_to_torch(np.ascontiguousarray(array)).cuda()
-
-
-def _reference(w: Workload, host: dict[str, np.ndarray]) -> tuple[np.ndarray, ...]:
-    if w.op == "expand_to_fused":
-        return (expand_to_fused_numpy(host["x"], host["token_topk_to_pos"],
-                                      host["pos_to_expert"]),)
-    return expand_to_fused_with_sf_numpy(
-        host["x"], host["x_sf"], host["token_topk_to_pos"], host["pos_to_expert"],
-        col_major=w.use_tma_aligned_col_major_sf)
 
 
 def _run(w: Workload, tuning: ExpandTuning, args: dict, outs: tuple = ()) -> tuple:
@@ -217,7 +207,7 @@ def main() -> int:
     for w in workloads:
         host = workload_inputs(w, rng)
         inputs = {name: _to_torch(a) for name, a in host.items()}
-        expected = tuple(_to_torch(e) for e in _reference(w, host))
+        expected = tuple(_to_torch(e) for e in reference_outputs(w, host))
         outs = _run(w, DEFAULT_TUNING, inputs)
         pointers = _pointers(inputs, outs)
         for round_index in range(args.rounds):

@@ -93,7 +93,8 @@ def _bits(a: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(a).view(f"u{a.itemsize}")
 
 
-def _reference(w: Workload, host: dict[str, np.ndarray]) -> tuple[np.ndarray, ...]:
+def reference_outputs(w: Workload, host: dict[str, np.ndarray]) -> tuple[np.ndarray, ...]:
+    """The NumPy oracle's outputs of workload ``w`` on ``host`` inputs."""
     if w.op == "expand_to_fused":
         return (expand_to_fused_numpy(host["x"], host["token_topk_to_pos"],
                                       host["pos_to_expert"]),)
@@ -193,7 +194,7 @@ def bench_gpu_workload(w: Workload, timer: GpuTimer, backend: str, iters: int,
     for small shapes under torch)."""
     record = _new_record(w)
     host = workload_inputs(w, rng)
-    expected = _reference(w, host)
+    expected = reference_outputs(w, host)
     use_torch = backend == "torch"
     if use_torch:
         import torch
@@ -242,7 +243,7 @@ def bench_cpu_workload(w: Workload, iters: int, rng: np.random.Generator) -> Rec
     """One workload on the CPU backend (NumPy arrays): median wall time of ``iters`` calls."""
     record = _new_record(w)
     host = workload_inputs(w, rng)
-    expected = _reference(w, host)
+    expected = reference_outputs(w, host)
     problem = _mismatch(_call(w, host), expected, lambda a: a)
     if problem:
         record.status = f"MISMATCH {problem}"
