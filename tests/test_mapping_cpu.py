@@ -89,16 +89,32 @@ def test_plan_feeds_expand_to_fused(rng):
     assert not y[rows < 0].any()
 
 
-@pytest.mark.parametrize(("topk_ids", "kwargs", "message"), [
-    ([[0, 5]], {}, "topk_ids[0, 1] = 5 is not an expert: num_experts = 3"),
+@pytest.mark.parametrize(("topk_ids", "kwargs", "message", "dropped"), [
+    ([[0, 5]], {}, "topk_ids[0, 1] = 5 is not an expert: num_experts = 3", (0, 1)),
     ([[0, 1], [1, 1]], {"num_expanded": 2},
-     "topk_ids[1, 0] = 1 found no row: its expert's segment reaches past num_expanded = 2"),
+     "topk_ids[1, 0] = 1 found no row: its expert's segment reaches past num_expanded = 2",
+     (1, 0)),
 ])
-def test_validate_names_the_first_fault(topk_ids, kwargs, message):
+def test_validate_names_the_first_fault(topk_ids, kwargs, message, dropped):
     ids = np.array(topk_ids, dtype=np.int32)
     with pytest.raises(ValueError, match=re.escape(message)):
         cupy_moe.fused_mapping(ids, 3, alignment=1, validate=True, **kwargs)
-    cupy_moe.fused_mapping(ids, 3, alignment=1, **kwargs)  # without validate: dropped
+    # without validate the same slot is dropped, and nothing names it
+    plan = cupy_moe.fused_mapping(ids, 3, alignment=1, **kwargs)
+    assert plan.token_topk_to_pos[dropped] == -1
+    assert dropped[0] * ids.shape[1] + dropped[1] not in plan.pos_to_token_topk
+
+
+def test_gpu_expert_limit_is_a_value_error():
+    # the rule reads the description alone: a CuPy-kind one needs no GPU
+    from cupy_moe.mapping.rules import MAX_EXPERTS_GPU, check_fused_mapping
+    from cupy_moe.runtime.arrays import ArrayDesc, ArrayKind
+
+    desc = ArrayDesc(ArrayKind.CUPY, (4, 2), "int32", 0, True, False, True)
+    assert check_fused_mapping(desc, MAX_EXPERTS_GPU, 1, None).num_experts == MAX_EXPERTS_GPU
+    with pytest.raises(ValueError, match=re.escape(
+            f"num_experts must be <= {MAX_EXPERTS_GPU} on the GPU; got {MAX_EXPERTS_GPU + 1}")):
+        check_fused_mapping(desc, MAX_EXPERTS_GPU + 1, 1, None)
 
 
 @pytest.mark.parametrize(("topk_ids", "kwargs", "error", "message"), [
