@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -49,7 +50,7 @@ def test_version_flag_prints_the_package_version(capsys):
 def test_module_help_exits_zero():
     env = dict(os.environ, PYTHONPATH=str(REPO_ROOT))
     done = subprocess.run([sys.executable, "-m", "cupy_moe", "--help"], cwd=REPO_ROOT, env=env,
-                          capture_output=True, text=True, timeout=60)
+                          capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == 0, done.stderr
     assert "usage: cupy-moe" in done.stdout
     assert "info" in done.stdout
@@ -75,6 +76,57 @@ def test_bench_quick_on_the_cpu_writes_json_and_markdown(tmp_path, capsys):
     assert all(r["status"] == "ok" and r["cpu_us"] > 0 for r in result["records"])
     assert result["records"][0]["bytes"] == load_workloads("expand_to_fused")[4].bytes
     assert path.with_suffix(".md").read_text().count("\n| ") >= 3
+
+
+def test_bench_op_fused_mapping_on_the_cpu_prints_every_mapping_row(tmp_path, capsys):
+    path = tmp_path / "mapping.json"
+    code = main(["bench", "--backend", "cpu", "--op", "fused_mapping", "--quick", "--iters", "1",
+                 "--json", str(path)])
+    assert code == 0
+    captured = capsys.readouterr()
+    workloads = load_workloads("fused_mapping")
+    rows = [line for line in captured.out.splitlines() if line.startswith("| mapping |")]
+    assert [row.split(" | ")[1:4] for row in rows] == [
+        [w.label, (f"T={w.num_tokens} K={w.top_k} E={w.num_experts} A={w.alignment} "
+                   f"X={w.num_expanded} int64"), f"{w.bytes / 1e6:.2f}"] for w in workloads]
+    assert "| expand |" not in captured.out and "| with_sf |" not in captured.out
+    # --quick skips no mapping workload: all are small
+    assert "note: no GPU: CPU backend" in captured.out and "skips" not in captured.out
+    assert [line for line in captured.err.splitlines() if line.startswith("[")] == [
+        f"[{i}/7] fused_mapping {w.label} ..." for i, w in enumerate(workloads, 1)]
+    result = json.loads(path.read_text())
+    assert set(result) == RESULT_KEYS and result["backend"] == "cpu"
+    assert all(set(r) == RECORD_KEYS for r in result["records"])
+    assert [(r["op"], r["label"], r["bytes"]) for r in result["records"]] == [
+        ("fused_mapping", w.label, w.bytes) for w in workloads]
+    for r in result["records"]:
+        assert r["status"] == "ok" and r["cpu_us"] > 0 and r["gbps"] > 0 and r["extra"] == {}
+        assert all(r[key] is None for key in RECORD_KEYS - {"op", "label", "shapes", "bytes",
+                                                            "status", "gbps", "cpu_us", "extra"})
+    assert path.with_suffix(".md").read_text().count("\n| mapping |") == 7
+
+
+def test_bench_all_selects_workloads_of_every_op_by_label(capsys):
+    code = main(["bench", "--backend", "cpu", "--iters", "1", "--workload", "mapping-decode",
+                 "--workload", "qwen3-30b-decode"])
+    assert code == 0
+    rows = [line.split(" | ")[:2] for line in capsys.readouterr().out.splitlines()
+            if line.startswith(("| expand |", "| mapping |"))]
+    # manifest order: the expand ops first
+    assert rows == [["| expand", "qwen3-30b-decode"], ["| mapping", "mapping-decode"]]
+
+
+def test_bench_op_fused_mapping_rejects_other_ops_labels_and_unknown_ops(capsys):
+    with pytest.raises(SystemExit, match=re.escape(
+            "unknown workload label(s) for ['fused_mapping']: ['kimi-k2-decode']")):
+        main(["bench", "--backend", "cpu", "--op", "fused_mapping", "--workload",
+              "kimi-k2-decode"])
+    with pytest.raises(SystemExit) as exit_info:
+        main(["bench", "--backend", "cpu", "--op", "fused_mapping_v2"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "argument --op: invalid choice: 'fused_mapping_v2'" in err
+    assert "fused_mapping" in err.split("choose from", 1)[1]
 
 
 def test_bench_plot_without_matplotlib_fails_before_timing(tmp_path, capsys, monkeypatch):

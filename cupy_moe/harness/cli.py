@@ -10,7 +10,7 @@ from pathlib import Path
 
 from cupy_moe import __version__
 
-from .manifest import OP_NAMES
+from .manifest import ALL_OP_NAMES
 from .timing import device_name
 
 # An option needs an extra that is not installed (1 is a failed bit-exact check).
@@ -85,7 +85,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         print("cupy-moe bench: --plot needs matplotlib, the plot extra: "
               "pip install 'cupy-moe[plot]'", file=sys.stderr)
         return EXIT_MISSING_EXTRA
-    ops = list(OP_NAMES) if args.op == "all" else [args.op]
+    ops = list(ALL_OP_NAMES) if args.op == "all" else [args.op]
     iters = args.iters or (10 if args.quick else 50)
     result = runner.run(ops, args.workload, args.backend, iters, args.quick)
     print("\n".join(report.summary_lines(result)))
@@ -120,11 +120,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     bench = commands.add_parser(
         "bench", help="time the manifest workloads against the torch peers",
-        description="Time both ops on the manifest workloads: GPU time (L2 flushed), GB/s, "
+        description="Time the ops on the manifest workloads: GPU time (L2 flushed), GB/s, "
                     "share of the same-run copy bandwidth, eager and CUDA-graph time per call, "
-                    "and the seed's torch reference and a sync-free torch version. Without a "
+                    "and, for the expand ops, the seed's torch reference and a sync-free torch "
+                    "version (fused_mapping, the routing plan, has no torch peer). Without a "
                     "GPU, times the CPU backend.")
-    bench.add_argument("--op", choices=["all", *OP_NAMES], default="all")
+    bench.add_argument("--op", choices=["all", *ALL_OP_NAMES], default="all",
+                       help="the op whose workloads run (default: all)")
     bench.add_argument("--workload", action="append", metavar="LABEL",
                        help="a manifest label; repeat for several (default: all)")
     bench.add_argument("--backend", choices=["auto", "cupy", "torch", "cpu"], default="auto")

@@ -1,4 +1,5 @@
-"""Inputs for a workload: random payload bits and a realistic routing plan.
+"""Inputs for a workload: random payload bits and a realistic routing plan,
+or (for ``fused_mapping``) random top-k expert ids.
 
 Shared by the GPU tests, the benchmarks and the CLI, so that what is timed is
 what is tested. Everything is NumPy on the host; callers move it to a device.
@@ -11,9 +12,14 @@ import numpy as np
 
 from cupy_moe.reference import fused_mapping_numpy
 
-from .manifest import Workload
+from .manifest import MAPPING_OP_NAMES, Workload
 
-__all__ = ["numpy_dtype", "random_bits", "fitted_routing", "workload_inputs"]
+__all__ = ["fitted_routing", "numpy_dtype", "random_bits", "random_topk_ids",
+           "workload_inputs"]
+
+# Share of the slots random_topk_ids drops (-1): a few, as where a router
+# masks some slots.
+TOPK_DROP = 0.02
 
 
 def numpy_dtype(name) -> np.dtype:
@@ -60,11 +66,26 @@ def fitted_routing(rng: np.random.Generator, num_tokens: int, top_k: int, num_ex
     return token_topk_to_pos, np.concatenate([pos_to_expert, tail])
 
 
+def random_topk_ids(rng: np.random.Generator, num_tokens: int, top_k: int, num_experts: int,
+                    *, drop: float = TOPK_DROP, dtype="int64") -> np.ndarray:
+    """Top-k expert ids ``[T, K]`` of ``dtype``: each slot an expert drawn
+    uniformly from ``[0, num_experts)``, independently (a token may pick an
+    expert twice), then each slot set to -1 (dropped) with probability
+    ``drop``."""
+    topk_ids = rng.integers(0, num_experts, size=(num_tokens, top_k), dtype=np.int64)
+    topk_ids[rng.random(topk_ids.shape) < drop] = -1
+    return topk_ids.astype(numpy_dtype(dtype), copy=False)
+
+
 def workload_inputs(workload: Workload, rng: np.random.Generator) -> dict[str, np.ndarray]:
     """Host inputs of one manifest workload, keyed by argument name: ``x [T, H]``
     (and ``x_sf [T, S]``) of the workload's dtypes with random bits,
     ``token_topk_to_pos [T, K]`` and ``pos_to_expert [X]`` int32 from
-    :func:`fitted_routing`."""
+    :func:`fitted_routing`; for ``fused_mapping``, ``topk_ids [T, K]`` of the
+    workload's dtype from :func:`random_topk_ids`."""
+    if workload.op in MAPPING_OP_NAMES:
+        return {"topk_ids": random_topk_ids(rng, workload.num_tokens, workload.top_k,
+                                            workload.num_experts, dtype=workload.dtype)}
     inputs = {"x": random_bits(rng, workload.shapes["x"], numpy_dtype(workload.dtype))}
     if workload.sf_dtype is not None:
         inputs["x_sf"] = random_bits(rng, workload.shapes["x_sf"], numpy_dtype(workload.sf_dtype))

@@ -9,8 +9,12 @@ from __future__ import annotations
 import json
 from typing import Any
 
-__all__ = ["can_plot", "table_lines", "summary_lines", "write_plot",
-           "write_outputs"]
+__all__ = ["can_plot", "summary_lines", "table_lines", "write_outputs", "write_plot"]
+
+# The table's short name of each op; an op not named here shows in full.
+_OP_SHORT = {"expand_to_fused": "expand", "expand_to_fused_with_sf": "with_sf",
+             "fused_mapping": "mapping"}
+
 
 def can_plot() -> bool:
     """Whether :func:`write_plot` can run here (matplotlib imports)."""
@@ -26,7 +30,9 @@ def _fmt(value, spec: str) -> str:
 
 
 def table_lines(result: dict[str, Any]) -> list[str]:
-    """A Markdown table, one row a record; GPU columns, or CPU ones for the cpu backend."""
+    """A Markdown table, one row a record; GPU columns, or CPU ones for the cpu
+    backend. A figure not measured (None: the torch peers of ``fused_mapping``,
+    say) shows as "-"."""
     gpu = result["backend"] != "cpu"
     if gpu:
         header = ["op", "workload", "shapes", "MB", "GPU us", "GB/s", "% copy",
@@ -37,7 +43,7 @@ def table_lines(result: dict[str, Any]) -> list[str]:
         header = ["op", "workload", "shapes", "MB", "CPU us", "GB/s"]
     rows = [header, ["---"] * len(header)]
     for r in result["records"]:
-        op = "with_sf" if r["op"].endswith("with_sf") else "expand"
+        op = _OP_SHORT.get(r["op"], r["op"])
         base = [op, r["label"], r["shapes"], f"{r['bytes'] / 1e6:.2f}"]
         if r["status"] != "ok":
             rows.append(base + [r["status"]] + [""] * (len(header) - 5))
@@ -55,8 +61,8 @@ def table_lines(result: dict[str, Any]) -> list[str]:
 
 def summary_lines(result: dict[str, Any]) -> list[str]:
     """The run in a few lines: device, backend, date, iterations, roofline, notes."""
-    lines = [f"cupy-moe bench: {result['device']}, backend {result['backend']}, "
-             f"{result['date']}, median of {result['iters']} iterations"]
+    lines = [(f"cupy-moe bench: {result['device']}, backend {result['backend']}, "
+              f"{result['date']}, median of {result['iters']} iterations")]
     if result["copy_tbps"]:
         lines.append(f"roofline: device-to-device copy {result['copy_tbps']:.2f} TB/s "
                      "(read + write), measured in this run; L2 flushed between iterations")
@@ -65,15 +71,18 @@ def summary_lines(result: dict[str, Any]) -> list[str]:
 
 
 def write_plot(result: dict[str, Any], path: str) -> None:
-    """A PNG bar chart: % of copy bandwidth per workload (GB/s on the CPU)."""
+    """A PNG bar chart: % of copy bandwidth per workload (GB/s on the CPU);
+    records without the figure (failed ones) are left out."""
     import matplotlib
     matplotlib.use("Agg")  # no display needed
     import matplotlib.pyplot as plt
 
-    records = [r for r in result["records"] if r["status"] == "ok"]
     gpu = result["backend"] != "cpu"
-    values = [r["pct_copy_roofline"] if gpu else r["gbps"] for r in records]
+    figure = "pct_copy_roofline" if gpu else "gbps"
+    records = [r for r in result["records"] if r["status"] == "ok" and r[figure] is not None]
+    values = [r[figure] for r in records]
     labels = [r["label"] for r in records]
+    ops = ", ".join(dict.fromkeys(r["op"] for r in records)) or "no results"
     fig, ax = plt.subplots(figsize=(10, 0.35 * len(labels) + 1.5))
     bars = ax.barh(labels[::-1], values[::-1], color="tab:green")
     ax.bar_label(bars, fmt="%.1f", padding=2, fontsize=8)
@@ -82,7 +91,7 @@ def write_plot(result: dict[str, Any], path: str) -> None:
         ax.set_xlabel(f"% of device-to-device copy bandwidth ({result['copy_tbps']:.2f} TB/s)")
     else:
         ax.set_xlabel("GB/s (CPU backend)")
-    ax.set_title(f"cupy_moe expand_to_fused, {result['device']}, {result['date']}")
+    ax.set_title(f"cupy_moe {ops}, {result['device']}, {result['date']}")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

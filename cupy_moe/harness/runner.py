@@ -10,8 +10,11 @@ anything is timed, then
   against torch's own ``index_select`` of the same rows;
 - GPU time per call from replaying a CUDA graph of many calls (small shapes);
 - the seed's PyTorch reference and a sync-free torch version, same timings.
-Without a GPU, the CPU backend's wall time. Used by ``cupy-moe bench`` and by
-benchmarks/bench_expand_to_fused.py; :mod:`.report` formats the result.
+The routing plan (``fused_mapping``) gets the GPU time, GB/s and share of the
+copy bandwidth, eager and CUDA-graph figures; it has no torch peer here (no
+``index_select`` figure either). Without a GPU, the CPU backend's wall time.
+Used by ``cupy-moe bench`` and by benchmarks/bench_expand_to_fused.py;
+:mod:`.report` formats the result.
 """
 
 from __future__ import annotations
@@ -21,20 +24,31 @@ import platform
 import statistics
 import sys
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
-from cupy_moe import __version__, expand_to_fused, expand_to_fused_with_sf
-from cupy_moe.reference import expand_to_fused_numpy, expand_to_fused_with_sf_numpy
+from cupy_moe import (
+    FusedMapping,
+    __version__,
+    expand_to_fused,
+    expand_to_fused_with_sf,
+    fused_mapping,
+)
+from cupy_moe.reference import (
+    expand_to_fused_numpy,
+    expand_to_fused_with_sf_numpy,
+    fused_mapping_numpy,
+)
 
 from .inputs import workload_inputs
-from .manifest import Workload, load_workloads
+from .manifest import MAPPING_OP_NAMES, Workload, load_workloads
 from .timing import GpuTimer, eager_us, torch_graph_us
 
-__all__ = ["GRAPH_MAX_BYTES", "CPU_QUICK_MAX_BYTES", "Record", "bench_gpu_workload",
-           "bench_cpu_workload", "resolve_backend", "versions", "run"]
+__all__ = ["CPU_QUICK_MAX_BYTES", "GRAPH_MAX_BYTES", "Record", "bench_cpu_workload",
+           "bench_gpu_workload", "reference_outputs", "resolve_backend", "run", "versions"]
 
 # Workloads at most this large get a CUDA-graph replay figure (decode, small).
 GRAPH_MAX_BYTES = 8 << 20
@@ -78,6 +92,9 @@ class Record:
 
 
 def _shapes_text(w: Workload) -> str:
+    if w.op in MAPPING_OP_NAMES:
+        return (f"T={w.num_tokens} K={w.top_k} E={w.num_experts} A={w.alignment} "
+                f"X={w.num_expanded} {w.dtype}")
     text = f"T={w.num_tokens} H={w.hidden} K={w.top_k} X={w.num_expanded}"
     if w.sf_columns is not None:
         layout = "col" if w.use_tma_aligned_col_major_sf else "row"
@@ -94,7 +111,13 @@ def _bits(a: np.ndarray) -> np.ndarray:
 
 
 def reference_outputs(w: Workload, host: dict[str, np.ndarray]) -> tuple[np.ndarray, ...]:
-    """The NumPy oracle's outputs of workload ``w`` on ``host`` inputs."""
+    """The NumPy oracle's outputs of workload ``w`` on ``host`` inputs (for
+    ``fused_mapping``, the plan's seven arrays in :class:`FusedMapping` order,
+    ``w.num_expanded`` rows)."""
+    if w.op in MAPPING_OP_NAMES:
+        # a FusedMapping is a tuple already
+        return fused_mapping_numpy(host["topk_ids"], w.num_experts, alignment=w.alignment,
+                                   num_expanded=w.num_expanded)
     if w.op == "expand_to_fused":
         return (expand_to_fused_numpy(host["x"], host["token_topk_to_pos"],
                                       host["pos_to_expert"]),)
@@ -104,7 +127,12 @@ def reference_outputs(w: Workload, host: dict[str, np.ndarray]) -> tuple[np.ndar
 
 
 def _call(w: Workload, args: dict[str, Any], **kwargs) -> tuple:
-    """The op of ``w`` on ``args`` (any array kind); its results as a tuple."""
+    """The op of ``w`` on ``args`` (any array kind); its results as a tuple.
+
+    ``fused_mapping`` is called as a user would, with its default X and no
+    ``kwargs`` (it has no ``out=``)."""
+    if w.op in MAPPING_OP_NAMES:
+        return fused_mapping(args["topk_ids"], w.num_experts, alignment=w.alignment, **kwargs)
     if w.op == "expand_to_fused":
         return (expand_to_fused(args["x"], args["token_topk_to_pos"], args["pos_to_expert"],
                                 **kwargs),)
@@ -114,15 +142,33 @@ def _call(w: Workload, args: dict[str, Any], **kwargs) -> tuple:
         use_tma_aligned_col_major_sf=w.use_tma_aligned_col_major_sf, **kwargs)
 
 
-def _mismatch(results, expected, to_host: Callable[[Any], np.ndarray]) -> str | None:
-    """Where ``results`` differ from ``expected`` bit for bit; None if nowhere."""
-    for name, got, want in zip(("expanded_x", "expanded_x_sf"), results, expected):
-        got_bits, want_bits = _bits(to_host(got)), _bits(want)
+_EXPAND_OUTPUT_NAMES = ("expanded_x", "expanded_x_sf")
+
+
+def output_names(w: Workload) -> tuple[str, ...]:
+    """The names of the op's outputs, in :func:`_call`'s order."""
+    if w.op in MAPPING_OP_NAMES:
+        return FusedMapping._fields
+    return _EXPAND_OUTPUT_NAMES[:2 if w.sf_columns is not None else 1]
+
+
+def _mismatch(results, expected, to_host: Callable[[Any], np.ndarray],
+              names: Sequence[str] = _EXPAND_OUTPUT_NAMES) -> str | None:
+    """Where ``results`` differ from ``expected`` bit for bit (shape, item
+    size, bits), the output named by ``names``; None if nowhere."""
+    if len(results) != len(expected):
+        return f"{len(results)} outputs, expected {len(expected)}"
+    for name, got, want in zip(names, results, expected):
+        got, want = to_host(got), np.asarray(want)
+        if got.dtype.itemsize != want.dtype.itemsize:
+            return f"{name}: dtype {got.dtype} != {want.dtype}"
+        got_bits, want_bits = _bits(got), _bits(want)
         if got_bits.shape != want_bits.shape:
             return f"{name}: shape {got_bits.shape} != {want_bits.shape}"
         wrong = np.argwhere(got_bits != want_bits)
         if wrong.size:
-            return f"{name}: {len(wrong)} elements differ, first at {tuple(wrong[0])}"
+            return (f"{name}: {len(wrong)} elements differ, first at "
+                    f"{tuple(int(i) for i in wrong[0])}")
     return None
 
 
@@ -160,13 +206,13 @@ def _time_torch_peers(record: Record, w: Workload, targs: dict[str, Any],
                                             torch.cuda.synchronize)
     maps = (targs["token_topk_to_pos"], targs["pos_to_expert"])
     if w.op == "expand_to_fused":
-        ref = lambda: peers.torch_reference_expand(targs["x"], *maps)  # noqa: E731
-        nosync = lambda: peers.torch_nosync_expand(targs["x"], *maps)  # noqa: E731
+        ref = lambda: peers.torch_reference_expand(targs["x"], *maps)
+        nosync = lambda: peers.torch_nosync_expand(targs["x"], *maps)
     else:
         col = w.use_tma_aligned_col_major_sf
-        ref = lambda: peers.torch_reference_expand_with_sf(  # noqa: E731
+        ref = lambda: peers.torch_reference_expand_with_sf(
             targs["x"], targs["x_sf"], *maps, use_tma_aligned_col_major_sf=col)
-        nosync = lambda: peers.torch_nosync_expand_with_sf(  # noqa: E731
+        nosync = lambda: peers.torch_nosync_expand_with_sf(
             targs["x"], targs["x_sf"], *maps, use_tma_aligned_col_major_sf=col)
     for name, peer in (("torch_ref", ref), ("torch_nosync", nosync)):
         try:
@@ -191,7 +237,8 @@ def bench_gpu_workload(w: Workload, timer: GpuTimer, backend: str, iters: int,
                        kernel_only: bool = False) -> Record:
     """One workload on the GPU through ``backend`` ("cupy" or "torch");
     ``kernel_only`` skips the eager and peer figures (the graph figure stays
-    for small shapes under torch)."""
+    for small shapes under torch). ``fused_mapping`` has no torch peers: its
+    record gets the GPU, copy, eager and (under torch) graph figures."""
     record = _new_record(w)
     host = workload_inputs(w, rng)
     expected = reference_outputs(w, host)
@@ -204,25 +251,42 @@ def bench_gpu_workload(w: Workload, timer: GpuTimer, backend: str, iters: int,
         import cupy
         args = {name: _to_cupy(a) for name, a in host.items()}
         to_host, sync = cupy.asnumpy, cupy.cuda.Device().synchronize
-    problem = _mismatch(_call(w, args), expected, to_host)
+    names = output_names(w)
+    problem = _mismatch(_call(w, args), expected, to_host, names)
     if problem:
         record.status = f"MISMATCH {problem}"
         return record
 
-    # Timed with preallocated outputs (out=), so the figure is the kernel's.
-    outs = _call(w, args)
-    out_kwargs = {"out": outs[0]} if len(outs) == 1 else {"out": outs[0], "out_sf": outs[1]}
-    record.gpu_us = timer.median_us(lambda: _call(w, args, **out_kwargs), iters)
+    mapping = w.op in MAPPING_OP_NAMES
+    if mapping:
+        # fused_mapping has no out=: the plain call is timed, and each call
+        # allocates its one int32 buffer for the seven outputs (from CuPy's or
+        # torch's caching allocator), which is in every figure.
+        def timed() -> tuple:
+            return _call(w, args)
+    else:
+        # Timed with preallocated outputs (out=), so the figure is the kernel's.
+        outs = _call(w, args)
+        out_kwargs = {"out": outs[0]} if len(outs) == 1 else {"out": outs[0], "out_sf": outs[1]}
+
+        def timed() -> tuple:
+            return _call(w, args, **out_kwargs)
+    record.gpu_us = timer.median_us(timed, iters)
     record.gbps = w.bytes / record.gpu_us / 1e3
     record.pct_copy_roofline = 100 * record.gbps / (copy_tbps * 1e3)
     record.copy_same_bytes_us = timer.copy_us(w.bytes // 2, iters)
     graphed = use_torch and w.bytes <= GRAPH_MAX_BYTES
     if kernel_only:
         if graphed:
-            record.graph_us = torch_graph_us(lambda: _call(w, args, **out_kwargs))
+            record.graph_us = torch_graph_us(timed)
         return record
     calls = 100 if w.bytes <= GRAPH_MAX_BYTES else 10
     record.eager_us = eager_us(lambda: _call(w, args), calls, sync)
+    if mapping:
+        # no torch peer of the routing plan (nor an index_select figure) here
+        if graphed:
+            record.graph_us = torch_graph_us(timed)
+        return record
 
     try:
         import torch
@@ -233,7 +297,7 @@ def bench_gpu_workload(w: Workload, timer: GpuTimer, backend: str, iters: int,
     if not torch.cuda.is_available():
         return record
     if graphed:
-        record.graph_us = torch_graph_us(lambda: _call(w, args, **out_kwargs))
+        record.graph_us = torch_graph_us(timed)
     targs = args if use_torch else {name: _to_torch(a) for name, a in host.items()}
     _time_torch_peers(record, w, targs, expected, timer, iters, calls)
     return record
@@ -244,7 +308,7 @@ def bench_cpu_workload(w: Workload, iters: int, rng: np.random.Generator) -> Rec
     record = _new_record(w)
     host = workload_inputs(w, rng)
     expected = reference_outputs(w, host)
-    problem = _mismatch(_call(w, host), expected, lambda a: a)
+    problem = _mismatch(_call(w, host), expected, np.asarray, output_names(w))
     if problem:
         record.status = f"MISMATCH {problem}"
         return record
@@ -304,11 +368,14 @@ def _select_workloads(ops: list[str], labels: list[str] | None) -> list[Workload
 
 
 def run(ops: list[str], labels: list[str] | None, backend: str, iters: int, quick: bool,
-        progress=sys.stderr) -> dict[str, Any]:
+        progress=None) -> dict[str, Any]:
     """Benchmark the workloads of ``ops`` (only ``labels``, if given) on ``backend``
     ("auto", "cupy", "torch", "cpu"). Returns the JSON-ready result: date,
     backend, iters, quick, versions, copy_tbps, device, records (one
-    :class:`Record` dict a workload), notes. Progress lines go to ``progress``."""
+    :class:`Record` dict a workload), notes. Progress lines go to ``progress``
+    (default: ``sys.stderr`` as it is at the call)."""
+    if progress is None:
+        progress = sys.stderr
     backend = resolve_backend(backend)
     workloads = _select_workloads(ops, labels)
     rng = np.random.default_rng()
