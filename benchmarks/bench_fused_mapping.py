@@ -1,11 +1,21 @@
-"""Time ``fused_mapping`` on the GPU: decode to prefill shapes. GPU only.
+"""Time ``fused_mapping`` on the GPU, decode to prefill, beside TileKernels'
+``get_fused_mapping`` when it can be imported. GPU only.
 
-    python benchmarks/bench_fused_mapping.py [--iters N] [--json PATH]
+    python benchmarks/bench_fused_mapping.py [--iters N] [--json PATH] [--sweep]
 
-Per shape, torch int64 ids (what ``torch.topk`` returns): the plan is first
-checked bit-identical to the NumPy oracle, then timed: GPU time (median of
-CUDA-event timings, L2 flushed between them), GPU time per call replaying a
-CUDA graph of 100 calls, and eager wall time per call (allocation included).
+Per shape, torch int64 ids (what ``torch.topk`` returns), about 2% dropped:
+the plan is first checked bit-identical to the NumPy oracle, then timed: GPU
+time (median of CUDA-event timings, L2 flushed between them, the GPU kept
+busy ~50 us before each so that the host's launch work is queued before the
+start event: the kernels' time alone), the same without that spin (the GPU
+waits for the host: what an isolated eager call costs the GPU), GPU time per
+call replaying a CUDA graph of 100 calls, and eager wall time per call
+(allocation included). TileKernels' op (``source benchmarks/peer_setup.sh``
+makes it importable) is timed the same way with the same X and no host sync;
+its plan is checked against ours where the two contracts agree (the rows each
+expert owns; TileKernels orders an expert's slots differently and counts
+aligned rows in ``tokens_per_expert``). ``--sweep`` also times other launch
+shapes of our kernels (kernel launches only, preallocated buffer).
 """
 
 from __future__ import annotations
@@ -33,18 +43,85 @@ SHAPES = [
 ]
 
 
+def tilekernels_op():
+    """TileKernels' get_fused_mapping, or None where it cannot be imported."""
+    try:
+        from tile_kernels.moe.get_fused_mapping_kernel import get_fused_mapping
+    except Exception as exc:  # noqa: BLE001 - any import failure: no peer column
+        print(f"TileKernels not timed: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return None
+    return get_fused_mapping
+
+
+def tilekernels_agrees(peer_outputs, ours) -> str:
+    """Where TileKernels' plan and ours must agree: the expert of every row,
+    each expert's first row, and the set of rows each slot maps to."""
+    pos_to_expert, _, _, token_topk_to_pos, expert_start = peer_outputs[:5]
+    if not torch.equal(pos_to_expert, ours.pos_to_expert):
+        return "pos_to_expert differs"
+    if not torch.equal(expert_start, ours.expert_start):
+        return "expert_start differs"
+    if not torch.equal(token_topk_to_pos.flatten().sort().values,
+                       ours.token_topk_to_pos.flatten().sort().values):
+        return "the rows of the slots differ"
+    return "agrees"
+
+
+def sweep_shapes(device_ids, num_experts, alignment, rows, timer, iters):
+    """Kernel-only GPU time of other launch shapes: {shape text: us}."""
+    from cupy_moe.mapping.gpu import MappingPlan
+    from cupy_moe.mapping.launch_shape import mapping_shape
+    from cupy_moe.mapping.rules import MappingProblem
+    from cupy_moe.runtime.launch import device_traits
+
+    num_tokens, top_k = device_ids.shape
+    problem = MappingProblem(num_tokens, top_k, num_experts, alignment, rows, "int64")
+    traits = device_traits(device_ids.device.index)
+    base = mapping_shape(num_tokens * top_k, num_experts, rows, traits.multiprocessors,
+                         traits.shared_bytes_optin)
+    times = {}
+    stream = torch.cuda.current_stream().cuda_stream
+    for warps in sorted({8, 16, 32, base.warps}):
+        for blocks in sorted({max(1, base.blocks // 2), base.blocks, base.blocks * 2, 132}):
+            for self_counting, overlap in ((True, False), (False, False), (False, True)):
+                if self_counting and num_tokens * top_k > 65536:
+                    continue
+                shape = mapping_shape(num_tokens * top_k, num_experts, rows,
+                                      traits.multiprocessors, traits.shared_bytes_optin,
+                                      warps=warps, blocks=blocks)._replace(
+                                          self_counting=self_counting)
+                plan = MappingPlan(problem, device_ids.device.index, shape, overlap)
+                buffer = torch.empty(plan.buffer_size, dtype=torch.int32, device="cuda")
+                plan.launch(stream, device_ids.data_ptr(), buffer.data_ptr())
+                expected = fused_mapping_numpy(device_ids.cpu().numpy(), num_experts,
+                                               alignment=alignment, num_expanded=rows)
+                if any(not np.array_equal(got.cpu().numpy(), want)
+                       for got, want in zip(plan.torch_views(buffer), expected)):
+                    raise AssertionError(f"shape {shape} gives a different plan")
+                mode = "self" if self_counting else "overlap" if overlap else "counts"
+                default = shape == base and overlap == (not base.self_counting)
+                text = f"w{warps} b{blocks} {mode}{' (default)' if default else ''}"
+                times[text] = timer.median_us(
+                    lambda plan=plan, buffer=buffer: plan.launch(
+                        stream, device_ids.data_ptr(), buffer.data_ptr()), iters, hide_host=True)
+    return times
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--iters", type=int, default=50)
     parser.add_argument("--json", metavar="PATH")
+    parser.add_argument("--sweep", action="store_true", help="time other launch shapes too")
     args = parser.parse_args()
     if args.iters < 1:
         parser.error(f"--iters must be >= 1, got {args.iters}")
     timer = GpuTimer()
     rng = np.random.default_rng()
+    peer = tilekernels_op()
     records = []
-    print("| shape | T | K | E | A | X | GPU us | graph us/call | eager us |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("| shape | T | K | E | A | X | GPU us | GPU+host us | graph us/call | eager us | "
+          "TileKernels GPU us | TK graph us/call | TK eager us | TK plan |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for label, num_tokens, top_k, num_experts, alignment in SHAPES:
         ids = rng.integers(0, num_experts, size=(num_tokens, top_k))
         ids[rng.random(ids.shape) < 0.02] = -1
@@ -57,17 +134,47 @@ def main() -> int:
                 print(f"MISMATCH in {name} for {label}", file=sys.stderr)
                 return 1
 
-        def call():
+        def call(device_ids=device_ids, num_experts=num_experts, alignment=alignment):
             return cupy_moe.fused_mapping(device_ids, num_experts, alignment=alignment)
 
         record = {"label": label, "num_tokens": num_tokens, "top_k": top_k,
                   "num_experts": num_experts, "alignment": alignment, "num_expanded": rows,
-                  "gpu_us": timer.median_us(call, args.iters),
+                  "gpu_us": timer.median_us(call, args.iters, hide_host=True),
+                  "gpu_with_host_us": timer.median_us(call, args.iters),
                   "graph_us": torch_graph_us(call),
                   "eager_us": eager_us(call, 100, torch.cuda.synchronize)}
+        peer_cells = ["-"] * 4
+        if peer is not None:
+            def peer_call(device_ids=device_ids, num_experts=num_experts, rows=rows,
+                          alignment=alignment):
+                return peer(device_ids, num_experts, rows, alignment, force_no_sync=True)
+            try:
+                record["tilekernels_plan"] = tilekernels_agrees(peer_call(), plan)
+                record["tilekernels_gpu_us"] = timer.median_us(peer_call, args.iters,
+                                                               hide_host=True)
+                record["tilekernels_graph_us"] = torch_graph_us(peer_call)
+                record["tilekernels_eager_us"] = eager_us(peer_call, 100, torch.cuda.synchronize)
+                peer_cells = [f"{record['tilekernels_gpu_us']:.1f}",
+                              f"{record['tilekernels_graph_us']:.2f}",
+                              f"{record['tilekernels_eager_us']:.1f}",
+                              record["tilekernels_plan"]]
+            except Exception as exc:  # noqa: BLE001 - the peer's failure is a figure too
+                record["tilekernels_error"] = f"{type(exc).__name__}: {exc}"[:200]
+                peer_cells = ["error"] * 3 + [record["tilekernels_error"][:60]]
+        if args.sweep:
+            record["sweep_gpu_us"] = sweep_shapes(device_ids, num_experts, alignment, rows,
+                                                  timer, args.iters)
         records.append(record)
         print(f"| {label} | {num_tokens} | {top_k} | {num_experts} | {alignment} | {rows} | "
-              f"{record['gpu_us']:.1f} | {record['graph_us']:.2f} | {record['eager_us']:.1f} |")
+              f"{record['gpu_us']:.1f} | {record['gpu_with_host_us']:.1f} | "
+              f"{record['graph_us']:.2f} | {record['eager_us']:.1f} | "
+              + " | ".join(peer_cells) + " |", flush=True)
+    if args.sweep:
+        print("\nkernel-only GPU us by launch shape (warps per block, blocks, counting):")
+        for record in records:
+            best = min(record["sweep_gpu_us"].items(), key=lambda item: item[1])
+            cells = ", ".join(f"{k}: {v:.1f}" for k, v in record["sweep_gpu_us"].items())
+            print(f"- {record['label']}: best {best[0]} {best[1]:.1f}; {cells}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"device": timer.device_name, "versions": {

@@ -3,7 +3,11 @@
 # a representative subset, then optionally the benchmark, the host-path
 # profile and the kernel-config sweep; a short summary table at the end.
 #
-#   bash benchmarks/gpu_check.sh [--profile] [--sweep] [--bench BENCH_ARGS...]
+#   bash benchmarks/gpu_check.sh [--profile] [--sweep] [--mapping] [--bench BENCH_ARGS...]
+#
+# --mapping: benchmarks/bench_fused_mapping.py (beside TileKernels where a
+# .peers/ bundle was carried: benchmarks/peer_setup.sh), JSON to
+# $OUT/fused_mapping.json.
 #
 # Run from anywhere on the GPU machine. Outputs go to $OUT (or ./gpu_check_out
 # when OUT is unset): the bench's JSON/Markdown/PNG and the sweep's JSON where
@@ -15,11 +19,12 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu_check_out}
 mkdir -p "$OUT"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
-profile=0 sweep=0 bench_args=()
+profile=0 sweep=0 mapping=0 bench_args=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --profile) profile=1 ;;
     --sweep) sweep=1 ;;
+    --mapping) mapping=1 ;;
     --bench) shift; bench_args=("$@"); [ ${#bench_args[@]} -eq 0 ] && bench_args=(--quick); break ;;
     *) echo "unknown option $1" >&2; exit 2 ;;
   esac
@@ -66,6 +71,16 @@ if [ ${#bench_args[@]} -gt 0 ]; then
   rc=$?
   record "cupy-moe bench (rc=$rc)" "[$(( $(date +%s) - start ))s]"
   grep -E '^(\||roofline|cupy-moe bench|note)' "$LOG"
+fi
+
+if [ $mapping -eq 1 ]; then
+  start=$(date +%s)
+  section "fused_mapping bench"
+  ( source benchmarks/peer_setup.sh >> "$LOG" 2>&1
+    timeout 300 python3 benchmarks/bench_fused_mapping.py --json "$OUT/fused_mapping.json" \
+      > "$OUT/mapping.tmp" 2>> "$LOG" )
+  record "fused_mapping bench (rc=$?)" "[$(( $(date +%s) - start ))s]"
+  cat "$OUT/mapping.tmp" | tee -a "$LOG"; rm -f "$OUT/mapping.tmp"
 fi
 
 if [ $profile -eq 1 ]; then

@@ -6,7 +6,7 @@ a malformed map with positions past X, the column-major pad columns and
 validate=True; each result is also checked bit-exact against the NumPy
 reference. Run it under the sanitizer from benchmarks/gpu_check.sh.
 
-    python benchmarks/memcheck_cases.py [--registers-only]
+    python benchmarks/memcheck_cases.py [--registers-only] [--mapping-only]
 
 --registers-only keeps every call on the register kernel (a tuning whose
 bulk_min_blocks is infinite): initcheck does not
@@ -33,6 +33,7 @@ from cupy_moe import reference
 from cupy_moe.expand.api import run_with_tuning
 from cupy_moe.expand.rules import sf_columns
 from cupy_moe.expand.tuning import DEFAULT_TUNING, ExpandTuning
+from cupy_moe.mapping import worst_case_rows
 
 # the register kernel on every call; the bulk-copy kernel (sm_90+, 16-byte
 # rows) on every batch size
@@ -91,12 +92,44 @@ def run_cases(rng, tuning: ExpandTuning, hiddens, sizes) -> int:
     return cases
 
 
+def run_mapping_cases(rng) -> int:
+    """fused_mapping: one launch and two, short X, T = 0, dropped and remote
+    ids, int32 and int64, the 4096-expert limit (opt-in shared memory);
+    returns the number of calls."""
+    cases = 0
+    for num_tokens, top_k, num_experts, alignment, short in (
+            (1, 8, 384, 128, False), (32, 8, 256, 128, True), (0, 8, 16, 64, False),
+            (700, 6, 100, 16, True), (4096, 8, 384, 128, False), (4100, 10, 1000, 256, True),
+            (2000, 9, 4096, 64, False)):
+        for dtype in (np.int32, np.int64):
+            ids = rng.integers(-1, num_experts + 2, size=(num_tokens, top_k)).astype(dtype)
+            rows = worst_case_rows(ids.size, num_experts, alignment)
+            if short:
+                rows //= 3
+            plan = cupy_moe.fused_mapping(cupy.asarray(ids), num_experts, alignment=alignment,
+                                          num_expanded=rows)
+            want = reference.fused_mapping_numpy(ids, num_experts, alignment=alignment,
+                                                 num_expanded=rows)
+            for got, expected in zip(plan, want):
+                assert np.array_equal(cupy.asnumpy(got), expected)
+            cases += 1
+    return cases
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--registers-only", action="store_true",
                         help="keep every call on the register kernel (for initcheck)")
-    registers_only = parser.parse_args().registers_only
+    parser.add_argument("--mapping-only", action="store_true",
+                        help="only the fused_mapping calls")
+    args = parser.parse_args()
+    registers_only = args.registers_only
     rng = np.random.default_rng(7)
+    if args.mapping_only:
+        cases = run_mapping_cases(rng)
+        cupy.cuda.Device().synchronize()
+        print(f"memcheck cases: {cases} calls, all bit-exact")
+        return 0
     # the default tuning: the bulk kernel where its policy picks it
     cases = run_cases(rng, REGISTERS_ONLY if registers_only else DEFAULT_TUNING,
                       (1, 7, 37, 577, 7168), ((5, 3, 17), (0, 8, 6), (4, 2, 0), (33, 9, 301)))
@@ -115,6 +148,7 @@ def main() -> int:
         pass
     else:
         raise AssertionError("validate=True accepted a map with an out-of-range slot")
+    cases += run_mapping_cases(rng)
     cupy.cuda.Device().synchronize()
     print(f"memcheck cases: {cases + 2} calls, all bit-exact")
     return 0

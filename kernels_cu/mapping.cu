@@ -7,28 +7,27 @@
 // experts in order; its slots take the rows from start_e on in ascending i.
 // Rows at or past X are not written (their slots are dropped).
 //
-// Slots are cut into chunks of MAP_CHUNK; three launches, every order fixed by
-// slot indices, never by scheduling:
-//   mapping_count_*  block b counts chunk b's routed slots per expert
-//                    (shared-memory atomics: counts do not depend on their
-//                    order); every block also sets its share of the pos_*
-//                    rows to -1 (padding until placed).
-//   mapping_prefix   block c takes 32 experts: per expert, the exclusive
-//                    prefix of the chunk counts (in place) and the total.
-//   mapping_place_*  block b: start_e for every expert (an exclusive scan of
-//                    the aligned totals, redone by each block: E ints), then
-//                    each slot's row = start_e + the chunk prefix + the slots
-//                    of e before it in the chunk (a match ballot within the
-//                    warp, warps claiming their share in warp order).
+// Every warp of the grid owns `warp_slots` consecutive slots (a multiple of
+// 32), warps in slot order, so a slot's row is
+//   start_e + (slots of e in earlier blocks) + (in earlier warps of its block)
+//           + (in earlier 32-slot steps of its warp) + (in earlier lanes)
+// and no order depends on scheduling. The place kernel counts its warps'
+// slots per expert itself (a match ballot per 32 slots, one counter row per
+// warp in shared memory); the slots of earlier blocks and every expert's total
+// come from one of two sources:
+//   self-counting (few slots): every place block counts all slots itself, with
+//                 shared-memory atomics (counts do not depend on their order):
+//                 one launch;
+//   block counts: mapping_count_* writes each block's count per expert first;
+//                 each place block sums the columns: two launches.
+// Each row of pos_* is written exactly once: by its slot, or as padding (the
+// tail of a segment, or past the last segment).
 // *_i32 / *_i64: the dtype of topk_ids.
 
 #include "vector_access.cuh"
 
-#define MAP_CHUNK 256      // slots per chunk = threads of a count or place block
-#define MAP_WARPS (MAP_CHUNK / 32)
-#define PREFIX_EXPERTS 32  // experts per prefix block (a warp's lanes)
-#define PREFIX_GROUPS 8    // chunk groups per prefix block (its warps)
-#define PREFIX_BATCH 8     // chunk counts a prefix thread has in flight
+#define MAP_MAX_WARPS 32   // warps of a block, at most
+#define MAP_BATCH 4        // 32-slot steps a warp has in flight
 
 // The argument block, packed field for field by cupy_moe/mapping/gpu.py.
 struct MappingArgs {
@@ -36,17 +35,18 @@ struct MappingArgs {
     int* token_topk_to_pos;    // [N]
     int* pos_rows;             // [3, X]: pos_to_expert, pos_to_token, pos_to_token_topk
     int* expert_rows;          // [3, E]: expert_start, expert_end, tokens_per_expert
-    int* chunk_rows;           // [num_chunks, E] counts, then prefixes; then [1]: total rows
+    int* block_counts;         // [blocks, E] (block-counts mode only), then [1]: total rows
     int num_slots;             // N = T * K
     int top_k;                 // K
     int num_experts;           // E
     int alignment;             // A
     int num_expanded;          // X
-    int num_chunks;            // ceil(N / MAP_CHUNK)
+    int warp_slots;            // slots per warp, a multiple of 32
+    int self_counting;         // 1: every place block counts all slots itself
 };
 
 template <typename Id>
-__device__ __forceinline__ int routed_expert(const MappingArgs& a, int slot) {
+__device__ __forceinline__ int routed_expert(const MappingArgs& a, long long slot) {
     if (slot >= a.num_slots) return -1;
     const long long id = static_cast<const Id*>(a.topk_ids)[slot];
     return id >= 0 && id < a.num_experts ? static_cast<int>(id) : -1;
@@ -56,91 +56,163 @@ __device__ __forceinline__ int align_rows(int count, int alignment) {
     return (count + alignment - 1) / alignment * alignment;
 }
 
+// First slot of block b: every block owns warps * warp_slots slots.
+__device__ __forceinline__ long long block_first_slot(const MappingArgs& a, int block) {
+    return static_cast<long long>(block) * (blockDim.x >> 5) * a.warp_slots;
+}
+
+// Programmatic dependent launch (sm_90+): the place kernel may start while
+// the count kernel runs, and waits for it before reading the block counts.
+// Elsewhere, or launched plainly, the stream orders them and these are no-ops.
+__device__ __forceinline__ void let_dependents_start() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void wait_for_previous_kernel() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+// Block b's count of routed slots per expert, into block_counts[b].
 template <typename Id>
-__device__ __forceinline__ void count_chunk(const MappingArgs& a) {
-    extern __shared__ int counts[];
-    const long long rows = 3LL * a.num_expanded;
-    for (long long r = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x; r < rows;
-         r += static_cast<long long>(gridDim.x) * blockDim.x)
-        a.pos_rows[r] = -1;
-    if (blockIdx.x >= a.num_chunks) return;  // a block that only fills
-    const int e = routed_expert<Id>(a, blockIdx.x * MAP_CHUNK + threadIdx.x);
+__device__ __forceinline__ void count_block(const MappingArgs& a) {
+    extern __shared__ int counts[];  // [E]
+    let_dependents_start();
     for (int j = threadIdx.x; j < a.num_experts; j += blockDim.x) counts[j] = 0;
     __syncthreads();
-    if (e >= 0) atomicAdd(&counts[e], 1);
-    __syncthreads();
-    int* chunk_counts = a.chunk_rows + static_cast<long long>(blockIdx.x) * a.num_experts;
-    for (int j = threadIdx.x; j < a.num_experts; j += blockDim.x) chunk_counts[j] = counts[j];
-}
-
-extern "C" __global__ void __launch_bounds__(MAP_CHUNK) mapping_count_i32(const MappingArgs a) {
-    count_chunk<int>(a);
-}
-
-extern "C" __global__ void __launch_bounds__(MAP_CHUNK) mapping_count_i64(const MappingArgs a) {
-    count_chunk<long long>(a);
-}
-
-// Thread (group g, lane l) of block c walks chunks [b0, b1) of expert
-// 32c + l; with `first` < 0 it only sums them, else it replaces each count by
-// `first` plus the counts before it.
-__device__ __forceinline__ int walk_counts(const MappingArgs& a, int e, int b0, int b1,
-                                           int first) {
-    int running = 0;
-    for (int b = b0; b < b1; b += PREFIX_BATCH) {
-        int counts[PREFIX_BATCH];
-#pragma unroll
-        for (int u = 0; u < PREFIX_BATCH; ++u)  // loads first: all in flight at once
-            counts[u] = b + u < b1 ? a.chunk_rows[static_cast<long long>(b + u) * a.num_experts + e]
-                                   : 0;
-#pragma unroll
-        for (int u = 0; u < PREFIX_BATCH; ++u) {
-            if (first >= 0 && b + u < b1)
-                a.chunk_rows[static_cast<long long>(b + u) * a.num_experts + e] = first + running;
-            running += counts[u];
-        }
+    const long long first = block_first_slot(a, blockIdx.x);
+    const long long last = min(static_cast<long long>(a.num_slots),
+                               block_first_slot(a, blockIdx.x + 1));
+    for (long long slot = first + threadIdx.x; slot < last; slot += blockDim.x) {
+        const int e = routed_expert<Id>(a, slot);
+        if (e >= 0) atomicAdd(&counts[e], 1);
     }
-    return running;
+    __syncthreads();
+    int* out = a.block_counts + static_cast<long long>(blockIdx.x) * a.num_experts;
+    for (int j = threadIdx.x; j < a.num_experts; j += blockDim.x) out[j] = counts[j];
 }
 
-extern "C" __global__ void __launch_bounds__(PREFIX_EXPERTS * PREFIX_GROUPS)
-mapping_prefix(const MappingArgs a) {
-    __shared__ int group_sums[PREFIX_GROUPS][PREFIX_EXPERTS];
-    const int lane = threadIdx.x % PREFIX_EXPERTS, group = threadIdx.x / PREFIX_EXPERTS;
-    const int e = blockIdx.x * PREFIX_EXPERTS + lane;
-    const int per_group = (a.num_chunks + PREFIX_GROUPS - 1) / PREFIX_GROUPS;
-    const int b0 = min(a.num_chunks, group * per_group);
-    const int b1 = min(a.num_chunks, b0 + per_group);
-    const bool active = e < a.num_experts;
-    group_sums[group][lane] = active ? walk_counts(a, e, b0, b1, -1) : 0;
-    __syncthreads();
-    int before = 0, total = 0;
+extern "C" __global__ void __launch_bounds__(MAP_MAX_WARPS * 32)
+mapping_count_i32(const MappingArgs a) {
+    count_block<int>(a);
+}
+
+extern "C" __global__ void __launch_bounds__(MAP_MAX_WARPS * 32)
+mapping_count_i64(const MappingArgs a) {
+    count_block<long long>(a);
+}
+
+// The experts of this warp's next MAP_BATCH steps of 32 slots (-1: none).
+template <typename Id>
+__device__ __forceinline__ void load_batch(const MappingArgs& a, long long step_slot,
+                                           long long warp_end, int lane, int (&e)[MAP_BATCH]) {
 #pragma unroll
-    for (int g = 0; g < PREFIX_GROUPS; ++g) {
-        before += g < group ? group_sums[g][lane] : 0;
-        total += group_sums[g][lane];
+    for (int u = 0; u < MAP_BATCH; ++u) {
+        const long long slot = step_slot + 32LL * u + lane;
+        e[u] = slot < warp_end ? routed_expert<Id>(a, slot) : -1;
     }
-    if (!active) return;
-    walk_counts(a, e, b0, b1, before);
-    if (group == 0) a.expert_rows[2 * a.num_experts + e] = total;  // tokens_per_expert
+}
+
+// Padding rows -1 in all three pos rows, for p in [first, end) with the
+// lanes of a warp.
+__device__ __forceinline__ void pad_rows(const MappingArgs& a, int first, int end, int lane) {
+    const long long x = a.num_expanded;
+    for (int p = first + lane; p < end; p += 32) {
+        a.pos_rows[p] = -1;
+        a.pos_rows[x + p] = -1;
+        a.pos_rows[2 * x + p] = -1;
+    }
 }
 
 template <typename Id>
-__device__ __forceinline__ void place_chunk(const MappingArgs& a) {
+__device__ __forceinline__ void place_block(const MappingArgs& a) {
     extern __shared__ int shared[];
-    int* start = shared;                  // [E] first row of each expert
-    int* claimed = shared + a.num_experts;  // [E] slots of e the earlier warps took
-    __shared__ int warp_totals[MAP_WARPS];
+    const int experts = a.num_experts, warps = blockDim.x >> 5;
+    int* warp_counts = shared;                   // [warps, E]: this warp's slots of e so far
+    int* base = shared + warps * experts;        // [E]: slots of e in earlier blocks, then
+                                                 //      + start_e: the block's first row of e
+    int* start = base + experts;                 // [E]: first row of e
+    int* tokens = start + experts;               // [E]: slots of e in all
+    __shared__ int warp_sums[MAP_MAX_WARPS];
+    __shared__ int total_rows;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int slot = blockIdx.x * MAP_CHUNK + threadIdx.x;
-    const int e = routed_expert<Id>(a, slot);  // issued before the scan: in flight meanwhile
+    const long long block_first = block_first_slot(a, blockIdx.x);
+    const long long warp_first = block_first + static_cast<long long>(warp) * a.warp_slots;
+    const long long warp_end = min(static_cast<long long>(a.num_slots),
+                                   warp_first + a.warp_slots);
+    int* my_counts = warp_counts + warp * experts;
+    // a warp of at most MAP_BATCH steps (the usual case) keeps its ids in
+    // registers from here to the place phase: loaded first, in flight meanwhile
+    const bool one_batch = a.warp_slots <= 32 * MAP_BATCH;
+    int first_ids[MAP_BATCH];
+    load_batch<Id>(a, warp_first, warp_end, lane, first_ids);
+
+    for (int j = threadIdx.x; j < warps * experts; j += blockDim.x) warp_counts[j] = 0;
+    for (int j = threadIdx.x; j < experts; j += blockDim.x) base[j] = tokens[j] = 0;
+    __syncthreads();
+
+    // this warp's slots per expert: the leader of each group of equal ids
+    // adds the group (its own counter row: no other warp writes it)
+    for (long long s = warp_first; s < warp_end; s += 32LL * MAP_BATCH) {
+        int e[MAP_BATCH];
+        if (s == warp_first) {
+#pragma unroll
+            for (int u = 0; u < MAP_BATCH; ++u) e[u] = first_ids[u];
+        } else {
+            load_batch<Id>(a, s, warp_end, lane, e);
+        }
+#pragma unroll
+        for (int u = 0; u < MAP_BATCH; ++u) {
+            const unsigned peers = __match_any_sync(0xffffffffu, e[u]);
+            if (e[u] >= 0 && lane == __ffs(peers) - 1) my_counts[e[u]] += __popc(peers);
+            __syncwarp();
+        }
+    }
+    // every expert's slots, and those of the earlier blocks: sums (in shared
+    // atomics; sums do not depend on their order) of the ids themselves or of
+    // the block counts, each load independent of the others
+    if (a.self_counting) {
+#pragma unroll 4
+        for (long long slot = threadIdx.x; slot < a.num_slots; slot += blockDim.x) {
+            const int e = routed_expert<Id>(a, slot);
+            if (e < 0) continue;
+            atomicAdd(&tokens[e], 1);
+            if (slot < block_first) atomicAdd(&base[e], 1);
+        }
+    } else {
+        wait_for_previous_kernel();
+        const int earlier_counts = blockIdx.x * experts;
+        const int all_counts = gridDim.x * experts;
+#pragma unroll 4
+        for (int i = threadIdx.x; i < all_counts; i += blockDim.x) {
+            const int count = a.block_counts[i];
+            if (count == 0) continue;
+            const int j = i % experts;
+            atomicAdd(&tokens[j], count);
+            if (i < earlier_counts) atomicAdd(&base[j], count);
+        }
+    }
+    __syncthreads();
+
+    // per expert: exclusive prefix over this block's warps
+    for (int j = threadIdx.x; j < experts; j += blockDim.x) {
+        int running = 0;
+#pragma unroll 8
+        for (int w = 0; w < warps; ++w) {
+            const int count = warp_counts[w * experts + j];
+            warp_counts[w * experts + j] = running;
+            running += count;
+        }
+    }
 
     // start: exclusive scan over experts of the aligned totals; thread t takes
     // experts [e0, e1), consecutive, so thread order is expert order
-    const int per_thread = (a.num_experts + MAP_CHUNK - 1) / MAP_CHUNK;
-    const int e0 = min(a.num_experts, threadIdx.x * per_thread);
-    const int e1 = min(a.num_experts, e0 + per_thread);
-    const int* tokens = a.expert_rows + 2 * a.num_experts;
+    const int per_thread = (experts + blockDim.x - 1) / blockDim.x;
+    const int e0 = min(experts, static_cast<int>(threadIdx.x) * per_thread);
+    const int e1 = min(experts, e0 + per_thread);
     int rows = 0;
     for (int j = e0; j < e1; ++j) rows += align_rows(tokens[j], a.alignment);
     int inclusive = rows;
@@ -149,55 +221,99 @@ __device__ __forceinline__ void place_chunk(const MappingArgs& a) {
         const int other = __shfl_up_sync(0xffffffffu, inclusive, d);
         if (lane >= d) inclusive += other;
     }
-    if (lane == 31) warp_totals[warp] = inclusive;
+    if (lane == 31) warp_sums[warp] = inclusive;
     __syncthreads();
     int row0 = inclusive - rows;
-    for (int w = 0; w < warp; ++w) row0 += warp_totals[w];
+    for (int w = 0; w < warp; ++w) row0 += warp_sums[w];
     for (int j = e0; j < e1; ++j) {
         start[j] = row0;
-        claimed[j] = 0;
+        base[j] += row0;
         if (blockIdx.x == 0) {
             a.expert_rows[j] = row0;
-            a.expert_rows[a.num_experts + j] = row0 + tokens[j];
+            a.expert_rows[experts + j] = row0 + tokens[j];
+            a.expert_rows[2 * experts + j] = tokens[j];
         }
         row0 += align_rows(tokens[j], a.alignment);
     }
-    if (blockIdx.x == 0 && threadIdx.x == MAP_CHUNK - 1)
-        a.chunk_rows[static_cast<long long>(a.num_chunks) * a.num_experts] = row0;
+    if (threadIdx.x == blockDim.x - 1) {
+        total_rows = row0;
+        if (blockIdx.x == 0)
+            a.block_counts[a.self_counting ? 0 : static_cast<long long>(gridDim.x) * experts] =
+                row0;
+    }
     __syncthreads();
 
-    // the slots of e before this one in the chunk: in the warp by ballot, in
-    // earlier warps by what they claimed, warp by warp in order
-    const unsigned peers = __match_any_sync(0xffffffffu, e);
-    const int leader = __ffs(peers) - 1;
-    const int rank = __popc(peers & ((1u << lane) - 1u));
-    const int chunk_first = e >= 0
-        ? a.chunk_rows[static_cast<long long>(blockIdx.x) * a.num_experts + e] : 0;
-    int warp_first = 0;
-    for (int w = 0; w < MAP_WARPS; ++w) {
-        if (w == warp && e >= 0 && lane == leader) {
-            warp_first = claimed[e];
-            claimed[e] = warp_first + __popc(peers);
-        }
-        __syncthreads();
-    }
-    warp_first = __shfl_sync(0xffffffffu, warp_first, leader);
-    if (slot >= a.num_slots) return;
-    int row = e >= 0 ? start[e] + chunk_first + warp_first + rank : -1;
+    // place: a slot's row is its expert's first row for this warp plus the
+    // lanes of its group before it; the group's leader then moves the counter
     const int x = a.num_expanded;
-    if (row >= x) row = -1;  // past the last row: dropped
-    a.token_topk_to_pos[slot] = row;
-    if (row >= 0) {
-        a.pos_rows[row] = e;
-        a.pos_rows[static_cast<long long>(x) + row] = slot / a.top_k;
-        a.pos_rows[2LL * x + row] = slot;
+    for (long long s = warp_first; s < warp_end; s += 32LL * MAP_BATCH) {
+        int e[MAP_BATCH];
+        if (one_batch) {
+#pragma unroll
+            for (int u = 0; u < MAP_BATCH; ++u) e[u] = first_ids[u];
+        } else {
+            load_batch<Id>(a, s, warp_end, lane, e);
+        }
+#pragma unroll
+        for (int u = 0; u < MAP_BATCH; ++u) {
+            const long long slot = s + 32LL * u + lane;
+            const unsigned peers = __match_any_sync(0xffffffffu, e[u]);
+            const int rank = __popc(peers & ((1u << lane) - 1u));
+            int row = -1, prior = 0;
+            if (e[u] >= 0) {
+                prior = my_counts[e[u]];
+                row = base[e[u]] + prior + rank;
+            }
+            __syncwarp();  // the group has read the counter ...
+            if (e[u] >= 0 && rank == 0) my_counts[e[u]] = prior + __popc(peers);
+            __syncwarp();  // ... and the next step reads the moved one
+            if (slot < warp_end) {
+                if (row >= x) row = -1;  // past the last row: dropped
+                a.token_topk_to_pos[slot] = row;
+                if (row >= 0) {
+                    a.pos_rows[row] = e[u];
+                    a.pos_rows[static_cast<long long>(x) + row] = static_cast<int>(slot) / a.top_k;
+                    a.pos_rows[2LL * x + row] = static_cast<int>(slot);
+                }
+            }
+        }
+    }
+
+    // padding, the tail of each segment: warp w takes a run of experts, 32 at
+    // a time (a lane each finds its expert's tail: up to the next start), then
+    // fills the tails that are not empty one after the other
+    const int grid_warps = gridDim.x * warps;
+    const int per_warp = (experts + grid_warps - 1) / grid_warps;
+    const int run_first = (blockIdx.x * warps + warp) * per_warp;
+    const int run_end = min(experts, run_first + per_warp);
+    for (int j0 = run_first; j0 < run_end; j0 += 32) {
+        const int j = j0 + lane;
+        int first = 0, end = 0;
+        if (j < run_end) {
+            first = start[j] + tokens[j];
+            end = min(x, j + 1 < experts ? start[j + 1] : total_rows);
+        }
+        for (unsigned todo = __ballot_sync(0xffffffffu, first < end); todo; todo &= todo - 1) {
+            const int owner = __ffs(todo) - 1;
+            pad_rows(a, __shfl_sync(0xffffffffu, first, owner),
+                     __shfl_sync(0xffffffffu, end, owner), lane);
+        }
+    }
+    // and every row past the last segment
+    const int grid_threads = gridDim.x * blockDim.x;
+    for (int p = total_rows + blockIdx.x * blockDim.x + threadIdx.x; p < x; p += grid_threads) {
+        a.pos_rows[p] = -1;
+        a.pos_rows[static_cast<long long>(x) + p] = -1;
+        a.pos_rows[2LL * x + p] = -1;
     }
 }
 
-extern "C" __global__ void __launch_bounds__(MAP_CHUNK) mapping_place_i32(const MappingArgs a) {
-    place_chunk<int>(a);
+extern "C" __global__ void __launch_bounds__(MAP_MAX_WARPS * 32)
+mapping_place_i32(const MappingArgs a) {
+    place_block<int>(a);
 }
 
-extern "C" __global__ void __launch_bounds__(MAP_CHUNK) mapping_place_i64(const MappingArgs a) {
-    place_chunk<long long>(a);
+extern "C" __global__ void __launch_bounds__(MAP_MAX_WARPS * 32)
+mapping_place_i64(const MappingArgs a) {
+    place_block<long long>(a);
 }

@@ -38,7 +38,7 @@ def test_arg_struct_pads_like_the_compiler():
 def fake_h200(monkeypatch):
     """Plans for a device 0 with 132 SMs and compute capability 9.x, no GPU needed;
     a launch's handle is its kernel's name."""
-    monkeypatch.setitem(launch_module._device_traits, 0, DeviceTraits(132, 9))
+    monkeypatch.setitem(launch_module._device_traits, 0, DeviceTraits(132, 9, 232448))
     monkeypatch.setattr(plan_module, "function_handle",
                         lambda source, defines, device, name: name)
 
@@ -79,7 +79,7 @@ def test_bulk_kernel_chunks_for_the_batch(fake_h200, num_tokens, hidden, chunk_b
 ])
 def test_register_kernel_elsewhere(fake_h200, monkeypatch, num_tokens, hidden, vec_bytes, major,
                                    top_k):
-    monkeypatch.setitem(launch_module._device_traits, 0, DeviceTraits(132, major))
+    monkeypatch.setitem(launch_module._device_traits, 0, DeviceTraits(132, major, 232448))
     launch = _launch_for(num_tokens, hidden, vec_bytes=vec_bytes, top_k=top_k)
     assert launch.handle == f"expand_to_fused_v{vec_bytes}"
     assert (launch.threads, launch.shared_bytes) == (DEFAULT_TUNING.threads, 0)

@@ -8,6 +8,8 @@ import pytest
 
 import cupy_moe
 from cupy_moe.mapping import fused_mapping_numpy, worst_case_rows
+from cupy_moe.mapping.launch_shape import mapping_shape
+from cupy_moe.mapping.rules import MappingProblem
 from gpu_cases import GPU_MARKS, cupy, needs_torch_cuda, torch
 from helpers import assert_bits_equal
 from mapping_cases import random_case
@@ -40,12 +42,15 @@ def _poison_allocator(kind, nbytes):
 
 
 def check_case(kind, topk_ids, num_experts, alignment, num_expanded, **kwargs):
+    from cupy_moe.mapping.gpu import plan_for
+    from cupy_moe.runtime.launch import current_device
+
     x = num_expanded if num_expanded is not None else worst_case_rows(
         topk_ids.size, num_experts, alignment)
     expected = fused_mapping_numpy(topk_ids, num_experts, alignment=alignment, num_expanded=x)
-    chunks = -(-topk_ids.size // 256)
-    _poison_allocator(kind, 4 * (topk_ids.size + 3 * x + 3 * num_experts
-                                 + chunks * num_experts + 1))
+    problem = MappingProblem(topk_ids.shape[0], topk_ids.shape[1], num_experts, alignment, x,
+                             str(topk_ids.dtype))
+    _poison_allocator(kind, 4 * plan_for(problem, current_device()).buffer_size)
     plan = cupy_moe.fused_mapping(_to_device(kind, topk_ids), num_experts, alignment=alignment,
                                   num_expanded=num_expanded, **kwargs)
     for name, got, want in zip(FIELDS, plan, expected):
@@ -66,6 +71,41 @@ def test_thousand_random_plans_are_bit_identical(kind):
             raise AssertionError(f"case {case}: T={topk_ids.shape[0]} K={topk_ids.shape[1]} "
                                  f"E={num_experts} A={alignment} X={num_expanded} "
                                  f"{topk_ids.dtype}: {error}") from None
+
+
+def test_every_launch_shape_gives_the_same_plan():
+    """Both counting modes, any warps per block and blocks (more or fewer than
+    the slots need, more than the GPU's SMs): the plan does not move."""
+    from cupy_moe.mapping.gpu import MappingPlan
+    from cupy_moe.runtime.launch import current_device, device_traits
+
+    rng = np.random.default_rng()
+    device = current_device()
+    traits = device_traits(device)
+    stream = cupy.cuda.get_current_stream().ptr
+    for case in range(400):
+        topk_ids, num_experts, alignment, num_expanded = random_case(
+            rng, max_tokens=4096 if case % 10 == 0 else 300)
+        x = num_expanded if num_expanded is not None else worst_case_rows(
+            topk_ids.size, num_experts, alignment)
+        problem = MappingProblem(topk_ids.shape[0], topk_ids.shape[1], num_experts, alignment, x,
+                                 str(topk_ids.dtype))
+        shape = mapping_shape(topk_ids.size, num_experts, x, traits.multiprocessors,
+                              traits.shared_bytes_optin, warps=int(rng.integers(1, 9)) * 4 - 3,
+                              blocks=int(rng.integers(1, 200)))
+        shape = shape._replace(self_counting=bool(rng.integers(0, 2)))
+        plan = MappingPlan(problem, device, shape, overlap=bool(rng.integers(0, 2)))
+        buffer = cupy.full(plan.buffer_size, 0x5A5A5A5A, dtype=cupy.int32)
+        ids = cupy.asarray(topk_ids)
+        plan.launch(stream, ids.data.ptr, buffer.data.ptr)
+        expected = fused_mapping_numpy(topk_ids, num_experts, alignment=alignment, num_expanded=x)
+        for name, got, want in zip(FIELDS, plan.views(buffer), expected):
+            try:
+                assert_bits_equal(cupy.asnumpy(got), want, name)
+            except AssertionError as error:
+                raise AssertionError(f"case {case}: {shape}, T={topk_ids.shape[0]} "
+                                     f"K={topk_ids.shape[1]} E={num_experts} A={alignment} "
+                                     f"X={x}: {error}") from None
 
 
 @pytest.mark.parametrize("kind", ["cupy", pytest.param("torch", marks=needs_torch_cuda)])
@@ -96,9 +136,11 @@ def test_trim_and_validate_agree_with_the_cpu(kind):
 
 
 @needs_torch_cuda
-def test_graph_capture_replays_with_new_ids_and_the_fast_path_is_taken(monkeypatch):
+@pytest.mark.parametrize("num_tokens", [256, 2048])  # one launch; two, overlapping
+def test_graph_capture_replays_with_new_ids_and_the_fast_path_is_taken(monkeypatch,
+                                                                        num_tokens):
     rng = np.random.default_rng()
-    static = torch.zeros((256, 8), dtype=torch.int64, device="cuda")
+    static = torch.zeros((num_tokens, 8), dtype=torch.int64, device="cuda")
     cupy_moe.fused_mapping(static, 64, alignment=16)  # full path: compiles, remembers
     from cupy_moe.mapping import api
 
@@ -115,11 +157,11 @@ def test_graph_capture_replays_with_new_ids_and_the_fast_path_is_taken(monkeypat
     with torch.cuda.graph(graph):
         plan = cupy_moe.fused_mapping(static, 64, alignment=16)
     for _ in range(3):
-        ids = rng.integers(-1, 70, size=(256, 8))
+        ids = rng.integers(-1, 70, size=(num_tokens, 8))
         static.copy_(torch.from_numpy(ids))
         graph.replay()
         torch.cuda.synchronize()
         expected = fused_mapping_numpy(ids, 64, alignment=16,
-                                       num_expanded=worst_case_rows(2048, 64, 16))
+                                       num_expanded=worst_case_rows(ids.size, 64, 16))
         for name, got, want in zip(FIELDS, plan, expected):
             assert_bits_equal(got.cpu().numpy(), want, name)

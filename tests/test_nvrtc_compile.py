@@ -27,7 +27,7 @@ def _nvrtc_or_skip():
 VARIANTS = [
     pytest.param("expand.cu", mode, id=f"expand-sf-mode-{mode}") for mode in (0, 1, 2)
 ]
-MAPPING_KERNELS = ("mapping_count_i32", "mapping_count_i64", "mapping_prefix",
+MAPPING_KERNELS = ("mapping_count_i32", "mapping_count_i64",
                    "mapping_place_i32", "mapping_place_i64")
 
 

@@ -101,7 +101,8 @@ class ExpandPlan:
         tuning, problem = self.tuning, self.problem
         n_vec = self.row_bytes // vec_bytes
         num_tokens = problem.num_tokens
-        multiprocessors, major = device_traits(self.device)
+        traits = device_traits(self.device)
+        multiprocessors, major = traits.multiprocessors, traits.major
         if vec_bytes == 16 and major >= 9 and problem.top_k <= BULK_THREADS:
             # chunks per row: enough to stay under the maximum size, at most
             # what the minimum size allows

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import statistics
 import time
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
-__all__ = ["GRAPH_CALLS", "device_name", "GpuTimer", "eager_us", "torch_graph_us"]
+__all__ = ["GRAPH_CALLS", "GpuTimer", "device_name", "eager_us", "torch_graph_us"]
 
 GRAPH_CALLS = 100
 
@@ -21,6 +22,16 @@ def device_name(props: Mapping[str, Any]) -> str:
     some CuPy versions, str on others)."""
     name = props["name"]
     return name.decode() if isinstance(name, bytes) else name
+
+
+SPIN_CYCLES = 100_000  # ~50 us at 2 GHz: longer than a call's host work
+_SPIN_SOURCE = r"""
+extern "C" __global__ void spin_cycles(long long cycles) {
+    const long long start = clock64();
+    while (clock64() - start < cycles) {
+    }
+}
+"""
 
 
 class GpuTimer:
@@ -39,13 +50,26 @@ class GpuTimer:
         self._written = cupy.empty(flush_bytes, dtype=cupy.uint8)
         self._read = cupy.ones(flush_bytes // 4, dtype=cupy.float32)
         self._sink = cupy.empty((), dtype=cupy.float32)
+        self._spin = None
 
     def flush_l2(self) -> None:
         self._written.fill(1)
         self.cupy.sum(self._read, out=self._sink)  # leaves clean lines behind
 
-    def median_us(self, fn: Callable[[], Any], iters: int, *, flush: bool = True) -> float:
-        """Median GPU time of ``fn`` in microseconds over ``iters`` runs, after one warm-up."""
+    def spin(self, cycles: int = SPIN_CYCLES) -> None:
+        """Keep the GPU busy for ``cycles`` SM clock cycles (one thread's clock loop)."""
+        if self._spin is None:
+            self._spin = self.cupy.RawKernel(_SPIN_SOURCE, "spin_cycles")
+        self._spin((1,), (1,), (self.cupy.int64(cycles),))
+
+    def median_us(self, fn: Callable[[], Any], iters: int, *, flush: bool = True,
+                  hide_host: bool = False) -> float:
+        """Median GPU time of ``fn`` in microseconds over ``iters`` runs, after one warm-up.
+
+        ``hide_host``: the GPU spins ~50 us (SPIN_CYCLES) before each run, so that ``fn``'s
+        launches are queued before the start event fires and the figure is
+        the GPU's time alone (without it, a call whose host side takes longer
+        than its kernels is timed by its host side)."""
         cupy = self.cupy
         fn()  # warm-up
         starts = [cupy.cuda.Event() for _ in range(iters)]
@@ -53,6 +77,8 @@ class GpuTimer:
         for start, end in zip(starts, ends):
             if flush:
                 self.flush_l2()
+            if hide_host:
+                self.spin()
             start.record()
             fn()
             end.record()

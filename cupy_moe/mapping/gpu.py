@@ -1,7 +1,8 @@
 """``fused_mapping`` on the GPU: CuPy arrays and CUDA torch tensors.
 
 One int32 allocation holds every output (as views) and the kernels' scratch;
-three launches on the caller's current stream fill it (kernels_cu/mapping.cu).
+one or two launches on the caller's current stream fill it
+(kernels_cu/mapping.cu).
 No host synchronisation unless ``trim`` or ``validate``.
 """
 
@@ -14,69 +15,93 @@ from cupy.cuda import driver
 
 from ..runtime.arrays import ArrayKind
 from ..runtime.gpu_arrays import gpu_library, raw_torch_stream_getter
-from ..runtime.launch import ArgBlock, ArgStruct, OnDevice, function_handle
-from ..runtime.sizes import ceil_div
+from ..runtime.launch import (
+    ArgBlock,
+    ArgStruct,
+    OnDevice,
+    device_traits,
+    function_handle,
+    launch_overlapping_previous,
+)
+from .launch_shape import MappingShape, mapping_shape
 from .reference import FusedMapping
 from .rules import MappingProblem, raise_mapping_error
 
 SOURCE = "mapping.cu"
-MAP_CHUNK = 256  # slots per chunk = threads of a count or place block (as in the source)
-PREFIX_EXPERTS, PREFIX_THREADS = 32, 256  # experts and threads of a prefix block
-FILL_PER_THREAD = 16  # pos_* entries a counting thread sets to -1, at least
+SHARED_BYTES_DEFAULT = 48 * 1024  # dynamic shared memory a launch gets without opt-in
 
 # struct MappingArgs of mapping.cu, field for field
 MAPPING_ARGS = ArgStruct(
     ("topk_ids", "ptr"), ("token_topk_to_pos", "ptr"), ("pos_rows", "ptr"),
-    ("expert_rows", "ptr"), ("chunk_rows", "ptr"), ("num_slots", "i32"), ("top_k", "i32"),
+    ("expert_rows", "ptr"), ("block_counts", "ptr"), ("num_slots", "i32"), ("top_k", "i32"),
     ("num_experts", "i32"), ("alignment", "i32"), ("num_expanded", "i32"),
-    ("num_chunks", "i32"))
+    ("warp_slots", "i32"), ("self_counting", "i32"))
 _pack_pointers = MAPPING_ARGS.pointer_packer.pack_into
 
 
 class MappingPlan:
-    """Launches and buffer layout of one problem on one device."""
+    """Launches and buffer layout of one problem on one device.
+
+    One int32 buffer: token_topk_to_pos [N], the pos rows [3, X], the expert
+    rows [3, E], then the kernels' scratch: the block counts [blocks, E] (two
+    launches only) and the total of the rows [1].
+    """
 
     __slots__ = ("args", "device", "launches", "offsets", "problem", "buffer_size",
-                 "total_index")
+                 "total_index", "shape", "split_sizes", "overlap")
 
-    def __init__(self, problem: MappingProblem, device: int) -> None:
+    def __init__(self, problem: MappingProblem, device: int,
+                 shape: MappingShape | None = None, overlap: bool | None = None) -> None:
+        """``overlap``: with two launches, start the place kernel while the
+        count kernel runs (programmatic dependent launch); default: on sm_90+."""
         self.problem, self.device = problem, device
         slots, experts, rows = problem.num_slots, problem.num_experts, problem.num_expanded
-        chunks = ceil_div(slots, MAP_CHUNK)
-        # one buffer: token_topk_to_pos [N], pos rows [3, X], expert rows [3, E],
-        # chunk scratch [chunks, E], the total of the rows [1]
+        traits = device_traits(device)
+        if shape is None:
+            shape = mapping_shape(slots, experts, rows, traits.multiprocessors,
+                                  traits.shared_bytes_optin)
+        if overlap is None:
+            overlap = traits.major >= 9
+        self.overlap = overlap and not shape.self_counting
+        self.shape = shape
+        block_counts = 0 if shape.self_counting else shape.blocks * experts
         self.offsets = (0, slots, slots + 3 * rows, slots + 3 * rows + 3 * experts)
-        self.total_index = self.offsets[3] + chunks * experts
+        self.total_index = self.offsets[3] + block_counts
         self.buffer_size = self.total_index + 1
+        self.split_sizes = (slots, rows, rows, rows, experts, experts, experts,
+                            block_counts + 1)
         suffix = "i64" if problem.id_dtype == "int64" else "i32"
-        count_blocks = max(chunks, ceil_div(3 * rows, MAP_CHUNK * FILL_PER_THREAD))
-
-        def kernel(name: str, blocks: int, threads: int, shared_bytes: int) -> tuple:
-            return (function_handle(SOURCE, (), device, name), blocks, threads, shared_bytes)
-
-        # counting (and padding) only when there are slots or rows; the place
-        # kernel always runs: its block 0 writes the expert rows
-        self.launches = ([kernel(f"mapping_count_{suffix}", count_blocks, MAP_CHUNK, 4 * experts)]
-                         if count_blocks else [])
-        self.launches.append(kernel("mapping_prefix", ceil_div(experts, PREFIX_EXPERTS),
-                                    PREFIX_THREADS, 0))
-        self.launches.append(kernel(f"mapping_place_{suffix}", max(chunks, 1), MAP_CHUNK,
-                                    8 * experts))
+        place = function_handle(SOURCE, (), device, f"mapping_place_{suffix}")
+        if shape.shared_bytes > SHARED_BYTES_DEFAULT:
+            driver.funcSetAttribute(place, driver.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                                    shape.shared_bytes)
+        self.launches = [] if shape.self_counting else [
+            (function_handle(SOURCE, (), device, f"mapping_count_{suffix}"), shape.blocks,
+             shape.threads, 4 * experts)]
+        self.launches.append((place, shape.blocks, shape.threads, shape.shared_bytes))
         self.args = ArgBlock(MAPPING_ARGS, MAPPING_ARGS.constants(
             num_slots=slots, top_k=problem.top_k, num_experts=experts,
-            alignment=problem.alignment, num_expanded=rows, num_chunks=chunks))
+            alignment=problem.alignment, num_expanded=rows, warp_slots=shape.warp_slots,
+            self_counting=int(shape.self_counting)))
 
     def launch(self, stream: int, topk_ids: int, buffer: int) -> None:
         block = self.args
         o = self.offsets
         _pack_pointers(block.buffer, 0, topk_ids, buffer + 4 * o[0], buffer + 4 * o[1],
                        buffer + 4 * o[2], buffer + 4 * o[3])
-        for handle, blocks, threads, shared_bytes in self.launches:
+        launches = self.launches
+        if self.overlap:
+            handle, blocks, threads, shared_bytes = launches[0]
+            driver.launchKernel(handle, blocks, 1, 1, threads, 1, 1, shared_bytes, stream,
+                                block.params_address, 0)
+            launch_overlapping_previous(*launches[1], stream, block.params_address)
+            return
+        for handle, blocks, threads, shared_bytes in launches:
             driver.launchKernel(handle, blocks, 1, 1, threads, 1, 1, shared_bytes, stream,
                                 block.params_address, 0)
 
     def views(self, buffer: Any) -> FusedMapping:
-        """The outputs, as views of ``buffer``."""
+        """The outputs, as views of ``buffer`` (a CuPy array)."""
         p = self.problem
         slots, rows, experts = p.num_slots, p.num_expanded, p.num_experts
         o = self.offsets
@@ -84,6 +109,13 @@ class MappingPlan:
             buffer[o[0]:o[0] + slots].reshape(p.num_tokens, p.top_k),
             *(buffer[o[1] + r * rows:o[1] + (r + 1) * rows] for r in range(3)),
             *(buffer[o[2] + r * experts:o[2] + (r + 1) * experts] for r in range(3)))
+
+    def torch_views(self, buffer: Any) -> FusedMapping:
+        """The outputs, as views of ``buffer`` (a torch tensor): one split is
+        cheaper than seven slices."""
+        parts = buffer.split(self.split_sizes)
+        return FusedMapping(parts[0].view(self.problem.num_tokens, self.problem.top_k),
+                            *parts[1:7])
 
 
 _plans: dict[tuple, MappingPlan] = {}
@@ -106,7 +138,7 @@ def run_mapping(kind: ArrayKind, problem: MappingProblem, topk_ids: Any, trim: b
         plan = plan_for(problem, device)
         buffer = lib.empty_int32(plan.buffer_size, topk_ids)
         plan.launch(stream, lib.pointer(topk_ids), lib.pointer(buffer))
-        result = plan.views(buffer)
+        result = plan.torch_views(buffer) if kind is ArrayKind.TORCH_CUDA else plan.views(buffer)
         if validate:
             raise_mapping_error(lib.to_numpy(topk_ids), lib.to_numpy(result.token_topk_to_pos),
                                 problem)
@@ -128,4 +160,4 @@ def run_torch_fast(plan: MappingPlan, topk_ids: Any) -> FusedMapping:
         _torch_int32 = sys.modules["torch"].int32
     buffer = topk_ids.new_empty(plan.buffer_size, dtype=_torch_int32)
     plan.launch(_raw_torch_stream(plan.device), topk_ids.data_ptr(), buffer.data_ptr())
-    return plan.views(buffer)
+    return plan.torch_views(buffer)

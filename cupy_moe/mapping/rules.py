@@ -13,8 +13,8 @@ from .reference import worst_case_rows
 TOPK_ID_DTYPES = ("int32", "int64")
 # positions are int32, and the kernels index 3 * X rows of one buffer
 MAX_ROWS = (2**31 - 1) // 3
-# the place kernel keeps two int32 per expert in shared memory, beside a few
-# static ones, within the 48 KiB a launch gets without opt-in
+# the place kernel keeps (warps + 3) int32 per expert in shared memory: 4096
+# experts leave room for 8+ warps on every GPU since Ampere (163+ KiB a block)
 MAX_EXPERTS_GPU = 4096
 
 

@@ -19,7 +19,7 @@ from cupy.cuda import driver, runtime
 from .loader import get_module
 
 __all__ = ["ArgStruct", "ArgBlock", "function_handle", "DeviceTraits", "device_traits",
-           "OnDevice", "launch"]
+           "OnDevice", "launch", "launch_overlapping_previous"]
 
 # C field types of a kernel argument struct: struct code and size (= alignment)
 _FIELD_TYPES = {"ptr": ("Q", 8), "i64": ("q", 8), "i32": ("i", 4)}
@@ -94,6 +94,62 @@ def launch(handle: int, grid: tuple[int, int, int], threads: int, shared_bytes: 
                         block.params_address, 0)
 
 
+class _LaunchAttribute(ctypes.Structure):
+    """CUlaunchAttribute: an id, padding to 8 bytes, a 64-byte value union."""
+    _fields_ = (("id", ctypes.c_int), ("pad", ctypes.c_char * 4),
+                ("value", ctypes.c_int * 16))
+
+
+class _LaunchConfig(ctypes.Structure):
+    """CUlaunchConfig (ctypes pads hStream to 8 bytes as the C compiler does)."""
+    _fields_ = (("grid", ctypes.c_uint * 3), ("block", ctypes.c_uint * 3),
+                ("shared_bytes", ctypes.c_uint), ("stream", ctypes.c_void_p),
+                ("attrs", ctypes.POINTER(_LaunchAttribute)), ("num_attrs", ctypes.c_uint))
+
+
+# CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION (cuda.h)
+_PROGRAMMATIC_STREAM_SERIALIZATION = 6
+
+
+class _OverlapLaunch(threading.local):
+    """cuLaunchKernelEx with programmatic stream serialisation (CuPy has no
+    binding of it): a per-thread config, its attribute set once."""
+
+    def __init__(self) -> None:
+        self.attribute = _LaunchAttribute(id=_PROGRAMMATIC_STREAM_SERIALIZATION)
+        self.attribute.value[0] = 1
+        self.config = _LaunchConfig(attrs=ctypes.pointer(self.attribute), num_attrs=1)
+        self.config.grid[1] = self.config.grid[2] = 1
+        self.config.block[1] = self.config.block[2] = 1
+        self.config_address = ctypes.addressof(self.config)
+
+
+_overlap = None  # _OverlapLaunch, made on first use (loads the driver library)
+_launch_kernel_ex = None
+
+
+def launch_overlapping_previous(handle: int, blocks: int, threads: int, shared_bytes: int,
+                                stream: int, params_address: int) -> None:
+    """Launch a kernel that may start while the previous kernel of the stream
+    still runs (Hopper's programmatic dependent launch): the kernel waits for
+    it with ``griddepcontrol.wait`` before reading what it wrote, and the
+    previous kernel lets it start with ``griddepcontrol.launch_dependents``.
+    Captured into CUDA graphs as a programmatic edge."""
+    global _overlap, _launch_kernel_ex
+    if _launch_kernel_ex is None:
+        library = ctypes.CDLL("libcuda.so.1")
+        function = library.cuLaunchKernelEx
+        function.argtypes = (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p)
+        function.restype = ctypes.c_int
+        _overlap, _launch_kernel_ex = _OverlapLaunch(), function
+    config = _overlap.config
+    config.grid[0], config.block[0], config.shared_bytes = blocks, threads, shared_bytes
+    config.stream = stream
+    status = _launch_kernel_ex(_overlap.config_address, handle, params_address, None)
+    if status:
+        driver.check_status(status)
+
+
 _functions: dict[tuple, int] = {}
 
 
@@ -113,6 +169,7 @@ def function_handle(source: str, defines: tuple[tuple[str, int], ...], device: i
 class DeviceTraits(NamedTuple):
     multiprocessors: int
     major: int  # compute capability major: 9 = Hopper (bulk copies, TMA)
+    shared_bytes_optin: int  # dynamic shared memory a block may opt in to
 
 
 _device_traits: dict[int, DeviceTraits] = {}
@@ -122,8 +179,9 @@ def device_traits(device: int) -> DeviceTraits:
     traits = _device_traits.get(device)
     if traits is None:
         props = runtime.getDeviceProperties(device)
-        traits = _device_traits[device] = DeviceTraits(props["multiProcessorCount"],
-                                                       props["major"])
+        traits = _device_traits[device] = DeviceTraits(
+            props["multiProcessorCount"], props["major"],
+            props.get("sharedMemPerBlockOptin", 48 * 1024))
     return traits
 
 

@@ -1,0 +1,69 @@
+"""How ``fused_mapping``'s kernels are cut into blocks and warps (pure Python:
+tested without a GPU).
+
+Every warp owns ``warp_slots`` consecutive slots; a place block keeps one
+int32 counter per (warp, expert) and three per expert in shared memory. The
+defaults aim at about two 32-slot steps per warp, enough blocks that none
+writes more than ~16 padding rows per thread, and one launch while the slots
+are few enough for every block to count them all itself.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from ..runtime.sizes import ceil_div
+
+STEPS_PER_WARP = 2          # 32-slot steps a warp aims at
+MIN_WARPS, MAX_WARPS = 8, 32
+FILL_ROWS_PER_THREAD = 16   # padding rows a thread writes, about, at most
+SELF_COUNT_MAX_SLOTS = 8192  # up to here every place block counts all slots: one launch
+BLOCK_COUNT_READS = 32768   # block counts (int32) one place block sums, at most
+STATIC_SHARED_BYTES = 1024  # the place kernel's static shared memory, rounded up
+
+
+class MappingShape(NamedTuple):
+    warps: int            # warps per block (threads = 32 * warps)
+    blocks: int
+    warp_slots: int       # slots per warp, a multiple of 32
+    self_counting: bool   # one launch: every place block counts all slots
+    shared_bytes: int     # the place kernel's dynamic shared memory
+
+    @property
+    def threads(self) -> int:
+        return 32 * self.warps
+
+
+def max_warps_for(num_experts: int, shared_bytes_optin: int) -> int:
+    """Most warps a place block may have: its counters must fit the shared
+    memory a block can opt in to."""
+    room = shared_bytes_optin - STATIC_SHARED_BYTES - 12 * num_experts
+    return min(MAX_WARPS, room // (4 * num_experts))
+
+
+def mapping_shape(num_slots: int, num_experts: int, num_expanded: int, multiprocessors: int,
+                  shared_bytes_optin: int, *, warps: int | None = None,
+                  blocks: int | None = None) -> MappingShape:
+    """The launch shape of one problem; ``warps`` / ``blocks`` override the
+    defaults (sweeps)."""
+    fit = max_warps_for(num_experts, shared_bytes_optin)
+    if fit < 1:
+        raise ValueError(f"{num_experts} experts do not fit the {shared_bytes_optin} bytes of "
+                         "shared memory a block of this GPU may have")
+    warp_steps = ceil_div(num_slots, 32)
+    if warps is None:
+        warps = min(fit, max(MIN_WARPS, min(MAX_WARPS, ceil_div(warp_steps, STEPS_PER_WARP))))
+    elif not 1 <= warps <= fit:
+        raise ValueError(f"warps must be in 1..{fit} for {num_experts} experts; got {warps}")
+    self_counting = num_slots <= SELF_COUNT_MAX_SLOTS
+    if blocks is None:
+        blocks = max(1, ceil_div(warp_steps, warps * STEPS_PER_WARP),
+                     ceil_div(num_expanded, 32 * warps * FILL_ROWS_PER_THREAD))
+        blocks = min(blocks, multiprocessors)
+        if not self_counting:
+            blocks = min(blocks, max(1, BLOCK_COUNT_READS // num_experts))
+    elif blocks < 1:
+        raise ValueError(f"blocks must be >= 1; got {blocks}")
+    warp_slots = 32 * max(1, ceil_div(warp_steps, blocks * warps))
+    return MappingShape(warps, blocks, warp_slots, self_counting,
+                        4 * (warps + 3) * num_experts)

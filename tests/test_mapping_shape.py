@@ -1,0 +1,65 @@
+"""The launch shape of ``fused_mapping``'s kernels (pure Python, no GPU)."""
+
+from __future__ import annotations
+
+import pytest
+
+from cupy_moe.mapping.launch_shape import (
+    MAX_WARPS,
+    MIN_WARPS,
+    SELF_COUNT_MAX_SLOTS,
+    MappingShape,
+    mapping_shape,
+    max_warps_for,
+)
+
+H200 = {"multiprocessors": 132, "shared_bytes_optin": 232448}
+
+
+@pytest.mark.parametrize(("slots", "experts", "rows", "expected"), [
+    # decode: one block, one launch
+    (8, 384, 1024, MappingShape(8, 1, 32, True, 4 * 11 * 384)),
+    # few slots, many padding rows: blocks for the padding
+    (256, 256, 32768, MappingShape(8, 8, 32, True, 4 * 11 * 256)),
+    (4096, 256, 36608, MappingShape(32, 3, 64, True, 4 * 35 * 256)),
+    # prefill: block counts first (two launches), two 32-slot steps per warp
+    (32768, 384, 81536, MappingShape(32, 16, 64, False, 4 * 35 * 384)),
+    (65536, 384, 114304, MappingShape(32, 32, 64, False, 4 * 35 * 384)),
+    # many experts: warps limited by shared memory, blocks by the counts read
+    (81920, 4096, 600000, MappingShape(11, 8, 960, False, 4 * 14 * 4096)),
+])
+def test_default_shapes(slots, experts, rows, expected):
+    shape = mapping_shape(slots, experts, rows, **H200)
+    assert shape == expected
+    assert shape.blocks * shape.warps * shape.warp_slots >= slots
+    assert shape.shared_bytes <= H200["shared_bytes_optin"] - 1024
+
+
+def test_every_slot_has_a_warp_and_shapes_stay_in_bounds():
+    for slots in (0, 1, 31, 32, 33, 1000, SELF_COUNT_MAX_SLOTS, SELF_COUNT_MAX_SLOTS + 1,
+                  10**6):
+        for experts in (1, 7, 384, 4096):
+            shape = mapping_shape(slots, experts, slots + 128 * experts, **H200)
+            assert shape.blocks * shape.warps * shape.warp_slots >= slots
+            assert shape.warp_slots % 32 == 0 and shape.warp_slots >= 32
+            assert 1 <= shape.warps <= MAX_WARPS and 1 <= shape.blocks <= 132
+            assert shape.self_counting == (slots <= SELF_COUNT_MAX_SLOTS)
+            if experts <= 1024:
+                assert shape.warps >= MIN_WARPS
+
+
+def test_overrides_and_their_errors():
+    shape = mapping_shape(32768, 384, 81536, **H200, warps=4, blocks=500)
+    assert (shape.warps, shape.blocks, shape.warp_slots) == (4, 500, 32)
+    with pytest.raises(ValueError, match=r"warps must be in 1\.\.32 for 384 experts; got 33"):
+        mapping_shape(32768, 384, 81536, **H200, warps=33)
+    with pytest.raises(ValueError, match=r"warps must be in 1\.\.11 for 4096 experts; got 12"):
+        mapping_shape(32768, 4096, 81536, **H200, warps=12)
+    with pytest.raises(ValueError, match="blocks must be >= 1; got 0"):
+        mapping_shape(32768, 384, 81536, **H200, blocks=0)
+
+
+def test_experts_that_do_not_fit_shared_memory_are_refused():
+    assert max_warps_for(4096, 48 * 1024) < 1
+    with pytest.raises(ValueError, match="4096 experts do not fit the 49152 bytes"):
+        mapping_shape(10, 4096, 100, 132, 48 * 1024)
