@@ -1,5 +1,6 @@
 // Expand to fused: scatter token rows (and their scale factors) to the
-// expert-major rows of a grouped-GEMM input, zero-filling padding rows.
+// expert-major rows of a grouped-GEMM input, zero-filling padding rows (or
+// leaving them alone: zero_padding = 0).
 //
 // One launch does all of it. The grid's x dimension holds two kinds of
 // blocks, its y dimension splits a row into column chunks of
@@ -10,12 +11,18 @@
 //                          once, store it to each valid slot of the block's
 //                          group; chunk 0 also moves x_sf[t].
 //   blocks x >= T          zero-fill, rows_per_zero_block (<= 32) output rows
-//                          each, numbered across the z planes too: zero the
-//                          rows with pos_to_expert[p] < 0 (every row when
-//                          T == 0) and, column-major SF, the pad columns
-//                          X .. align(X, 4). (expand_to_fused_bulk_zero_rows
-//                          numbers them across the y planes as well and
-//                          zeroes whole rows; see ZERO_ROWS below.)
+//                          each from row first_zero_row on, numbered across
+//                          the z planes too: zero the rows with
+//                          pos_to_expert[p] < 0 (if zero_padding), every other
+//                          row when T == 0 and, column-major SF, the pad
+//                          columns X .. align(X, 4).
+//                          (expand_to_fused_bulk_zero_rows numbers them across
+//                          the y planes as well and zeroes whole rows; see
+//                          ZERO_ROWS below.)
+// zero_padding = 0 leaves padding rows (data and scale factors) as they are.
+// Unless T == 0 the host then starts the zero-fill blocks at first_zero_row =
+// X: only the column-major SF's pad columns get any, the other layouts none
+// (the grid is the token blocks alone), and no padding row is looked at.
 // Rows are raw bytes moved in VEC_BYTES accesses; the host picks the widest
 // width that divides the row length and both base addresses, so no row needs
 // a tail. Offsets are 64-bit. A slot outside [0, X) is skipped, never written.
@@ -72,6 +79,8 @@ struct ExpandArgs {
     int rows_per_zero_block;          // 1 .. 32 (a warp ballot covers them)
     int vecs_per_thread;              // a chunk is blockDim.x * this many accesses
     int slots_per_block;              // 1 .. K
+    int zero_padding;                 // 1: zero padding rows; 0: leave them
+    int first_zero_row;               // first row of zero-fill block 0: 0, or X
 };
 
 template <int VEC_BYTES>
@@ -105,17 +114,20 @@ __device__ __forceinline__ i64 zero_block_of_chunk_grid(int zero_column) {
 }
 
 // The rows zero-fill block `zero_block` covers that need zeros: padding rows
-// (pos_to_expert < 0; every row when there are no tokens) and, column-major
-// SF, the pad columns [X, align(X, 4)) (SF only).
+// (pos_to_expert < 0) when zero_padding is set, expert rows when there are no
+// tokens (no slot writes them: the result is zeros), and, column-major SF, the
+// pad columns [X, align(X, 4)) (SF only; zeroed whatever zero_padding says).
 __device__ __forceinline__ ZeroRows rows_to_zero(const ExpandArgs& a, i64 zero_block) {
 #if CUPY_MOE_SF_MODE == SF_COL_MAJOR
     const i64 zero_rows = a.sf_ld;
 #else
     const i64 zero_rows = a.num_expanded;
 #endif
-    return padding_rows_ballot(a.pos_to_expert, zero_block * a.rows_per_zero_block,
-                               a.rows_per_zero_block, zero_rows, a.num_expanded,
-                               a.num_tokens == 0);
+    const i64 first_row = a.first_zero_row + zero_block * a.rows_per_zero_block;
+    return padding_rows_ballot(a.pos_to_expert, first_row, a.rows_per_zero_block, zero_rows,
+                               a.num_expanded,
+                               /*padding_rows=*/a.zero_padding != 0,
+                               /*expert_rows=*/a.num_tokens == 0);
 }
 
 // Zero scale factors of the rows in `rows`.
@@ -195,8 +207,8 @@ __device__ __forceinline__ void expand_to_fused_body(const ExpandArgs& a) {
         return;
     }
 
-    // Zero-fill: padding rows (all rows when there are no tokens) and, for the
-    // column-major SF, the pad columns X .. sf_ld that a TMA load reads.
+    // Zero-fill: padding rows (expert rows too when there are no tokens) and,
+    // for the column-major SF, the pad columns X .. sf_ld that a TMA load reads.
     zero_fill(a, zero_block_of_chunk_grid(block - a.num_tokens), EXPAND_THREADS, [&](i64 p) {
         zero_row_chunk<VEC_BYTES>(a.out, p, n_vec, vec_begin, vecs_per_thread);
     });

@@ -102,6 +102,16 @@ def check_expand_sf(kind, x, x_sf, token_topk_to_pos, pos_to_expert, *, npc, col
     return out, out_sf
 
 
+def col_major_sf_buffer(out_sf: np.ndarray) -> np.ndarray:
+    """The whole [S, align(X, 4)] buffer behind a column-major SF result, pad
+    columns included; ``out_sf`` is the NumPy view ``to_host`` gives (for a
+    tensor it shares the tensor's memory, which holds the pad columns)."""
+    num_expanded, s = out_sf.shape
+    lead = align_up(num_expanded, 4)
+    return np.lib.stride_tricks.as_strided(out_sf, (s, lead),
+                                           (lead * out_sf.itemsize, out_sf.itemsize))
+
+
 def sf_inputs(rng, num_tokens: int, hidden: int, npc: int, sf_dtype: str):
     """Random fp8 rows and random-bit scale factors of the right width."""
     x = random_payload(rng, (num_tokens, hidden), "float8_e4m3fn")

@@ -93,46 +93,70 @@ def expand_sf_op(tuning, x, x_sf, *args, **kwargs):
     return run_with_tuning(tuning, x, *args, x_sf=x_sf, **kwargs)
 
 
-def check_expand(kind, x, token_topk_to_pos, pos_to_expert, *, out=None, tuning=None):
+def check_expand(kind, x, token_topk_to_pos, pos_to_expert, *, out=None, tuning=None,
+                 zero_padding=True):
+    """One call against the reference. With ``out`` the reference starts from a
+    host copy of its bits, so that the whole result is exact, padding rows left
+    alone by ``zero_padding=False`` included; a fresh output of such a call is
+    compared on its expert rows only."""
     dx = to_device(kind, x, x.dtype.name)
     dmap, dp2e = map_to_device(kind, token_topk_to_pos), map_to_device(kind, pos_to_expert)
-    expected = reference.expand_to_fused_numpy(x, token_topk_to_pos, pos_to_expert)
-    result = expand_op(tuning, dx, dmap, dp2e, out=out)
+    before = None if out is None else to_host_bits(kind, out).copy()
+    expected = reference.expand_to_fused_numpy(x, token_topk_to_pos, pos_to_expert, before,
+                                               zero_padding=zero_padding)
+    result = expand_op(tuning, dx, dmap, dp2e, out=out, zero_padding=zero_padding)
     if out is not None:
         assert result is out
-    assert_bits_equal(to_host_bits(kind, result), expected, "expanded_x")
+    rows = _compared_rows(pos_to_expert, zero_padding, fresh=out is None)
+    assert_bits_equal(to_host_bits(kind, result)[rows], expected[rows], "expanded_x")
     return result
 
 
+def _compared_rows(pos_to_expert: np.ndarray, zero_padding: bool, *, fresh: bool):
+    """Rows whose bits the reference knows: all of them, except the padding rows
+    of a fresh output that zero_padding=False leaves as allocated."""
+    return pos_to_expert >= 0 if fresh and not zero_padding else slice(None)
+
+
 def check_expand_with_sf(kind, x, x_sf, token_topk_to_pos, pos_to_expert, *, npc, col_major,
-                         poison_outputs=False, rng=None, tuning=None):
-    num_expanded = pos_to_expert.shape[0]
+                         poison_outputs=False, rng=None, tuning=None, zero_padding=True):
+    """Both outputs against the reference, as ``check_expand``; poisoned outputs
+    are random bits, the column-major SF buffer's pad columns included (which
+    must come back zero whatever ``zero_padding`` says)."""
+    num_expanded, sf_cols = pos_to_expert.shape[0], x_sf.shape[1]
+    ld = align_up(num_expanded, 4)
     dx, dsf = to_device(kind, x, x.dtype.name), to_device(kind, x_sf, x_sf.dtype.name)
     dmap, dp2e = map_to_device(kind, token_topk_to_pos), map_to_device(kind, pos_to_expert)
-    out = out_sf = None
+    out = out_sf = expected_x = expected_sf = None
     if poison_outputs:
-        out = to_device(kind, random_bits(rng, (num_expanded, x.shape[1]), x.dtype), x.dtype.name)
-        ld = align_up(num_expanded, 4) if col_major else None
-        buf_shape = (x_sf.shape[1], ld) if col_major else (num_expanded, x_sf.shape[1])
-        buf = to_device(kind, random_bits(rng, buf_shape, x_sf.dtype), x_sf.dtype.name)
+        out_bits = random_bits(rng, (num_expanded, x.shape[1]), x.dtype)
+        buf_bits = random_bits(rng, (sf_cols, ld) if col_major else (num_expanded, sf_cols),
+                               x_sf.dtype)
+        out = to_device(kind, out_bits, x.dtype.name)
+        buf = to_device(kind, buf_bits, x_sf.dtype.name)
         out_sf = buf[:, :num_expanded].T if col_major else buf
+        # the reference writes host copies of the same bits
+        expected_x = out_bits.copy()
+        expected_sf = buf_bits.copy()[:, :num_expanded].T if col_major else buf_bits.copy()
     expected_x, expected_sf = reference.expand_to_fused_with_sf_numpy(
-        x, x_sf, token_topk_to_pos, pos_to_expert, col_major=col_major)
+        x, x_sf, token_topk_to_pos, pos_to_expert, col_major=col_major, out=expected_x,
+        out_sf=expected_sf, zero_padding=zero_padding)
     result_x, result_sf = expand_sf_op(
         tuning, dx, dsf, dmap, dp2e, num_per_channels=npc, use_tma_aligned_col_major_sf=col_major,
-        out=out, out_sf=out_sf)
+        out=out, out_sf=out_sf, zero_padding=zero_padding)
     if poison_outputs:
         assert result_x is out and result_sf is out_sf
-    assert_bits_equal(to_host_bits(kind, result_x), expected_x, "expanded_x")
-    assert tuple(result_sf.shape) == (num_expanded, x_sf.shape[1])
+    rows = _compared_rows(pos_to_expert, zero_padding, fresh=not poison_outputs)
+    assert_bits_equal(to_host_bits(kind, result_x)[rows], expected_x[rows], "expanded_x")
+    assert tuple(result_sf.shape) == (num_expanded, sf_cols)
     if col_major:
-        ld = align_up(num_expanded, 4)
         strides = tuple(result_sf.stride()) if kind == "torch" else tuple(
             s // 4 for s in result_sf.strides)
-        if num_expanded > 1 and x_sf.shape[1] > 1:
+        if num_expanded > 1 and sf_cols > 1:
             assert strides == (1, ld)
-        full = padded_sf_bits(kind, result_sf, num_expanded, x_sf.shape[1])
-        assert_bits_equal(full[:, :num_expanded], np.ascontiguousarray(expected_sf.T), "expanded_x_sf")
+        full = padded_sf_bits(kind, result_sf, num_expanded, sf_cols)
+        assert_bits_equal(full[:, :num_expanded].T[rows], expected_sf[rows], "expanded_x_sf")
         assert not full[:, num_expanded:].any(), "pad columns of the SF buffer are not zero"
     else:
-        assert_bits_equal(to_host_bits(kind, result_sf), expected_sf, "expanded_x_sf")
+        assert_bits_equal(to_host_bits(kind, result_sf)[rows], expected_sf[rows],
+                          "expanded_x_sf")

@@ -78,12 +78,15 @@ def from_bits(codes, dtype) -> np.ndarray:
 # --- oracle and comparison ----------------------------------------------------
 
 def oracle_expand(x: np.ndarray, token_topk_to_pos: np.ndarray,
-                  pos_to_expert: np.ndarray) -> np.ndarray:
+                  pos_to_expert: np.ndarray, *,
+                  padding_rows_from: np.ndarray | None = None) -> np.ndarray:
     """Expected output of a well-formed map, by a loop over the slots.
 
     Works for the activations and for the scale factors alike (``x`` is any
     [T, C] array); the copy is of raw bits. Returns a C-contiguous [X, C]
-    array of ``x``'s dtype.
+    array of ``x``'s dtype. Padding rows are zero; given
+    ``padding_rows_from`` (the [X, C] contents an output held before a
+    ``zero_padding=False`` call), they hold its bits instead.
     """
     num_tokens, top_k = token_topk_to_pos.shape
     expected = np.zeros((pos_to_expert.shape[0], x.shape[1]), dtype=x.dtype)
@@ -95,8 +98,28 @@ def oracle_expand(x: np.ndarray, token_topk_to_pos: np.ndarray,
                 out_bits[p] = x_bits[t]
     for p in range(pos_to_expert.shape[0]):
         if pos_to_expert[p] < 0:
-            out_bits[p] = 0
+            out_bits[p] = 0 if padding_rows_from is None else bits(padding_rows_from)[p]
     return expected
+
+
+# Every byte of a poisoned output: what a padding row left alone still holds.
+POISON_BYTE = 0xAB
+
+
+def poisoned(shape, dtype) -> np.ndarray:
+    """An array of ``dtype`` with every byte POISON_BYTE."""
+    dtype = np_dtype(dtype)
+    count = int(np.prod(shape, dtype=np.int64))
+    return np.full(count * dtype.itemsize, POISON_BYTE, np.uint8).view(dtype).reshape(shape)
+
+
+def assert_expert_rows_equal(actual: np.ndarray, expected: np.ndarray,
+                             pos_to_expert: np.ndarray, what: str = "array") -> None:
+    """Rows with ``pos_to_expert >= 0`` bit for bit; padding rows unchecked (a
+    fresh output of a ``zero_padding=False`` call holds anything there)."""
+    assert actual.shape == expected.shape, f"{what}: shape {actual.shape} != {expected.shape}"
+    rows = np.asarray(pos_to_expert) >= 0
+    assert_bits_equal(actual[rows], expected[rows], f"{what} (expert rows)")
 
 
 def assert_bits_equal(actual: np.ndarray, expected: np.ndarray, what: str = "array") -> None:

@@ -158,6 +158,11 @@ def test_tensors_requiring_grad_are_rejected_unless_grad_mode_is_off(name, rng):
     ({"num_per_channels": 128, "validate": 1}, "validate must be True or False; got int 1"),
     ({"num_per_channels": 128, "use_tma_aligned_col_major_sf": "no"},
      "use_tma_aligned_col_major_sf must be True or False; got str 'no'"),
+    ({"num_per_channels": 128, "zero_padding": "no"},
+     "zero_padding must be True or False; got str 'no'"),
+    ({"num_per_channels": 128, "zero_padding": 0}, "zero_padding must be True or False; got int 0"),
+    ({"num_per_channels": 128, "zero_padding": None},
+     "zero_padding must be True or False; got NoneType None"),
 ])
 def test_scalar_arguments_of_the_wrong_type_are_rejected(kwargs, message, rng):
     args = _sf_args("numpy", rng)
@@ -171,10 +176,21 @@ def test_plain_op_rejects_a_non_bool_validate(rng):
 
 
 @pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize(("value", "message"), [
+    (1, "zero_padding must be True or False; got int 1"),
+    ("False", "zero_padding must be True or False; got str 'False'"),
+    (None, "zero_padding must be True or False; got NoneType None"),
+])
+def test_plain_op_rejects_a_non_bool_zero_padding(kind, value, message, rng):
+    with pytest.raises(TypeError, match=re.escape(message)):
+        _call(_plain_args(kind, rng), zero_padding=value)
+
+
+@pytest.mark.parametrize("kind", KINDS)
 def test_numpy_integer_and_bool_scalars_are_accepted(kind, rng):
     x, x_sf = sf_inputs(rng, 3, 256, 128, "float32")
     out, out_sf = expand_sf(kind, x, x_sf, T2P, P2E, npc=np.int64(128), col_major=np.bool_(False),
-                            validate=np.bool_(True))
+                            validate=np.bool_(True), zero_padding=np.bool_(True))
     assert_bits_equal(out, oracle_expand(x, T2P, P2E))
     assert_bits_equal(out_sf, oracle_expand(x_sf, T2P, P2E))
     assert_bits_equal(expand(kind, x.view(np.uint16).reshape(3, 128), T2P, P2E),

@@ -95,13 +95,16 @@ def test_odd_hidden_with_sf(hidden, top_k, npc, layout, kind, kernel_path):
 
 
 @pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("zero_padding", [True, False])
 @pytest.mark.parametrize("layout", ["none", "row-f32", "col-ue8m0"])
 @pytest.mark.parametrize("zero_rows", [1, 5, 32])
 @pytest.mark.parametrize("num_tokens", [3, 40])
-def test_zero_fill_block_sizes(zero_rows, num_tokens, layout, kind, kernel_path):
+def test_zero_fill_block_sizes(zero_rows, num_tokens, layout, zero_padding, kind, kernel_path):
     # Padding scattered through X (alignment 4, dropped slots) and a tail; X
     # neither a multiple of the rows per zero-fill block nor of 4. Every row
-    # count a warp ballot can cover, the last block short.
+    # count a warp ballot can cover, the last block short. zero_padding=False:
+    # padding rows keep the poison, and blocks of every size still zero the
+    # column-major SF's 1 pad column (align(263, 4) = 264).
     tuning = dataclasses.replace(kernel_path or DEFAULT_TUNING, zero_rows_bulk=zero_rows,
                                  zero_rows_registers=zero_rows, zero_rows_bulk_whole=zero_rows)
     rng = np.random.default_rng()
@@ -113,7 +116,8 @@ def test_zero_fill_block_sizes(zero_rows, num_tokens, layout, kind, kernel_path)
     if layout == "none":
         x = random_bits(rng, (num_tokens, hidden), numpy_dtype("bfloat16"))
         poisoned = to_device(kind, random_bits(rng, (263, hidden), x.dtype), "bfloat16")
-        check_expand(kind, x, token_topk_to_pos, pos_to_expert, out=poisoned, tuning=tuning)
+        check_expand(kind, x, token_topk_to_pos, pos_to_expert, out=poisoned, tuning=tuning,
+                     zero_padding=zero_padding)
         return
     sf_dtype = "float32" if layout == "row-f32" else "int32"
     x = random_bits(rng, (num_tokens, hidden), numpy_dtype("float8_e4m3fn"))
@@ -121,7 +125,7 @@ def test_zero_fill_block_sizes(zero_rows, num_tokens, layout, kind, kernel_path)
                        np.dtype(sf_dtype))
     check_expand_with_sf(kind, x, x_sf, token_topk_to_pos, pos_to_expert, npc=128,
                          col_major=layout != "row-f32", poison_outputs=True, rng=rng,
-                         tuning=tuning)
+                         tuning=tuning, zero_padding=zero_padding)
 
 
 @pytest.mark.parametrize("offset_bytes", [0, 1, 2, 4, 8])

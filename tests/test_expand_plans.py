@@ -14,14 +14,17 @@ from cupy_moe.expand.plan import EXPAND_ARGS, ExpandPlan  # noqa: E402
 from cupy_moe.expand.rules import ExpandProblem  # noqa: E402
 from cupy_moe.expand.tuning import DEFAULT_TUNING, ExpandTuning  # noqa: E402
 from cupy_moe.runtime import launch as launch_module  # noqa: E402
+from cupy_moe.runtime.arrays import describe  # noqa: E402
+from cupy_moe.runtime.fast_path import TorchFastPath  # noqa: E402
 from cupy_moe.runtime.launch import DeviceTraits  # noqa: E402
 from cupy_moe.runtime.sizes import align_up  # noqa: E402
 
 
 def test_argument_blocks_match_the_kernel_structs():
-    # struct ExpandArgs: 6 pointers, an int64, 8 int32; RoutingArgs: 4
+    # struct ExpandArgs: 6 pointers, an int64, 10 int32; RoutingArgs: 4
     # pointers, an int64, an int32 padded to the struct's 8-byte alignment.
-    assert EXPAND_ARGS.size == 6 * 8 + 8 + 8 * 4
+    assert EXPAND_ARGS.size == 6 * 8 + 8 + 10 * 4
+    assert EXPAND_ARGS.names[-2:] == ("zero_padding", "first_zero_row")
     assert EXPAND_ARGS.pointer_count == 6
     assert ROUTING_ARGS.size == 4 * 8 + 8 + 8
 
@@ -44,10 +47,10 @@ def fake_h200(monkeypatch):
 
 
 def _launch_for(num_tokens, hidden, item_bytes=2, vec_bytes=16, top_k=8,
-                tuning=DEFAULT_TUNING, **sf):
+                tuning=DEFAULT_TUNING, zero_padding=True, **sf):
     problem = ExpandProblem(num_tokens, hidden, top_k, num_tokens * top_k,
                             "bfloat16" if item_bytes == 2 else "float8_e4m3fn", **sf)
-    return ExpandPlan(problem, item_bytes, 0, tuning).kernel(vec_bytes)
+    return ExpandPlan(problem, item_bytes, 0, tuning, zero_padding=zero_padding).kernel(vec_bytes)
 
 
 @pytest.mark.parametrize(("num_tokens", "hidden", "chunk_bytes", "chunks"), [
@@ -152,6 +155,163 @@ def test_plans_are_cached_per_tuning(fake_h200):
     b = plan_module.plan_for(problem, 2, 0, dataclasses.replace(DEFAULT_TUNING, unroll=2))
     assert b is not a and b.tuning.unroll == 2
     assert ("EXPAND_UNROLL", 2) in plan_module.kernel_defines(0, b.tuning)
+
+
+# -- zero_padding=False: zero-fill blocks only where the pad columns need them ------
+
+WHOLE_ROW_ZERO_FILL = ExpandTuning(bulk_min_blocks=0.0, bulk_whole_row_zero_from=0,
+                                   bulk_min_chunk_bytes=512)
+
+
+def _zero_fill_columns(launch, num_tokens):
+    return launch.grid[0] - num_tokens
+
+
+@pytest.mark.parametrize(("num_tokens", "hidden", "handle"), [
+    (1, 7168, "expand_to_fused_v16"),                # decode: slots split over 8 planes
+    (512, 3072, "expand_to_fused_bulk"),             # zero-fill blocks of a column chunk
+    (4096, 7168, "expand_to_fused_bulk_zero_rows"),  # zero-fill blocks of whole rows
+])
+@pytest.mark.parametrize("sf", [{}, {"sf_columns": 2}], ids=["no-sf", "row-major-sf"])
+def test_leaving_padding_rows_launches_the_token_blocks_alone(fake_h200, num_tokens, hidden,
+                                                              handle, sf):
+    keep = _launch_for(num_tokens, hidden, **sf)
+    leave = _launch_for(num_tokens, hidden, zero_padding=False, **sf)
+    assert keep.handle == leave.handle == handle
+    assert _zero_fill_columns(keep, num_tokens) > 0
+    assert leave.grid == (num_tokens, *keep.grid[1:])
+    assert (keep.constant("zero_padding"), keep.constant("first_zero_row")) == (1, 0)
+    # the kernel's zero-fill rows would start at X: none left
+    assert (leave.constant("zero_padding"), leave.constant("first_zero_row")) == (
+        0, num_tokens * 8)
+
+
+@pytest.mark.parametrize(("tuning", "handle"), [
+    (DEFAULT_TUNING, "expand_to_fused_v16"),
+    (dataclasses.replace(DEFAULT_TUNING, zero_rows_registers=1), "expand_to_fused_v16"),
+    (FORCE_BULK, "expand_to_fused_bulk"),
+    (dataclasses.replace(FORCE_BULK, zero_rows_bulk=1), "expand_to_fused_bulk"),
+    (WHOLE_ROW_ZERO_FILL, "expand_to_fused_bulk_zero_rows"),
+    (dataclasses.replace(WHOLE_ROW_ZERO_FILL, zero_rows_bulk_whole=1),
+     "expand_to_fused_bulk_zero_rows"),
+], ids=["registers", "registers-1-row", "bulk", "bulk-1-row", "bulk-zero-rows",
+        "bulk-zero-rows-1-row"])
+@pytest.mark.parametrize("num_expanded", [16, 17, 18, 19])
+def test_leaving_padding_rows_keeps_blocks_for_the_col_major_pad_columns(
+        fake_h200, tuning, handle, num_expanded):
+    # 3 tokens of 2 KiB fp8 rows, K = 8: X % 4 == 1, 2, 3 leaves 3, 2, 1 pad
+    # columns; X % 4 == 0 none. The fewest columns of zero-fill blocks that
+    # cover the pad columns alone (one plane of 1-row blocks: one column each).
+    problem = ExpandProblem(3, 2048, 8, num_expanded, "float8_e4m3fn", sf_columns=4,
+                            sf_col_major=True)
+    launch = ExpandPlan(problem, 1, 0, tuning, zero_padding=False).kernel(16)
+    assert launch.handle == handle
+    assert launch.constant("first_zero_row") == num_expanded
+    assert launch.constant("zero_padding") == 0
+    pad_columns = align_up(num_expanded, 4) - num_expanded
+    columns = _zero_fill_columns(launch, 3)
+    planes = launch.grid[2] * (launch.grid[1] if handle.endswith("_zero_rows") else 1)
+    rows = launch.constant("rows_per_zero_block")
+    assert columns * planes * rows >= pad_columns > (columns - 1) * planes * rows
+
+
+@pytest.mark.parametrize("col_major", [False, True])
+def test_no_tokens_still_zero_the_expert_rows_when_leaving_padding_rows(fake_h200, col_major):
+    # T == 0: no slot writes the expert rows, so the zero-fill blocks still
+    # walk every row (the kernel then skips the padding ones)
+    sf = {"sf_columns": 2, "sf_col_major": True} if col_major else {}
+    problem = ExpandProblem(0, 7168, 8, 42, "float8_e4m3fn", **sf)
+    keep = ExpandPlan(problem, 1, 0, DEFAULT_TUNING).kernel(16)
+    leave = ExpandPlan(problem, 1, 0, DEFAULT_TUNING, zero_padding=False).kernel(16)
+    assert leave.grid == keep.grid and keep.grid[0] > 0
+    assert leave.constant("first_zero_row") == keep.constant("first_zero_row") == 0
+    assert (keep.constant("zero_padding"), leave.constant("zero_padding")) == (1, 0)
+
+
+def test_no_tokens_and_no_pad_columns_launch_nothing_when_leaving_padding_rows(fake_h200):
+    problem = ExpandProblem(0, 64, 2, 0, "bfloat16")
+    assert ExpandPlan(problem, 2, 0, DEFAULT_TUNING, zero_padding=False).kernel(16).grid[0] == 0
+
+
+def test_plans_are_cached_per_zero_padding(fake_h200):
+    problem = ExpandProblem(4, 64, 2, 8, "bfloat16")
+    keep = plan_module.plan_for(problem, 2, 0, DEFAULT_TUNING)
+    assert plan_module.plan_for(problem, 2, 0, DEFAULT_TUNING, zero_padding=True) is keep
+    leave = plan_module.plan_for(problem, 2, 0, DEFAULT_TUNING, zero_padding=False)
+    assert leave is not keep
+    assert (keep.zero_padding, leave.zero_padding) == (True, False)
+    assert plan_module.plan_for(problem, 2, 0, DEFAULT_TUNING, zero_padding=False) is leave
+
+
+# -- the torch fast path's key holds zero_padding ----------------------------------
+
+class _FakePlan:
+    device = 0
+
+
+@pytest.fixture
+def expand_fast_paths(monkeypatch):
+    """The ops' fast paths, emptied, taking CPU tensors for CUDA ones (their keys
+    are built the same way) on a current device 0; the plans they would replay
+    are recorded instead of launched."""
+    from cupy_moe.expand import api
+
+    replayed = []
+    for name in ("_plain_fast_path", "_sf_fast_path"):
+        path = TorchFastPath()
+        path.remember((), (None,), _FakePlan())  # arms it: torch.Tensor, device getter
+        path.clear()
+        monkeypatch.setattr(path, "_current_device", lambda: 0)
+        monkeypatch.setattr(api, name, path)
+    monkeypatch.setattr(api, "_run_torch_fast",
+                        lambda plan, *args: replayed.append(plan) or ("replayed", None))
+    return api, replayed
+
+
+def test_plain_op_fast_path_keys_zero_padding(expand_fast_paths):
+    torch = pytest.importorskip("torch")
+    api, replayed = expand_fast_paths
+    x = torch.zeros(3, 8, dtype=torch.bfloat16)
+    t2p = torch.tensor([[0, 1], [2, -1], [3, -1]], dtype=torch.int32)
+    p2e = torch.tensor([0, 0, 1, 1, -1], dtype=torch.int32)
+    descs = (describe("", x), describe("", t2p), describe("", p2e), None)
+    leave, keep = _FakePlan(), _FakePlan()
+    api._plain_fast_path.remember((False,), descs, leave)
+
+    assert api.expand_to_fused(x, t2p, p2e, zero_padding=False) == "replayed"
+    # no plan for True yet: the full path (the CPU backend here) takes it
+    assert isinstance(api.expand_to_fused(x, t2p, p2e), torch.Tensor)
+    assert replayed == [leave]
+    api._plain_fast_path.remember((True,), descs, keep)
+    assert api.expand_to_fused(x, t2p, p2e) == "replayed"
+    assert api.expand_to_fused(x, t2p, p2e, zero_padding=True) == "replayed"
+    assert replayed == [leave, keep, keep]
+    # 1 == True would find True's plan: a non-bool must reach the full path's rule
+    with pytest.raises(TypeError, match=r"zero_padding must be True or False; got int 1"):
+        api.expand_to_fused(x, t2p, p2e, zero_padding=1)
+    assert len(replayed) == 3
+
+
+def test_sf_op_fast_path_keys_zero_padding(expand_fast_paths):
+    torch = pytest.importorskip("torch")
+    api, replayed = expand_fast_paths
+    x = torch.zeros(3, 256, dtype=torch.uint8)
+    x_sf = torch.zeros(3, 1, dtype=torch.int32)
+    t2p = torch.tensor([[0, 1], [2, -1], [3, -1]], dtype=torch.int32)
+    p2e = torch.tensor([0, 0, 1, 1, -1], dtype=torch.int32)
+    descs = tuple(describe("", a) for a in (x, x_sf, t2p, p2e)) + (None, None)
+    leave = _FakePlan()
+    api._sf_fast_path.remember((128, True, False), descs, leave)
+    kwargs = {"num_per_channels": 128, "use_tma_aligned_col_major_sf": True}
+
+    assert api.expand_to_fused_with_sf(x, x_sf, t2p, p2e, **kwargs,
+                                       zero_padding=False) == ("replayed", None)
+    result = api.expand_to_fused_with_sf(x, x_sf, t2p, p2e, **kwargs)
+    assert isinstance(result[0], torch.Tensor) and replayed == [leave]
+    api._sf_fast_path.remember((128, True, True), descs, _FakePlan())
+    with pytest.raises(TypeError, match=r"zero_padding must be True or False; got int 1"):
+        api.expand_to_fused_with_sf(x, x_sf, t2p, p2e, **kwargs, zero_padding=1)
+    assert replayed == [leave]
 
 
 @pytest.mark.parametrize(("change", "message"), [

@@ -34,17 +34,19 @@ _run_torch_fast = None
 
 
 def expand_to_fused(x: Any, token_topk_to_pos: Any, pos_to_expert: Any, *,
-                    out: Any = None, validate: bool = False) -> Any:
+                    out: Any = None, validate: bool = False, zero_padding: bool = True) -> Any:
     """Scatter token rows to the expert-major rows of a grouped-GEMM input.
 
     ``out[p] = x[t]`` for every slot with ``token_topk_to_pos[t, k] = p >= 0``;
     negative slots are dropped; rows with ``pos_to_expert[p] < 0`` (padding)
-    are zero. A pure byte copy: nothing is weighted or reduced.
+    are zero, or left as they are with ``zero_padding=False``. A pure byte
+    copy: nothing is weighted or reduced.
 
     Parameters
     ----------
     x : array [T, H], bfloat16 or float16 (uint16 holding bf16 bits also)
-        Token rows. T may be 0 (the result is then all zeros).
+        Token rows. T may be 0 (the result is then all zeros; with
+        ``zero_padding=False``, all but the padding rows).
     token_topk_to_pos : array [T, K], int32
         Output row of each (token, slot); negative = dropped slot.
     pos_to_expert : array [X], int32
@@ -60,6 +62,20 @@ def expand_to_fused(x: Any, token_topk_to_pos: Any, pos_to_expert: Any, *,
         synchronisation (so not inside CUDA-graph capture). Without it a
         malformed map never writes outside the outputs, but which rows it
         fills is unspecified.
+    zero_padding : bool
+        True: padding rows are zero. False: padding rows are not written, and
+        hold what the memory held (a fresh output: anything; a caller's
+        ``out``: its previous contents); the call saves the zero-fill's
+        stores. Every row with ``pos_to_expert[p] >= 0`` is the same as with
+        True, bit for bit, and nothing outside the outputs is written. Safe
+        for a consumer that never uses padding rows: a GEMM computes each
+        output row from its own input row alone, so a grouped GEMM whose
+        padding rows' outputs are not used gives the same results, e.g.
+        DeepGEMM's contiguous grouped GEMM with ``pos_to_expert`` as its
+        grouped_layout (where -1 marks padding rows). Not for anything that
+        reads every row: a plain GEMM over all X rows, a sum or checksum of
+        the output, or a comparison with a zero-padded result sees garbage
+        in (or from) the padding rows.
 
     Returns
     -------
@@ -70,32 +86,38 @@ def expand_to_fused(x: Any, token_topk_to_pos: Any, pos_to_expert: Any, *,
     ------
     TypeError
         An argument is not an array (None included), arrays of different
-        kinds are mixed, a flag is not a bool, or a torch tensor requires
-        grad while grad mode is on (the ops are inference-only).
+        kinds are mixed, a flag (``validate``, ``zero_padding``) is not a
+        bool, or a torch tensor requires grad while grad mode is on (the ops
+        are inference-only).
     ValueError
         A shape, dtype or device rule fails (the message names the argument and
         the numbers), ``out`` is read-only or overlaps an input, or
         ``validate=True`` finds a malformed map.
     """
-    if validate is False:
-        plan = _plain_fast_path.lookup((), (x, token_topk_to_pos, pos_to_expert, out))
+    # zero_padding is in the key, as a bool only: 1 == True would find True's plan
+    if validate is False and type(zero_padding) is bool:
+        plan = _plain_fast_path.lookup((zero_padding,),
+                                       (x, token_topk_to_pos, pos_to_expert, out))
         if plan is not None:
             result = _run_torch_fast(plan, x, None, token_topk_to_pos, pos_to_expert, out)
             if result is not None:
                 return result[0]
     return _expand(DEFAULT_TUNING, x, None, token_topk_to_pos, pos_to_expert, with_sf=False,
                    num_per_channels=None, use_tma_aligned_col_major_sf=False, out=out,
-                   out_sf=None, validate=validate, fast_path=_plain_fast_path)[0]
+                   out_sf=None, validate=validate, zero_padding=zero_padding,
+                   fast_path=_plain_fast_path)[0]
 
 
 def expand_to_fused_with_sf(x: Any, x_sf: Any, token_topk_to_pos: Any, pos_to_expert: Any, *,
                             num_per_channels: int, use_tma_aligned_col_major_sf: bool = False,
                             out: Any = None, out_sf: Any = None,
-                            validate: bool = False) -> tuple[Any, Any]:
+                            validate: bool = False,
+                            zero_padding: bool = True) -> tuple[Any, Any]:
     """Scatter quantized token rows and their per-block scale factors.
 
     The routing contract is that of :func:`expand_to_fused`; each row's scale
-    factors travel with it, and padding rows get zero scale factors too.
+    factors travel with it, and padding rows get zero scale factors too
+    (with ``zero_padding=False``, none: they are left as they are).
 
     Parameters
     ----------
@@ -113,7 +135,8 @@ def expand_to_fused_with_sf(x: Any, x_sf: Any, token_topk_to_pos: Any, pos_to_ex
         Return ``expanded_x_sf`` as the transposed view of the first X columns
         of an ``[S, align(X, 4)]`` buffer (shape [X, S], element strides
         ``(1, align(X, 4))``), the layout a TMA load of a grouped GEMM reads.
-        The pad columns X .. align(X, 4) are zero.
+        The pad columns X .. align(X, 4) are zero, whatever ``zero_padding``
+        says (they belong to no row).
     out : array [X, H], optional
     out_sf : array [X, S], optional
         Caller-provided outputs, written and returned. A column-major
@@ -121,6 +144,11 @@ def expand_to_fused_with_sf(x: Any, x_sf: Any, token_topk_to_pos: Any, pos_to_ex
         the pad columns.
     validate : bool
         As in :func:`expand_to_fused`.
+    zero_padding : bool
+        As in :func:`expand_to_fused`. The scale factors of padding rows
+        follow their data rows: zero with True, not written with False (the
+        same consumers are safe: a grouped GEMM scales a row by that row's
+        scale factors only). Only the pad columns above are zeroed either way.
 
     Returns
     -------
@@ -133,9 +161,10 @@ def expand_to_fused_with_sf(x: Any, x_sf: Any, token_topk_to_pos: Any, pos_to_ex
         (``num_per_channels`` that is not an int is a TypeError).
     """
     if (validate is False and out_sf is None and type(num_per_channels) is int
-            and type(use_tma_aligned_col_major_sf) is bool):
-        plan = _sf_fast_path.lookup((num_per_channels, use_tma_aligned_col_major_sf),
-                                    (x, x_sf, token_topk_to_pos, pos_to_expert, out, None))
+            and type(use_tma_aligned_col_major_sf) is bool and type(zero_padding) is bool):
+        plan = _sf_fast_path.lookup(
+            (num_per_channels, use_tma_aligned_col_major_sf, zero_padding),
+            (x, x_sf, token_topk_to_pos, pos_to_expert, out, None))
         if plan is not None:
             result = _run_torch_fast(plan, x, x_sf, token_topk_to_pos, pos_to_expert, out)
             if result is not None:
@@ -143,13 +172,15 @@ def expand_to_fused_with_sf(x: Any, x_sf: Any, token_topk_to_pos: Any, pos_to_ex
     return _expand(DEFAULT_TUNING, x, x_sf, token_topk_to_pos, pos_to_expert, with_sf=True,
                    num_per_channels=num_per_channels,
                    use_tma_aligned_col_major_sf=use_tma_aligned_col_major_sf, out=out,
-                   out_sf=out_sf, validate=validate, fast_path=_sf_fast_path)
+                   out_sf=out_sf, validate=validate, zero_padding=zero_padding,
+                   fast_path=_sf_fast_path)
 
 
 def run_with_tuning(tuning: ExpandTuning, x: Any, token_topk_to_pos: Any, pos_to_expert: Any,
                     *, x_sf: Any = None, num_per_channels: int | None = None,
                     use_tma_aligned_col_major_sf: bool = False, out: Any = None,
-                    out_sf: Any = None, validate: bool = False) -> tuple[Any, Any]:
+                    out_sf: Any = None, validate: bool = False,
+                    zero_padding: bool = True) -> tuple[Any, Any]:
     """Either op under a tuning of its own (tests and sweeps; no fast path).
 
     The op with scale factors when ``x_sf`` is given, else the plain one
@@ -159,14 +190,15 @@ def run_with_tuning(tuning: ExpandTuning, x: Any, token_topk_to_pos: Any, pos_to
     return _expand(tuning, x, x_sf, token_topk_to_pos, pos_to_expert, with_sf=x_sf is not None,
                    num_per_channels=num_per_channels,
                    use_tma_aligned_col_major_sf=use_tma_aligned_col_major_sf, out=out,
-                   out_sf=out_sf, validate=validate, fast_path=None)
+                   out_sf=out_sf, validate=validate, zero_padding=zero_padding, fast_path=None)
 
 
 def _expand(tuning: ExpandTuning, x, x_sf, token_topk_to_pos, pos_to_expert, *, with_sf: bool,
             num_per_channels, use_tma_aligned_col_major_sf, out, out_sf, validate,
-            fast_path: TorchFastPath | None) -> tuple[Any, Any]:
+            zero_padding, fast_path: TorchFastPath | None) -> tuple[Any, Any]:
     """The full path of both ops: every rule, then the backend of the arrays' kind."""
     validate = require_bool("validate", validate)
+    zero_padding = require_bool("zero_padding", zero_padding)
     # in the fast path's key order
     descs = {"x": describe("x", x)}
     if with_sf:
@@ -177,14 +209,16 @@ def _expand(tuning: ExpandTuning, x, x_sf, token_topk_to_pos, pos_to_expert, *, 
     if with_sf:
         descs["out_sf"] = None if out_sf is None else describe("out_sf", out_sf)
     kind, _ = common_kind(descs)
+    # the fast path's key: the op's scalar settings, in its lookup's order
     if with_sf:
         scalars = (require_int("num_per_channels", num_per_channels),
-                   require_bool("use_tma_aligned_col_major_sf", use_tma_aligned_col_major_sf))
+                   require_bool("use_tma_aligned_col_major_sf", use_tma_aligned_col_major_sf),
+                   zero_padding)
         problem = check_expand_with_sf(
             descs["x"], descs["x_sf"], descs["token_topk_to_pos"], descs["pos_to_expert"],
             num_per_channels=scalars[0], use_tma_aligned_col_major_sf=scalars[1])
     else:
-        scalars = ()
+        scalars = (zero_padding,)
         problem = check_expand(descs["x"], descs["token_topk_to_pos"], descs["pos_to_expert"])
     _check_outputs(kind, problem, descs, x, x_sf, token_topk_to_pos, pos_to_expert, out, out_sf)
     if kind.on_gpu:
@@ -192,13 +226,13 @@ def _expand(tuning: ExpandTuning, x, x_sf, token_topk_to_pos, pos_to_expert, *, 
         from .gpu import run_expand, run_torch_fast
         _run_torch_fast = run_torch_fast
         result, plan = run_expand(kind, problem, tuning, x, x_sf, token_topk_to_pos,
-                                  pos_to_expert, out, out_sf, validate)
+                                  pos_to_expert, out, out_sf, validate, zero_padding)
         if fast_path is not None and kind is ArrayKind.TORCH_CUDA and out_sf is None:
             fast_path.remember(scalars, tuple(descs.values()), plan)
         return result
     from .cpu import run_expand
     return run_expand(kind, problem, x, x_sf, token_topk_to_pos, pos_to_expert, out, out_sf,
-                      validate)
+                      validate, zero_padding)
 
 
 def _check_outputs(kind: ArrayKind, problem: ExpandProblem, descs: dict, x, x_sf,

@@ -14,11 +14,12 @@ from .rules import ExpandProblem, raise_routing_error
 
 def run_expand(kind: ArrayKind, problem: ExpandProblem, x: Any, x_sf: Any,
                token_topk_to_pos: Any, pos_to_expert: Any,
-               out: Any, out_sf: Any, validate: bool) -> tuple[Any, Any]:
+               out: Any, out_sf: Any, validate: bool, zero_padding: bool) -> tuple[Any, Any]:
     """Both ops on the CPU; ``x_sf`` is None for the op without scale factors.
 
     Returns ``(out, out_sf)`` of the caller's kind; caller-provided outputs are
-    written in place and returned as the same objects.
+    written in place and returned as the same objects. With ``zero_padding``
+    False, padding rows of a fresh output hold whatever np.empty left there.
     """
     to_numpy = torch_to_numpy if kind is ArrayKind.TORCH_CPU else (lambda a: a)
     topk_np = np.ascontiguousarray(to_numpy(token_topk_to_pos))
@@ -29,7 +30,8 @@ def run_expand(kind: ArrayKind, problem: ExpandProblem, x: Any, x_sf: Any,
     out_np = None if out is None else to_numpy(out)
     x_np = to_numpy(x)
     if x_sf is None:
-        result = reference.expand_to_fused_numpy(x_np, topk_np, p2e_np, out_np)
+        result = reference.expand_to_fused_numpy(x_np, topk_np, p2e_np, out_np,
+                                                 zero_padding=zero_padding)
         result_sf = None
     else:
         if out_sf is None and kind is ArrayKind.TORCH_CPU:
@@ -44,7 +46,7 @@ def run_expand(kind: ArrayKind, problem: ExpandProblem, x: Any, x_sf: Any,
             out_sf_np = None if out_sf is None else to_numpy(out_sf)
         result, result_sf = reference.expand_to_fused_with_sf_numpy(
             x_np, to_numpy(x_sf), topk_np, p2e_np, col_major=problem.sf_col_major,
-            out=out_np, out_sf=out_sf_np)
+            out=out_np, out_sf=out_sf_np, zero_padding=zero_padding)
     if kind is ArrayKind.TORCH_CPU:
         # NumPy hands back the very arrays it wrote; torch callers get tensors:
         # their own out=, or views of what NumPy allocated. out_sf is set by

@@ -45,7 +45,7 @@ def _allocate(lib, plan: ExpandPlan, x: Any, x_sf: Any, out: Any, out_sf: Any) -
 
 def run_expand(kind: ArrayKind, problem: ExpandProblem, tuning: ExpandTuning, x: Any,
                x_sf: Any, token_topk_to_pos: Any, pos_to_expert: Any, out: Any, out_sf: Any,
-               validate: bool) -> tuple[tuple[Any, Any], ExpandPlan]:
+               validate: bool, zero_padding: bool) -> tuple[tuple[Any, Any], ExpandPlan]:
     """Both ops on the GPU, after the public op checked every rule.
 
     ``x_sf`` is None for the op without scale factors. Returns ``((out,
@@ -63,7 +63,7 @@ def run_expand(kind: ArrayKind, problem: ExpandProblem, tuning: ExpandTuning, x:
         x = lib.contiguous(x)
         if x_sf is not None:
             x_sf = lib.contiguous(x_sf)
-        plan = plan_for(problem, lib.item_bytes(x), device, tuning)
+        plan = plan_for(problem, lib.item_bytes(x), device, tuning, zero_padding=zero_padding)
         out, out_sf = _allocate(lib, plan, x, x_sf, out, out_sf)
         plan.launch(stream, lib.pointer(x), lib.pointer(token_topk_to_pos),
                     lib.pointer(pos_to_expert), lib.pointer(out),

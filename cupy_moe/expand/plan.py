@@ -1,9 +1,9 @@
 """Launch plans of the expand kernels: which kernel, which grid, which constants.
 
-Everything about a call that depends only on its sizes, dtypes, device and
-tuning is worked out once and kept in an ``ExpandPlan``: the kernel handles,
-the grids and each launch's argument block with its constant fields packed.
-A call then packs six pointers and launches.
+Everything about a call that depends only on its sizes, dtypes, device,
+tuning and ``zero_padding`` is worked out once and kept in an ``ExpandPlan``:
+the kernel handles, the grids and each launch's argument block with its
+constant fields packed. A call then packs six pointers and launches.
 """
 
 from __future__ import annotations
@@ -23,7 +23,8 @@ EXPAND_ARGS = ArgStruct(
     ("x", "ptr"), ("token_topk_to_pos", "ptr"), ("pos_to_expert", "ptr"), ("out", "ptr"),
     ("x_sf", "ptr"), ("out_sf", "ptr"), ("row_bytes", "i64"), ("num_tokens", "i32"),
     ("top_k", "i32"), ("num_expanded", "i32"), ("sf_columns", "i32"), ("sf_ld", "i32"),
-    ("rows_per_zero_block", "i32"), ("vecs_per_thread", "i32"), ("slots_per_block", "i32"))
+    ("rows_per_zero_block", "i32"), ("vecs_per_thread", "i32"), ("slots_per_block", "i32"),
+    ("zero_padding", "i32"), ("first_zero_row", "i32"))
 
 # packs a launch's six pointers into its argument block (the hot path's only packing)
 _pack_pointers = EXPAND_ARGS.pointer_packer.pack_into
@@ -59,20 +60,30 @@ class ExpandLaunch:
 
 
 class ExpandPlan:
-    """The launches of one (problem, item size, device, tuning), by access width."""
+    """The launches of one (problem, item size, device, tuning, zero_padding),
+    by access width."""
 
-    __slots__ = ("device", "input_bytes", "kernels", "out_bytes", "out_sf_shape", "out_shape",
-                 "problem", "row_bytes", "sf_mode", "tuning", "zero_rows")
+    __slots__ = ("device", "first_zero_row", "input_bytes", "kernels", "out_bytes",
+                 "out_sf_shape", "out_shape", "problem", "row_bytes", "sf_mode", "tuning",
+                 "zero_padding", "zero_rows_end")
 
     def __init__(self, problem: ExpandProblem, item_bytes: int, device: int,
-                 tuning: ExpandTuning) -> None:
+                 tuning: ExpandTuning, *, zero_padding: bool = True) -> None:
         self.device, self.problem, self.tuning = device, problem, tuning
+        self.zero_padding = zero_padding
         self.sf_mode = (SF_NONE if not problem.has_sf else
                         SF_COL_MAJOR if problem.sf_col_major else SF_ROW_MAJOR)
         self.row_bytes = problem.hidden * item_bytes
-        # rows the zero-fill blocks walk (the column-major SF's pad columns too)
-        self.zero_rows = (problem.sf_leading_dim if self.sf_mode == SF_COL_MAJOR
-                          else problem.num_expanded)
+        # Rows the zero-fill blocks walk, [first_zero_row, zero_rows_end): the
+        # X data rows, then the column-major SF's pad columns X .. align(X, 4).
+        # Leaving padding rows alone, the data rows of a call with tokens need
+        # no zeros, so the blocks start at X: only pad columns get blocks, and
+        # the other layouts (or X % 4 == 0) launch none. With no tokens the
+        # expert rows still need zeros (the kernel's rows_to_zero).
+        self.zero_rows_end = (problem.sf_leading_dim if self.sf_mode == SF_COL_MAJOR
+                              else problem.num_expanded)
+        self.first_zero_row = (0 if zero_padding or problem.num_tokens == 0
+                               else problem.num_expanded)
         self.kernels: dict[int, ExpandLaunch] = {}  # by access width in bytes
         # sizes of x, token_topk_to_pos, pos_to_expert, x_sf; and of out: what
         # the fast path's overlap test compares
@@ -144,14 +155,15 @@ class ExpandPlan:
         # zero-fill blocks are numbered across the z planes (the kernel's
         # rows_to_zero); whole-row ones across the y planes too
         planes = ceil_div(problem.top_k, slots_per_block)
-        zero_blocks = ceil_div(self.zero_rows, rows_per_zero_block)
+        zero_blocks = ceil_div(self.zero_rows_end - self.first_zero_row, rows_per_zero_block)
         spread = planes * chunks if zero_whole_rows else planes
         grid = (problem.num_tokens + ceil_div(zero_blocks, spread), chunks, planes)
         constants = EXPAND_ARGS.constants(
             row_bytes=self.row_bytes, num_tokens=problem.num_tokens, top_k=problem.top_k,
             num_expanded=problem.num_expanded, sf_columns=problem.sf_columns,
             sf_ld=problem.sf_leading_dim, rows_per_zero_block=int(rows_per_zero_block),
-            vecs_per_thread=int(vecs_per_thread), slots_per_block=int(slots_per_block))
+            vecs_per_thread=int(vecs_per_thread), slots_per_block=int(slots_per_block),
+            zero_padding=int(self.zero_padding), first_zero_row=self.first_zero_row)
         return ExpandLaunch(kernel, handle, grid, threads, shared_bytes,
                             ArgBlock(EXPAND_ARGS, constants))
 
@@ -160,7 +172,7 @@ class ExpandPlan:
         # Widest access (16, 8, 4, 2, 1 bytes) dividing the row and both bases.
         bits = self.row_bytes | 16 | x | out
         kernel = self.kernels.get(bits & -bits) or self.kernel(bits & -bits)
-        if kernel.grid_x == 0:  # no tokens and no output rows
+        if kernel.grid_x == 0:  # no tokens and no rows to zero
             return
         # written out, not through runtime.launch: this runs on every eager call
         block = kernel.args
@@ -174,9 +186,10 @@ _plans: dict[tuple, ExpandPlan] = {}
 
 
 def plan_for(problem: ExpandProblem, item_bytes: int, device: int,
-             tuning: ExpandTuning) -> ExpandPlan:
-    key = (problem, item_bytes, device, tuning)
+             tuning: ExpandTuning, *, zero_padding: bool = True) -> ExpandPlan:
+    key = (problem, item_bytes, device, tuning, zero_padding)
     plan = _plans.get(key)
     if plan is None:
-        plan = _plans[key] = ExpandPlan(problem, item_bytes, device, tuning)
+        plan = _plans[key] = ExpandPlan(problem, item_bytes, device, tuning,
+                                        zero_padding=zero_padding)
     return plan

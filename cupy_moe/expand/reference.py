@@ -36,44 +36,60 @@ def _routing(token_topk_to_pos: np.ndarray, num_expanded: int) -> tuple[np.ndarr
 
 
 def scatter_rows(src: np.ndarray, token_topk_to_pos: np.ndarray,
-                 pos_to_expert: np.ndarray, out: np.ndarray) -> np.ndarray:
+                 pos_to_expert: np.ndarray, out: np.ndarray, *,
+                 zero_padding: bool = True) -> np.ndarray:
     """``out[p] = src[t]`` for each slot ``(t, k) -> p``; other rows zero.
 
     ``out`` is ``[X, C]`` with any strides (the column-major SF view too);
-    ``src`` is ``[T, C]``. Every row of ``out`` is written: padding rows and
-    rows no slot targets become zero.
+    ``src`` is ``[T, C]``. Every expert row (``pos_to_expert >= 0``) of
+    ``out`` is written; rows no slot targets become zero. Padding rows
+    (``pos_to_expert < 0``) become zero, or with ``zero_padding=False`` are
+    not written at all, even where a malformed map targets them.
     """
     dest, source = _routing(token_topk_to_pos, out.shape[0])
     # Same-size unsigned views keep the copy bit-exact for float payloads (NaN
     # encodings, negative zero) and work on strided outputs too.
     carrier = np.dtype(f"u{out.dtype.itemsize}")
     out_bits, src_bits = out.view(carrier), src.view(carrier)
-    out_bits[...] = 0
-    out_bits[dest] = src_bits[source]
-    # Padding rows are zero even when a malformed map targets them.
-    out_bits[pos_to_expert < 0] = 0
+    if zero_padding:
+        out_bits[...] = 0
+        out_bits[dest] = src_bits[source]
+        # Padding rows are zero even when a malformed map targets them.
+        out_bits[pos_to_expert < 0] = 0
+        return out
+    expert_rows = pos_to_expert >= 0
+    out_bits[expert_rows] = 0
+    to_expert_row = expert_rows[dest]
+    out_bits[dest[to_expert_row]] = src_bits[source[to_expert_row]]
     return out
 
 
 def expand_to_fused_numpy(x: np.ndarray, token_topk_to_pos: np.ndarray,
-                          pos_to_expert: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
-    """``[X, H]`` rows of ``x`` in expert-major order (see the public op)."""
+                          pos_to_expert: np.ndarray, out: np.ndarray | None = None, *,
+                          zero_padding: bool = True) -> np.ndarray:
+    """``[X, H]`` rows of ``x`` in expert-major order (see the public op).
+
+    With ``zero_padding=False`` padding rows keep what ``out`` held (np.empty's
+    bytes when ``out`` is None): as the oracle of the kernels, a poisoned
+    ``out`` makes the whole expected array exact, padding rows included.
+    """
     x = np.ascontiguousarray(x)
     if out is None:
         out = np.empty((pos_to_expert.shape[0], x.shape[1]), dtype=x.dtype)
-    return scatter_rows(x, token_topk_to_pos, pos_to_expert, out)
+    return scatter_rows(x, token_topk_to_pos, pos_to_expert, out, zero_padding=zero_padding)
 
 
 def empty_sf_output(num_expanded: int, sf_columns: int, dtype, *,
                     col_major: bool) -> tuple[np.ndarray, np.ndarray]:
     """(buffer, view) of an ``[X, S]`` SF output.
 
-    Row-major: both are one ``[X, S]`` array. Column-major: the buffer is a
-    zeroed ``[S, align(X, 4)]`` array (pad columns stay zero) and the view is
-    the transpose of its first X columns.
+    Row-major: both are one ``[X, S]`` array. Column-major: the buffer is an
+    ``[S, align(X, 4)]`` array whose pad columns are zero and the view is the
+    transpose of its first X columns. Nothing else is initialised.
     """
     if col_major:
-        buffer = np.zeros((sf_columns, align_up(num_expanded, SF_TOKEN_ALIGN)), dtype=dtype)
+        buffer = np.empty((sf_columns, align_up(num_expanded, SF_TOKEN_ALIGN)), dtype=dtype)
+        buffer[:, num_expanded:] = 0
         return buffer, buffer[:, :num_expanded].T
     buffer = np.empty((num_expanded, sf_columns), dtype=dtype)
     return buffer, buffer
@@ -82,20 +98,24 @@ def empty_sf_output(num_expanded: int, sf_columns: int, dtype, *,
 def expand_to_fused_with_sf_numpy(
     x: np.ndarray, x_sf: np.ndarray, token_topk_to_pos: np.ndarray, pos_to_expert: np.ndarray,
     *, col_major: bool, out: np.ndarray | None = None, out_sf: np.ndarray | None = None,
+    zero_padding: bool = True,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Rows and their scale factors in expert-major order (see the public op).
 
     A caller's column-major ``out_sf`` must be a view into a buffer that holds
-    the pad columns; the caller (the public op) has checked that.
+    the pad columns; the caller (the public op) has checked that. The pad
+    columns are zeroed whatever ``zero_padding`` says: they are not padding
+    rows' scale factors, which follow their data rows.
     """
-    out = expand_to_fused_numpy(x, token_topk_to_pos, pos_to_expert, out)
+    out = expand_to_fused_numpy(x, token_topk_to_pos, pos_to_expert, out,
+                                zero_padding=zero_padding)
     x_sf = np.ascontiguousarray(x_sf)
     if out_sf is None:
         _, out_sf = empty_sf_output(pos_to_expert.shape[0], x_sf.shape[1], x_sf.dtype,
                                     col_major=col_major)
     elif col_major:
         _zero_pad_columns(out_sf)
-    scatter_rows(x_sf, token_topk_to_pos, pos_to_expert, out_sf)
+    scatter_rows(x_sf, token_topk_to_pos, pos_to_expert, out_sf, zero_padding=zero_padding)
     return out, out_sf
 
 
