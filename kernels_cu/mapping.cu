@@ -28,6 +28,7 @@
 
 #define MAP_MAX_WARPS 32   // warps of a block, at most
 #define MAP_BATCH 4        // 32-slot steps a warp has in flight
+#define LOAD_BATCH 8       // loads a thread has in flight in a block-strided loop
 
 // The argument block, packed field for field by cupy_moe/mapping/gpu.py.
 struct MappingArgs {
@@ -86,9 +87,18 @@ __device__ __forceinline__ void count_block(const MappingArgs& a) {
     const long long first = block_first_slot(a, blockIdx.x);
     const long long last = min(static_cast<long long>(a.num_slots),
                                block_first_slot(a, blockIdx.x + 1));
-    for (long long slot = first + threadIdx.x; slot < last; slot += blockDim.x) {
-        const int e = routed_expert<Id>(a, slot);
-        if (e >= 0) atomicAdd(&counts[e], 1);
+    // loads first, LOAD_BATCH at a time: in flight together, not one latency each
+    for (long long slot0 = first + threadIdx.x; slot0 < last;
+         slot0 += static_cast<long long>(blockDim.x) * LOAD_BATCH) {
+        int e[LOAD_BATCH];
+#pragma unroll
+        for (int u = 0; u < LOAD_BATCH; ++u) {
+            const long long slot = slot0 + static_cast<long long>(u) * blockDim.x;
+            e[u] = slot < last ? routed_expert<Id>(a, slot) : -1;
+        }
+#pragma unroll
+        for (int u = 0; u < LOAD_BATCH; ++u)
+            if (e[u] >= 0) atomicAdd(&counts[e[u]], 1);
     }
     __syncthreads();
     int* out = a.block_counts + static_cast<long long>(blockIdx.x) * a.num_experts;
@@ -175,24 +185,38 @@ __device__ __forceinline__ void place_block(const MappingArgs& a) {
     // atomics; sums do not depend on their order) of the ids themselves or of
     // the block counts, each load independent of the others
     if (a.self_counting) {
-#pragma unroll 4
-        for (long long slot = threadIdx.x; slot < a.num_slots; slot += blockDim.x) {
-            const int e = routed_expert<Id>(a, slot);
-            if (e < 0) continue;
-            atomicAdd(&tokens[e], 1);
-            if (slot < block_first) atomicAdd(&base[e], 1);
+        for (long long slot0 = threadIdx.x; slot0 < a.num_slots;
+             slot0 += static_cast<long long>(blockDim.x) * LOAD_BATCH) {
+            int e[LOAD_BATCH];
+#pragma unroll
+            for (int u = 0; u < LOAD_BATCH; ++u)
+                e[u] = routed_expert<Id>(a, slot0 + static_cast<long long>(u) * blockDim.x);
+#pragma unroll
+            for (int u = 0; u < LOAD_BATCH; ++u) {
+                if (e[u] < 0) continue;
+                atomicAdd(&tokens[e[u]], 1);
+                if (slot0 + static_cast<long long>(u) * blockDim.x < block_first)
+                    atomicAdd(&base[e[u]], 1);
+            }
         }
     } else {
         wait_for_previous_kernel();
         const int earlier_counts = blockIdx.x * experts;
         const int all_counts = gridDim.x * experts;
-#pragma unroll 4
-        for (int i = threadIdx.x; i < all_counts; i += blockDim.x) {
-            const int count = a.block_counts[i];
-            if (count == 0) continue;
-            const int j = i % experts;
-            atomicAdd(&tokens[j], count);
-            if (i < earlier_counts) atomicAdd(&base[j], count);
+        for (int i0 = threadIdx.x; i0 < all_counts; i0 += blockDim.x * LOAD_BATCH) {
+            int count[LOAD_BATCH];
+#pragma unroll
+            for (int u = 0; u < LOAD_BATCH; ++u) {
+                const int i = i0 + u * blockDim.x;
+                count[u] = i < all_counts ? a.block_counts[i] : 0;
+            }
+#pragma unroll
+            for (int u = 0; u < LOAD_BATCH; ++u) {
+                if (count[u] == 0) continue;
+                const int i = i0 + u * blockDim.x;
+                atomicAdd(&tokens[i % experts], count[u]);
+                if (i < earlier_counts) atomicAdd(&base[i % experts], count[u]);
+            }
         }
     }
     __syncthreads();
