@@ -24,6 +24,8 @@ FIELDS = cupy_moe.FusedMapping._fields
 # GPU figures a CPU record leaves empty, and the torch peers' figures, which
 # fused_mapping's records leave empty on every backend
 GPU_FIELDS = ("gpu_us", "pct_copy_roofline", "copy_same_bytes_us", "eager_us", "graph_us")
+# the expand ops' copy + memset floor: empty for fused_mapping on every backend
+FLOOR_FIELDS = ("zero_bytes", "memset_zero_us", "copy_routed_us", "pct_copy_memset_model")
 PEER_FIELDS = ("index_select_eager_us", "torch_ref_us", "torch_nosync_us", "speedup_vs_ref",
                "speedup_vs_nosync")
 
@@ -125,7 +127,7 @@ def test_bench_cpu_workload_times_a_bit_exact_plan(w, rng):
     assert record.shapes == (f"T={w.num_tokens} K=8 E={w.num_experts} A=128 "
                              f"X={w.num_expanded} int64")
     assert record.cpu_us > 0 and record.gbps == w.bytes / record.cpu_us / 1e3
-    assert all(getattr(record, name) is None for name in GPU_FIELDS + PEER_FIELDS)
+    assert all(getattr(record, name) is None for name in GPU_FIELDS + PEER_FIELDS + FLOOR_FIELDS)
     assert record.extra == {}
 
 
@@ -208,7 +210,7 @@ def test_bench_gpu_workload_fills_the_gpu_figures_and_no_peer(cpu_torch_backend,
     else:
         assert cpu_torch_backend == ["eager FusedMapping x100", "graph FusedMapping"]
         assert record.eager_us == 1.5
-    assert all(getattr(record, name) is None for name in PEER_FIELDS)
+    assert all(getattr(record, name) is None for name in PEER_FIELDS + FLOOR_FIELDS)
     assert record.cpu_us is None and record.extra == {}
 
 
@@ -243,11 +245,12 @@ def test_gpu_table_shows_the_mapping_row_with_empty_peer_columns(cpu_torch_backe
     lines = report.table_lines(gpu_result([asdict(record), failed]))
     assert lines[0].startswith("| op | workload | shapes | MB | GPU us |")
     gbps = w.bytes / 4.0 / 1e3
+    # no copy + memset floor for the routing plan: "% copy+memset", "copy+memset us" are "-"
     assert lines[2] == (f"| mapping | mapping-decode | T=1 K=8 E=384 A=128 X=1024 int64 | 0.02 "
-                        f"| 4.0 | {gbps:.0f} | {100 * gbps / 3.0e3:.1f} | 2.5 | 1.5 | - | 0.75 "
-                        "| - | - | - | - |")
+                        f"| 4.0 | {gbps:.0f} | {100 * gbps / 3.0e3:.1f} | - | 2.5 | - | 1.5 | - "
+                        "| 0.75 | - | - | - | - |")
     assert lines[3] == ("| mapping | mapping-small | T=32 | 0.40 | MISMATCH expert_end: 1 "
-                        "elements differ, first at (0,) |" + "  |" * 10)
+                        "elements differ, first at (0,) |" + "  |" * 12)
     assert len(lines) == 4
 
 

@@ -26,7 +26,8 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 RESULT_KEYS = {"date", "backend", "iters", "quick", "versions", "copy_tbps", "device",
                "records", "notes"}
 RECORD_KEYS = {"op", "label", "shapes", "bytes", "status", "gpu_us", "gbps",
-               "pct_copy_roofline", "copy_same_bytes_us", "eager_us", "graph_us",
+               "pct_copy_roofline", "copy_same_bytes_us", "zero_bytes", "memset_zero_us",
+               "copy_routed_us", "pct_copy_memset_model", "eager_us", "graph_us",
                "index_select_eager_us", "torch_ref_us", "torch_nosync_us", "speedup_vs_ref",
                "speedup_vs_nosync", "cpu_us", "extra"}
 

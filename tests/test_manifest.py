@@ -31,6 +31,8 @@ from cupy_moe.runtime.sizes import ceil_div
 
 pytestmark = pytest.mark.smoke
 
+# the seed's workloads, routed by fitted_routing into the stated X (the plan
+# workloads that follow them are tests/test_bench_plans.py's)
 SEED_LABELS = {
     "expand_to_fused": [
         "kimi-k2-decode", "kimi-k2-small", "kimi-k2-medium", "kimi-k2-prefill",
@@ -56,14 +58,16 @@ ITEM_BYTES = {"bfloat16": 2, "float16": 2, "float8_e4m3fn": 1}
 
 
 def by_hand(workload) -> int:
-    """The seed's roofline: inputs read once, outputs written once."""
+    """The seed's roofline: inputs read once, outputs written once (a plan
+    workload's x and x_sf: the rows of its used tokens only)."""
     (t, h), (_, k), (x,) = (workload.shapes[n] for n in ("x", "token_topk_to_pos",
                                                          "pos_to_expert"))
+    u = t if workload.plan is None else workload.used_tokens
     e = ITEM_BYTES[workload.dtype]
-    total = t * h * e + t * k * 4 + x * 4 + x * h * e
+    total = u * h * e + t * k * 4 + x * 4 + x * h * e
     if "x_sf" in workload.shapes:
         s = workload.shapes["x_sf"][1]
-        total += t * s * 4 + x * s * 4
+        total += u * s * 4 + x * s * 4
     return total
 
 
@@ -81,7 +85,12 @@ def test_every_op_has_workloads_and_a_roofline():
 @pytest.mark.parametrize("op", list(SEED_LABELS))
 def test_workload_labels_are_the_seeds(op):
     workloads = load_workloads(op)
-    assert [w.label for w in workloads] == SEED_LABELS[op]
+    seeds = [w for w in workloads if w.plan is None]
+    assert [w.label for w in seeds] == SEED_LABELS[op]
+    # the seeds first, then the real-plan workloads
+    assert workloads[:len(seeds)] == seeds
+    assert all(w.label.endswith(("-plan", "-plan-sf-row-major", "-plan-sf-packed"))
+               for w in workloads[len(seeds):])
     assert all(w.op == op for w in workloads)
 
 
@@ -250,7 +259,8 @@ SF_ENTRY = "workloads.yaml: expand_to_fused_with_sf workload 0 (kimi-k2-decode-s
      f"{MAPPING_ENTRY}: missing key(s) ['alignment', 'dtype']"),
     ("expand_to_fused", {"num_experts": 8}, ValueError,
      ("workloads.yaml: expand_to_fused workload 2 (kimi-k2-medium): unknown key(s) "
-      "['num_experts']; allowed: ['dtype', 'label', 'pos_to_expert', 'token_topk_to_pos', 'x']")),
+      "['num_experts']; allowed: ['dtype', 'label', 'plan', 'pos_to_expert', "
+      "'token_topk_to_pos', 'x']")),
     # wrong types
     ("fused_mapping", {"num_experts": "256"}, TypeError,
      f"{MAPPING_ENTRY}: num_experts must be an int; got '256' (str)"),

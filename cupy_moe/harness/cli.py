@@ -122,9 +122,10 @@ def build_parser() -> argparse.ArgumentParser:
         "bench", help="time the manifest workloads against the torch peers",
         description="Time the ops on the manifest workloads: GPU time (L2 flushed), GB/s, "
                     "share of the same-run copy bandwidth, eager and CUDA-graph time per call, "
-                    "and, for the expand ops, the seed's torch reference and a sync-free torch "
-                    "version (fused_mapping, the routing plan, has no torch peer). Without a "
-                    "GPU, times the CPU backend.")
+                    "and, for the expand ops, the share of a same-run copy of the routed rows "
+                    "plus a memset of the padding rows, the seed's torch reference and a "
+                    "sync-free torch version (fused_mapping, the routing plan, has no torch "
+                    "peer). Without a GPU, times the CPU backend.")
     bench.add_argument("--op", choices=["all", *ALL_OP_NAMES], default="all",
                        help="the op whose workloads run (default: all)")
     bench.add_argument("--workload", action="append", metavar="LABEL",

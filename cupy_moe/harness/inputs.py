@@ -1,5 +1,6 @@
-"""Inputs for a workload: random payload bits and a realistic routing plan,
-or (for ``fused_mapping``) random top-k expert ids.
+"""Inputs for a workload: random payload bits and a realistic routing plan
+(packed into the stated rows, or the workload's seeded real plan), or (for
+``fused_mapping``) random top-k expert ids.
 
 Shared by the GPU tests, the benchmarks and the CLI, so that what is timed is
 what is tested. Everything is NumPy on the host; callers move it to a device.
@@ -14,7 +15,7 @@ from cupy_moe.reference import fused_mapping_numpy
 
 from .manifest import MAPPING_OP_NAMES, Workload
 
-__all__ = ["fitted_routing", "numpy_dtype", "random_bits", "random_topk_ids",
+__all__ = ["fitted_routing", "numpy_dtype", "plan_routing", "random_bits", "random_topk_ids",
            "workload_inputs"]
 
 # Share of the slots random_topk_ids drops (-1): a few, as where a router
@@ -77,18 +78,38 @@ def random_topk_ids(rng: np.random.Generator, num_tokens: int, top_k: int, num_e
     return topk_ids.astype(numpy_dtype(dtype), copy=False)
 
 
+def plan_routing(workload: Workload) -> tuple[np.ndarray, np.ndarray]:
+    """The real plan of an expand workload with a ``plan:``: int32
+    ``token_topk_to_pos [T, K]`` and ``pos_to_expert [X]`` of
+    ``fused_mapping_numpy`` over the plan's seeded ids (those of other ranks'
+    experts dropped), at the exact X. The same on every call (new arrays)."""
+    spec = workload.plan
+    if spec is None:
+        raise ValueError(f"{workload.label}: the workload has no plan")
+    topk_ids = spec.topk_ids(workload.num_tokens, workload.top_k)
+    plan = fused_mapping_numpy(topk_ids, spec.num_experts, alignment=spec.alignment)
+    if plan.pos_to_expert.shape != (workload.num_expanded,):  # the manifest's X is this plan's
+        raise AssertionError(f"{workload.label}: the plan has {plan.pos_to_expert.shape[0]} "
+                             f"rows, the manifest says {workload.num_expanded}")
+    return plan.token_topk_to_pos, plan.pos_to_expert
+
+
 def workload_inputs(workload: Workload, rng: np.random.Generator) -> dict[str, np.ndarray]:
     """Host inputs of one manifest workload, keyed by argument name: ``x [T, H]``
     (and ``x_sf [T, S]``) of the workload's dtypes with random bits,
     ``token_topk_to_pos [T, K]`` and ``pos_to_expert [X]`` int32 from
-    :func:`fitted_routing`; for ``fused_mapping``, ``topk_ids [T, K]`` of the
-    workload's dtype from :func:`random_topk_ids`."""
+    :func:`fitted_routing`, or from :func:`plan_routing` for a workload with a
+    plan (``rng`` then draws the payload only); for ``fused_mapping``,
+    ``topk_ids [T, K]`` of the workload's dtype from :func:`random_topk_ids`."""
     if workload.op in MAPPING_OP_NAMES:
         return {"topk_ids": random_topk_ids(rng, workload.num_tokens, workload.top_k,
                                             workload.num_experts, dtype=workload.dtype)}
     inputs = {"x": random_bits(rng, workload.shapes["x"], numpy_dtype(workload.dtype))}
     if workload.sf_dtype is not None:
         inputs["x_sf"] = random_bits(rng, workload.shapes["x_sf"], numpy_dtype(workload.sf_dtype))
-    inputs["token_topk_to_pos"], inputs["pos_to_expert"] = fitted_routing(
-        rng, workload.num_tokens, workload.top_k, workload.num_expanded)
+    if workload.plan is not None:
+        inputs["token_topk_to_pos"], inputs["pos_to_expert"] = plan_routing(workload)
+    else:
+        inputs["token_topk_to_pos"], inputs["pos_to_expert"] = fitted_routing(
+            rng, workload.num_tokens, workload.top_k, workload.num_expanded)
     return inputs

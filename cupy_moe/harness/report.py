@@ -29,14 +29,23 @@ def _fmt(value, spec: str) -> str:
     return "-" if value is None else format(value, spec)
 
 
+def _model_us(record: dict[str, Any]) -> float | None:
+    """The copy + memset floor's time of a record, None where not measured
+    (``.get``: records of result files from before these figures lack them)."""
+    copy, memset = record.get("copy_routed_us"), record.get("memset_zero_us")
+    return None if copy is None or memset is None else copy + memset
+
+
 def table_lines(result: dict[str, Any]) -> list[str]:
     """A Markdown table, one row a record; GPU columns, or CPU ones for the cpu
     backend. A figure not measured (None: the torch peers of ``fused_mapping``,
-    say) shows as "-"."""
+    say) shows as "-". "% copy+memset" and "copy+memset us" are the expand
+    ops' floor of a copy of the routed bytes plus a memset of the padding's
+    (:mod:`.runner`)."""
     gpu = result["backend"] != "cpu"
     if gpu:
         header = ["op", "workload", "shapes", "MB", "GPU us", "GB/s", "% copy",
-                  "same-size copy us", "eager us",
+                  "% copy+memset", "same-size copy us", "copy+memset us", "eager us",
                   "index_select us", "graph us", "torch-ref us", "nosync us", "x ref",
                   "x nosync"]
     else:
@@ -50,7 +59,9 @@ def table_lines(result: dict[str, Any]) -> list[str]:
         elif gpu:
             rows.append(base + [_fmt(r["gpu_us"], ".1f"), _fmt(r["gbps"], ".0f"),
                                 _fmt(r["pct_copy_roofline"], ".1f"),
-                                _fmt(r["copy_same_bytes_us"], ".1f"), _fmt(r["eager_us"], ".1f"),
+                                _fmt(r.get("pct_copy_memset_model"), ".1f"),
+                                _fmt(r["copy_same_bytes_us"], ".1f"), _fmt(_model_us(r), ".1f"),
+                                _fmt(r["eager_us"], ".1f"),
                                 _fmt(r["index_select_eager_us"], ".1f"), _fmt(r["graph_us"], ".2f"),
                                 _fmt(r["torch_ref_us"], ".1f"), _fmt(r["torch_nosync_us"], ".1f"),
                                 _fmt(r["speedup_vs_ref"], ".1f"), _fmt(r["speedup_vs_nosync"], ".1f")])
@@ -66,13 +77,19 @@ def summary_lines(result: dict[str, Any]) -> list[str]:
     if result["copy_tbps"]:
         lines.append(f"roofline: device-to-device copy {result['copy_tbps']:.2f} TB/s "
                      "(read + write), measured in this run; L2 flushed between iterations")
+    if any(r.get("pct_copy_memset_model") is not None for r in result["records"]):
+        lines.append("copy+memset floor (expand ops): a device-to-device copy of the routed "
+                     "bytes (used tokens' rows read, routed rows written, maps read) plus a "
+                     "memset of the padding rows' bytes, timed the same way; % copy+memset = "
+                     "their time over the kernel's (over 100: the kernel beats the two calls)")
     lines.extend(f"note: {note}" for note in result["notes"])
     return lines
 
 
 def write_plot(result: dict[str, Any], path: str) -> None:
     """A PNG bar chart: % of copy bandwidth per workload (GB/s on the CPU);
-    records without the figure (failed ones) are left out."""
+    records without the figure (failed ones) are left out. On the GPU, a
+    second bar shows the % of the copy + memset floor where a record has it."""
     import matplotlib
     matplotlib.use("Agg")  # no display needed
     import matplotlib.pyplot as plt
@@ -80,15 +97,29 @@ def write_plot(result: dict[str, Any], path: str) -> None:
     gpu = result["backend"] != "cpu"
     figure = "pct_copy_roofline" if gpu else "gbps"
     records = [r for r in result["records"] if r["status"] == "ok" and r[figure] is not None]
-    values = [r[figure] for r in records]
-    labels = [r["label"] for r in records]
     ops = ", ".join(dict.fromkeys(r["op"] for r in records)) or "no results"
-    fig, ax = plt.subplots(figsize=(10, 0.35 * len(labels) + 1.5))
-    bars = ax.barh(labels[::-1], values[::-1], color="tab:green")
+    records = records[::-1]  # barh draws upwards: the first record on top
+    labels = [r["label"] for r in records]
+    models = [r.get("pct_copy_memset_model") if gpu else None for r in records]
+    paired = any(m is not None for m in models)
+    fig, ax = plt.subplots(figsize=(10, (0.5 if paired else 0.35) * len(labels) + 1.5))
+    where = list(range(len(labels)))
+    height = 0.4 if paired else 0.8
+    bars = ax.barh([y + height / 2 if paired else y for y in where],
+                   [r[figure] for r in records], height=height, color="tab:green",
+                   label="% copy bandwidth")
     ax.bar_label(bars, fmt="%.1f", padding=2, fontsize=8)
+    if paired:
+        shown = [(y, m) for y, m in zip(where, models) if m is not None]
+        bars = ax.barh([y - height / 2 for y, _ in shown], [m for _, m in shown],
+                       height=height, color="tab:blue", label="% copy+memset floor")
+        ax.bar_label(bars, fmt="%.1f", padding=2, fontsize=8)
+        ax.legend(loc="lower right", fontsize=8)
+    ax.set_yticks(where, labels)
     if gpu:
         ax.axvline(100, color="gray", lw=0.8)
-        ax.set_xlabel(f"% of device-to-device copy bandwidth ({result['copy_tbps']:.2f} TB/s)")
+        ax.set_xlabel(f"% of device-to-device copy bandwidth ({result['copy_tbps']:.2f} TB/s)"
+                      + ("; % of the copy + memset floor's time" if paired else ""))
     else:
         ax.set_xlabel("GB/s (CPU backend)")
     ax.set_title(f"cupy_moe {ops}, {result['device']}, {result['date']}")

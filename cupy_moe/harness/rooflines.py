@@ -7,14 +7,21 @@ int32 and, for the SF op, ``x_sf [T, S]``; for ``fused_mapping``
 ``topk_ids [T, K]``. ``elem_bytes`` is the item size of ``x`` (2 for bf16, 1
 for fp8) or of ``topk_ids`` (8 for int64). The figures divide measured times
 into GB/s.
+
+The expand ops' bytes split in two (:func:`expand_split_bytes`): what a copy
+must move (the token rows read, the routed rows written, the maps read) and
+what a memset must write (the padding rows' zeros). The benchmark times a
+device-to-device copy and a memset of these two sizes as the floor of "copy
+the routed rows, zero the padding".
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from typing import NamedTuple
 
-__all__ = ["ROOFLINES", "expand_to_fused_bytes", "expand_to_fused_with_sf_bytes",
-           "fused_mapping_bytes"]
+__all__ = ["ROOFLINES", "SplitBytes", "expand_split_bytes", "expand_to_fused_bytes",
+           "expand_to_fused_with_sf_bytes", "fused_mapping_bytes"]
 
 Shapes = Mapping[str, tuple[int, ...]]
 
@@ -23,28 +30,93 @@ INDEX_BYTES = 4  # token_topk_to_pos, pos_to_expert and the plan's other arrays 
 SF_BYTES = 4
 
 
-def expand_to_fused_bytes(shapes: Shapes, elem_bytes: int) -> int:
+def _used_tokens(shapes: Shapes, used_tokens: int | None) -> int:
+    num_tokens = shapes["x"][0]
+    if used_tokens is None:
+        return num_tokens
+    if not 0 <= used_tokens <= num_tokens:
+        raise ValueError(f"used_tokens must be in [0, T = {num_tokens}]; got {used_tokens}")
+    return used_tokens
+
+
+def expand_to_fused_bytes(shapes: Shapes, elem_bytes: int, *,
+                          used_tokens: int | None = None) -> int:
     """Bytes of ``expand_to_fused``: ``x [T, H]`` and both maps read,
-    ``expanded_x [X, H]`` written (padding rows included: they are zeroed)."""
+    ``expanded_x [X, H]`` written (padding rows included: they are zeroed).
+
+    ``used_tokens`` (U, default T) is the number of tokens with at least one
+    routed slot: only their rows of ``x`` need be read (fewer than T where
+    expert parallelism drops the slots of remote experts)::
+
+        U*H*e + 4*T*K + 4*X + X*H*e
+    """
     num_tokens, hidden = shapes["x"]
     top_k = shapes["token_topk_to_pos"][1]
     (num_expanded,) = shapes["pos_to_expert"]
-    return (num_tokens * hidden * elem_bytes
+    return (_used_tokens(shapes, used_tokens) * hidden * elem_bytes
             + num_tokens * top_k * INDEX_BYTES
             + num_expanded * INDEX_BYTES
             + num_expanded * hidden * elem_bytes)
 
 
-def expand_to_fused_with_sf_bytes(shapes: Shapes, elem_bytes: int) -> int:
+def expand_to_fused_with_sf_bytes(shapes: Shapes, elem_bytes: int, *,
+                                  used_tokens: int | None = None) -> int:
     """Bytes of ``expand_to_fused_with_sf``: those of ``expand_to_fused`` plus
     ``x_sf [T, S]`` read and ``expanded_x_sf [X, S]`` written, 4 bytes a scale
     factor. The pad columns of the TMA-aligned layout (``align(X, 4) - X``)
-    are left out: they are a layout choice, not data the op must move."""
-    num_tokens, sf_columns = shapes["x_sf"]
+    are left out: they are a layout choice, not data the op must move.
+    ``used_tokens`` as in :func:`expand_to_fused_bytes` (their SF rows are
+    the ones read)::
+
+        U*(H*e + 4*S) + 4*T*K + 4*X + X*(H*e + 4*S)
+    """
+    sf_columns = shapes["x_sf"][1]
     (num_expanded,) = shapes["pos_to_expert"]
-    return (expand_to_fused_bytes(shapes, elem_bytes)
-            + num_tokens * sf_columns * SF_BYTES
+    used = _used_tokens(shapes, used_tokens)
+    return (expand_to_fused_bytes(shapes, elem_bytes, used_tokens=used)
+            + used * sf_columns * SF_BYTES
             + num_expanded * sf_columns * SF_BYTES)
+
+
+class SplitBytes(NamedTuple):
+    """An expand call's roofline bytes in two parts that add up to them."""
+
+    copy_bytes: int  # token rows read, routed rows written, maps read
+    zero_bytes: int  # padding rows written (zeros), never read
+
+
+def expand_split_bytes(shapes: Shapes, elem_bytes: int, *, routed_rows: int,
+                       used_tokens: int | None = None) -> SplitBytes:
+    """The bytes of either expand op (``x_sf`` in ``shapes``: the SF op), split
+    into a copy and a memset.
+
+    With a row of ``r = H*e (+ 4*S)`` bytes (``x`` and, for the SF op, its
+    scale factors), R = ``routed_rows`` of the X rows holding a slot's token
+    and U = ``used_tokens`` (default T) tokens with a routed slot:
+
+    - ``copy_bytes = U*r + 4*T*K + 4*X + R*r``: each used token's row read
+      once, each routed row written once, both maps read once;
+    - ``zero_bytes = (X - R)*r``: each padding row (``pos_to_expert < 0``)
+      written once, with zeros, and never read.
+
+    Their sum is :func:`expand_to_fused_bytes` (or the SF op's) with the same
+    U, whatever R is: the split moves bytes between the parts, not in or out.
+    The TMA layout's pad columns are left out, as there.
+    """
+    num_tokens, hidden = shapes["x"]
+    top_k = shapes["token_topk_to_pos"][1]
+    (num_expanded,) = shapes["pos_to_expert"]
+    if not 0 <= routed_rows <= num_expanded:
+        raise ValueError(f"routed_rows must be in [0, X = {num_expanded}]; got {routed_rows}")
+    used = _used_tokens(shapes, used_tokens)
+    row = hidden * elem_bytes
+    if "x_sf" in shapes:
+        row += shapes["x_sf"][1] * SF_BYTES
+    copy_bytes = (used * row
+                  + num_tokens * top_k * INDEX_BYTES
+                  + num_expanded * INDEX_BYTES
+                  + routed_rows * row)
+    return SplitBytes(copy_bytes, (num_expanded - routed_rows) * row)
 
 
 def fused_mapping_bytes(shapes: Shapes, elem_bytes: int, *, num_experts: int,
@@ -70,7 +142,7 @@ def fused_mapping_bytes(shapes: Shapes, elem_bytes: int, *, num_experts: int,
 
 
 # An op's function takes (shapes, elem_bytes) and, for fused_mapping, the
-# keywords num_experts and num_expanded.
+# keywords num_experts and num_expanded (the expand ops: used_tokens, optional).
 ROOFLINES: dict[str, Callable[..., int]] = {
     "expand_to_fused": expand_to_fused_bytes,
     "expand_to_fused_with_sf": expand_to_fused_with_sf_bytes,

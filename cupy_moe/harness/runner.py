@@ -6,6 +6,10 @@ anything is timed, then
 - GPU time: median of CUDA-event timings, L2 flushed between iterations;
 - GB/s from the roofline byte count, and its share of the device-to-device
   copy bandwidth measured at the start of the same run;
+- for the expand ops, the floor of "copy the routed rows, memset the
+  padding": a device-to-device copy of the roofline's copy bytes and a memset
+  of its zero bytes (:func:`~cupy_moe.harness.rooflines.expand_split_bytes`),
+  timed the same way, as a share of the kernel's time;
 - eager wall time per call with torch tensors in and out, allocation included,
   against torch's own ``index_select`` of the same rows;
 - GPU time per call from replaying a CUDA graph of many calls (small shapes);
@@ -45,10 +49,12 @@ from cupy_moe.reference import (
 
 from .inputs import workload_inputs
 from .manifest import MAPPING_OP_NAMES, Workload, load_workloads
+from .rooflines import SplitBytes
 from .timing import GpuTimer, eager_us, torch_graph_us
 
 __all__ = ["CPU_QUICK_MAX_BYTES", "GRAPH_MAX_BYTES", "Record", "bench_cpu_workload",
-           "bench_gpu_workload", "reference_outputs", "resolve_backend", "run", "versions"]
+           "bench_gpu_workload", "reference_outputs", "resolve_backend", "run", "split_bytes",
+           "versions"]
 
 # Workloads at most this large get a CUDA-graph replay figure (decode, small).
 GRAPH_MAX_BYTES = 8 << 20
@@ -76,6 +82,16 @@ class Record:
     # a device-to-device copy moving the same bytes (half read, half written),
     # timed the same way: what launch and ramp cost at this size
     copy_same_bytes_us: float | None = None
+    # expand ops, GPU: the roofline bytes split into a copy and a memset
+    # (rooflines.expand_split_bytes): zero_bytes the padding rows' (bytes -
+    # zero_bytes the copy's); a memset of zero_bytes and a device-to-device
+    # copy moving the copy's bytes (half read, half written), timed the same
+    # way (0.0 for a memset of no bytes); and that floor's share of the
+    # kernel's time, 100 * (copy_routed_us + memset_zero_us) / gpu_us
+    zero_bytes: int | None = None
+    memset_zero_us: float | None = None
+    copy_routed_us: float | None = None
+    pct_copy_memset_model: float | None = None
     # per call: eager wall time, and GPU time in a CUDA graph
     eager_us: float | None = None
     graph_us: float | None = None
@@ -96,6 +112,12 @@ def _shapes_text(w: Workload) -> str:
         return (f"T={w.num_tokens} K={w.top_k} E={w.num_experts} A={w.alignment} "
                 f"X={w.num_expanded} {w.dtype}")
     text = f"T={w.num_tokens} H={w.hidden} K={w.top_k} X={w.num_expanded}"
+    if w.plan is not None:
+        # E local experts (/ E * ep_ranks of all ranks), the rows of the X that hold a slot
+        experts = str(w.plan.num_experts)
+        if w.plan.ep_ranks != 1:
+            experts += f"/{w.plan.total_experts}"
+        text += f" plan E={experts} A={w.plan.alignment} routed={w.routed_rows}"
     if w.sf_columns is not None:
         layout = "col" if w.use_tma_aligned_col_major_sf else "row"
         text += f" S={w.sf_columns} {w.sf_dtype}/{layout}"
@@ -172,6 +194,18 @@ def _mismatch(results, expected, to_host: Callable[[Any], np.ndarray],
     return None
 
 
+def split_bytes(w: Workload, host: dict[str, np.ndarray]) -> SplitBytes:
+    """The copy and zero bytes of expand workload ``w`` on ``host`` inputs: a
+    plan workload's own (:meth:`Workload.split_bytes`, checked against the
+    inputs), else those of the drawn routing (its routed rows, the
+    ``pos_to_expert >= 0`` ones). They add up to ``w.bytes``."""
+    routed_rows = int(np.count_nonzero(np.asarray(host["pos_to_expert"]) >= 0))
+    if w.plan is not None and routed_rows != w.routed_rows:
+        raise AssertionError(f"{w.label}: the inputs route {routed_rows} rows, the plan "
+                             f"{w.routed_rows}")
+    return w.split_bytes(routed_rows)
+
+
 def _to_torch(array: np.ndarray):
     from cupy_moe.runtime.arrays import numpy_to_torch
     return numpy_to_torch(np.ascontiguousarray(array)).cuda()
@@ -237,8 +271,9 @@ def bench_gpu_workload(w: Workload, timer: GpuTimer, backend: str, iters: int,
                        kernel_only: bool = False) -> Record:
     """One workload on the GPU through ``backend`` ("cupy" or "torch");
     ``kernel_only`` skips the eager and peer figures (the graph figure stays
-    for small shapes under torch). ``fused_mapping`` has no torch peers: its
-    record gets the GPU, copy, eager and (under torch) graph figures."""
+    for small shapes under torch; the copy + memset floor of the expand ops
+    too). ``fused_mapping`` has no torch peers: its record gets the GPU,
+    copy, eager and (under torch) graph figures."""
     record = _new_record(w)
     host = workload_inputs(w, rng)
     expected = reference_outputs(w, host)
@@ -275,6 +310,13 @@ def bench_gpu_workload(w: Workload, timer: GpuTimer, backend: str, iters: int,
     record.gbps = w.bytes / record.gpu_us / 1e3
     record.pct_copy_roofline = 100 * record.gbps / (copy_tbps * 1e3)
     record.copy_same_bytes_us = timer.copy_us(w.bytes // 2, iters)
+    if not mapping:
+        copy_bytes, record.zero_bytes = split_bytes(w, host)
+        record.copy_routed_us = timer.copy_us(copy_bytes // 2, iters)
+        record.memset_zero_us = (timer.memset_us(record.zero_bytes, iters)
+                                 if record.zero_bytes else 0.0)
+        record.pct_copy_memset_model = (100 * (record.copy_routed_us + record.memset_zero_us)
+                                        / record.gpu_us)
     graphed = use_torch and w.bytes <= GRAPH_MAX_BYTES
     if kernel_only:
         if graphed:

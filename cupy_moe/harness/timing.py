@@ -98,6 +98,18 @@ class GpuTimer:
 
         return self.median_us(copy, iters)
 
+    def memset_us(self, nbytes: int, iters: int) -> float:
+        """Median time of a ``cudaMemsetAsync`` of ``nbytes`` zero bytes (written
+        only), timed as :meth:`copy_us` is."""
+        cupy = self.cupy
+        dst = cupy.empty(max(nbytes, 1), dtype=cupy.uint8)
+        stream = cupy.cuda.get_current_stream().ptr
+
+        def memset():
+            cupy.cuda.runtime.memsetAsync(dst.data.ptr, 0, nbytes, stream)
+
+        return self.median_us(memset, iters)
+
     def copy_tbps(self, nbytes: int = 1 << 30, iters: int = 20) -> float:
         """Device-to-device copy bandwidth in TB/s, bytes read plus bytes written."""
         return 2 * nbytes / self.copy_us(nbytes, iters) / 1e6
