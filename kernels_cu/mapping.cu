@@ -200,23 +200,26 @@ __device__ __forceinline__ void place_block(const MappingArgs& a) {
             }
         }
     } else {
+        // block counts: a thread sums an expert's column (plain sums of
+        // independent loads, no shared atomic per count)
         wait_for_previous_kernel();
-        const int earlier_counts = blockIdx.x * experts;
-        const int all_counts = gridDim.x * experts;
-        for (int i0 = threadIdx.x; i0 < all_counts; i0 += blockDim.x * LOAD_BATCH) {
-            int count[LOAD_BATCH];
+        const int blocks = gridDim.x, block = blockIdx.x;
+        for (int j = threadIdx.x; j < experts; j += blockDim.x) {
+            int earlier = 0, total = 0;
+            for (int b0 = 0; b0 < blocks; b0 += LOAD_BATCH) {
+                int count[LOAD_BATCH];
 #pragma unroll
-            for (int u = 0; u < LOAD_BATCH; ++u) {
-                const int i = i0 + u * blockDim.x;
-                count[u] = i < all_counts ? a.block_counts[i] : 0;
-            }
+                for (int u = 0; u < LOAD_BATCH; ++u)
+                    count[u] = b0 + u < blocks
+                        ? a.block_counts[static_cast<long long>(b0 + u) * experts + j] : 0;
 #pragma unroll
-            for (int u = 0; u < LOAD_BATCH; ++u) {
-                if (count[u] == 0) continue;
-                const int i = i0 + u * blockDim.x;
-                atomicAdd(&tokens[i % experts], count[u]);
-                if (i < earlier_counts) atomicAdd(&base[i % experts], count[u]);
+                for (int u = 0; u < LOAD_BATCH; ++u) {
+                    earlier += b0 + u < block ? count[u] : 0;
+                    total += count[u];
+                }
             }
+            base[j] = earlier;
+            tokens[j] = total;
         }
     }
     __syncthreads();

@@ -21,10 +21,11 @@ H200 = {"multiprocessors": 132, "shared_bytes_optin": 232448}
     (8, 384, 1024, MappingShape(8, 1, 32, True, 4 * 11 * 384)),
     # few slots, many padding rows: blocks for the padding
     (256, 256, 32768, MappingShape(8, 8, 32, True, 4 * 11 * 256)),
-    (4096, 256, 36608, MappingShape(32, 3, 64, True, 4 * 35 * 256)),
-    # prefill: block counts first (two launches), two 32-slot steps per warp
-    (32768, 384, 81536, MappingShape(32, 16, 64, False, 4 * 35 * 384)),
-    (65536, 384, 114304, MappingShape(32, 32, 64, False, 4 * 35 * 384)),
+    # medium and prefill: block counts first (two launches), two 32-slot steps
+    # per warp, 16 warps a block
+    (4096, 256, 36608, MappingShape(16, 5, 64, False, 4 * 19 * 256)),
+    (32768, 384, 81536, MappingShape(16, 32, 64, False, 4 * 19 * 384)),
+    (65536, 384, 114304, MappingShape(16, 64, 64, False, 4 * 19 * 384)),
     # many experts: warps limited by shared memory, blocks by the counts read
     (81920, 4096, 600000, MappingShape(11, 8, 960, False, 4 * 14 * 4096)),
 ])

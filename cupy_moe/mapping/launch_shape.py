@@ -16,8 +16,10 @@ from ..runtime.sizes import ceil_div
 
 STEPS_PER_WARP = 2          # 32-slot steps a warp aims at
 MIN_WARPS, MAX_WARPS = 8, 32
+DEFAULT_MAX_WARPS = 16      # more warps per block: a longer per-expert scan over them
 FILL_ROWS_PER_THREAD = 16   # padding rows a thread writes, about, at most
-SELF_COUNT_MAX_SLOTS = 8192  # up to here every place block counts all slots: one launch
+SELF_COUNT_MAX_SLOTS = 2048  # up to here every place block counts all slots: one launch
+                            # (shared-memory atomics, a slot each: slow beyond)
 BLOCK_COUNT_READS = 32768   # block counts (int32) one place block sums, at most
 STATIC_SHARED_BYTES = 1024  # the place kernel's static shared memory, rounded up
 
@@ -52,7 +54,8 @@ def mapping_shape(num_slots: int, num_experts: int, num_expanded: int, multiproc
                          "shared memory a block of this GPU may have")
     warp_steps = ceil_div(num_slots, 32)
     if warps is None:
-        warps = min(fit, max(MIN_WARPS, min(MAX_WARPS, ceil_div(warp_steps, STEPS_PER_WARP))))
+        warps = min(fit, max(MIN_WARPS, min(DEFAULT_MAX_WARPS,
+                                            ceil_div(warp_steps, STEPS_PER_WARP))))
     elif not 1 <= warps <= fit:
         raise ValueError(f"warps must be in 1..{fit} for {num_experts} experts; got {warps}")
     self_counting = num_slots <= SELF_COUNT_MAX_SLOTS
