@@ -21,13 +21,13 @@ H200 = {"multiprocessors": 132, "shared_bytes_optin": 232448}
     (8, 384, 1024, MappingShape(8, 1, 32, True, 4 * 11 * 384)),
     # few slots, many padding rows: blocks for the padding
     (256, 256, 32768, MappingShape(8, 8, 32, True, 4 * 11 * 256)),
-    # medium and prefill: block counts first (two launches), two 32-slot steps
-    # per warp, 16 warps a block
-    (4096, 256, 36608, MappingShape(16, 5, 64, False, 4 * 19 * 256)),
-    (32768, 384, 81536, MappingShape(16, 32, 64, False, 4 * 19 * 384)),
+    # medium and prefill: block counts first (two launches), a 32-slot step
+    # per warp, 16 warps a block; blocks capped by the counts a block sums
+    (4096, 256, 36608, MappingShape(16, 8, 32, False, 4 * 19 * 256)),
+    (32768, 384, 81536, MappingShape(16, 64, 32, False, 4 * 19 * 384)),
     (65536, 384, 114304, MappingShape(16, 64, 64, False, 4 * 19 * 384)),
     # many experts: warps limited by shared memory, blocks by the counts read
-    (81920, 4096, 600000, MappingShape(11, 8, 960, False, 4 * 14 * 4096)),
+    (81920, 4096, 600000, MappingShape(11, 6, 1248, False, 4 * 14 * 4096)),
 ])
 def test_default_shapes(slots, experts, rows, expected):
     shape = mapping_shape(slots, experts, rows, **H200)

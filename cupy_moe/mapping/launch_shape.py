@@ -3,7 +3,7 @@ tested without a GPU).
 
 Every warp owns ``warp_slots`` consecutive slots; a place block keeps one
 int32 counter per (warp, expert) and three per expert in shared memory. The
-defaults aim at about two 32-slot steps per warp, enough blocks that none
+defaults aim at one 32-slot step per warp, enough blocks that none
 writes more than ~16 padding rows per thread, and one launch while the slots
 are few enough for every block to count them all itself.
 """
@@ -14,13 +14,13 @@ from typing import NamedTuple
 
 from ..runtime.sizes import ceil_div
 
-STEPS_PER_WARP = 2          # 32-slot steps a warp aims at
+STEPS_PER_WARP = 1          # 32-slot steps a warp aims at (more blocks beat longer warps)
 MIN_WARPS, MAX_WARPS = 8, 32
 DEFAULT_MAX_WARPS = 16      # more warps per block: a longer per-expert scan over them
 FILL_ROWS_PER_THREAD = 16   # padding rows a thread writes, about, at most
 SELF_COUNT_MAX_SLOTS = 2048  # up to here every place block counts all slots: one launch
                             # (shared-memory atomics, a slot each: slow beyond)
-BLOCK_COUNT_READS = 32768   # block counts (int32) one place block sums, at most
+BLOCK_COUNT_READS = 24576   # block counts (int32) one place block sums, at most
 STATIC_SHARED_BYTES = 1024  # the place kernel's static shared memory, rounded up
 
 
