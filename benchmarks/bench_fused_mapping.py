@@ -28,19 +28,14 @@ import numpy as np
 import torch
 
 import cupy_moe
+from cupy_moe.harness.manifest import load_workloads
 from cupy_moe.harness.timing import GpuTimer, eager_us, torch_graph_us
 from cupy_moe.mapping import fused_mapping_numpy, worst_case_rows
 
-# (label, T, K, E, alignment)
-SHAPES = [
-    ("decode", 1, 8, 384, 128),
-    ("small", 32, 8, 256, 128),
-    ("medium", 512, 8, 256, 128),
-    ("prefill-e128", 4096, 8, 128, 128),
-    ("prefill-e256", 4096, 8, 256, 128),
-    ("prefill-e384", 4096, 8, 384, 128),
-    ("prefill-8k-e384", 8192, 8, 384, 128),
-]
+# (label, T, K, E, alignment): the manifest's fused_mapping workloads, named
+# without their "mapping-" prefix
+SHAPES = [(w.label.removeprefix("mapping-"), w.num_tokens, w.top_k, w.num_experts, w.alignment)
+          for w in load_workloads("fused_mapping")]
 
 
 def tilekernels_op():
