@@ -36,7 +36,9 @@ struct MappingArgs {
     int* token_topk_to_pos;    // [N]
     int* pos_rows;             // [3, X]: pos_to_expert, pos_to_token, pos_to_token_topk
     int* expert_rows;          // [3, E]: expert_start, expert_end, tokens_per_expert
-    int* block_counts;         // [blocks, E] (block-counts mode only), then [1]: total rows
+    int* block_counts;         // block-counts mode: [count blocks, E] totals, then
+                               // [place blocks, E] prefixes in their count block;
+                               // then [1]: total rows
     int num_slots;             // N = T * K
     int top_k;                 // K
     int num_experts;           // E
@@ -44,6 +46,7 @@ struct MappingArgs {
     int num_expanded;          // X
     int warp_slots;            // slots per warp, a multiple of 32
     int self_counting;         // 1: every place block counts all slots itself
+    int count_split;           // place blocks per count block
 };
 
 template <typename Id>
@@ -77,16 +80,22 @@ __device__ __forceinline__ void wait_for_previous_kernel() {
 #endif
 }
 
-// Block b's count of routed slots per expert, into block_counts[b].
+// Count block c covers place blocks [c * split, (c + 1) * split): it counts
+// its slots per expert and per place block, and writes its totals and, for
+// each of its place blocks, the slots of each expert in the place blocks
+// before it within the count block. Few count blocks keep the column sums of
+// the place blocks short.
 template <typename Id>
 __device__ __forceinline__ void count_block(const MappingArgs& a) {
-    extern __shared__ int counts[];  // [E]
+    extern __shared__ int counts[];  // [split, E]
     let_dependents_start();
-    for (int j = threadIdx.x; j < a.num_experts; j += blockDim.x) counts[j] = 0;
+    const int experts = a.num_experts, split = a.count_split;
+    for (int j = threadIdx.x; j < split * experts; j += blockDim.x) counts[j] = 0;
     __syncthreads();
-    const long long first = block_first_slot(a, blockIdx.x);
+    const int place_slots = (blockDim.x >> 5) * a.warp_slots;  // slots of a place block
+    const long long first = block_first_slot(a, blockIdx.x * split);
     const long long last = min(static_cast<long long>(a.num_slots),
-                               block_first_slot(a, blockIdx.x + 1));
+                               block_first_slot(a, (blockIdx.x + 1) * split));
     // loads first, LOAD_BATCH at a time: in flight together, not one latency each
     for (long long slot0 = first + threadIdx.x; slot0 < last;
          slot0 += static_cast<long long>(blockDim.x) * LOAD_BATCH) {
@@ -97,12 +106,25 @@ __device__ __forceinline__ void count_block(const MappingArgs& a) {
             e[u] = slot < last ? routed_expert<Id>(a, slot) : -1;
         }
 #pragma unroll
-        for (int u = 0; u < LOAD_BATCH; ++u)
-            if (e[u] >= 0) atomicAdd(&counts[e[u]], 1);
+        for (int u = 0; u < LOAD_BATCH; ++u) {
+            if (e[u] < 0) continue;
+            const int sub = static_cast<int>(
+                (slot0 + static_cast<long long>(u) * blockDim.x - first) / place_slots);
+            atomicAdd(&counts[sub * experts + e[u]], 1);
+        }
     }
     __syncthreads();
-    int* out = a.block_counts + static_cast<long long>(blockIdx.x) * a.num_experts;
-    for (int j = threadIdx.x; j < a.num_experts; j += blockDim.x) out[j] = counts[j];
+    int* totals = a.block_counts + static_cast<long long>(blockIdx.x) * experts;
+    int* prefixes = a.block_counts + static_cast<long long>(gridDim.x) * experts
+                  + static_cast<long long>(blockIdx.x) * split * experts;
+    for (int j = threadIdx.x; j < experts; j += blockDim.x) {
+        int running = 0;
+        for (int sub = 0; sub < split; ++sub) {
+            prefixes[sub * experts + j] = running;
+            running += counts[sub * experts + j];
+        }
+        totals[j] = running;
+    }
 }
 
 extern "C" __global__ void __launch_bounds__(MAP_MAX_WARPS * 32)
@@ -200,12 +222,15 @@ __device__ __forceinline__ void place_block(const MappingArgs& a) {
             }
         }
     } else {
-        // block counts: a thread sums an expert's column (plain sums of
-        // independent loads, no shared atomic per count)
+        // block counts: a thread sums an expert's column of count-block
+        // totals (plain sums of independent loads, no shared atomic per
+        // count) and adds this block's prefix within its count block
         wait_for_previous_kernel();
-        const int blocks = gridDim.x, block = blockIdx.x;
+        const int blocks = gridDim.x / a.count_split, block = blockIdx.x / a.count_split;
+        const int* prefixes = a.block_counts + static_cast<long long>(blocks) * experts
+                            + static_cast<long long>(blockIdx.x) * experts;
         for (int j = threadIdx.x; j < experts; j += blockDim.x) {
-            int earlier = 0, total = 0;
+            int earlier = prefixes[j], total = 0;
             for (int b0 = 0; b0 < blocks; b0 += LOAD_BATCH) {
                 int count[LOAD_BATCH];
 #pragma unroll
@@ -265,8 +290,9 @@ __device__ __forceinline__ void place_block(const MappingArgs& a) {
     if (threadIdx.x == blockDim.x - 1) {
         total_rows = row0;
         if (blockIdx.x == 0)
-            a.block_counts[a.self_counting ? 0 : static_cast<long long>(gridDim.x) * experts] =
-                row0;
+            a.block_counts[a.self_counting ? 0
+                           : static_cast<long long>(gridDim.x / a.count_split + gridDim.x)
+                             * experts] = row0;
     }
     __syncthreads();
 

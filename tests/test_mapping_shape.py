@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from cupy_moe.mapping.launch_shape import (
+    COUNT_SHARED_INTS,
     MAX_WARPS,
     MIN_WARPS,
     SELF_COUNT_MAX_SLOTS,
@@ -24,8 +25,9 @@ H200 = {"multiprocessors": 132, "shared_bytes_optin": 232448}
     # medium and prefill: block counts first (two launches), a 32-slot step
     # per warp, 16 warps a block; blocks capped by the counts a block sums
     (4096, 256, 36608, MappingShape(16, 8, 32, False, 4 * 19 * 256)),
-    (32768, 384, 81536, MappingShape(16, 64, 32, False, 4 * 19 * 384)),
-    (65536, 384, 114304, MappingShape(16, 64, 64, False, 4 * 19 * 384)),
+    # (8 count blocks, each covering 8 place blocks)
+    (32768, 384, 81536, MappingShape(16, 64, 32, False, 4 * 19 * 384, 8)),
+    (65536, 384, 114304, MappingShape(16, 64, 64, False, 4 * 19 * 384, 8)),
     # many experts: warps limited by shared memory, blocks by the counts read
     (81920, 4096, 600000, MappingShape(11, 6, 1248, False, 4 * 14 * 4096)),
 ])
@@ -45,13 +47,16 @@ def test_every_slot_has_a_warp_and_shapes_stay_in_bounds():
             assert shape.warp_slots % 32 == 0 and shape.warp_slots >= 32
             assert 1 <= shape.warps <= MAX_WARPS and 1 <= shape.blocks <= 132
             assert shape.self_counting == (slots <= SELF_COUNT_MAX_SLOTS)
+            assert shape.blocks % shape.count_split == 0
+            assert shape.count_split * experts <= COUNT_SHARED_INTS or shape.count_split == 1
             if experts <= 1024:
                 assert shape.warps >= MIN_WARPS
 
 
 def test_overrides_and_their_errors():
     shape = mapping_shape(32768, 384, 81536, **H200, warps=4, blocks=500)
-    assert (shape.warps, shape.blocks, shape.warp_slots) == (4, 500, 32)
+    # 500 blocks: 32 to a count block (at most 12288 counters: 32 x 384), 15 count blocks
+    assert (shape.warps, shape.blocks, shape.warp_slots, shape.count_split) == (4, 480, 32, 32)
     with pytest.raises(ValueError, match=r"warps must be in 1\.\.32 for 384 experts; got 33"):
         mapping_shape(32768, 384, 81536, **H200, warps=33)
     with pytest.raises(ValueError, match=r"warps must be in 1\.\.11 for 4096 experts; got 12"):

@@ -35,7 +35,7 @@ MAPPING_ARGS = ArgStruct(
     ("topk_ids", "ptr"), ("token_topk_to_pos", "ptr"), ("pos_rows", "ptr"),
     ("expert_rows", "ptr"), ("block_counts", "ptr"), ("num_slots", "i32"), ("top_k", "i32"),
     ("num_experts", "i32"), ("alignment", "i32"), ("num_expanded", "i32"),
-    ("warp_slots", "i32"), ("self_counting", "i32"))
+    ("warp_slots", "i32"), ("self_counting", "i32"), ("count_split", "i32"))
 _pack_pointers = MAPPING_ARGS.pointer_packer.pack_into
 
 
@@ -43,8 +43,9 @@ class MappingPlan:
     """Launches and buffer layout of one problem on one device.
 
     One int32 buffer: token_topk_to_pos [N], the pos rows [3, X], the expert
-    rows [3, E], then the kernels' scratch: the block counts [blocks, E] (two
-    launches only) and the total of the rows [1].
+    rows [3, E], then the kernels' scratch: with two launches the count
+    blocks' totals [count blocks, E] and the place blocks' prefixes [blocks,
+    E]; then the total of the rows [1].
     """
 
     __slots__ = ("args", "device", "launches", "offsets", "problem", "buffer_size",
@@ -64,7 +65,9 @@ class MappingPlan:
             overlap = traits.major >= 9
         self.overlap = overlap and not shape.self_counting
         self.shape = shape
-        block_counts = 0 if shape.self_counting else shape.blocks * experts
+        # count-block totals and place-block prefixes
+        block_counts = 0 if shape.self_counting else (
+            (shape.count_blocks + shape.blocks) * experts)
         self.offsets = (0, slots, slots + 3 * rows, slots + 3 * rows + 3 * experts)
         self.total_index = self.offsets[3] + block_counts
         self.buffer_size = self.total_index + 1
@@ -76,13 +79,13 @@ class MappingPlan:
             driver.funcSetAttribute(place, driver.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                                     shape.shared_bytes)
         self.launches = [] if shape.self_counting else [
-            (function_handle(SOURCE, (), device, f"mapping_count_{suffix}"), shape.blocks,
-             shape.threads, 4 * experts)]
+            (function_handle(SOURCE, (), device, f"mapping_count_{suffix}"), shape.count_blocks,
+             shape.threads, 4 * shape.count_split * experts)]
         self.launches.append((place, shape.blocks, shape.threads, shape.shared_bytes))
         self.args = ArgBlock(MAPPING_ARGS, MAPPING_ARGS.constants(
             num_slots=slots, top_k=problem.top_k, num_experts=experts,
             alignment=problem.alignment, num_expanded=rows, warp_slots=shape.warp_slots,
-            self_counting=int(shape.self_counting)))
+            self_counting=int(shape.self_counting), count_split=shape.count_split))
 
     def launch(self, stream: int, topk_ids: int, buffer: int) -> None:
         block = self.args

@@ -22,6 +22,8 @@ SELF_COUNT_MAX_SLOTS = 2048  # up to here every place block counts all slots: on
                             # (shared-memory atomics, a slot each: slow beyond)
 BLOCK_COUNT_READS = 24576   # block counts (int32) one place block sums, at most
 STATIC_SHARED_BYTES = 1024  # the place kernel's static shared memory, rounded up
+COUNT_BLOCKS = 8            # count blocks aimed at: a place block sums a column of them
+COUNT_SHARED_INTS = 12288   # a count block's counters: place blocks it covers x E
 
 
 class MappingShape(NamedTuple):
@@ -30,6 +32,11 @@ class MappingShape(NamedTuple):
     warp_slots: int       # slots per warp, a multiple of 32
     self_counting: bool   # one launch: every place block counts all slots
     shared_bytes: int     # the place kernel's dynamic shared memory
+    count_split: int = 1  # place blocks per count block (blocks is a multiple)
+
+    @property
+    def count_blocks(self) -> int:
+        return self.blocks // self.count_split
 
     @property
     def threads(self) -> int:
@@ -67,6 +74,10 @@ def mapping_shape(num_slots: int, num_experts: int, num_expanded: int, multiproc
             blocks = min(blocks, max(1, BLOCK_COUNT_READS // num_experts))
     elif blocks < 1:
         raise ValueError(f"blocks must be >= 1; got {blocks}")
+    split = 1
+    if not self_counting:
+        split = max(1, min(ceil_div(blocks, COUNT_BLOCKS), COUNT_SHARED_INTS // num_experts))
+        blocks = max(split, blocks // split * split)  # warp_slots below covers the rest
     warp_slots = 32 * max(1, ceil_div(warp_steps, blocks * warps))
     return MappingShape(warps, blocks, warp_slots, self_counting,
-                        4 * (warps + 3) * num_experts)
+                        4 * (warps + 3) * num_experts, split)
