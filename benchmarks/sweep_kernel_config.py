@@ -1,7 +1,7 @@
 """A/B tunings of the expand kernels on every manifest workload. GPU only.
 
     python benchmarks/sweep_kernel_config.py [--rounds R] [--iters N] [--only LABEL ...]
-                                             [--json PATH]
+                                             [--plans] [--json PATH]
 
 Each config is an ``ExpandTuning`` (cupy_moe.expand.tuning) changed from the
 default in one way; the first config is the default. Inputs are drawn once
@@ -44,7 +44,7 @@ from cupy_moe.expand.plan import EXPAND_ARGS, ExpandPlan, plan_for
 from cupy_moe.expand.rules import check_expand, check_expand_with_sf
 from cupy_moe.expand.tuning import DEFAULT_TUNING, ExpandTuning
 from cupy_moe.harness.inputs import workload_inputs
-from cupy_moe.harness.manifest import OP_NAMES, Workload, load_workloads
+from cupy_moe.harness.manifest import Workload, load_workloads
 from cupy_moe.harness.runner import GRAPH_MAX_BYTES, reference_outputs
 from cupy_moe.harness.timing import GpuTimer, torch_graph_us
 from cupy_moe.runtime.arrays import describe, numpy_to_torch
@@ -69,6 +69,13 @@ CONFIGS: list[tuple[str, ExpandTuning]] = [
     ("bulk target 16 x SMs blocks", _tuned(bulk_target_blocks=16.0)),
     ("bulk chunks >= 1 KiB", _tuned(bulk_min_chunk_bytes=1024)),
     ("register kernel only (no bulk copies)", _tuned(bulk_min_blocks=math.inf)),
+    # zero-fill blocks of more rows: fewer, longer blocks on padding-heavy plans
+    *((f"{rows} rows per register zero-fill block", _tuned(zero_rows_registers=rows))
+      for rows in (4, 8, 16)),
+    *((f"{rows} rows' chunks per bulk zero-fill block", _tuned(zero_rows_bulk=rows))
+      for rows in (8, 16)),
+    *((f"{rows} whole rows per bulk zero-fill block", _tuned(zero_rows_bulk_whole=rows))
+      for rows in (4, 8)),
 ]
 assert len({name for name, _ in CONFIGS}) == len(CONFIGS), "config names must differ"
 
@@ -192,11 +199,14 @@ def main() -> int:
     parser.add_argument("--iters", type=int, default=20)
     parser.add_argument("--only", nargs="*", metavar="LABEL", help="workload labels (default: all)")
     parser.add_argument("--json", metavar="PATH")
+    parser.add_argument("--plans", action="store_true",
+                        help="the real-plan workloads (padding-heavy) instead of the tightly "
+                             "packed ones")
     args = parser.parse_args()
     if args.rounds < 1 or args.iters < 1:
         parser.error(f"--rounds and --iters must be >= 1, got {args.rounds} and {args.iters}")
-    # the tightly packed workloads (the plan workloads are the bench's)
-    every = [w for op in OP_NAMES for w in load_workloads(op) if w.plan is None]
+    every = [w for op in ("expand_to_fused", "expand_to_fused_with_sf")
+             for w in load_workloads(op) if (w.plan is not None) == args.plans]
     unknown = sorted(set(args.only or ()) - {w.label for w in every})
     if unknown:
         parser.error(f"--only: unknown workload label(s) {', '.join(unknown)}")
