@@ -38,7 +38,8 @@ from cupy_moe.mapping import worst_case_rows
 # the register kernel on every call; the bulk-copy kernel (sm_90+, 16-byte
 # rows) on every batch size
 REGISTERS_ONLY = dataclasses.replace(DEFAULT_TUNING, bulk_min_blocks=math.inf)
-BULK_ALWAYS = dataclasses.replace(DEFAULT_TUNING, bulk_min_blocks=0.0)
+BULK_ALWAYS = dataclasses.replace(DEFAULT_TUNING, bulk_min_blocks=0.0,
+                                  padding_share_registers=math.inf)
 
 
 def bits(a: np.ndarray) -> np.ndarray:

@@ -22,11 +22,13 @@ def rng(request) -> np.random.Generator:
 # with the default tuning (and, for torch, its fast path).
 KERNEL_PATHS = {
     "public": None,
-    "bulk": ExpandTuning(bulk_min_blocks=0.0, bulk_whole_row_zero_from=math.inf),
+    # (padding_share_registers=inf: padding-heavy shapes too)
+    "bulk": ExpandTuning(bulk_min_blocks=0.0, padding_share_registers=math.inf,
+                         bulk_whole_row_zero_from=math.inf),
     # whole-row zero-fill blocks on every row length, rows cut into 512-byte
     # chunks so that even short test rows span several y planes
-    "bulk-zero-rows": ExpandTuning(bulk_min_blocks=0.0, bulk_whole_row_zero_from=0,
-                                   bulk_min_chunk_bytes=512),
+    "bulk-zero-rows": ExpandTuning(bulk_min_blocks=0.0, padding_share_registers=math.inf,
+                                   bulk_whole_row_zero_from=0, bulk_min_chunk_bytes=512),
     "registers": ExpandTuning(bulk_min_blocks=math.inf),
 }
 

@@ -119,7 +119,8 @@ def test_zero_fill_block_sizes(zero_rows, num_tokens, layout, zero_padding, kind
     # padding rows keep the poison, and blocks of every size still zero the
     # column-major SF's 1 pad column (align(263, 4) = 264).
     tuning = dataclasses.replace(kernel_path or DEFAULT_TUNING, zero_rows_bulk=zero_rows,
-                                 zero_rows_registers=zero_rows, zero_rows_bulk_whole=zero_rows)
+                                 zero_rows_registers=zero_rows, zero_rows_bulk_whole=zero_rows,
+                                 zero_block_bytes_registers=0)
     rng = np.random.default_rng()
     top_k, hidden = 4, 1024
     token_topk_to_pos, pos_to_expert = fitted_routing(rng, num_tokens, top_k, 263,

@@ -88,7 +88,7 @@ def test_register_kernel_elsewhere(fake_h200, monkeypatch, num_tokens, hidden, v
     assert (launch.threads, launch.shared_bytes) == (DEFAULT_TUNING.threads, 0)
 
 
-FORCE_BULK = ExpandTuning(bulk_min_blocks=0.0)
+FORCE_BULK = ExpandTuning(bulk_min_blocks=0.0, padding_share_registers=math.inf)
 FORCE_REGISTERS = ExpandTuning(bulk_min_blocks=math.inf)
 
 
@@ -105,14 +105,53 @@ def test_forcing_a_kernel_reaches_small_batches(fake_h200, tuning, handle):
     assert _launch_for(4096, 7168, tuning=tuning).handle.startswith(handle)  # bulk: either zero-fill
 
 
+@pytest.mark.parametrize(("num_tokens", "hidden", "num_expanded", "handle", "chunks",
+                          "zero_rows"), [
+    # kimi-k2-medium on a 128-expert plan (75% padding): the register kernel,
+    # 16 KiB chunks, 1 row each; its tightly packed twin keeps the bulk kernel
+    (512, 7168, 16384, "expand_to_fused_v16", 1, 2),
+    (512, 7168, 4096, "expand_to_fused_bulk_zero_rows", 4, 2),
+    # qwen3-30b-medium, 384 experts (92% padding): register, 6 KiB rows
+    (512, 3072, 49152, "expand_to_fused_v16", 1, 3),
+    # qwen3-30b-small, 128 experts: too few tokens for unshrunk register
+    # chunks, so the bulk kernel with chunks down to 1 KiB (192 blocks >= 132);
+    # with 2 KiB (96 blocks) it would be the register kernel
+    (32, 3072, 14848, "expand_to_fused_bulk", 6, 4),
+    # kimi-k2-prefill on a 384-expert plan: 33% padding, the bulk kernel
+    (4096, 7168, 49152, "expand_to_fused_bulk_zero_rows", 1, 2),
+])
+def test_padding_heavy_plans(fake_h200, num_tokens, hidden, num_expanded, handle, chunks,
+                             zero_rows):
+    problem = ExpandProblem(num_tokens, hidden, 8, num_expanded, "bfloat16")
+    launch = ExpandPlan(problem, 2, 0, DEFAULT_TUNING).kernel(16)
+    assert (launch.handle, launch.grid[1]) == (handle, chunks)
+    assert launch.constant("rows_per_zero_block") == zero_rows
+
+
+@pytest.mark.parametrize(("num_tokens", "hidden", "item_bytes", "zero_rows"), [
+    (1, 7168, 2, 4),      # decode: chunks shrink to 4 KiB -> 4 rows of 16 KiB
+    (1, 1536, 1, 11),     # 1.5 KiB rows -> 11 rows
+    (1, 64, 1, 32),       # tiny rows: a ballot's 32 at most
+    (4096, 7168, 2, 2),   # 16 KiB chunks: zero_rows_registers' 2, at least (sm_80)
+])
+def test_register_zero_fill_blocks_zero_about_16_kib(fake_h200, monkeypatch, num_tokens, hidden,
+                                                     item_bytes, zero_rows):
+    monkeypatch.setitem(launch_module._device_traits, 0, DeviceTraits(132, 8, 232448))
+    launch = _launch_for(num_tokens, hidden, item_bytes=item_bytes)
+    assert launch.handle == "expand_to_fused_v16"
+    assert launch.constant("rows_per_zero_block") == zero_rows
+
+
 @pytest.mark.parametrize(("num_tokens", "hidden", "num_expanded", "col_major", "grid"), [
-    # decode, register kernel, slots split over 8 planes: 16 rows in 2-row
-    # zero-fill blocks = 8 blocks, one column of them across the planes
+    # decode, register kernel, slots split over 8 planes, chunks of 4 KiB:
+    # 16 rows in 4-row zero-fill blocks (16 KiB each) = 4 blocks, one column
+    # of them across the planes
     (1, 7168, 16, False, (1 + 1, 4, 8)),
-    # 40 rows -> 20 zero-fill blocks over 8 planes: 3 columns (4 blocks idle)
-    (1, 7168, 40, False, (1 + 3, 4, 8)),
-    # column-major SF: the pad columns count, align(18, 4) = 20 rows
-    (1, 1024, 18, True, (1 + 2, 1, 8)),
+    # 40 rows -> 10 zero-fill blocks over 8 planes: 2 columns (6 blocks idle)
+    (1, 7168, 40, False, (1 + 2, 4, 8)),
+    # column-major SF: the pad columns count, align(18, 4) = 20 rows; rows of
+    # 1 KiB: 16-row blocks, 2 of them
+    (1, 1024, 18, True, (1 + 1, 1, 8)),
     # qwen3-30b-medium, bulk kernel, 3 chunks: 4096 rows in 4-row blocks of a chunk
     (512, 3072, 4096, False, (512 + 1024, 3, 1)),
     # kimi-k2-prefill, 14 KiB rows: 32768 rows in 2-row blocks of whole rows
@@ -141,7 +180,8 @@ def test_zero_fill_blocks_span_the_slot_planes(fake_h200, num_tokens, hidden, nu
 def test_whole_row_zero_fill_tuning_reaches_short_rows(fake_h200):
     # what the GPU tests' "bulk-zero-rows" kernel path relies on: 2 KiB rows
     # of 5 tokens take the whole-row zero-fill kernel, cut into 4 chunks
-    tuning = ExpandTuning(bulk_min_blocks=0.0, bulk_whole_row_zero_from=0,
+    tuning = ExpandTuning(bulk_min_blocks=0.0, padding_share_registers=math.inf,
+                          bulk_whole_row_zero_from=0,
                           bulk_min_chunk_bytes=512)
     launch = _launch_for(5, 1024, tuning=tuning)
     assert launch.handle == "expand_to_fused_bulk_zero_rows"
@@ -159,7 +199,8 @@ def test_plans_are_cached_per_tuning(fake_h200):
 
 # -- zero_padding=False: zero-fill blocks only where the pad columns need them ------
 
-WHOLE_ROW_ZERO_FILL = ExpandTuning(bulk_min_blocks=0.0, bulk_whole_row_zero_from=0,
+WHOLE_ROW_ZERO_FILL = ExpandTuning(bulk_min_blocks=0.0, padding_share_registers=math.inf,
+                          bulk_whole_row_zero_from=0,
                                    bulk_min_chunk_bytes=512)
 
 
@@ -320,6 +361,8 @@ def test_sf_op_fast_path_keys_zero_padding(expand_fast_paths):
     ({"threads": 100}, r"threads must be whole warps in 32 \.\. 1024 .*got 100"),
     ({"unroll": 0}, r"unroll must be in 1 \.\. 16; got 0"),
     ({"bulk_max_chunk_bytes": 0}, r"bulk_min_chunk_bytes <= bulk_max_chunk_bytes; got 2048, 0"),
+    ({"padding_bulk_min_chunk_bytes": 8},
+     r"16 <= padding_bulk_min_chunk_bytes <= bulk_max_chunk_bytes; got 8, 16384"),
     ({"bulk_target_blocks": -1.0}, r"bulk_target_blocks must be a number >= 0; got -1\.0"),
     ({"split_slots_below": "1"}, r"split_slots_below must be a number >= 0; got '1'"),
 ])

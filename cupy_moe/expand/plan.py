@@ -107,19 +107,33 @@ class ExpandPlan:
         blocks (prefill moves whole rows, medium batches quarter rows). Else
         the register kernel: the biggest chunks, all K slots per block; when
         the tokens' chunks are too few to fill the chip, chunks shrink to one
-        access per thread and then each block takes one slot.
+        access per thread and then each block takes one slot. Padding-heavy
+        shapes (ExpandTuning says which) take the register kernel unless its
+        chunks would shrink.
         """
         tuning, problem = self.tuning, self.problem
         n_vec = self.row_bytes // vec_bytes
         num_tokens = problem.num_tokens
         traits = device_traits(self.device)
         multiprocessors, major = traits.multiprocessors, traits.major
-        if vec_bytes == 16 and major >= 9 and problem.top_k <= BULK_THREADS:
+        # register kernel: the biggest chunks, unless the tokens' chunks are too
+        # few to fill the chip
+        threads, vecs_per_thread = tuning.threads, tuning.unroll
+        chunks = ceil_div(n_vec, threads * vecs_per_thread)
+        shrink = num_tokens * chunks < tuning.shrink_chunks_below * multiprocessors
+        # padding rows, at least (slots may be dropped): X - T*K of X
+        padding_share = (1 - problem.num_tokens * problem.top_k / problem.num_expanded
+                         if problem.num_expanded else 0.0)
+        padding_heavy = padding_share >= tuning.padding_share_registers
+        if (vec_bytes == 16 and major >= 9 and problem.top_k <= BULK_THREADS
+                and not (padding_heavy and not shrink)):
             # chunks per row: enough to stay under the maximum size, at most
             # what the minimum size allows
             max_chunk = min(int(tuning.bulk_max_chunk_bytes), BULK_SHARED_LIMIT)
             fewest = ceil_div(self.row_bytes, max_chunk)
-            most = max(fewest, self.row_bytes // int(tuning.bulk_min_chunk_bytes))
+            min_chunk = (tuning.padding_bulk_min_chunk_bytes if padding_heavy
+                         else tuning.bulk_min_chunk_bytes)
+            most = max(fewest, self.row_bytes // int(min_chunk))
             if num_tokens > 0 and num_tokens * most >= tuning.bulk_min_blocks * multiprocessors:
                 wanted = ceil_div(int(tuning.bulk_target_blocks * multiprocessors), num_tokens)
                 chunks = min(max(wanted, fewest), most)
@@ -132,14 +146,17 @@ class ExpandPlan:
                     lane_vecs * BULK_THREADS * 16,
                     tuning.zero_rows_bulk_whole if whole_rows else tuning.zero_rows_bulk,
                     zero_whole_rows=whole_rows)
-        threads, vecs_per_thread = tuning.threads, tuning.unroll
-        chunks = ceil_div(n_vec, threads * vecs_per_thread)
-        if num_tokens * chunks < tuning.shrink_chunks_below * multiprocessors:
+        if shrink:
             vecs_per_thread = 1
             chunks = ceil_div(n_vec, threads)
         split = num_tokens * chunks < tuning.split_slots_below * multiprocessors
+        # a zero-fill block zeroes its rows' column chunk: rows enough for
+        # about zero_block_bytes_registers
+        chunk_bytes = min(self.row_bytes, threads * vecs_per_thread * vec_bytes)
+        zero_rows = min(32, max(int(tuning.zero_rows_registers),
+                                ceil_div(int(tuning.zero_block_bytes_registers), chunk_bytes)))
         return self._launch(f"expand_to_fused_v{vec_bytes}", vec_bytes, threads, vecs_per_thread,
-                            1 if split else problem.top_k, 0, tuning.zero_rows_registers)
+                            1 if split else problem.top_k, 0, zero_rows)
 
     def _launch(self, kernel: str, vec_bytes: int, threads: int, vecs_per_thread: int,
                 slots_per_block: int, shared_bytes: int, rows_per_zero_block: int,

@@ -25,7 +25,10 @@ class ExpandTuning:
     chunk (both compiled in). Below ``shrink_chunks_below`` token chunks,
     chunks shrink to one access per thread; below ``split_slots_below``, each
     block takes one slot, so that more SMs share the stores.
-    ``zero_rows_registers``: output rows per zero-fill block.
+    ``zero_rows_registers``: output rows per zero-fill block, at least; more
+    where its column chunk is short, so that a block zeroes about
+    ``zero_block_bytes_registers`` (blocks of a few KiB run far below memset
+    speed).
 
     Bulk-copy kernel (sm_90+, 16-byte rows): used when rows cut into chunks
     of ``bulk_min_chunk_bytes`` give at least ``bulk_min_blocks`` blocks; a
@@ -36,6 +39,14 @@ class ExpandTuning:
     ``zero_rows_bulk`` rows' column chunk (whole rows won on Kimi-K2's 14 KiB
     rows and lost on 6-7 KiB ones). A zero-fill block writes its rows one
     after another: few rows keep it from being the launch's longest block.
+
+    Padding-heavy plans (real plans at small and medium batches): when at
+    least ``padding_share_registers`` of the output rows must be padding (by
+    shapes alone: X - T*K of the X rows), the register kernel runs whenever
+    its chunks need no shrinking (its 256-thread zero-fill blocks beat the
+    bulk kernel's one-warp ones), and else the bulk kernel's chunks may be as
+    short as ``padding_bulk_min_chunk_bytes`` (more copy blocks for few
+    tokens). benchmarks/NOTES.md has the sweep behind these.
     """
 
     # register kernel
@@ -44,6 +55,7 @@ class ExpandTuning:
     shrink_chunks_below: float = 2.0
     split_slots_below: float = 1.0
     zero_rows_registers: int = 2
+    zero_block_bytes_registers: int = 16 * 1024
     # bulk-copy kernel
     bulk_min_blocks: float = 1.0
     bulk_target_blocks: float = 12.0
@@ -52,6 +64,9 @@ class ExpandTuning:
     bulk_whole_row_zero_from: float = 8 * 1024
     zero_rows_bulk: int = 4
     zero_rows_bulk_whole: int = 2
+    # padding-heavy plans
+    padding_share_registers: float = 0.5
+    padding_bulk_min_chunk_bytes: int = 1024
 
     def __post_init__(self) -> None:
         for field in fields(self):
@@ -68,10 +83,10 @@ class ExpandTuning:
             if not 1 <= getattr(self, name) <= 32:  # one warp ballot covers a block's rows
                 raise ValueError(f"ExpandTuning.{name} must be in 1 .. 32; "
                                  f"got {getattr(self, name)}")
-        if not 16 <= self.bulk_min_chunk_bytes <= self.bulk_max_chunk_bytes:
-            raise ValueError(f"ExpandTuning needs 16 <= bulk_min_chunk_bytes <= "
-                             f"bulk_max_chunk_bytes; got {self.bulk_min_chunk_bytes}, "
-                             f"{self.bulk_max_chunk_bytes}")
+        for name in ("bulk_min_chunk_bytes", "padding_bulk_min_chunk_bytes"):
+            if not 16 <= getattr(self, name) <= self.bulk_max_chunk_bytes:
+                raise ValueError(f"ExpandTuning needs 16 <= {name} <= bulk_max_chunk_bytes; "
+                                 f"got {getattr(self, name)}, {self.bulk_max_chunk_bytes}")
 
     def defines(self) -> tuple[tuple[str, int], ...]:
         """The compile-time part (the kernel source's EXPAND_* macros)."""
