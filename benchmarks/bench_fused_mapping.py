@@ -73,18 +73,24 @@ def sweep_shapes(device_ids, num_experts, alignment, rows, timer, iters):
     problem = MappingProblem(num_tokens, top_k, num_experts, alignment, rows, "int64")
     traits = device_traits(device_ids.device.index)
     base = mapping_shape(num_tokens * top_k, num_experts, rows, traits.multiprocessors,
-                         traits.shared_bytes_optin)
+                         traits.shared_bytes_optin, cooperative=traits.cooperative_launch)
+    default_overlap = MappingPlan(problem, device_ids.device.index, base).overlap
     times = {}
     stream = torch.cuda.current_stream().cuda_stream
     for warps in sorted({8, 16, 32, base.warps}):
         for blocks in sorted({max(1, base.blocks // 2), base.blocks, base.blocks * 2, 132}):
-            for self_counting, overlap in ((True, False), (False, False), (False, True)):
-                if self_counting and num_tokens * top_k > 65536:
+            for mode in ("self", "counts", "overlap", "coop"):
+                if mode == "self" and num_tokens * top_k > 65536:
+                    continue
+                if mode == "coop" and (blocks > traits.multiprocessors
+                                       or not traits.cooperative_launch):
                     continue
                 shape = mapping_shape(num_tokens * top_k, num_experts, rows,
                                       traits.multiprocessors, traits.shared_bytes_optin,
-                                      warps=warps, blocks=blocks)._replace(
-                                          self_counting=self_counting)
+                                      warps=warps, blocks=blocks)
+                shape = shape._replace(self_counting=mode == "self", cooperative=mode == "coop",
+                                       count_split=1 if mode == "coop" else shape.count_split)
+                overlap = mode == "overlap"
                 plan = MappingPlan(problem, device_ids.device.index, shape, overlap)
                 buffer = torch.empty(plan.buffer_size, dtype=torch.int32, device="cuda")
                 plan.launch(stream, device_ids.data_ptr(), buffer.data_ptr())
@@ -93,8 +99,7 @@ def sweep_shapes(device_ids, num_experts, alignment, rows, timer, iters):
                 if any(not np.array_equal(got.cpu().numpy(), want)
                        for got, want in zip(plan.torch_views(buffer), expected)):
                     raise AssertionError(f"shape {shape} gives a different plan")
-                mode = "self" if self_counting else "overlap" if overlap else "counts"
-                default = shape == base and overlap == (not base.self_counting)
+                default = shape == base and overlap == default_overlap
                 text = f"w{warps} b{blocks} {mode}{' (default)' if default else ''}"
                 times[text] = timer.median_us(
                     lambda plan=plan, buffer=buffer: plan.launch(

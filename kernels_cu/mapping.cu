@@ -19,11 +19,15 @@
 //                 shared-memory atomics (counts do not depend on their order):
 //                 one launch;
 //   block counts: mapping_count_* writes each block's count per expert first;
-//                 each place block sums the columns: two launches.
+//                 each place block sums the columns: two launches;
+//   cooperative:  mapping_coop_*, one cooperative launch (every block
+//                 resident): each block writes its own warps' counts per
+//                 expert, a grid barrier, then each block sums the columns.
 // Each row of pos_* is written exactly once: by its slot, or as padding (the
 // tail of a segment, or past the last segment).
 // *_i32 / *_i64: the dtype of topk_ids.
 
+#include "grid_barrier.cuh"
 #include "vector_access.cuh"
 
 #define MAP_MAX_WARPS 32   // warps of a block, at most
@@ -38,7 +42,7 @@ struct MappingArgs {
     int* expert_rows;          // [3, E]: expert_start, expert_end, tokens_per_expert
     int* block_counts;         // block-counts mode: [count blocks, E] totals, then
                                // [place blocks, E] prefixes in their count block;
-                               // then [1]: total rows
+                               // cooperative: [blocks, E] totals; then [1]: total rows
     int num_slots;             // N = T * K
     int top_k;                 // K
     int num_experts;           // E
@@ -159,7 +163,7 @@ __device__ __forceinline__ void pad_rows(const MappingArgs& a, int first, int en
     }
 }
 
-template <typename Id>
+template <typename Id, bool Cooperative>
 __device__ __forceinline__ void place_block(const MappingArgs& a) {
     extern __shared__ int shared[];
     const int experts = a.num_experts, warps = blockDim.x >> 5;
@@ -203,10 +207,48 @@ __device__ __forceinline__ void place_block(const MappingArgs& a) {
             __syncwarp();
         }
     }
+    __syncthreads();
+    // per expert: exclusive prefix over this block's warps; the block's total
+    // is what a cooperative grid's other blocks sum
+    for (int j = threadIdx.x; j < experts; j += blockDim.x) {
+        int running = 0;
+#pragma unroll 8
+        for (int w = 0; w < warps; ++w) {
+            const int count = warp_counts[w * experts + j];
+            warp_counts[w * experts + j] = running;
+            running += count;
+        }
+        if (Cooperative) a.block_counts[static_cast<long long>(blockIdx.x) * experts + j] = running;
+    }
+
     // every expert's slots, and those of the earlier blocks: sums (in shared
     // atomics; sums do not depend on their order) of the ids themselves or of
     // the block counts, each load independent of the others
-    if (a.self_counting) {
+    if (Cooperative) {
+        grid_barrier();
+        // the column of each expert, cut into `parts` interleaved runs of
+        // LOAD_BATCH blocks when the block has threads to spare
+        const int blocks = gridDim.x, block = blockIdx.x;
+        const int parts = max(1, static_cast<int>(blockDim.x) / experts);
+        for (int t = threadIdx.x; t < experts * parts; t += blockDim.x) {
+            const int j = t % experts, part = t / experts;
+            int earlier = 0, total = 0;
+            for (int b0 = part * LOAD_BATCH; b0 < blocks; b0 += parts * LOAD_BATCH) {
+                int count[LOAD_BATCH];
+#pragma unroll
+                for (int u = 0; u < LOAD_BATCH; ++u)
+                    count[u] = b0 + u < blocks
+                        ? a.block_counts[static_cast<long long>(b0 + u) * experts + j] : 0;
+#pragma unroll
+                for (int u = 0; u < LOAD_BATCH; ++u) {
+                    earlier += b0 + u < block ? count[u] : 0;
+                    total += count[u];
+                }
+            }
+            if (earlier) atomicAdd(&base[j], earlier);
+            if (total) atomicAdd(&tokens[j], total);
+        }
+    } else if (a.self_counting) {
         for (long long slot0 = threadIdx.x; slot0 < a.num_slots;
              slot0 += static_cast<long long>(blockDim.x) * LOAD_BATCH) {
             int e[LOAD_BATCH];
@@ -249,16 +291,6 @@ __device__ __forceinline__ void place_block(const MappingArgs& a) {
     }
     __syncthreads();
 
-    // per expert: exclusive prefix over this block's warps
-    for (int j = threadIdx.x; j < experts; j += blockDim.x) {
-        int running = 0;
-#pragma unroll 8
-        for (int w = 0; w < warps; ++w) {
-            const int count = warp_counts[w * experts + j];
-            warp_counts[w * experts + j] = running;
-            running += count;
-        }
-    }
 
     // start: exclusive scan over experts of the aligned totals; thread t takes
     // experts [e0, e1), consecutive, so thread order is expert order
@@ -290,7 +322,8 @@ __device__ __forceinline__ void place_block(const MappingArgs& a) {
     if (threadIdx.x == blockDim.x - 1) {
         total_rows = row0;
         if (blockIdx.x == 0)
-            a.block_counts[a.self_counting ? 0
+            a.block_counts[Cooperative ? static_cast<long long>(gridDim.x) * experts
+                           : a.self_counting ? 0
                            : static_cast<long long>(gridDim.x / a.count_split + gridDim.x)
                              * experts] = row0;
     }
@@ -363,10 +396,21 @@ __device__ __forceinline__ void place_block(const MappingArgs& a) {
 
 extern "C" __global__ void __launch_bounds__(MAP_MAX_WARPS * 32)
 mapping_place_i32(const MappingArgs a) {
-    place_block<int>(a);
+    place_block<int, false>(a);
 }
 
 extern "C" __global__ void __launch_bounds__(MAP_MAX_WARPS * 32)
 mapping_place_i64(const MappingArgs a) {
-    place_block<long long>(a);
+    place_block<long long, false>(a);
+}
+
+// Cooperative launches only (grid_barrier): at most one block per SM.
+extern "C" __global__ void __launch_bounds__(MAP_MAX_WARPS * 32)
+mapping_coop_i32(const MappingArgs a) {
+    place_block<int, true>(a);
+}
+
+extern "C" __global__ void __launch_bounds__(MAP_MAX_WARPS * 32)
+mapping_coop_i64(const MappingArgs a) {
+    place_block<long long, true>(a);
 }

@@ -74,8 +74,10 @@ def test_thousand_random_plans_are_bit_identical(kind):
 
 
 def test_every_launch_shape_gives_the_same_plan():
-    """Both counting modes, any warps per block and blocks (more or fewer than
-    the slots need, more than the GPU's SMs): the plan does not move."""
+    """All three counting modes (self-counting, block counts, cooperative),
+    any warps per block and blocks (more or fewer than the slots need, more
+    than the GPU's SMs but for a cooperative launch): the plan does not
+    move."""
     from cupy_moe.mapping.gpu import MappingPlan
     from cupy_moe.runtime.launch import current_device, device_traits
 
@@ -90,10 +92,15 @@ def test_every_launch_shape_gives_the_same_plan():
             topk_ids.size, num_experts, alignment)
         problem = MappingProblem(topk_ids.shape[0], topk_ids.shape[1], num_experts, alignment, x,
                                  str(topk_ids.dtype))
+        mode = ("self", "counts", "cooperative")[case % 3]
+        blocks = int(rng.integers(1, 200))
+        if mode == "cooperative":
+            blocks = min(blocks, traits.multiprocessors)
         shape = mapping_shape(topk_ids.size, num_experts, x, traits.multiprocessors,
                               traits.shared_bytes_optin, warps=int(rng.integers(1, 9)) * 4 - 3,
-                              blocks=int(rng.integers(1, 200)))
-        shape = shape._replace(self_counting=bool(rng.integers(0, 2)))
+                              blocks=blocks)
+        shape = shape._replace(self_counting=mode == "self", cooperative=mode == "cooperative",
+                               count_split=1 if mode == "cooperative" else shape.count_split)
         plan = MappingPlan(problem, device, shape, overlap=bool(rng.integers(0, 2)))
         buffer = cupy.full(plan.buffer_size, 0x5A5A5A5A, dtype=cupy.int32)
         ids = cupy.asarray(topk_ids)

@@ -65,6 +65,26 @@ def test_overrides_and_their_errors():
         mapping_shape(32768, 384, 81536, **H200, blocks=0)
 
 
+@pytest.mark.parametrize(("slots", "experts", "rows", "expected"), [
+    # few slots: self-counting whatever the GPU can do
+    (8, 384, 1024, MappingShape(8, 1, 32, True, 4 * 11 * 384)),
+    # more: one cooperative launch, no count blocks
+    (32768, 128, 49024, MappingShape(16, 64, 32, False, 4 * 19 * 128, 1, True)),
+    (32768, 384, 81536, MappingShape(16, 64, 32, False, 4 * 19 * 384, 1, True)),
+    (65536, 384, 114304, MappingShape(16, 64, 64, False, 4 * 19 * 384, 1, True)),
+])
+def test_cooperative_shapes(slots, experts, rows, expected):
+    assert mapping_shape(slots, experts, rows, **H200, cooperative=True) == expected
+
+
+def test_a_cooperative_launch_keeps_every_block_resident():
+    shape = mapping_shape(32768, 384, 81536, **H200, blocks=132, cooperative=True)
+    assert (shape.blocks, shape.count_split, shape.cooperative) == (132, 1, True)
+    with pytest.raises(ValueError, match=r"at most a block per multiprocessor \(132\); "
+                                         r"got 133 blocks"):
+        mapping_shape(32768, 384, 81536, **H200, blocks=133, cooperative=True)
+
+
 def test_experts_that_do_not_fit_shared_memory_are_refused():
     assert max_warps_for(4096, 48 * 1024) < 1
     with pytest.raises(ValueError, match="4096 experts do not fit the 49152 bytes"):

@@ -28,7 +28,8 @@ VARIANTS = [
     pytest.param("expand.cu", mode, id=f"expand-sf-mode-{mode}") for mode in (0, 1, 2)
 ]
 MAPPING_KERNELS = ("mapping_count_i32", "mapping_count_i64",
-                   "mapping_place_i32", "mapping_place_i64")
+                   "mapping_place_i32", "mapping_place_i64",
+                   "mapping_coop_i32", "mapping_coop_i64")
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])

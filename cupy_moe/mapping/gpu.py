@@ -45,7 +45,8 @@ class MappingPlan:
     One int32 buffer: token_topk_to_pos [N], the pos rows [3, X], the expert
     rows [3, E], then the kernels' scratch: with two launches the count
     blocks' totals [count blocks, E] and the place blocks' prefixes [blocks,
-    E]; then the total of the rows [1].
+    E], with a cooperative launch the blocks' totals [blocks, E]; then the
+    total of the rows [1].
     """
 
     __slots__ = ("args", "device", "launches", "offsets", "problem", "buffer_size",
@@ -60,25 +61,27 @@ class MappingPlan:
         traits = device_traits(device)
         if shape is None:
             shape = mapping_shape(slots, experts, rows, traits.multiprocessors,
-                                  traits.shared_bytes_optin)
+                                  traits.shared_bytes_optin,
+                                  cooperative=traits.cooperative_launch)
         if overlap is None:
             overlap = traits.major >= 9
-        self.overlap = overlap and not shape.self_counting
+        self.overlap = overlap and not shape.self_counting and not shape.cooperative
         self.shape = shape
-        # count-block totals and place-block prefixes
-        block_counts = 0 if shape.self_counting else (
-            (shape.count_blocks + shape.blocks) * experts)
+        # block totals (cooperative), or count-block totals and place-block prefixes
+        block_counts = (0 if shape.self_counting else shape.blocks * experts
+                        if shape.cooperative else (shape.count_blocks + shape.blocks) * experts)
         self.offsets = (0, slots, slots + 3 * rows, slots + 3 * rows + 3 * experts)
         self.total_index = self.offsets[3] + block_counts
         self.buffer_size = self.total_index + 1
         self.split_sizes = (slots, rows, rows, rows, experts, experts, experts,
                             block_counts + 1)
         suffix = "i64" if problem.id_dtype == "int64" else "i32"
-        place = function_handle(SOURCE, (), device, f"mapping_place_{suffix}")
+        place = function_handle(SOURCE, (), device,
+                                f"mapping_{'coop' if shape.cooperative else 'place'}_{suffix}")
         if shape.shared_bytes > SHARED_BYTES_DEFAULT:
             driver.funcSetAttribute(place, driver.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                                     shape.shared_bytes)
-        self.launches = [] if shape.self_counting else [
+        self.launches = [] if shape.self_counting or shape.cooperative else [
             (function_handle(SOURCE, (), device, f"mapping_count_{suffix}"), shape.count_blocks,
              shape.threads, 4 * shape.count_split * experts)]
         self.launches.append((place, shape.blocks, shape.threads, shape.shared_bytes))
@@ -93,6 +96,11 @@ class MappingPlan:
         _pack_pointers(block.buffer, 0, topk_ids, buffer + 4 * o[0], buffer + 4 * o[1],
                        buffer + 4 * o[2], buffer + 4 * o[3])
         launches = self.launches
+        if self.shape.cooperative:
+            handle, blocks, threads, shared_bytes = launches[0]
+            driver.launchCooperativeKernel(handle, blocks, 1, 1, threads, 1, 1, shared_bytes,
+                                           stream, block.params_address)
+            return
         if self.overlap:
             handle, blocks, threads, shared_bytes = launches[0]
             driver.launchKernel(handle, blocks, 1, 1, threads, 1, 1, shared_bytes, stream,

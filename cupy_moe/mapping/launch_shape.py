@@ -33,6 +33,8 @@ class MappingShape(NamedTuple):
     self_counting: bool   # one launch: every place block counts all slots
     shared_bytes: int     # the place kernel's dynamic shared memory
     count_split: int = 1  # place blocks per count block (blocks is a multiple)
+    cooperative: bool = False  # one cooperative launch, counts shared through a
+                               # grid barrier (not with self_counting)
 
     @property
     def count_blocks(self) -> int:
@@ -52,9 +54,11 @@ def max_warps_for(num_experts: int, shared_bytes_optin: int) -> int:
 
 def mapping_shape(num_slots: int, num_experts: int, num_expanded: int, multiprocessors: int,
                   shared_bytes_optin: int, *, warps: int | None = None,
-                  blocks: int | None = None) -> MappingShape:
+                  blocks: int | None = None, cooperative: bool = False) -> MappingShape:
     """The launch shape of one problem; ``warps`` / ``blocks`` override the
-    defaults (sweeps)."""
+    defaults (sweeps). ``cooperative``: the GPU can launch cooperatively, so
+    too many slots for self-counting take one cooperative launch (at most a
+    block per multiprocessor) instead of count blocks and place blocks."""
     fit = max_warps_for(num_experts, shared_bytes_optin)
     if fit < 1:
         raise ValueError(f"{num_experts} experts do not fit the {shared_bytes_optin} bytes of "
@@ -66,6 +70,7 @@ def mapping_shape(num_slots: int, num_experts: int, num_expanded: int, multiproc
     elif not 1 <= warps <= fit:
         raise ValueError(f"warps must be in 1..{fit} for {num_experts} experts; got {warps}")
     self_counting = num_slots <= SELF_COUNT_MAX_SLOTS
+    cooperative = cooperative and not self_counting
     if blocks is None:
         blocks = max(1, ceil_div(warp_steps, warps * STEPS_PER_WARP),
                      ceil_div(num_expanded, 32 * warps * FILL_ROWS_PER_THREAD))
@@ -74,10 +79,13 @@ def mapping_shape(num_slots: int, num_experts: int, num_expanded: int, multiproc
             blocks = min(blocks, max(1, BLOCK_COUNT_READS // num_experts))
     elif blocks < 1:
         raise ValueError(f"blocks must be >= 1; got {blocks}")
+    elif cooperative and blocks > multiprocessors:
+        raise ValueError(f"a cooperative launch has at most a block per multiprocessor "
+                         f"({multiprocessors}); got {blocks} blocks")
     split = 1
-    if not self_counting:
+    if not self_counting and not cooperative:
         split = max(1, min(ceil_div(blocks, COUNT_BLOCKS), COUNT_SHARED_INTS // num_experts))
         blocks = max(split, blocks // split * split)  # warp_slots below covers the rest
     warp_slots = 32 * max(1, ceil_div(warp_steps, blocks * warps))
     return MappingShape(warps, blocks, warp_slots, self_counting,
-                        4 * (warps + 3) * num_experts, split)
+                        4 * (warps + 3) * num_experts, split, cooperative)

@@ -170,6 +170,7 @@ class DeviceTraits(NamedTuple):
     multiprocessors: int
     major: int  # compute capability major: 9 = Hopper (bulk copies, TMA)
     shared_bytes_optin: int  # dynamic shared memory a block may opt in to
+    cooperative_launch: bool = False  # all blocks of a grid can be made resident
 
 
 _device_traits: dict[int, DeviceTraits] = {}
@@ -181,7 +182,8 @@ def device_traits(device: int) -> DeviceTraits:
         props = runtime.getDeviceProperties(device)
         traits = _device_traits[device] = DeviceTraits(
             props["multiProcessorCount"], props["major"],
-            props.get("sharedMemPerBlockOptin", 48 * 1024))
+            props.get("sharedMemPerBlockOptin", 48 * 1024),
+            bool(props.get("cooperativeLaunch", 0)))
     return traits
 
 
