@@ -21,9 +21,9 @@ __device__ __forceinline__ unsigned* cooperative_barrier_word() {
 // Every thread of every block waits here until all have arrived; writes
 // before it are visible to reads after it, grid-wide. One thread per block
 // arrives: the blocks' additions sum to exactly 2^31 (block 0 adds 2^31 -
-// (blocks - 1), the others 1), so the word's top bit flips once all are in,
-// whatever the word held before: the next barrier (or launch) starts from
-// there.
+// (blocks - 1), the others 1). The word's low 31 bits start at zero (the
+// driver zeroes the workspace) and so end at zero after every barrier, and
+// its top bit flips exactly when the last block arrives, never before.
 __device__ __forceinline__ void grid_barrier() {
     __syncthreads();
     if (threadIdx.x == 0 && threadIdx.y == 0 && threadIdx.z == 0) {
