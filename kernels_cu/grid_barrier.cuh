@@ -3,7 +3,7 @@
 // A cooperative launch (cuLaunchCooperativeKernel, or the cooperative launch
 // attribute) keeps all its blocks resident at once and hands the grid a
 // zeroed workspace of the driver's, whose address the driver puts in the
-// special registers %envreg1 (low half) and %envreg2 (high half); its second
+// special registers %envreg1 (high half) and %envreg2 (low half); its second
 // 32-bit word is the grid's barrier. That is the driver ABI behind
 // cooperative_groups' grid sync (cooperative_groups/details/driver_abi.h of
 // the CUDA headers), fixed by binary compatibility: cubins built years ago
@@ -12,9 +12,9 @@
 #pragma once
 
 __device__ __forceinline__ unsigned* cooperative_barrier_word() {
-    unsigned low, high;
-    asm volatile("mov.u32 %0, %%envreg1;" : "=r"(low));
-    asm volatile("mov.u32 %0, %%envreg2;" : "=r"(high));
+    unsigned high, low;
+    asm volatile("mov.u32 %0, %%envreg1;" : "=r"(high));
+    asm volatile("mov.u32 %0, %%envreg2;" : "=r"(low));
     return reinterpret_cast<unsigned*>((static_cast<unsigned long long>(high) << 32) | low) + 1;
 }
 
