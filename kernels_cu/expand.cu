@@ -268,15 +268,20 @@ __device__ __forceinline__ void expand_to_fused_bulk_body(const ExpandArgs& a) {
         const i64 t = block;
         const unsigned stage_at = shared_address(stage);
         const unsigned loaded_at = shared_address(&loaded);
+        const int* slots = a.token_topk_to_pos + t * a.top_k;
+        const int k = blockIdx.z * a.slots_per_block + lane;
+        const int k_end = min(a.top_k, (blockIdx.z + 1) * a.slots_per_block);
+        const int p = k < k_end ? __ldg(slots + k) : -1;
+        // A token whose slots are all dropped (expert parallelism: remote
+        // experts) is not read at all: its row and scale factors go nowhere.
+        // Waiting for the slots first costs a block one load's latency;
+        // the other blocks of the SM stream meanwhile.
+        if (__ballot_sync(0xffffffffu, p >= 0 && p < a.num_expanded) == 0u) return;
         if (lane == 0) {
             mbarrier_expect(loaded_at, chunk_bytes);
             bulk_load(stage_at, a.x + t * a.row_bytes + chunk_begin * 16, chunk_bytes, loaded_at);
         }
         __syncwarp();
-        const int* slots = a.token_topk_to_pos + t * a.top_k;
-        const int k = blockIdx.z * a.slots_per_block + lane;
-        const int k_end = min(a.top_k, (blockIdx.z + 1) * a.slots_per_block);
-        const int p = k < k_end ? __ldg(slots + k) : -1;
 #if CUPY_MOE_SF_MODE != SF_NONE
         // Scale factors while the chunk is in flight (chunk 0's blocks only).
         if (blockIdx.y == 0) {

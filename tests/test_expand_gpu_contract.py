@@ -71,6 +71,28 @@ def test_manifest_expand_with_sf(workload, kind, kernel_path):
                              poison_outputs=poison, rng=rng, tuning=kernel_path)
 
 
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("with_sf", [False, True])
+def test_tokens_whose_slots_are_all_dropped(with_sf, kind, kernel_path):
+    # Expert parallelism: many tokens route nowhere on this rank (about half
+    # here have no slot left); the bulk kernel does not read their rows.
+    rng = np.random.default_rng()
+    num_tokens, top_k, hidden = 96, 8, 4096
+    token_topk_to_pos, pos_to_expert = fitted_routing(rng, num_tokens, top_k, 160,
+                                                      num_experts=6, max_alignment=4,
+                                                      drop=0.93)
+    assert (token_topk_to_pos < 0).all(axis=1).sum() > num_tokens // 3
+    if not with_sf:
+        x = random_bits(rng, (num_tokens, hidden), numpy_dtype("bfloat16"))
+        check_expand(kind, x, token_topk_to_pos, pos_to_expert, tuning=kernel_path)
+        return
+    x = random_bits(rng, (num_tokens, hidden), numpy_dtype("float8_e4m3fn"))
+    x_sf = random_bits(rng, (num_tokens, sf_columns(hidden, 128, packed_ue8m0=False)),
+                       np.dtype("float32"))
+    check_expand_with_sf(kind, x, x_sf, token_topk_to_pos, pos_to_expert, npc=128,
+                         col_major=False, poison_outputs=True, rng=rng, tuning=kernel_path)
+
+
 # -- odd shapes, every vector width ----------------------------------------------
 # The last three sizes of each list give rows of whole 16-byte vectors that the
 # bulk kernel splits into chunks with a short last one (or takes whole).
