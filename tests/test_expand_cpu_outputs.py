@@ -56,6 +56,19 @@ def test_zero_tokens_with_expert_rows_gives_zeros(kind, poisoned_out, rng):
 
 @smoke
 @pytest.mark.parametrize("kind", KINDS)
+def test_empty_out_of_any_strides_is_accepted(kind):
+    """X == 0: an empty out is contiguous whatever its strides (NumPy 2 gives
+    empty arrays zero strides)."""
+    x = np.empty((0, 40), dtype=np_dtype("bfloat16"))
+    token_topk_to_pos = np.empty((0, 8), dtype=np.int32)
+    out = as_kind(kind, np.empty((0, 40), dtype=np_dtype("bfloat16")))
+    result = cupy_moe.expand_to_fused(as_kind(kind, x), as_kind(kind, token_topk_to_pos),
+                                      as_kind(kind, i32([])), out=out)
+    assert result is out and tuple(result.shape) == (0, 40)
+
+
+@smoke
+@pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("layout", list(SF_LAYOUTS))
 def test_zero_tokens_with_sf_gives_zeros(kind, layout, rng):
     col_major, sf_dtype = SF_LAYOUTS[layout]
