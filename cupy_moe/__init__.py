@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from ._version import __version__
+from .combine import reduce_fused
 from .expand import expand_to_fused, expand_to_fused_with_sf
 from .interop import as_cupy, as_torch
 from .mapping import FusedMapping, fused_mapping
@@ -20,6 +21,7 @@ __all__ = [
     "expand_to_fused_with_sf",
     "fused_mapping",
     "FusedMapping",
+    "reduce_fused",
     "as_cupy",
     "as_torch",
     "load_workloads",

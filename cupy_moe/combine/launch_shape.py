@@ -1,0 +1,107 @@
+"""How ``reduce_fused``'s kernel is cut into blocks (pure Python: tested
+without a GPU).
+
+A thread owns one vector (16 bytes where alignment allows) of one token's
+output row: it loads that vector of each of the token's K expert rows (all of a
+batch of slots before the first FMA), accumulates in float32 and stores once.
+So a block is ``tokens_per_block`` groups of ``row_threads`` threads, each
+group one column chunk of one token, and the grid is (token groups, column
+chunks). Nothing is shared between threads: no shared memory, no atomics,
+no synchronisation; every output element is written by exactly one thread.
+
+- Rows of at most 16 vectors take a power-of-two group of threads each and
+  are packed, several tokens a block (a block of 128 threads), so short rows
+  do not leave most of a block idle.
+- Longer rows are cut into the fewest chunks of at most ``max_warps`` warps,
+  balanced (7168 bf16 columns = 896 vectors = 28 warps: 4 chunks of 7 warps,
+  no idle thread; 2048 columns: one chunk of 8 warps).
+- Few tokens (decode): while the grid has fewer than ``fill_blocks_per_sm``
+  blocks per SM, rows are cut into more, smaller chunks (down to one warp),
+  and packed blocks hold fewer tokens, so that more SMs share the loads.
+
+The grid depends only on the call's sizes and the GPU's SM count, never on the
+data, so a CUDA graph can capture the call; results do not depend on it.
+
+Why this shape. The op reads K rows and writes one per token: it is bound by
+memory, and the kernel's job is to keep enough bytes in flight and to spend
+few instructions per byte. 16-byte accesses move 8 bf16 (4 float32) per
+instruction; a thread issues its vector loads of a whole batch of slots (8)
+back to back before the first FMA, so a block waits one memory latency per
+batch, not one per slot; blocks never wait on each other. Each element's sum
+is made by one thread, slot by slot in k order, so cutting a row into column
+chunks changes no bit, while splitting the K slots across blocks would (it
+needs atomics or a second pass, and moves the rounding order): that is never
+done. Balanced chunks leave no idle lane on the usual hidden sizes, so
+prefill shapes of different H (7168, 2048) run at the same share of the
+bandwidth. Rows whose length or base is not a multiple of 16 bytes take
+narrower accesses (down to one element for odd H): correct for every H, but
+only the aligned shapes are meant to be fast.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from ..runtime.sizes import ceil_div
+
+MAX_WARPS = 8              # warps of one chunk: a row's chunk covers up to 256 vectors
+MAX_BLOCK_THREADS = 256    # COMBINE_MAX_THREADS of combine.cu (its __launch_bounds__)
+PACK_THREADS = 128         # threads of a block of packed short rows
+PACKED_ROW_VECS = 16       # rows of at most this many vectors are packed
+FILL_BLOCKS_PER_SM = 4     # fewer blocks than this per SM: cut rows finer
+MAX_GRID_X = 2**31 - 1
+MAX_GRID_Y = 65535
+
+
+class CombineShape(NamedTuple):
+    row_threads: int       # threads on one token's column chunk
+    tokens_per_block: int
+    chunks: int            # column chunks of a row: the grid's y
+    token_blocks: int      # blocks along the tokens: the grid's x (0: nothing to launch)
+
+    @property
+    def threads(self) -> int:
+        return self.row_threads * self.tokens_per_block
+
+    @property
+    def grid(self) -> tuple[int, int, int]:
+        return (self.token_blocks, self.chunks, 1)
+
+
+def _next_power_of_two(n: int) -> int:
+    return 1 << max(0, n - 1).bit_length()
+
+
+def combine_shape(num_tokens: int, row_vecs: int, multiprocessors: int, *,
+                  max_warps: int = MAX_WARPS,
+                  fill_blocks_per_sm: float = FILL_BLOCKS_PER_SM) -> CombineShape:
+    """The launch shape of ``num_tokens`` rows of ``row_vecs`` vectors each.
+
+    ``max_warps`` and ``fill_blocks_per_sm`` override the defaults (sweeps).
+    """
+    if row_vecs < 1:
+        raise ValueError(f"row_vecs must be >= 1; got {row_vecs}")
+    if not 1 <= max_warps <= MAX_BLOCK_THREADS // 32:
+        raise ValueError(f"max_warps must be in 1 .. {MAX_BLOCK_THREADS // 32}; got {max_warps}")
+    target = fill_blocks_per_sm * multiprocessors
+    if row_vecs <= PACKED_ROW_VECS:
+        row_threads, chunks = _next_power_of_two(row_vecs), 1
+        tokens_per_block = PACK_THREADS // row_threads
+        while tokens_per_block > 1 and ceil_div(num_tokens, tokens_per_block) < target:
+            tokens_per_block //= 2
+    else:
+        row_warps = ceil_div(row_vecs, 32)
+        chunks = ceil_div(row_warps, max_warps)
+        if num_tokens * chunks < target:
+            chunks = min(row_warps, max(chunks, ceil_div(int(target), max(num_tokens, 1))))
+        warps = ceil_div(row_warps, chunks)
+        chunks = ceil_div(row_warps, warps)  # no empty chunk
+        row_threads, tokens_per_block = 32 * warps, 1
+    if chunks > MAX_GRID_Y:
+        raise ValueError(f"expanded rows of {row_vecs} vectors need {chunks} column chunks; "
+                         f"one launch takes at most {MAX_GRID_Y}")
+    token_blocks = ceil_div(num_tokens, tokens_per_block)
+    if token_blocks > MAX_GRID_X:
+        raise ValueError(f"T = {num_tokens} tokens need {token_blocks} blocks; one launch "
+                         f"takes at most {MAX_GRID_X}")
+    return CombineShape(row_threads, tokens_per_block, chunks, token_blocks)

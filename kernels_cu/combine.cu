@@ -1,0 +1,220 @@
+// reduce_fused, the MoE combine: each token's K expert rows, weighted and
+// summed in float32, back to one row per token.
+//
+//   for each token t, slots k = 0 .. K-1 in order, p = token_topk_to_pos[t, k]
+//   with 0 <= p < X (a negative slot is dropped; one >= X is skipped, never
+//   read):
+//       s   = topk_weights[t, k] * row_scale[p]    (__fmul_rn; a missing
+//                                                   factor is 1: s = w, s =
+//                                                   row_scale[p], or s = 1)
+//       acc = __fmaf_rn(float(expanded[p, h]), s, acc)   from acc = +0.0f
+//   out[t, h] = acc rounded once to the dtype (round to nearest even).
+//
+// Explicit __fmul_rn / __fmaf_rn: no contraction or reassociation can change
+// a bit, and the loader never passes fast-math or flush-to-zero (denormals
+// are kept). NaN results are stored as one canonical NaN per dtype
+// (0x7FFFFFFF, bf16/fp16 0x7FFF), whatever the hardware's payload, so that
+// the NumPy oracle (cupy_moe/combine/reference.py) matches bit for bit.
+//
+// Layout (cupy_moe/combine/launch_shape.py picks it): a thread owns one
+// VEC_BYTES vector of one token's output row. A block is tokens_per_block
+// groups of row_threads threads; the grid is (token groups, column chunks).
+// A thread loads its vector of a batch of COMBINE_SLOT_BATCH slots' rows
+// before the first FMA of the batch (the loads are in flight together: one
+// memory latency per batch, not per slot), then accumulates them in slot
+// order. No shared memory, no atomics, no barriers; every output vector is
+// written once. The host picks VEC_BYTES (16, 8, 4 or 2; at least the element
+// size) as the widest access dividing the row length and both base
+// addresses, so odd H and misaligned views take narrower accesses, down to
+// one element. Offsets are 64-bit.
+//
+// Kernels: reduce_fused_{f32,bf16,f16}_v{16,8,4,2} (f32 from 4 bytes up), and
+// reduce_fused_first_out_of_range (validate=True).
+
+#include "vector_access.cuh"
+
+// Slots whose row loads a thread has in flight at once (registers: this many
+// vectors). The host does not depend on it.
+#ifndef COMBINE_SLOT_BATCH
+#define COMBINE_SLOT_BATCH 8
+#endif
+// The largest block the host launches (cupy_moe/combine/launch_shape.py), and
+// the blocks of that size an SM must hold at least: with this bound ptxas
+// neither spills (it did with the thread bound alone) nor takes more than 128
+// registers; two such blocks keep 2 * 256 * COMBINE_SLOT_BATCH 16-byte loads
+// in flight per SM, more than its share of the memory bandwidth needs.
+#define COMBINE_MAX_THREADS 256
+#define COMBINE_MIN_BLOCKS 2
+
+// The argument block, passed by value. The host packs it field for field
+// (cupy_moe/combine/gpu.py, COMBINE_ARGS), in this order.
+struct CombineArgs {
+    const void* expanded;          // [X, H]
+    const int* token_topk_to_pos;  // [T, K]
+    const float* topk_weights;     // [T, K], or null
+    const float* row_scale;        // [X], or null
+    void* out;                     // [T, H]
+    i64 row_vecs;                  // H * itemsize / VEC_BYTES
+    i64 num_tokens;                // T
+    i64 num_expanded;              // X
+    int top_k;                     // K
+    int row_threads;               // threads on one token's column chunk
+    int tokens_per_block;
+};
+
+#define FMT_F32 0
+#define FMT_BF16 1
+#define FMT_F16 2
+
+// Each dtype's bits, their exact widening to float and the one rounding back.
+template <int FMT> struct Format;
+
+template <> struct Format<FMT_F32> {
+    typedef unsigned int Bits;
+    static __device__ __forceinline__ float widen(Bits b) { return __uint_as_float(b); }
+    static __device__ __forceinline__ Bits narrow(float f) {
+        return f != f ? 0x7FFFFFFFu : __float_as_uint(f);
+    }
+};
+
+template <> struct Format<FMT_BF16> {
+    typedef unsigned short Bits;
+    static __device__ __forceinline__ float widen(Bits b) {
+        return __uint_as_float(static_cast<unsigned int>(b) << 16);
+    }
+    // Round to nearest even on the bits: add just under half of the dropped
+    // part's unit, plus the kept part's last bit (ties go to even). Carries
+    // run into the exponent as they should (up to inf); denormals need
+    // nothing special (bf16 has float32's exponent range). NaN apart.
+    static __device__ __forceinline__ Bits narrow(float f) {
+        if (f != f) return 0x7FFF;
+        const unsigned int u = __float_as_uint(f);
+        return static_cast<Bits>((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+    }
+};
+
+template <> struct Format<FMT_F16> {
+    typedef unsigned short Bits;
+    static __device__ __forceinline__ float widen(Bits b) {
+        float f;
+        asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(b));
+        return f;
+    }
+    // cvt.rn: round to nearest even, fp16 denormals kept, overflow to inf.
+    static __device__ __forceinline__ Bits narrow(float f) {
+        if (f != f) return 0x7FFF;
+        Bits h;
+        asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+        return h;
+    }
+};
+
+template <int FMT, int VEC_BYTES>
+__device__ __forceinline__ void reduce_fused_body(const CombineArgs& a) {
+    typedef Format<FMT> F;
+    typedef typename F::Bits Bits;
+    typedef typename VecOf<VEC_BYTES>::type Vec;
+    constexpr int ELEMS = VEC_BYTES / static_cast<int>(sizeof(Bits));
+    static_assert(ELEMS >= 1, "a vector holds at least one element");
+
+    const int group = threadIdx.x / a.row_threads;
+    const int lane = threadIdx.x - group * a.row_threads;
+    const i64 t = static_cast<i64>(blockIdx.x) * a.tokens_per_block + group;
+    const i64 v = static_cast<i64>(blockIdx.y) * a.row_threads + lane;
+    if (t >= a.num_tokens || v >= a.row_vecs) return;
+
+    const int* slots = a.token_topk_to_pos + t * a.top_k;
+    const float* weights = a.topk_weights == nullptr ? nullptr : a.topk_weights + t * a.top_k;
+    const Vec* rows = reinterpret_cast<const Vec*>(a.expanded) + v;
+
+    float acc[ELEMS];
+#pragma unroll
+    for (int e = 0; e < ELEMS; ++e) acc[e] = 0.0f;
+
+    for (int k0 = 0; k0 < a.top_k; k0 += COMBINE_SLOT_BATCH) {
+        // The batch's slots and weights (independent loads, issued together).
+        int pos[COMBINE_SLOT_BATCH];
+        float weight[COMBINE_SLOT_BATCH];
+#pragma unroll
+        for (int j = 0; j < COMBINE_SLOT_BATCH; ++j) {
+            const int k = k0 + j;
+            pos[j] = -1;
+            weight[j] = 1.0f;
+            if (k < a.top_k) {
+                const int p = __ldg(slots + k);
+                pos[j] = p >= 0 && p < a.num_expanded ? p : -1;
+                if (weights != nullptr) weight[j] = __ldg(weights + k);
+            }
+        }
+        // Every used row's vector in flight before any FMA.
+        Vec held[COMBINE_SLOT_BATCH];
+#pragma unroll
+        for (int j = 0; j < COMBINE_SLOT_BATCH; ++j) {
+            if (pos[j] >= 0) held[j] = load_once(rows + static_cast<i64>(pos[j]) * a.row_vecs);
+        }
+        float scale[COMBINE_SLOT_BATCH];
+#pragma unroll
+        for (int j = 0; j < COMBINE_SLOT_BATCH; ++j) {
+            scale[j] = weight[j];
+            if (a.row_scale != nullptr && pos[j] >= 0) {
+                const float row = __ldg(a.row_scale + pos[j]);
+                scale[j] = weights != nullptr ? __fmul_rn(weight[j], row) : row;
+            }
+        }
+        // In slot order: the order of the roundings is the result.
+#pragma unroll
+        for (int j = 0; j < COMBINE_SLOT_BATCH; ++j) {
+            if (pos[j] < 0) continue;
+            Bits bits[ELEMS];
+            memcpy(bits, &held[j], sizeof(Vec));
+#pragma unroll
+            for (int e = 0; e < ELEMS; ++e) acc[e] = __fmaf_rn(F::widen(bits[e]), scale[j], acc[e]);
+        }
+    }
+
+    Bits bits[ELEMS];
+#pragma unroll
+    for (int e = 0; e < ELEMS; ++e) bits[e] = F::narrow(acc[e]);
+    Vec result;
+    memcpy(&result, bits, sizeof(Vec));
+    store_once(reinterpret_cast<Vec*>(a.out) + t * a.row_vecs + v, result);
+}
+
+#define DEFINE_REDUCE_FUSED_KERNEL(NAME, FMT, VEC_BYTES)                             \
+    extern "C" __global__ void __launch_bounds__(COMBINE_MAX_THREADS, COMBINE_MIN_BLOCKS) \
+    reduce_fused_##NAME##_v##VEC_BYTES(const CombineArgs args) {                     \
+        reduce_fused_body<FMT, VEC_BYTES>(args);                                     \
+    }
+
+DEFINE_REDUCE_FUSED_KERNEL(f32, FMT_F32, 16)
+DEFINE_REDUCE_FUSED_KERNEL(f32, FMT_F32, 8)
+DEFINE_REDUCE_FUSED_KERNEL(f32, FMT_F32, 4)
+DEFINE_REDUCE_FUSED_KERNEL(bf16, FMT_BF16, 16)
+DEFINE_REDUCE_FUSED_KERNEL(bf16, FMT_BF16, 8)
+DEFINE_REDUCE_FUSED_KERNEL(bf16, FMT_BF16, 4)
+DEFINE_REDUCE_FUSED_KERNEL(bf16, FMT_BF16, 2)
+DEFINE_REDUCE_FUSED_KERNEL(f16, FMT_F16, 16)
+DEFINE_REDUCE_FUSED_KERNEL(f16, FMT_F16, 8)
+DEFINE_REDUCE_FUSED_KERNEL(f16, FMT_F16, 4)
+DEFINE_REDUCE_FUSED_KERNEL(f16, FMT_F16, 2)
+
+// ---------------------------------------------------------------------------
+// validate=True: the first flat slot whose row is >= X. *found starts at
+// COMBINE_NONE (every byte 0x7F: the host sets it with one memset).
+
+#define COMBINE_NONE 0x7F7F7F7F7F7F7F7FLL
+
+struct CombineCheckArgs {
+    const int* token_topk_to_pos;  // [T * K]
+    long long* found;              // [1]
+    i64 num_slots;                 // T * K
+    i64 num_expanded;              // X
+};
+
+extern "C" __global__ void reduce_fused_first_out_of_range(const CombineCheckArgs a) {
+    const i64 stride = static_cast<i64>(gridDim.x) * blockDim.x;
+    for (i64 i = blockIdx.x * static_cast<i64>(blockDim.x) + threadIdx.x; i < a.num_slots;
+         i += stride) {
+        if (a.token_topk_to_pos[i] >= a.num_expanded) atomicMin(a.found, i);
+    }
+}

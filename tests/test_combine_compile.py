@@ -1,0 +1,142 @@
+"""kernels_cu/combine.cu compiles with NVRTC for sm_80 and sm_90, GPU or not,
+and its PTX keeps the numerics and the argument layout the host relies on.
+
+As tests/test_nvrtc_compile.py: where CI=true a missing CuPy/NVRTC is an
+error, not a skip.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+import pytest
+
+from cupy_moe.runtime.loader import compile_for_arch, compile_options, kernel_source
+
+_IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+SOURCE = "combine.cu"
+
+
+def _nvrtc_or_skip():
+    try:
+        from cupy.cuda import nvrtc
+        nvrtc.getVersion()
+    except Exception as exc:  # noqa: BLE001 - no CuPy, or no libnvrtc found
+        if _IN_CI:
+            pytest.fail(f"CI must be able to run NVRTC (install the cuda12 extra): {exc}")
+        pytest.skip(f"NVRTC not available: {exc}")
+
+
+def _kernel_names() -> list[str]:
+    from cupy_moe.combine.gpu import KERNEL_PREFIX, VEC_WIDTHS
+
+    return [f"{KERNEL_PREFIX[fmt]}_v{width}" for fmt in KERNEL_PREFIX
+            for width in VEC_WIDTHS[fmt]]
+
+
+def _ptx(arch: str, defines: tuple[tuple[str, int], ...] = ()) -> str:
+    from cupy.cuda import nvrtc
+
+    program = nvrtc.createProgram(kernel_source(SOURCE), SOURCE, [], [])
+    try:
+        nvrtc.compileProgram(program, [*compile_options(defines), f"-arch={arch}"])
+        ptx = nvrtc.getPTX(program)
+    finally:
+        nvrtc.destroyProgram(program)
+    return ptx.decode() if isinstance(ptx, bytes) else ptx
+
+
+def _entry(ptx: str, name: str) -> str:
+    match = re.search(rf"\.entry {name}\((.|\n)*?\n}}", ptx)
+    assert match, f"{name} is not in the PTX"
+    return match.group(0)
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_every_combine_kernel_compiles(arch):
+    _nvrtc_or_skip()
+    cubin = compile_for_arch(SOURCE, (), arch)
+    assert cubin[:4] == b"\x7fELF"
+    for name in [*_kernel_names(), "reduce_fused_first_out_of_range"]:
+        assert name.encode() in cubin, name
+
+
+@pytest.mark.parametrize("slot_batch", [1, 3, 16])
+def test_other_slot_batches_compile(slot_batch):
+    """COMBINE_SLOT_BATCH only trades registers for loads in flight: any
+    value compiles (the host does not depend on it)."""
+    _nvrtc_or_skip()
+    cubin = compile_for_arch(SOURCE, (("COMBINE_SLOT_BATCH", slot_batch),), "sm_90")
+    assert b"reduce_fused_bf16_v16" in cubin
+
+
+@pytest.mark.parametrize("arch", ["compute_80", "compute_90"])
+def test_ptx_rounds_as_the_numpy_oracle(arch):
+    """Every float operation of the reduce kernels is an explicitly rounded
+    fma.rn.f32 / mul.rn.f32 (nothing contracted or fused differently), and
+    nothing flushes denormals to zero."""
+    _nvrtc_or_skip()
+    ptx = _ptx(arch)
+    assert ".ftz" not in ptx
+    for name in _kernel_names():
+        body = _entry(ptx, name)
+        float_ops = set(re.findall(r"\b((?:fma|mul|add|sub|div|neg)(?:\.[a-z0-9]+)*\.f32)\b",
+                                   body))
+        assert float_ops <= {"fma.rn.f32", "mul.rn.f32"}, (name, float_ops)
+        assert "fma.rn.f32" in float_ops, name
+
+
+def _host_offsets(layout) -> list[int]:
+    """Byte offset of each field of an ArgStruct, as the host packs it."""
+    offsets = []
+    for i in range(len(layout.names)):
+        values = [0] * len(layout.names)
+        values[i] = 0x7B
+        offsets.append(layout.packer.pack(*values).index(0x7B))
+    return offsets
+
+
+# ld.param[.v2|.v4].{u,s,b}BITS dest, [NAME_param_0+OFFSET]
+_PARAM_LOAD = re.compile(
+    r"ld\.param\.(?:(v[24])\.)?[usb](\d+)\s+[^\[]*\[(\w+)_param_0(?:\+(\d+))?\]")
+
+
+@pytest.mark.parametrize("kernel", ["reduce_fused_bf16_v16", "reduce_fused_f32_v4",
+                                    "reduce_fused_f16_v2", "reduce_fused_first_out_of_range"])
+def test_argument_block_matches_the_host_packing(kernel):
+    """The kernel's by-value struct has the size the host packs, and every
+    field the kernel reads starts where the host writes one."""
+    _nvrtc_or_skip()
+    from cupy_moe.combine.gpu import CHECK_ARGS, COMBINE_ARGS
+
+    layout = CHECK_ARGS if kernel == "reduce_fused_first_out_of_range" else COMBINE_ARGS
+    body = _entry(_ptx("compute_90"), kernel)
+    size = re.search(rf"\.param \.align \d+ \.b8 {kernel}_param_0\[(\d+)\]", body)
+    assert size and int(size.group(1)) == layout.size
+    fields = set(_host_offsets(layout))
+    read = set()
+    for vector, bits, _, offset in _PARAM_LOAD.findall(body):
+        count = int(vector[1]) if vector else 1
+        read |= {int(offset or 0) + j * int(bits) // 8 for j in range(count)}
+    assert read and read <= fields, (sorted(read), sorted(fields))
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_no_kernel_spills_registers(arch):
+    """Spilled registers would put local-memory traffic beside the row loads
+    (the thread bound alone once made ptxas spill: see COMBINE_MIN_BLOCKS)."""
+    _nvrtc_or_skip()
+    from cupy.cuda import nvrtc
+
+    program = nvrtc.createProgram(kernel_source(SOURCE), SOURCE, [], [])
+    try:
+        nvrtc.compileProgram(program, [*compile_options(()), f"-arch={arch}",
+                                       "--ptxas-options=-v"])
+        log = nvrtc.getProgramLog(program)
+    finally:
+        nvrtc.destroyProgram(program)
+    log = (log.decode(errors="replace") if isinstance(log, bytes) else log).replace("\0", "")
+    spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", log)
+    assert len(spills) == len(_kernel_names()) + 1, log
+    assert all(stores == "0" and loads == "0" for stores, loads in spills), log

@@ -1,0 +1,115 @@
+"""``reduce_fused``'s launch plans without a GPU: the device traits, kernel
+handles and the driver's launch are stand-ins, so that what a call would
+launch (kernel, access width, grid, argument block) is checked on any machine."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("cupy")
+
+from cupy_moe.combine import gpu
+from cupy_moe.combine.launch_shape import combine_shape
+from cupy_moe.combine.rules import CombineProblem
+from cupy_moe.runtime.launch import DeviceTraits
+
+MULTIPROCESSORS = 132
+
+
+class FakeDriver:
+    """Records launches instead of making them."""
+
+    def __init__(self) -> None:
+        self.launches = []
+
+    def launchKernel(self, handle, gx, gy, gz, bx, by, bz, shared, stream, params, extra):
+        self.launches.append({"handle": handle, "grid": (gx, gy, gz), "block": (bx, by, bz),
+                              "shared": shared, "stream": stream, "params": params})
+
+
+@pytest.fixture
+def fake_gpu(monkeypatch):
+    handles = {}
+    monkeypatch.setattr(gpu, "device_traits",
+                        lambda device: DeviceTraits(MULTIPROCESSORS, 9, 227 * 1024))
+    monkeypatch.setattr(gpu, "function_handle",
+                        lambda source, defines, device, name: handles.setdefault(
+                            name, 0x1000 + len(handles)))
+    driver = FakeDriver()
+    monkeypatch.setattr(gpu, "driver", driver)
+    def launched():
+        """(kernel name, launch record) of the last launch."""
+        record = driver.launches[-1]
+        name = next(n for n, h in handles.items() if h == record["handle"])
+        return name, record
+
+    return driver, launched
+
+
+def _problem(num_tokens=64, hidden=7168, top_k=8, num_expanded=600, dtype="bfloat16",
+             weights=True, row_scale=False):
+    return CombineProblem(num_tokens, hidden, top_k, num_expanded, dtype, weights, row_scale)
+
+
+def _fields(plan, vec_bytes):
+    layout = gpu.COMBINE_ARGS
+    values = layout.packer.unpack_from(plan.kernel(vec_bytes).args.buffer)
+    return dict(zip(layout.names, values))
+
+
+@pytest.mark.parametrize(("dtype", "item", "hidden", "expanded", "out", "kernel"), [
+    ("bfloat16", 2, 7168, 0x10000, 0x20000, "reduce_fused_bf16_v16"),
+    ("uint16", 2, 7168, 0x10000, 0x20000, "reduce_fused_bf16_v16"),
+    ("float16", 2, 7168, 0x10008, 0x20000, "reduce_fused_f16_v8"),   # base 8-aligned
+    ("float16", 2, 7168, 0x10000, 0x20004, "reduce_fused_f16_v4"),   # out 4-aligned
+    ("bfloat16", 2, 7169, 0x10000, 0x20000, "reduce_fused_bf16_v2"),  # odd H: one element
+    ("bfloat16", 2, 7170, 0x10000, 0x20000, "reduce_fused_bf16_v4"),
+    ("float32", 4, 7168, 0x10000, 0x20000, "reduce_fused_f32_v16"),
+    ("float32", 4, 7167, 0x10000, 0x20000, "reduce_fused_f32_v4"),
+    ("float32", 4, 7168, 0x10004, 0x20000, "reduce_fused_f32_v4"),
+    ("float32", 4, 2, 0x10000, 0x20000, "reduce_fused_f32_v8"),
+])
+def test_widest_access_and_its_kernel(fake_gpu, dtype, item, hidden, expanded, out, kernel):
+    _driver, launched = fake_gpu
+    plan = gpu.CombinePlan(_problem(hidden=hidden, dtype=dtype), item, 0)
+    plan.launch(5, expanded, 0x30000, 0x40000, 0, out)
+    name, record = launched()
+    assert name == kernel
+    vec_bytes = int(kernel.rsplit("_v", 1)[1])
+    shape = combine_shape(64, hidden * item // vec_bytes, MULTIPROCESSORS)
+    assert record["grid"] == shape.grid and record["block"] == (shape.threads, 1, 1)
+    assert record["shared"] == 0 and record["stream"] == 5
+    fields = _fields(plan, vec_bytes)
+    assert fields == {"expanded": expanded, "token_topk_to_pos": 0x30000,
+                      "topk_weights": 0x40000, "row_scale": 0, "out": out,
+                      "row_vecs": hidden * item // vec_bytes, "num_tokens": 64,
+                      "num_expanded": 600, "top_k": 8, "row_threads": shape.row_threads,
+                      "tokens_per_block": shape.tokens_per_block}
+
+
+def test_no_tokens_launch_nothing(fake_gpu):
+    driver, _ = fake_gpu
+    plan = gpu.CombinePlan(_problem(num_tokens=0), 2, 0)
+    plan.launch(0, 0x10000, 0, 0, 0, 0x20000)
+    assert driver.launches == []
+
+
+def test_plans_are_kept_per_problem(fake_gpu):
+    problem = _problem()
+    assert gpu.plan_for(problem, 2, 0) is gpu.plan_for(problem, 2, 0)
+    assert gpu.plan_for(problem, 2, 0) is not gpu.plan_for(problem, 2, 1)
+
+
+def test_shape_options_reach_the_launch(fake_gpu):
+    _driver, launched = fake_gpu
+    plan = gpu.CombinePlan(_problem(num_tokens=4096), 2, 0,
+                           (("fill_blocks_per_sm", 0.0), ("max_warps", 2)))
+    plan.launch(0, 0x10000, 0x30000, 0, 0, 0x20000)
+    _, record = launched()
+    assert record["block"] == (64, 1, 1) and record["grid"] == (4096, 14, 1)
+
+
+def test_overlap_sizes_of_the_fast_path():
+    plan = gpu.CombinePlan(_problem(row_scale=True), 2, 0)  # kernels are made lazily
+    assert plan.input_bytes == (600 * 7168 * 2, 64 * 8 * 4, 64 * 8 * 4, 600 * 4)
+    assert plan.out_bytes == 64 * 7168 * 2 and plan.out_shape == (64, 7168)

@@ -1,0 +1,95 @@
+"""``reduce_fused``'s launch shape (pure Python, no GPU): every thread of the
+grid maps to at most one (token, vector), every (token, vector) to exactly
+one thread, and the shapes the design note promises."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+
+from cupy_moe.combine.launch_shape import (
+    MAX_GRID_Y,
+    PACK_THREADS,
+    CombineShape,
+    combine_shape,
+)
+
+
+def covered(shape: CombineShape, num_tokens: int, row_vecs: int) -> np.ndarray:
+    """How many threads land on each (token, vector), replaying the kernel's
+    index arithmetic over the whole grid."""
+    hits = np.zeros((num_tokens, row_vecs), dtype=np.int64)
+    thread = np.arange(shape.threads)
+    group, lane = thread // shape.row_threads, thread % shape.row_threads
+    for bx in range(shape.token_blocks):
+        for by in range(shape.chunks):
+            t = bx * shape.tokens_per_block + group
+            v = by * shape.row_threads + lane
+            inside = (t < num_tokens) & (v < row_vecs)
+            np.add.at(hits, (t[inside], v[inside]), 1)
+    return hits
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_every_output_vector_has_exactly_one_thread(seed):
+    rng = np.random.default_rng(seed)
+    num_tokens = int(rng.integers(0, 300))
+    row_vecs = int(rng.integers(1, 2000)) if seed % 3 else int(rng.integers(1, 40))
+    multiprocessors = int(rng.choice([1, 8, 108, 132]))
+    shape = combine_shape(num_tokens, row_vecs, multiprocessors,
+                          max_warps=int(rng.integers(1, 9)),
+                          fill_blocks_per_sm=float(rng.choice([0.0, 1.0, 4.0, 16.0])))
+    assert 1 <= shape.threads <= 256
+    assert shape.row_threads * shape.tokens_per_block == shape.threads
+    assert shape.row_threads < 32 or shape.row_threads % 32 == 0
+    # no empty chunk, no empty block of tokens
+    assert shape.row_threads * (shape.chunks - 1) < row_vecs
+    assert shape.token_blocks == -(-num_tokens // shape.tokens_per_block)
+    assert (covered(shape, num_tokens, row_vecs) == 1).all()
+
+
+@pytest.mark.parametrize(("num_tokens", "row_vecs", "expected"), [
+    # prefill, 7168 bf16 columns in 16-byte vectors: 4 chunks of 7 warps, no idle lane
+    (4096, 896, CombineShape(224, 1, 4, 4096)),
+    # 2048 bf16 columns: a chunk of 8 warps
+    (8192, 256, CombineShape(256, 1, 1, 8192)),
+    # decode: a token's row spread over 28 one-warp blocks
+    (1, 896, CombineShape(32, 1, 28, 1)),
+    (16, 896, CombineShape(32, 1, 28, 16)),
+    # short rows are packed, 128 threads a block, unless the tokens are few
+    (10_000, 8, CombineShape(8, 16, 1, 625)),
+    (4, 8, CombineShape(8, 1, 1, 4)),
+    (10_000, 3, CombineShape(4, 16, 1, 625)),
+    (5, 1, CombineShape(1, 1, 1, 5)),
+    # no tokens: nothing to launch
+    (0, 896, CombineShape(32, 1, 28, 0)),
+])
+def test_shapes_of_the_design_note(num_tokens, row_vecs, expected):
+    assert combine_shape(num_tokens, row_vecs, 132) == expected
+
+
+def test_packed_blocks_have_pack_threads():
+    assert combine_shape(10_000, 16, 132).threads == PACK_THREADS
+
+
+def test_few_tokens_fill_the_chip_with_smaller_chunks():
+    wide = combine_shape(4096, 896, 132)
+    narrow = combine_shape(8, 896, 132)
+    assert narrow.chunks > wide.chunks
+    assert narrow.token_blocks * narrow.chunks >= 8 * wide.chunks
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"row_vecs": 0}, "row_vecs must be >= 1; got 0"),
+    ({"max_warps": 9}, "max_warps must be in 1 .. 8; got 9"),
+    ({"max_warps": 0}, "max_warps must be in 1 .. 8; got 0"),
+    ({"row_vecs": (MAX_GRID_Y + 1) * 256},
+     (f"expanded rows of {(MAX_GRID_Y + 1) * 256} vectors need {MAX_GRID_Y + 1} column chunks; "
+     f"one launch takes at most {MAX_GRID_Y}")),
+])
+def test_limits(kwargs, message):
+    args = {"num_tokens": 10_000, "row_vecs": 100, "multiprocessors": 132, **kwargs}
+    with pytest.raises(ValueError, match=re.escape(message)):
+        combine_shape(**args)
