@@ -7,6 +7,7 @@ memset floor (CPU backend, and the GPU path's control flow with CPU stand-ins).
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import re
 import time
@@ -190,9 +191,15 @@ def test_the_plan_sizes_are_cached_and_the_manifest_loads_fast():
 
 # --- the strict check of plan: ----------------------------------------------------
 
+@functools.cache
+def _packaged_text() -> str:
+    return resources.files("cupy_moe.harness").joinpath("workloads.yaml").read_text()
+
+
 def packaged_manifest() -> dict:
-    text = resources.files("cupy_moe.harness").joinpath("workloads.yaml").read_text()
-    return yaml.safe_load(text)
+    """workloads.yaml as loaded, a new copy each call (callers change it);
+    libyaml's safe loader where PyYAML has it (the pure-Python one is slow)."""
+    return yaml.load(_packaged_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
 
 
 def entry_index(op: str, label: str) -> int:

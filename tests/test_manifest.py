@@ -4,6 +4,7 @@ the strict check of workloads.yaml."""
 from __future__ import annotations
 
 import copy
+import functools
 import re
 from importlib import resources
 
@@ -13,8 +14,11 @@ import yaml
 import cupy_moe
 from cupy_moe.harness.manifest import (
     ALL_OP_NAMES,
+    COMBINE_OP_NAMES,
     MAPPING_OP_NAMES,
     OP_NAMES,
+    QUANTIZE_OP_NAMES,
+    PlanSpec,
     Workload,
     load_workloads,
     parse_manifest,
@@ -25,6 +29,9 @@ from cupy_moe.harness.rooflines import (
     expand_to_fused_bytes,
     expand_to_fused_with_sf_bytes,
     fused_mapping_bytes,
+    quantize_fp8_bytes,
+    reduce_fused_bytes,
+    swiglu_quantize_fp8_bytes,
 )
 from cupy_moe.mapping import worst_case_rows
 from cupy_moe.runtime.sizes import ceil_div
@@ -74,11 +81,17 @@ def by_hand(workload) -> int:
 def test_every_op_has_workloads_and_a_roofline():
     assert tuple(SEED_LABELS) == OP_NAMES
     assert MAPPING_OP_NAMES == ("fused_mapping",)
-    assert ALL_OP_NAMES == (*OP_NAMES, "fused_mapping")
+    assert COMBINE_OP_NAMES == ("reduce_fused",)
+    assert QUANTIZE_OP_NAMES == ("quantize_fp8", "swiglu_quantize_fp8")
+    assert ALL_OP_NAMES == (*OP_NAMES, "fused_mapping", "reduce_fused", "quantize_fp8",
+                            "swiglu_quantize_fp8")
     assert set(ROOFLINES) == set(ALL_OP_NAMES)
     assert ROOFLINES["expand_to_fused"] is expand_to_fused_bytes
     assert ROOFLINES["expand_to_fused_with_sf"] is expand_to_fused_with_sf_bytes
     assert ROOFLINES["fused_mapping"] is fused_mapping_bytes
+    assert ROOFLINES["reduce_fused"] is reduce_fused_bytes
+    assert ROOFLINES["quantize_fp8"] is quantize_fp8_bytes
+    assert ROOFLINES["swiglu_quantize_fp8"] is swiglu_quantize_fp8_bytes
     assert all(load_workloads(op) for op in ALL_OP_NAMES)
 
 
@@ -164,7 +177,8 @@ def test_roofline_bytes_follow_the_seed_formula(op):
 
 
 def test_unknown_op_is_a_key_error():
-    known = re.escape("known: ['expand_to_fused', 'expand_to_fused_with_sf', 'fused_mapping']")
+    known = re.escape("known: ['expand_to_fused', 'expand_to_fused_with_sf', 'fused_mapping', "
+                      "'quantize_fp8', 'reduce_fused', 'swiglu_quantize_fp8']")
     with pytest.raises(KeyError, match="no op 'expand_to_nowhere' in the manifest; " + known):
         load_workloads("expand_to_nowhere")
     with pytest.raises(KeyError, match="no op 'expand_to_nowhere' in the manifest; " + known):
@@ -217,9 +231,15 @@ def test_fused_mapping_bytes_counts_each_array_once():
 
 # --- the strict check of workloads.yaml -----------------------------------------
 
+@functools.cache
+def _packaged_text() -> str:
+    return resources.files("cupy_moe.harness").joinpath("workloads.yaml").read_text()
+
+
 def packaged_manifest() -> dict:
-    text = resources.files("cupy_moe.harness").joinpath("workloads.yaml").read_text()
-    return yaml.safe_load(text)
+    """workloads.yaml as loaded, a new copy each call (callers change it);
+    libyaml's safe loader where PyYAML has it (the pure-Python one is slow)."""
+    return yaml.load(_packaged_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
 
 
 def with_entry(op: str, index: int, **changes) -> dict:
@@ -322,7 +342,8 @@ def test_a_bad_section_is_rejected():
         parse_manifest([data])
     with pytest.raises(ValueError, match=re.escape(
             "workloads.yaml: unknown op section(s) ['fused_mapping_v2']; known: "
-            "['expand_to_fused', 'expand_to_fused_with_sf', 'fused_mapping']")):
+            "['expand_to_fused', 'expand_to_fused_with_sf', 'fused_mapping', 'reduce_fused', "
+            "'quantize_fp8', 'swiglu_quantize_fp8']")):
         parse_manifest({**data, "fused_mapping_v2": data["fused_mapping"]})
     without = {op: section for op, section in data.items() if op != "fused_mapping"}
     with pytest.raises(ValueError, match=re.escape(
@@ -346,3 +367,230 @@ def test_public_names():
     assert cupy_moe.roofline_bytes is roofline_bytes
     assert cupy_moe.Workload is Workload
     assert isinstance(load_workloads("expand_to_fused")[0], cupy_moe.Workload)
+
+
+# --- the combine and the fp8 producers ------------------------------------------
+
+# model: (H, I, E local, ep_ranks) of the newer ops' workloads
+MODELS = {"kimi-k2": (7168, 2048, 384, 1), "dsv3-ep8": (7168, 2048, 32, 8),
+          "qwen3-30b-a3b": (2048, 768, 128, 1)}
+SIZES = {"decode": 1, "small": 32, "medium": 512, "prefill": 4096, "prefill-8k": 8192}
+
+
+def newer_workload(label: str) -> Workload:
+    (found,) = [w for op in COMBINE_OP_NAMES + QUANTIZE_OP_NAMES for w in load_workloads(op)
+                if w.label == label]
+    return found
+
+
+def test_the_newer_ops_cover_the_models_and_batches():
+    reduce = {w.label: w for w in load_workloads("reduce_fused")}
+    for model in ("kimi-k2", "qwen3-30b-a3b"):
+        hidden, _, experts, _ = MODELS[model]
+        for size, tokens in SIZES.items():
+            # alignment 1: the T*K slots packed into exactly T*K rows, every one routed
+            w = reduce[f"reduce-{model}-{size}"]
+            assert (w.num_tokens, w.hidden, w.top_k, w.dtype) == (tokens, hidden, 8, "bfloat16")
+            assert w.plan == PlanSpec(num_experts=experts, alignment=1, seed=0)
+            assert w.num_expanded == w.routed_rows == tokens * 8 and w.used_tokens == tokens
+            assert dict(w.shapes) == {"expanded": (tokens * 8, hidden),
+                                      "token_topk_to_pos": (tokens, 8),
+                                      "topk_weights": (tokens, 8)}
+    for size, tokens in SIZES.items():  # DeepSeek-V3, 32 of 256 experts on this rank
+        w = reduce[f"reduce-dsv3-ep8-{size}-plan"]
+        assert w.plan == PlanSpec(num_experts=32, alignment=128, seed=0, ep_ranks=8)
+        assert w.routed_rows < tokens * 8 and w.num_expanded % 128 == 0
+    padded = reduce["reduce-kimi-k2-medium-e384-plan"]
+    assert (padded.num_expanded, padded.routed_rows) == (49152, 4096)
+    assert reduce["reduce-kimi-k2-medium-row-scale"].shapes["row_scale"] == (4096,)
+    assert "topk_weights" not in reduce["reduce-qwen3-30b-a3b-medium-unweighted"].shapes
+
+    quant = {w.label: w for w in load_workloads("quantize_fp8")}
+    layouts = {"row-major": (False, False, False), "col-major": (False, False, True),
+               "packed": (True, True, True)}
+    for w in quant.values():
+        layout = next(name for name in layouts if w.label.endswith(name))
+        assert (w.round_sf, w.packed_ue8m0, w.use_tma_aligned_col_major_sf) == layouts[layout]
+        assert w.num_per_channels == (32 if "-npc32-" in w.label else 128)
+        assert w.dtype == "bfloat16" and w.top_k is None and w.num_expanded is None
+        assert w.sf_dtype == ("int32" if layout == "packed" else "float32")
+        blocks = ceil_div(w.hidden, w.num_per_channels)
+        assert w.sf_columns == (ceil_div(blocks, 4) if layout == "packed" else blocks)
+    for size, tokens in SIZES.items():
+        assert quant[f"quant-kimi-k2-{size}-row-major"].shapes == {"x": (tokens, 7168)}
+        assert quant[f"quant-qwen3-30b-a3b-{size}-row-major"].shapes == {"x": (tokens, 2048)}
+    assert {w.num_per_channels for w in quant.values()} == {32, 128}
+
+    swiglu = {w.label: w for w in load_workloads("swiglu_quantize_fp8")}
+    for model, (_, intermediate, experts, ranks) in MODELS.items():
+        for size, tokens in SIZES.items():
+            stem = f"swiglu-{model}-{size}-" + ("plan" if ranks > 1 else f"e{experts}-plan")
+            w = swiglu[f"{stem}-col-major"]
+            assert w.plan == PlanSpec(num_experts=experts, alignment=128, seed=0,
+                                      ep_ranks=ranks)
+            x = w.num_expanded
+            assert dict(w.shapes) == {"h": (x, 2 * intermediate), "topk_weights": (tokens, 8),
+                                      "pos_to_token_topk": (x,), "pos_to_expert": (x,)}
+            assert (w.num_tokens, w.top_k, w.hidden) == (tokens, 8, intermediate)
+            assert w.use_tma_aligned_col_major_sf and not w.round_sf
+    labels = [w.label for op in ALL_OP_NAMES for w in load_workloads(op)]
+    assert len(labels) == len(set(labels))
+
+
+@pytest.mark.parametrize(("label", "expected"), [
+    # T=32 H=2048 K=8, alignment 1: X = R = 256 rows read, all weighted;
+    # rows 256*2048*2 + map 32*8*4 + weights 32*8*4 + out 32*2048*2
+    ("reduce-qwen3-30b-a3b-small", 1_048_576 + 1_024 + 1_024 + 131_072),
+    # EP8: R=34 of X=3072 rows hold a local slot; only they are read, every
+    # token's row written: 34*7168*2 + 32*8*4 + 32*8*4 + 32*7168*2
+    ("reduce-dsv3-ep8-small-plan", 487_424 + 1_024 + 1_024 + 458_752),
+    # row_scale read at the R=4096 routed rows: 4096*7168*2 + 512*8*4 * 2 + 4096*4 + 512*7168*2
+    ("reduce-kimi-k2-medium-row-scale", 58_720_256 + 32_768 + 16_384 + 7_340_032),
+    # T=1 H=7168 bf16 read, fp8 written, S = ceil(56 / 4) = 14 packed words: 14336 + 7168 + 14*4
+    ("quant-kimi-k2-decode-packed", 14_336 + 7_168 + 56),
+    # npc 32: S = 224 floats a token: 512*7168*2 + 512*7168 + 512*224*4
+    ("quant-kimi-k2-medium-npc32-row-major", 7_340_032 + 3_670_016 + 458_752),
+    # I=768, S=6 floats; X=1024 rows of which R=8 routed: h rows read 8*1536*2,
+    # y 1024*768, y_sf 1024*6*4, pos_to_expert 1024*4, pos_to_token_topk 1024*4
+    # and 8 weights gathered
+    ("swiglu-qwen3-30b-a3b-decode-e128-plan-col-major",
+     24_576 + 786_432 + 24_576 + 4_096 + 4_096 + 32),
+])
+def test_newer_roofline_bytes_hand_computed(label, expected):
+    w = newer_workload(label)
+    assert w.bytes == expected
+    sizes = {"routed_rows": w.routed_rows} if w.op != "quantize_fp8" else {}
+    if w.op != "reduce_fused":
+        sizes["sf_columns"] = w.sf_columns
+    assert roofline_bytes(w.op, w.shapes, w.elem_bytes, **sizes) == expected
+
+
+def test_newer_rooflines_count_each_array_once():
+    # T=3, K=2, H=10, X=8, R=5: every size different
+    reduce = {"expanded": (8, 10), "token_topk_to_pos": (3, 2)}
+    # rows 5*10*2 + map 3*2*4 + out 3*10*2; + weights 3*2*4; + row_scale 5*4
+    assert reduce_fused_bytes(reduce, 2, routed_rows=5) == 100 + 24 + 60
+    weighted = {**reduce, "topk_weights": (3, 2), "row_scale": (8,)}
+    assert reduce_fused_bytes(weighted, 2, routed_rows=5) == 100 + 24 + 60 + 24 + 20
+    assert reduce_fused_bytes(reduce, 4, routed_rows=0) == 24 + 120  # float32, no slot routed
+    # x 3*10*2 read, 3*10 fp8 + 3*7*4 SF written
+    assert quantize_fp8_bytes({"x": (3, 10)}, 2, sf_columns=7) == 60 + 30 + 84
+    # h [8, 2*6]: without pos_to_expert all 8 rows are read, with it the R=5
+    swiglu = {"h": (8, 12)}
+    assert swiglu_quantize_fp8_bytes(swiglu, 2, routed_rows=5, sf_columns=3) == (
+        8 * 24 + 8 * 6 + 8 * 3 * 4)
+    masked = {**swiglu, "pos_to_expert": (8,), "topk_weights": (3, 2), "pos_to_token_topk": (8,)}
+    assert swiglu_quantize_fp8_bytes(masked, 2, routed_rows=5, sf_columns=3) == (
+        5 * 24 + 8 * 6 + 8 * 3 * 4 + 8 * 4 + 8 * 4 + 5 * 4)
+    with pytest.raises(ValueError, match=re.escape("routed_rows must be in [0, X = 8]; got 9")):
+        reduce_fused_bytes(reduce, 2, routed_rows=9)
+
+
+def entry_of(op: str, label: str) -> int:
+    (index,) = [i for i, w in enumerate(load_workloads(op)) if w.label == label]
+    return index
+
+
+REDUCE_INDEX = entry_of("reduce_fused", "reduce-kimi-k2-small")
+QUANT_INDEX = entry_of("quantize_fp8", "quant-kimi-k2-decode-packed")
+SWIGLU_INDEX = entry_of("swiglu_quantize_fp8", "swiglu-kimi-k2-decode-e384-plan-col-major")
+REDUCE_ENTRY = f"workloads.yaml: reduce_fused workload {REDUCE_INDEX} (reduce-kimi-k2-small)"
+QUANT_ENTRY = f"workloads.yaml: quantize_fp8 workload {QUANT_INDEX} (quant-kimi-k2-decode-packed)"
+SWIGLU_ENTRY = (f"workloads.yaml: swiglu_quantize_fp8 workload {SWIGLU_INDEX} "
+                "(swiglu-kimi-k2-decode-e384-plan-col-major)")
+NEWER_INDEX = {"reduce_fused": REDUCE_INDEX, "quantize_fp8": QUANT_INDEX,
+               "swiglu_quantize_fp8": SWIGLU_INDEX}
+
+
+@pytest.mark.parametrize(("op", "changes", "error", "message"), [
+    ("reduce_fused", {"x": [32, 7168]}, ValueError,
+     (f"{REDUCE_ENTRY}: unknown key(s) ['x']; allowed: ['dtype', 'hidden', 'label', 'plan', "
+      "'row_scale', 'tokens', 'top_k', 'topk_weights']")),
+    # X comes from the plan only: the plan is required
+    ("reduce_fused", {"plan": None}, ValueError, f"{REDUCE_ENTRY}: missing key(s) ['plan']"),
+    ("reduce_fused", {"hidden": 0}, ValueError, f"{REDUCE_ENTRY}: hidden must be >= 1; got 0"),
+    ("reduce_fused", {"top_k": 0}, ValueError, f"{REDUCE_ENTRY}: top_k must be >= 1; got 0"),
+    ("reduce_fused", {"tokens": -1}, ValueError, f"{REDUCE_ENTRY}: tokens must be >= 0; got -1"),
+    ("reduce_fused", {"tokens": "32"}, TypeError,
+     f"{REDUCE_ENTRY}: tokens must be an int; got '32' (str)"),
+    ("reduce_fused", {"row_scale": 1}, TypeError,
+     f"{REDUCE_ENTRY}: row_scale must be true or false; got 1 (int)"),
+    ("reduce_fused", {"dtype": "float8_e4m3fn"}, ValueError,
+     (f"{REDUCE_ENTRY}: dtype must be one of ['bfloat16', 'float16', 'float32']; "
+      "got 'float8_e4m3fn'")),
+    ("reduce_fused", {"plan": {"num_experts": 384, "alignment": 0, "seed": 0}}, ValueError,
+     f"{REDUCE_ENTRY}: plan.alignment must be >= 1; got 0"),
+    ("quantize_fp8", {"num_per_channels": 64}, ValueError,
+     f"{QUANT_ENTRY}: num_per_channels must be one of [32, 128]; got 64"),
+    ("quantize_fp8", {"use_tma_aligned_col_major_sf": False}, ValueError,
+     (f"{QUANT_ENTRY}: packed_ue8m0 needs round_sf and use_tma_aligned_col_major_sf; "
+      "got round_sf=True, use_tma_aligned_col_major_sf=False")),
+    ("quantize_fp8", {"round_sf": None}, ValueError,
+     (f"{QUANT_ENTRY}: packed_ue8m0 needs round_sf and use_tma_aligned_col_major_sf; "
+      "got round_sf=False, use_tma_aligned_col_major_sf=True")),
+    ("quantize_fp8", {"x": [7168]}, ValueError,
+     f"{QUANT_ENTRY}: x must be 2 size(s) >= 0; got [7168]"),
+    ("quantize_fp8", {"num_per_channels": None}, ValueError,
+     f"{QUANT_ENTRY}: missing key(s) ['num_per_channels']"),
+    ("quantize_fp8", {"dtype": "float16"}, ValueError,
+     f"{QUANT_ENTRY}: dtype must be one of ['bfloat16', 'float32']; got 'float16'"),
+    ("quantize_fp8", {"sf_dtype": "int32"}, ValueError,
+     (f"{QUANT_ENTRY}: unknown key(s) ['sf_dtype']; allowed: ['dtype', 'label', "
+      "'num_per_channels', 'packed_ue8m0', 'round_sf', 'use_tma_aligned_col_major_sf', 'x']")),
+    ("swiglu_quantize_fp8", {"intermediate": None, "tokens": None}, ValueError,
+     f"{SWIGLU_ENTRY}: missing key(s) ['intermediate', 'tokens']"),
+    ("swiglu_quantize_fp8", {"pos_to_expert": [1024]}, TypeError,
+     f"{SWIGLU_ENTRY}: pos_to_expert must be true or false; got [1024] (list)"),
+    ("swiglu_quantize_fp8", {"num_per_channels": 0}, ValueError,
+     f"{SWIGLU_ENTRY}: num_per_channels must be >= 1; got 0"),
+    # labels are unique across all ops, the newer ones too
+    ("quantize_fp8", {"label": "reduce-kimi-k2-decode"}, ValueError,
+     ("workloads.yaml: label 'reduce-kimi-k2-decode' of quantize_fp8 is already one of "
+      "reduce_fused; labels must be unique")),
+])
+def test_a_bad_newer_entry_is_rejected_with_its_name(op, changes, error, message):
+    with pytest.raises(error, match=f"^{re.escape(message)}$"):
+        parse_manifest(with_entry(op, NEWER_INDEX[op], **changes))
+
+
+def test_the_newer_ops_optional_keys_default_to_false():
+    parsed = parse_manifest(with_entry("reduce_fused", REDUCE_INDEX, topk_weights=None))
+    w = parsed["reduce_fused"][REDUCE_INDEX]
+    assert dict(w.shapes) == {"expanded": (256, 7168), "token_topk_to_pos": (32, 8)}
+    parsed = parse_manifest(with_entry("swiglu_quantize_fp8", SWIGLU_INDEX, topk_weights=None,
+                                       pos_to_expert=None, use_tma_aligned_col_major_sf=None))
+    w = parsed["swiglu_quantize_fp8"][SWIGLU_INDEX]
+    # no input shows T and K: the workload keeps them from the entry
+    assert dict(w.shapes) == {"h": (1024, 4096)} and (w.num_tokens, w.top_k) == (1, 8)
+    assert not w.use_tma_aligned_col_major_sf and w.sf_dtype == "float32"
+    # without pos_to_expert every row of h is read
+    assert w.bytes == 1024 * 4096 * 2 + 1024 * 2048 + 1024 * 16 * 4
+
+
+def test_a_newer_workload_built_by_hand_checks_its_shapes_against_the_plan():
+    spec = PlanSpec(num_experts=4, alignment=8, seed=5)
+    num_expanded = spec.sizes(6, 2)[0]
+    w = Workload("reduce_fused", "by-hand", {"expanded": (num_expanded, 32),
+                                             "token_topk_to_pos": (6, 2)}, "float32", plan=spec)
+    assert (w.num_tokens, w.hidden, w.top_k, w.num_expanded) == (6, 32, 2, num_expanded)
+    assert w.elem_bytes == 4 and w.sf_columns is None
+    with pytest.raises(ValueError, match=re.escape(
+            f"by-hand: expanded [7, 32] does not have the plan's {num_expanded} rows")):
+        Workload("reduce_fused", "by-hand", {"expanded": (7, 32), "token_topk_to_pos": (6, 2)},
+                 "float32", plan=spec)
+    with pytest.raises(ValueError, match="by-hand: reduce_fused runs on a plan's rows"):
+        Workload("reduce_fused", "by-hand", {"expanded": (7, 32), "token_topk_to_pos": (6, 2)},
+                 "float32")
+    with pytest.raises(ValueError, match=re.escape("by-hand: give tokens_topk (T, K)")):
+        Workload("swiglu_quantize_fp8", "by-hand", {"h": (num_expanded, 64)}, "bfloat16",
+                 num_per_channels=32, plan=spec)
+    with pytest.raises(ValueError, match=re.escape("by-hand: h [16, 63] must be [X, 2I]")):
+        Workload("swiglu_quantize_fp8", "by-hand", {"h": (16, 63)}, "bfloat16",
+                 num_per_channels=32, plan=spec, tokens_topk=(6, 2))
+    with pytest.raises(ValueError, match=re.escape(
+            "by-hand: topk_weights [6, 3] is not [T, K] = [6, 2]")):
+        Workload("reduce_fused", "by-hand", {"expanded": (num_expanded, 32),
+                                             "token_topk_to_pos": (6, 2),
+                                             "topk_weights": (6, 3)}, "float32", plan=spec)
+    with pytest.raises(ValueError, match="has no copy/memset split"):
+        w.split_bytes(0)

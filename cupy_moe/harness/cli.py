@@ -13,7 +13,8 @@ from cupy_moe import __version__
 from .manifest import ALL_OP_NAMES
 from .timing import device_name
 
-# An option needs an extra that is not installed (1 is a failed bit-exact check).
+# An option needs an extra that is not installed, or --op names an op this
+# build does not have yet (1 is a failed bit-exact check).
 EXIT_MISSING_EXTRA = 2
 
 
@@ -85,6 +86,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
         print("cupy-moe bench: --plot needs matplotlib, the plot extra: "
               "pip install 'cupy-moe[plot]'", file=sys.stderr)
         return EXIT_MISSING_EXTRA
+    if args.op != "all" and not runner.op_available(args.op):
+        print(f"cupy-moe bench: {args.op} is not in this build "
+              f"({runner.NEWER_OP_MODULES[args.op]} has no {args.op} yet)", file=sys.stderr)
+        return EXIT_MISSING_EXTRA
     ops = list(ALL_OP_NAMES) if args.op == "all" else [args.op]
     iters = args.iters or (10 if args.quick else 50)
     result = runner.run(ops, args.workload, args.backend, iters, args.quick)
@@ -124,8 +129,10 @@ def build_parser() -> argparse.ArgumentParser:
                     "share of the same-run copy bandwidth, eager and CUDA-graph time per call, "
                     "and, for the expand ops, the share of a same-run copy of the routed rows "
                     "plus a memset of the padding rows, the seed's torch reference and a "
-                    "sync-free torch version (fused_mapping, the routing plan, has no torch "
-                    "peer). Without a GPU, times the CPU backend.")
+                    "sync-free torch version (fused_mapping, the routing plan, and the newer "
+                    "ops reduce_fused, quantize_fp8 and swiglu_quantize_fp8 have no torch "
+                    "peer; an op this build lacks is skipped). Without a GPU, times the CPU "
+                    "backend.")
     bench.add_argument("--op", choices=["all", *ALL_OP_NAMES], default="all",
                        help="the op whose workloads run (default: all)")
     bench.add_argument("--workload", action="append", metavar="LABEL",

@@ -17,6 +17,18 @@ a real plan, fixed by the seed: top-k ids drawn uniformly from ``[0, E*R)``
 exact X (every expert's segment padded to a multiple of A). X is then derived
 (:attr:`Workload.num_expanded`), and the entry must not state
 ``pos_to_expert``.
+
+The newer ops state sizes rather than input shapes where their rows come from
+a plan. ``reduce_fused`` and ``swiglu_quantize_fp8`` run on the X rows of a
+real plan (``plan:`` required, as above; alignment 1 packs the T*K slots
+into exactly X = T*K rows): an entry states ``tokens`` (T), ``top_k`` (K) and
+``hidden`` (H, reduce) or ``intermediate`` (I, SwiGLU: ``h [X, 2I]``), and
+which optional inputs are passed (``topk_weights``, ``row_scale``,
+``pos_to_expert``: true or false). ``quantize_fp8`` states ``x: [T, H]``.
+The fp8 producers state their scale factors' layout by the op's own keywords
+(``num_per_channels`` 32 or 128, ``round_sf``, ``packed_ue8m0``,
+``use_tma_aligned_col_major_sf``). :class:`Workload` derives the shapes of
+every input the op is called with.
 """
 
 from __future__ import annotations
@@ -32,32 +44,47 @@ import yaml
 
 from cupy_moe.mapping.reference import worst_case_rows
 from cupy_moe.mapping.rules import TOPK_ID_DTYPES
-from cupy_moe.runtime.sizes import align_up
+from cupy_moe.runtime.sizes import align_up, ceil_div
 
 from .rooflines import ROOFLINES, SplitBytes, expand_split_bytes
 
-__all__ = ["ALL_OP_NAMES", "MAPPING_OP_NAMES", "OP_NAMES", "PlanSpec", "Workload",
-           "load_workloads", "parse_manifest", "roofline_bytes"]
+__all__ = ["ALL_OP_NAMES", "COMBINE_OP_NAMES", "MAPPING_OP_NAMES", "OP_NAMES",
+           "QUANTIZE_OP_NAMES", "PlanSpec", "Workload", "load_workloads", "parse_manifest",
+           "roofline_bytes"]
 
 # The expand ops: x [T, H] scattered to [X, H] rows. benchmarks/* iterate
 # these and read x's shape, so the routing-plan op is not among them.
 OP_NAMES = ("expand_to_fused", "expand_to_fused_with_sf")
 # The routing-plan op: topk_ids [T, K] in, the plan's seven int32 arrays out.
 MAPPING_OP_NAMES = ("fused_mapping",)
+# The combine: expanded [X, H] rows of a plan reduced to [T, H] tokens.
+COMBINE_OP_NAMES = ("reduce_fused",)
+# The fp8 producers: x [T, H] (or SwiGLU of a plan's h [X, 2I] rows) cast to
+# e4m3 bytes and per-block scale factors.
+QUANTIZE_OP_NAMES = ("quantize_fp8", "swiglu_quantize_fp8")
 # Every op of the manifest, in manifest order (what ``cupy-moe bench`` runs).
-ALL_OP_NAMES = OP_NAMES + MAPPING_OP_NAMES
+ALL_OP_NAMES = OP_NAMES + MAPPING_OP_NAMES + COMBINE_OP_NAMES + QUANTIZE_OP_NAMES
+# the ops whose rows are a plan's (``plan:`` required, X derived)
+_PLAN_ROW_OPS = ("reduce_fused", "swiglu_quantize_fp8")
 
-_ITEM_BYTES = {"bfloat16": 2, "float16": 2, "float8_e4m3fn": 1, "uint8": 1, "int8": 1,
-               "int32": 4, "int64": 8}
+_ITEM_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "float8_e4m3fn": 1, "uint8": 1,
+               "int8": 1, "int32": 4, "int64": 8}
 _EXPAND_DTYPES = ("bfloat16", "float16", "float8_e4m3fn", "uint8", "int8")
 _SF_DTYPES = ("float32", "int32")
 _INPUT_NAMES = ("x", "x_sf", "token_topk_to_pos", "pos_to_expert", "topk_ids")
+# the fp8 producers' scale-factor blocks
+_QUANT_BLOCKS = (32, 128)
 
 # The keys of a workload entry, by op: key -> what its value must be. A shape
 # is a list of non-negative ints of the given rank.
 _SHAPE = {"x": 2, "x_sf": 2, "token_topk_to_pos": 2, "pos_to_expert": 1, "topk_ids": 2}
 _EXPAND_KEYS = {"label": "str", "x": "shape", "token_topk_to_pos": "shape",
                 "pos_to_expert": "shape", "plan": "plan", "dtype": "str"}
+# the fp8 producers' keywords, as the ops name them
+_QUANT_KEYS = {"num_per_channels": "int", "round_sf": "bool", "packed_ue8m0": "bool",
+               "use_tma_aligned_col_major_sf": "bool"}
+_PLAN_ROW_KEYS = {"label": "str", "tokens": "int", "top_k": "int", "plan": "plan",
+                  "topk_weights": "bool", "dtype": "str"}
 _KEYS: dict[str, dict[str, str]] = {
     "expand_to_fused": _EXPAND_KEYS,
     "expand_to_fused_with_sf": {**_EXPAND_KEYS, "x_sf": "shape", "sf_dtype": "str",
@@ -65,25 +92,42 @@ _KEYS: dict[str, dict[str, str]] = {
                                 "use_tma_aligned_col_major_sf": "bool"},
     "fused_mapping": {"label": "str", "topk_ids": "shape", "num_experts": "int",
                       "alignment": "int", "dtype": "str"},
+    "reduce_fused": {**_PLAN_ROW_KEYS, "hidden": "int", "row_scale": "bool"},
+    "quantize_fp8": {"label": "str", "x": "shape", **_QUANT_KEYS, "dtype": "str"},
+    "swiglu_quantize_fp8": {**_PLAN_ROW_KEYS, "intermediate": "int", "pos_to_expert": "bool",
+                            **_QUANT_KEYS},
 }
-# keys that may be left out (their default in Workload applies); an expand
-# entry has exactly one of pos_to_expert and plan (checked on its own)
-_OPTIONAL = {"use_tma_aligned_col_major_sf", "pos_to_expert", "plan"}
-# the keys of an expand entry's plan, all ints: key -> least value; ep_ranks
-# may be left out (1: every expert is local)
+# keys that may be left out (their default in Workload applies: false for the
+# flags); an expand entry has exactly one of pos_to_expert and plan (checked
+# on its own)
+_QUANT_OPTIONAL = {"round_sf", "packed_ue8m0", "use_tma_aligned_col_major_sf"}
+_OPTIONAL = {
+    "expand_to_fused": {"pos_to_expert", "plan"},
+    "expand_to_fused_with_sf": {"use_tma_aligned_col_major_sf", "pos_to_expert", "plan"},
+    "fused_mapping": set(),
+    "reduce_fused": {"topk_weights", "row_scale"},
+    "quantize_fp8": _QUANT_OPTIONAL,
+    "swiglu_quantize_fp8": {"topk_weights", "pos_to_expert"} | _QUANT_OPTIONAL,
+}
+# the keys of an entry's plan, all ints: key -> least value; ep_ranks may be
+# left out (1: every expert is local)
 _PLAN_KEYS = {"num_experts": 1, "alignment": 1, "ep_ranks": 1, "seed": 0}
 _PLAN_OPTIONAL = {"ep_ranks"}
 _DTYPES = {("expand_to_fused", "dtype"): _EXPAND_DTYPES,
            ("expand_to_fused_with_sf", "dtype"): _EXPAND_DTYPES,
            ("expand_to_fused_with_sf", "sf_dtype"): _SF_DTYPES,
-           ("fused_mapping", "dtype"): TOPK_ID_DTYPES}
-# int keys that must be >= 1
-_POSITIVE = ("num_per_channels", "num_experts", "alignment")
+           ("fused_mapping", "dtype"): TOPK_ID_DTYPES,
+           ("reduce_fused", "dtype"): ("bfloat16", "float16", "float32"),
+           ("quantize_fp8", "dtype"): ("bfloat16", "float32"),
+           ("swiglu_quantize_fp8", "dtype"): ("bfloat16", "float32")}
+# int keys that must be >= 1 (tokens may be 0: an idle expert-parallel rank)
+_POSITIVE = ("num_per_channels", "num_experts", "alignment", "top_k", "hidden", "intermediate")
 
 
 @dataclass(frozen=True)
 class PlanSpec:
-    """The real routing plan of an expand workload (its ``plan:`` entry).
+    """The real routing plan of a workload (its ``plan:`` entry): of an expand
+    workload, or the rows of ``reduce_fused`` and ``swiglu_quantize_fp8``.
 
     ``num_experts`` (E) local experts of ``ep_ranks`` (R) ranks' E*R; the
     ids are :meth:`topk_ids`, the plan ``fused_mapping_numpy(ids, E,
@@ -154,6 +198,21 @@ class Workload:
     stated one must agree); ``routed_rows`` (R) and ``used_tokens`` (U) are
     the plan's too, and :attr:`bytes` reads only the U used tokens' rows.
     Without a plan both are None.
+
+    The newer ops. ``reduce_fused``: ``expanded [X, H]`` (``dtype``),
+    ``token_topk_to_pos [T, K]`` and, where the call passes them,
+    ``topk_weights [T, K]`` and ``row_scale [X]``. ``quantize_fp8``: ``x [T,
+    H]``. ``swiglu_quantize_fp8``: ``h [X, 2I]`` and, where passed,
+    ``topk_weights [T, K]`` (with ``pos_to_token_topk [X]``) and
+    ``pos_to_expert [X]``; its :attr:`hidden` is I, the width it quantizes.
+    Both plan-row ops need a ``plan`` whose exact X every ``[X, ...]`` shape
+    must have; ``tokens_topk`` (T, K) states the plan's slots where no input
+    shows them (an unweighted SwiGLU; the parser always gives it). The fp8
+    producers take ``num_per_channels``, ``round_sf``, ``packed_ue8m0`` and
+    ``use_tma_aligned_col_major_sf`` as the ops do; their ``sf_dtype`` (of
+    the SF output) is derived: ``int32`` where packed, else ``float32``; S is
+    :attr:`sf_columns`. ``top_k`` and ``num_expanded`` of ``quantize_fp8``
+    are None.
     """
 
     op: str
@@ -166,14 +225,17 @@ class Workload:
     num_experts: int | None = None
     alignment: int | None = None
     plan: PlanSpec | None = None
+    round_sf: bool = False
+    packed_ue8m0: bool = False
+    tokens_topk: tuple[int, int] | None = None
 
     # T, H, K, X: read off the shapes (not arguments). fused_mapping has no H
     # (None); its X is the rows of the plan the op sizes by default, the
     # tight worst case of T * K slots over E experts at alignment A.
     num_tokens: int = field(init=False, compare=False)
     hidden: int | None = field(init=False, compare=False)
-    top_k: int = field(init=False, compare=False)
-    num_expanded: int = field(init=False, compare=False)
+    top_k: int | None = field(init=False, compare=False)
+    num_expanded: int | None = field(init=False, compare=False)
     # a plan workload's routed rows and used tokens (None without a plan)
     routed_rows: int | None = field(init=False, compare=False)
     used_tokens: int | None = field(init=False, compare=False)
@@ -185,6 +247,11 @@ class Workload:
             sizes.update(num_tokens=num_tokens, hidden=None, top_k=top_k,
                          num_expanded=worst_case_rows(num_tokens * top_k, self.num_experts,
                                                       self.alignment))
+        elif self.op == "quantize_fp8":
+            num_tokens, hidden = self.shapes["x"]
+            sizes.update(num_tokens=num_tokens, hidden=hidden, top_k=None, num_expanded=None)
+        elif self.op in _PLAN_ROW_OPS:
+            sizes.update(self._plan_row_sizes())
         else:
             num_tokens, hidden = self.shapes["x"]
             top_k = self.shapes["token_topk_to_pos"][1]
@@ -202,26 +269,84 @@ class Workload:
                 object.__setattr__(self, "shapes", {name: shapes[name] for name in _INPUT_NAMES
                                                     if name in shapes})
                 sizes.update(num_expanded=num_expanded, routed_rows=routed, used_tokens=used)
+        if self.op in QUANTIZE_OP_NAMES:
+            sizes["sf_dtype"] = "int32" if self.packed_ue8m0 else "float32"
         for name, value in sizes.items():
             object.__setattr__(self, name, value)  # frozen: set once, here
 
+    def _plan_row_sizes(self) -> dict[str, Any]:
+        """T, H (I for SwiGLU), K, X, R, U of a plan-row op; ValueError where a
+        shape disagrees with the plan or with (T, K)."""
+        if self.plan is None:
+            raise ValueError(f"{self.label}: {self.op} runs on a plan's rows; give its plan")
+        shapes = self.shapes
+        if self.op == "reduce_fused":
+            rows_name = "expanded"
+            num_tokens, top_k = shapes["token_topk_to_pos"]
+            hidden = shapes["expanded"][1]
+        else:
+            rows_name = "h"
+            width = shapes["h"][1]
+            if width % 2:
+                raise ValueError(f"{self.label}: h {list(shapes['h'])} must be [X, 2I]: an even "
+                                 "width (gate and up halves)")
+            hidden = width // 2
+            stated = self.tokens_topk or shapes.get("topk_weights")
+            if stated is None:
+                raise ValueError(f"{self.label}: give tokens_topk (T, K): no input of an "
+                                 "unweighted SwiGLU shows the plan's slots")
+            num_tokens, top_k = stated
+        if self.tokens_topk is not None and tuple(self.tokens_topk) != (num_tokens, top_k):
+            raise ValueError(f"{self.label}: tokens_topk {tuple(self.tokens_topk)} is not "
+                             f"({num_tokens}, {top_k}) of the inputs")
+        if "topk_weights" in shapes and tuple(shapes["topk_weights"]) != (num_tokens, top_k):
+            raise ValueError(f"{self.label}: topk_weights {list(shapes['topk_weights'])} is not "
+                             f"[T, K] = [{num_tokens}, {top_k}]")
+        num_expanded, routed, used = self.plan.sizes(num_tokens, top_k)
+        for name in (rows_name, "row_scale", "pos_to_token_topk", "pos_to_expert"):
+            if name in shapes and shapes[name][0] != num_expanded:
+                raise ValueError(f"{self.label}: {name} {list(shapes[name])} does not have the "
+                                 f"plan's {num_expanded} rows")
+        return {"num_tokens": num_tokens, "hidden": hidden, "top_k": top_k,
+                "num_expanded": num_expanded, "routed_rows": routed, "used_tokens": used}
+
     @property
     def sf_columns(self) -> int | None:
-        return self.shapes["x_sf"][1] if "x_sf" in self.shapes else None
+        """S: the columns of ``x_sf`` (an input of the SF expand op) or of the
+        fp8 producers' SF output (``ceil(H / npc)`` floats, or that many
+        exponent bytes packed four to an int32 word); None for other ops."""
+        if "x_sf" in self.shapes:
+            return self.shapes["x_sf"][1]
+        if self.op in QUANTIZE_OP_NAMES:
+            blocks = ceil_div(self.hidden, self.num_per_channels)
+            return ceil_div(blocks, 4) if self.packed_ue8m0 else blocks
+        return None
 
     @property
     def elem_bytes(self) -> int:
-        """Item size of ``x`` (expand ops) or of ``topk_ids`` (``fused_mapping``)."""
+        """Item size of ``dtype``: of ``x`` (expand ops, ``quantize_fp8``), of
+        ``topk_ids`` (``fused_mapping``), of ``expanded`` (``reduce_fused``) or
+        of ``h`` (``swiglu_quantize_fp8``)."""
         return _ITEM_BYTES[self.dtype]
 
     @property
     def bytes(self) -> int:
         """Roofline bytes of one call (inputs read once, outputs written once;
-        a plan workload reads only its used tokens' rows of ``x``)."""
+        a plan workload reads only its used tokens' rows of ``x``; see
+        :mod:`.rooflines` for each op)."""
         if self.op in MAPPING_OP_NAMES:
             return roofline_bytes(self.op, self.shapes, self.elem_bytes,
                                   num_experts=self.num_experts,
                                   num_expanded=self.num_expanded)
+        if self.op == "reduce_fused":
+            return roofline_bytes(self.op, self.shapes, self.elem_bytes,
+                                  routed_rows=self.routed_rows)
+        if self.op == "quantize_fp8":
+            return roofline_bytes(self.op, self.shapes, self.elem_bytes,
+                                  sf_columns=self.sf_columns)
+        if self.op == "swiglu_quantize_fp8":
+            return roofline_bytes(self.op, self.shapes, self.elem_bytes,
+                                  routed_rows=self.routed_rows, sf_columns=self.sf_columns)
         if self.plan is not None:
             return roofline_bytes(self.op, self.shapes, self.elem_bytes,
                                   used_tokens=self.used_tokens)
@@ -234,7 +359,7 @@ class Workload:
         A plan workload knows its routed rows; a workload without a plan is
         routed afresh each run, so ``routed_rows`` (the drawn plan's) must be
         given, and every token's row counts as read (as in :attr:`bytes`)."""
-        if self.op in MAPPING_OP_NAMES:
+        if self.op not in OP_NAMES:
             raise ValueError(f"{self.label}: {self.op} has no copy/memset split")
         if routed_rows is None:
             if self.routed_rows is None:
@@ -305,7 +430,8 @@ def _parse_workload(op_name: str, index: int, raw: Any) -> Workload:
     unknown = sorted(str(key) for key in raw if key not in allowed)
     if unknown:
         raise ValueError(f"{where}: unknown key(s) {unknown}; allowed: {sorted(allowed)}")
-    missing = sorted(key for key in allowed if key not in raw and key not in _OPTIONAL)
+    missing = sorted(key for key in allowed
+                     if key not in raw and key not in _OPTIONAL[op_name])
     if missing:
         raise ValueError(f"{where}: missing key(s) {missing}")
     for key, value in raw.items():
@@ -315,6 +441,19 @@ def _parse_workload(op_name: str, index: int, raw: Any) -> Workload:
             raise ValueError(f"{where}: {key} must be one of {list(names)}; got {value!r}")
         if key in _POSITIVE and value < 1:
             raise ValueError(f"{where}: {key} must be >= 1; got {value}")
+        if key == "tokens" and value < 0:
+            raise ValueError(f"{where}: tokens must be >= 0; got {value}")
+    if op_name in QUANTIZE_OP_NAMES:
+        _check_scale_factors(where, raw)
+    if op_name in _PLAN_ROW_OPS:
+        return _parse_plan_rows(op_name, where, raw)
+    if op_name == "quantize_fp8":
+        return Workload(op=op_name, label=raw["label"], shapes={"x": tuple(raw["x"])},
+                        dtype=raw["dtype"], num_per_channels=raw["num_per_channels"],
+                        use_tma_aligned_col_major_sf=raw.get("use_tma_aligned_col_major_sf",
+                                                             False),
+                        round_sf=raw.get("round_sf", False),
+                        packed_ue8m0=raw.get("packed_ue8m0", False))
     plan = None
     if op_name in OP_NAMES:
         if "plan" in raw and "pos_to_expert" in raw:
@@ -352,6 +491,50 @@ def _parse_workload(op_name: str, index: int, raw: Any) -> Workload:
     )
 
 
+def _check_scale_factors(where: str, raw: Mapping[str, Any]) -> None:
+    """ValueError unless an fp8 producer's SF keywords are ones the ops take:
+    blocks of 32 or 128, and packed UE8M0 only with round_sf (exponents of
+    powers of two) in the TMA-aligned column-major layout."""
+    if raw["num_per_channels"] not in _QUANT_BLOCKS:
+        raise ValueError(f"{where}: num_per_channels must be one of {list(_QUANT_BLOCKS)}; "
+                         f"got {raw['num_per_channels']}")
+    round_sf = raw.get("round_sf", False)
+    col_major = raw.get("use_tma_aligned_col_major_sf", False)
+    if raw.get("packed_ue8m0", False) and not (round_sf and col_major):
+        raise ValueError(f"{where}: packed_ue8m0 needs round_sf and "
+                         f"use_tma_aligned_col_major_sf; got round_sf={round_sf}, "
+                         f"use_tma_aligned_col_major_sf={col_major}")
+
+
+def _parse_plan_rows(op_name: str, where: str, raw: Mapping[str, Any]) -> Workload:
+    """The workload of a ``reduce_fused`` or ``swiglu_quantize_fp8`` entry
+    (keys checked): the shapes of the inputs it passes, X the plan's."""
+    plan = _parse_plan(where, raw["plan"])
+    num_tokens, top_k = raw["tokens"], raw["top_k"]
+    num_expanded = plan.sizes(num_tokens, top_k)[0]
+    weighted = raw.get("topk_weights", False)
+    if op_name == "reduce_fused":
+        shapes = {"expanded": (num_expanded, raw["hidden"]),
+                  "token_topk_to_pos": (num_tokens, top_k)}
+        if weighted:
+            shapes["topk_weights"] = (num_tokens, top_k)
+        if raw.get("row_scale", False):
+            shapes["row_scale"] = (num_expanded,)
+    else:
+        shapes = {"h": (num_expanded, 2 * raw["intermediate"])}
+        if weighted:  # a row's weight is topk_weights.flat[pos_to_token_topk[row]]
+            shapes["topk_weights"] = (num_tokens, top_k)
+            shapes["pos_to_token_topk"] = (num_expanded,)
+        if raw.get("pos_to_expert", False):
+            shapes["pos_to_expert"] = (num_expanded,)
+    return Workload(op=op_name, label=raw["label"], shapes=shapes, dtype=raw["dtype"],
+                    num_per_channels=raw.get("num_per_channels"),
+                    use_tma_aligned_col_major_sf=raw.get("use_tma_aligned_col_major_sf", False),
+                    plan=plan, round_sf=raw.get("round_sf", False),
+                    packed_ue8m0=raw.get("packed_ue8m0", False),
+                    tokens_topk=(num_tokens, top_k))
+
+
 def parse_manifest(data: Any) -> dict[str, list[Workload]]:
     """The workloads of every op, from the manifest's YAML as loaded.
 
@@ -359,10 +542,13 @@ def parse_manifest(data: Any) -> dict[str, list[Workload]]:
     ``{workloads: [entry, ...]}``; an entry has exactly its op's keys (see
     ``workloads.yaml``), an expand entry ``pos_to_expert`` or a ``plan``
     (``{num_experts, alignment, seed}`` ints and, optionally, ``ep_ranks``),
-    not both. Labels are unique across ops (the CLI selects by label).
-    Raises TypeError for a value of the wrong type, ValueError for an unknown
-    or missing key, a dtype the op does not take, a bad size, a bad plan or a
-    repeated label; the message names the op, the entry and its label.
+    not both; a ``reduce_fused`` or ``swiglu_quantize_fp8`` entry a plan and
+    its sizes (``tokens``, ``top_k``, ``hidden`` or ``intermediate``). Labels
+    are unique across ops (the CLI selects by label). Raises TypeError for a
+    value of the wrong type, ValueError for an unknown or missing key, a dtype
+    the op does not take, a bad size, a bad plan, SF keywords the fp8
+    producers do not take or a repeated label; the message names the op, the
+    entry and its label.
     """
     if not isinstance(data, Mapping):
         raise TypeError(f"workloads.yaml must map op names to sections; got {_type_name(data)}")
@@ -420,7 +606,9 @@ def roofline_bytes(op_name: str, shapes: Mapping[str, tuple[int, ...]], elem_byt
     ``elem_bytes`` is the item size of ``x`` (of ``topk_ids`` for
     ``fused_mapping``, which also takes ``num_experts=`` and
     ``num_expanded=``: its outputs' sizes are not input shapes). The expand
-    ops take ``used_tokens=`` (default T), the tokens whose rows are read.
+    ops take ``used_tokens=`` (default T), the tokens whose rows are read;
+    ``reduce_fused`` and ``swiglu_quantize_fp8`` ``routed_rows=`` (R, the
+    rows holding a slot), the fp8 producers ``sf_columns=`` (S).
     """
     _require_op(op_name, ROOFLINES)
     return ROOFLINES[op_name](shapes, elem_bytes, **sizes)

@@ -13,7 +13,8 @@ __all__ = ["can_plot", "summary_lines", "table_lines", "write_outputs", "write_p
 
 # The table's short name of each op; an op not named here shows in full.
 _OP_SHORT = {"expand_to_fused": "expand", "expand_to_fused_with_sf": "with_sf",
-             "fused_mapping": "mapping"}
+             "fused_mapping": "mapping", "reduce_fused": "reduce", "quantize_fp8": "quant",
+             "swiglu_quantize_fp8": "swiglu"}
 
 
 def can_plot() -> bool:
@@ -38,8 +39,8 @@ def _model_us(record: dict[str, Any]) -> float | None:
 
 def table_lines(result: dict[str, Any]) -> list[str]:
     """A Markdown table, one row a record; GPU columns, or CPU ones for the cpu
-    backend. A figure not measured (None: the torch peers of ``fused_mapping``,
-    say) shows as "-". "% copy+memset" and "copy+memset us" are the expand
+    backend. A figure not measured (None: the torch peers of ``fused_mapping``
+    and of the newer ops, say) shows as "-". "% copy+memset" and "copy+memset us" are the expand
     ops' floor of a copy of the routed bytes plus a memset of the padding's
     (:mod:`.runner`)."""
     gpu = result["backend"] != "cpu"

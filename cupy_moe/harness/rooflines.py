@@ -8,6 +8,15 @@ int32 and, for the SF op, ``x_sf [T, S]``; for ``fused_mapping``
 for fp8) or of ``topk_ids`` (8 for int64). The figures divide measured times
 into GB/s.
 
+The newer ops: ``reduce_fused`` (``expanded [X, H]`` of ``elem_bytes``,
+``token_topk_to_pos [T, K]``, optional ``topk_weights [T, K]`` and
+``row_scale [X]``), ``quantize_fp8`` (``x [T, H]``) and
+``swiglu_quantize_fp8`` (``h [X, 2I]``, optional ``topk_weights [T, K]``
+with ``pos_to_token_topk [X]``, optional ``pos_to_expert [X]``). Their fp8
+outputs are 1 byte an element, their scale factors 4 bytes (a float32, or a
+word of four packed UE8M0 exponents); as for the SF expand op, the pad
+columns of the TMA-aligned layout are left out.
+
 The expand ops' bytes split in two (:func:`expand_split_bytes`): what a copy
 must move (the token rows read, the routed rows written, the maps read) and
 what a memset must write (the padding rows' zeros). The benchmark times a
@@ -21,13 +30,16 @@ from collections.abc import Callable, Mapping
 from typing import NamedTuple
 
 __all__ = ["ROOFLINES", "SplitBytes", "expand_split_bytes", "expand_to_fused_bytes",
-           "expand_to_fused_with_sf_bytes", "fused_mapping_bytes"]
+           "expand_to_fused_with_sf_bytes", "fused_mapping_bytes", "quantize_fp8_bytes",
+           "reduce_fused_bytes", "swiglu_quantize_fp8_bytes"]
 
 Shapes = Mapping[str, tuple[int, ...]]
 
 INDEX_BYTES = 4  # token_topk_to_pos, pos_to_expert and the plan's other arrays are int32
 # float32, or an int32 word of four packed UE8M0 exponents
 SF_BYTES = 4
+FP8_BYTES = 1  # an e4m3 output element
+WEIGHT_BYTES = 4  # topk_weights and row_scale are float32
 
 
 def _used_tokens(shapes: Shapes, used_tokens: int | None) -> int:
@@ -141,10 +153,85 @@ def fused_mapping_bytes(shapes: Shapes, elem_bytes: int, *, num_experts: int,
             + 3 * num_experts * INDEX_BYTES)
 
 
+def _routed_rows(num_expanded: int, routed_rows: int) -> int:
+    if not 0 <= routed_rows <= num_expanded:
+        raise ValueError(f"routed_rows must be in [0, X = {num_expanded}]; got {routed_rows}")
+    return routed_rows
+
+
+def reduce_fused_bytes(shapes: Shapes, elem_bytes: int, *, routed_rows: int) -> int:
+    """Bytes of ``reduce_fused``: of ``expanded [X, H]`` only the R =
+    ``routed_rows`` rows a slot points at are read (padding rows and the rows
+    of dropped slots never are), ``token_topk_to_pos`` and, where passed,
+    ``topk_weights`` read whole, ``row_scale`` read at the R routed rows, and
+    ``out [T, H]`` written (every token, zeros where no slot is routed)::
+
+        R*H*e + 4*T*K + [4*T*K weights] + [4*R row_scale] + T*H*e
+    """
+    num_expanded, hidden = shapes["expanded"]
+    num_tokens, top_k = shapes["token_topk_to_pos"]
+    routed = _routed_rows(num_expanded, routed_rows)
+    total = (routed * hidden * elem_bytes
+             + num_tokens * top_k * INDEX_BYTES
+             + num_tokens * hidden * elem_bytes)
+    if "topk_weights" in shapes:
+        total += num_tokens * top_k * WEIGHT_BYTES
+    if "row_scale" in shapes:
+        total += routed * WEIGHT_BYTES
+    return total
+
+
+def quantize_fp8_bytes(shapes: Shapes, elem_bytes: int, *, sf_columns: int) -> int:
+    """Bytes of ``quantize_fp8``: ``x [T, H]`` read, ``x_fp8 [T, H]`` (1 byte
+    an element) and ``x_sf [T, S]`` (4 bytes a float32 or a packed word)
+    written; S = ``sf_columns``::
+
+        T*H*e + T*H + 4*T*S
+    """
+    num_tokens, hidden = shapes["x"]
+    return (num_tokens * hidden * elem_bytes
+            + num_tokens * hidden * FP8_BYTES
+            + num_tokens * sf_columns * SF_BYTES)
+
+
+def swiglu_quantize_fp8_bytes(shapes: Shapes, elem_bytes: int, *, routed_rows: int,
+                              sf_columns: int) -> int:
+    """Bytes of ``swiglu_quantize_fp8`` over ``h [X, 2I]``: the rows it must
+    read, ``y_fp8 [X, I]`` and ``y_sf [X, S]`` written whole (padding rows
+    too: they are zeros), and the maps and weights.
+
+    With ``pos_to_expert`` the padding rows are never read: only the R =
+    ``routed_rows`` rows of ``h`` are (without it, all X), and
+    ``pos_to_expert`` is read whole. With ``topk_weights``,
+    ``pos_to_token_topk`` is read whole and one weight gathered a routed
+    row::
+
+        rows*2I*e + X*I + 4*X*S + [4*X pos_to_expert] + [4*X + 4*R weights]
+
+    where rows is R with ``pos_to_expert``, else X.
+    """
+    num_expanded, width = shapes["h"]
+    routed = _routed_rows(num_expanded, routed_rows)
+    read_rows = routed if "pos_to_expert" in shapes else num_expanded
+    total = (read_rows * width * elem_bytes
+             + num_expanded * (width // 2) * FP8_BYTES
+             + num_expanded * sf_columns * SF_BYTES)
+    if "pos_to_expert" in shapes:
+        total += num_expanded * INDEX_BYTES
+    if "topk_weights" in shapes:
+        total += num_expanded * INDEX_BYTES + routed * WEIGHT_BYTES
+    return total
+
+
 # An op's function takes (shapes, elem_bytes) and, for fused_mapping, the
-# keywords num_experts and num_expanded (the expand ops: used_tokens, optional).
+# keywords num_experts and num_expanded (the expand ops: used_tokens,
+# optional; reduce_fused: routed_rows; quantize_fp8: sf_columns;
+# swiglu_quantize_fp8: both).
 ROOFLINES: dict[str, Callable[..., int]] = {
     "expand_to_fused": expand_to_fused_bytes,
     "expand_to_fused_with_sf": expand_to_fused_with_sf_bytes,
     "fused_mapping": fused_mapping_bytes,
+    "reduce_fused": reduce_fused_bytes,
+    "quantize_fp8": quantize_fp8_bytes,
+    "swiglu_quantize_fp8": swiglu_quantize_fp8_bytes,
 }

@@ -17,6 +17,15 @@ anything is timed, then
 The routing plan (``fused_mapping``) gets the GPU time, GB/s and share of the
 copy bandwidth, eager and CUDA-graph figures; it has no torch peer here (no
 ``index_select`` figure either). Without a GPU, the CPU backend's wall time.
+
+The newer ops (``reduce_fused`` of ``cupy_moe.combine``, ``quantize_fp8`` and
+``swiglu_quantize_fp8`` of ``cupy_moe.quantize``) get the routing plan's
+figures, timed with preallocated outputs (``out=``, ``out_sf=``). Their
+oracle is the op itself on NumPy arrays (the NumPy backend is their
+reference), looked up afresh from its package (:func:`family_op`), so a GPU
+result is checked against the CPU's bit for bit; the timed calls go through
+this module's names, which tests replace. Until a family's package defines
+its op, the op's workloads are skipped with a note.
 Used by ``cupy-moe bench`` and by benchmarks/bench_expand_to_fused.py;
 :mod:`.report` formats the result.
 """
@@ -24,6 +33,7 @@ Used by ``cupy-moe bench`` and by benchmarks/bench_expand_to_fused.py;
 from __future__ import annotations
 
 import datetime
+import importlib
 import platform
 import statistics
 import sys
@@ -48,18 +58,57 @@ from cupy_moe.reference import (
 )
 
 from .inputs import workload_inputs
-from .manifest import MAPPING_OP_NAMES, Workload, load_workloads
+from .manifest import MAPPING_OP_NAMES, OP_NAMES, Workload, load_workloads
 from .rooflines import SplitBytes
 from .timing import GpuTimer, eager_us, torch_graph_us
 
-__all__ = ["CPU_QUICK_MAX_BYTES", "GRAPH_MAX_BYTES", "Record", "bench_cpu_workload",
-           "bench_gpu_workload", "reference_outputs", "resolve_backend", "run", "split_bytes",
-           "versions"]
+__all__ = ["CPU_QUICK_MAX_BYTES", "CPU_QUICK_MAX_COMPUTE_BYTES", "GRAPH_MAX_BYTES",
+           "NEWER_OP_MODULES", "Record", "bench_cpu_workload", "bench_gpu_workload",
+           "cpu_quick_max_bytes", "family_op", "op_available", "reference_outputs",
+           "resolve_backend", "run", "split_bytes", "versions"]
 
 # Workloads at most this large get a CUDA-graph replay figure (decode, small).
 GRAPH_MAX_BYTES = 8 << 20
 # The CPU backend takes seconds a call above this; --quick leaves such workloads out.
 CPU_QUICK_MAX_BYTES = 100 << 20
+# The same for the newer ops, whose NumPy backend computes (an exact fma
+# emulation, exp, fp8 rounding) rather than copies: far fewer bytes a second.
+CPU_QUICK_MAX_COMPUTE_BYTES = 4 << 20
+
+# The newer ops and the package of each. A checkout may not have a family yet
+# (they are written beside this harness): its op is then None here.
+NEWER_OP_MODULES = {"reduce_fused": "cupy_moe.combine", "quantize_fp8": "cupy_moe.quantize",
+                    "swiglu_quantize_fp8": "cupy_moe.quantize"}
+
+
+def family_op(op_name: str) -> Callable[..., Any] | None:
+    """The public function of newer op ``op_name`` from its family's package,
+    or None while the package, or the function in it, does not exist. Any
+    other import failure (a broken package) is raised."""
+    module_name = NEWER_OP_MODULES[op_name]
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name != module_name:  # the package is there, something it imports is not
+            raise
+        return None
+    return getattr(module, op_name, None)
+
+
+# The timed calls of the newer ops go through these names (tests replace them).
+reduce_fused = family_op("reduce_fused")
+quantize_fp8 = family_op("quantize_fp8")
+swiglu_quantize_fp8 = family_op("swiglu_quantize_fp8")
+
+
+def op_available(op_name: str) -> bool:
+    """Whether this build has op ``op_name`` (the newer ops may not exist yet)."""
+    return op_name not in NEWER_OP_MODULES or globals()[op_name] is not None
+
+
+def cpu_quick_max_bytes(op_name: str) -> int:
+    """The largest workload of ``op_name`` that ``--quick`` times on the CPU."""
+    return CPU_QUICK_MAX_COMPUTE_BYTES if op_name in NEWER_OP_MODULES else CPU_QUICK_MAX_BYTES
 
 
 @dataclass
@@ -111,7 +160,13 @@ def _shapes_text(w: Workload) -> str:
     if w.op in MAPPING_OP_NAMES:
         return (f"T={w.num_tokens} K={w.top_k} E={w.num_experts} A={w.alignment} "
                 f"X={w.num_expanded} {w.dtype}")
-    text = f"T={w.num_tokens} H={w.hidden} K={w.top_k} X={w.num_expanded}"
+    if w.op == "quantize_fp8":
+        text = f"T={w.num_tokens} H={w.hidden} npc={w.num_per_channels}"
+    elif w.op == "swiglu_quantize_fp8":
+        text = (f"T={w.num_tokens} I={w.hidden} K={w.top_k} X={w.num_expanded} "
+                f"npc={w.num_per_channels}")
+    else:
+        text = f"T={w.num_tokens} H={w.hidden} K={w.top_k} X={w.num_expanded}"
     if w.plan is not None:
         # E local experts (/ E * ep_ranks of all ranks), the rows of the X that hold a slot
         experts = str(w.plan.num_experts)
@@ -121,6 +176,12 @@ def _shapes_text(w: Workload) -> str:
     if w.sf_columns is not None:
         layout = "col" if w.use_tma_aligned_col_major_sf else "row"
         text += f" S={w.sf_columns} {w.sf_dtype}/{layout}"
+        if w.round_sf and not w.packed_ue8m0:  # packed exponents are rounded anyway
+            text += " round"
+    if w.op in NEWER_OP_MODULES:
+        # the optional inputs the call passes
+        text += "".join(f" +{name}" for name in ("topk_weights", "row_scale", "pos_to_expert")
+                        if name in w.shapes)
     return text
 
 
@@ -135,7 +196,13 @@ def _bits(a: np.ndarray) -> np.ndarray:
 def reference_outputs(w: Workload, host: dict[str, np.ndarray]) -> tuple[np.ndarray, ...]:
     """The NumPy oracle's outputs of workload ``w`` on ``host`` inputs (for
     ``fused_mapping``, the plan's seven arrays in :class:`FusedMapping` order,
-    ``w.num_expanded`` rows)."""
+    ``w.num_expanded`` rows; for a newer op, the op on the NumPy arrays, its
+    function fetched from its package, not through this module's name)."""
+    if w.op in NEWER_OP_MODULES:
+        oracle = family_op(w.op)
+        if oracle is None:
+            raise RuntimeError(f"{w.label}: no {w.op} in {NEWER_OP_MODULES[w.op]} yet")
+        return _call_newer(w, oracle, host)
     if w.op in MAPPING_OP_NAMES:
         # a FusedMapping is a tuple already
         return fused_mapping_numpy(host["topk_ids"], w.num_experts, alignment=w.alignment,
@@ -148,11 +215,30 @@ def reference_outputs(w: Workload, host: dict[str, np.ndarray]) -> tuple[np.ndar
         col_major=w.use_tma_aligned_col_major_sf)
 
 
+def _call_newer(w: Workload, op: Callable[..., Any], args: dict[str, Any], **kwargs) -> tuple:
+    """Newer op ``op`` (``w.op``'s function) on ``args``, its optional inputs
+    those the workload passes; its results as a tuple."""
+    if w.op == "reduce_fused":
+        return (op(args["expanded"], args["token_topk_to_pos"], args.get("topk_weights"),
+                   row_scale=args.get("row_scale"), **kwargs),)
+    sf_kwargs = {"num_per_channels": w.num_per_channels, "round_sf": w.round_sf,
+                 "packed_ue8m0": w.packed_ue8m0,
+                 "use_tma_aligned_col_major_sf": w.use_tma_aligned_col_major_sf}
+    if w.op == "quantize_fp8":
+        return tuple(op(args["x"], **sf_kwargs, **kwargs))
+    return tuple(op(args["h"], topk_weights=args.get("topk_weights"),
+                    pos_to_token_topk=args.get("pos_to_token_topk"),
+                    pos_to_expert=args.get("pos_to_expert"), **sf_kwargs, **kwargs))
+
+
 def _call(w: Workload, args: dict[str, Any], **kwargs) -> tuple:
     """The op of ``w`` on ``args`` (any array kind); its results as a tuple.
 
     ``fused_mapping`` is called as a user would, with its default X and no
-    ``kwargs`` (it has no ``out=``)."""
+    ``kwargs`` (it has no ``out=``). A newer op is called through this
+    module's name for it."""
+    if w.op in NEWER_OP_MODULES:
+        return _call_newer(w, globals()[w.op], args, **kwargs)
     if w.op in MAPPING_OP_NAMES:
         return fused_mapping(args["topk_ids"], w.num_experts, alignment=w.alignment, **kwargs)
     if w.op == "expand_to_fused":
@@ -165,10 +251,14 @@ def _call(w: Workload, args: dict[str, Any], **kwargs) -> tuple:
 
 
 _EXPAND_OUTPUT_NAMES = ("expanded_x", "expanded_x_sf")
+_NEWER_OUTPUT_NAMES = {"reduce_fused": ("out",), "quantize_fp8": ("x_fp8", "x_sf"),
+                       "swiglu_quantize_fp8": ("y_fp8", "y_sf")}
 
 
 def output_names(w: Workload) -> tuple[str, ...]:
     """The names of the op's outputs, in :func:`_call`'s order."""
+    if w.op in NEWER_OP_MODULES:
+        return _NEWER_OUTPUT_NAMES[w.op]
     if w.op in MAPPING_OP_NAMES:
         return FusedMapping._fields
     return _EXPAND_OUTPUT_NAMES[:2 if w.sf_columns is not None else 1]
@@ -272,8 +362,8 @@ def bench_gpu_workload(w: Workload, timer: GpuTimer, backend: str, iters: int,
     """One workload on the GPU through ``backend`` ("cupy" or "torch");
     ``kernel_only`` skips the eager and peer figures (the graph figure stays
     for small shapes under torch; the copy + memset floor of the expand ops
-    too). ``fused_mapping`` has no torch peers: its record gets the GPU,
-    copy, eager and (under torch) graph figures."""
+    too). ``fused_mapping`` and the newer ops have no torch peers: their
+    records get the GPU, copy, eager and (under torch) graph figures."""
     record = _new_record(w)
     host = workload_inputs(w, rng)
     expected = reference_outputs(w, host)
@@ -292,8 +382,8 @@ def bench_gpu_workload(w: Workload, timer: GpuTimer, backend: str, iters: int,
         record.status = f"MISMATCH {problem}"
         return record
 
-    mapping = w.op in MAPPING_OP_NAMES
-    if mapping:
+    expand = w.op in OP_NAMES
+    if w.op in MAPPING_OP_NAMES:
         # fused_mapping has no out=: the plain call is timed, and each call
         # allocates its one int32 buffer for the seven outputs (from CuPy's or
         # torch's caching allocator), which is in every figure.
@@ -310,7 +400,7 @@ def bench_gpu_workload(w: Workload, timer: GpuTimer, backend: str, iters: int,
     record.gbps = w.bytes / record.gpu_us / 1e3
     record.pct_copy_roofline = 100 * record.gbps / (copy_tbps * 1e3)
     record.copy_same_bytes_us = timer.copy_us(w.bytes // 2, iters)
-    if not mapping:
+    if expand:
         copy_bytes, record.zero_bytes = split_bytes(w, host)
         record.copy_routed_us = timer.copy_us(copy_bytes // 2, iters)
         record.memset_zero_us = (timer.memset_us(record.zero_bytes, iters)
@@ -324,8 +414,8 @@ def bench_gpu_workload(w: Workload, timer: GpuTimer, backend: str, iters: int,
         return record
     calls = 100 if w.bytes <= GRAPH_MAX_BYTES else 10
     record.eager_us = eager_us(lambda: _call(w, args), calls, sync)
-    if mapping:
-        # no torch peer of the routing plan (nor an index_select figure) here
+    if not expand:
+        # no torch peer (nor an index_select figure) of the routing plan or the newer ops
         if graphed:
             record.graph_us = torch_graph_us(timed)
         return record
@@ -415,7 +505,9 @@ def run(ops: list[str], labels: list[str] | None, backend: str, iters: int, quic
     ("auto", "cupy", "torch", "cpu"). Returns the JSON-ready result: date,
     backend, iters, quick, versions, copy_tbps, device, records (one
     :class:`Record` dict a workload), notes. Progress lines go to ``progress``
-    (default: ``sys.stderr`` as it is at the call)."""
+    (default: ``sys.stderr`` as it is at the call). The workloads of an op
+    this build lacks (:func:`op_available`) are skipped with a note, as are,
+    with ``quick`` on the CPU, those over :func:`cpu_quick_max_bytes`."""
     if progress is None:
         progress = sys.stderr
     backend = resolve_backend(backend)
@@ -427,14 +519,23 @@ def run(ops: list[str], labels: list[str] | None, backend: str, iters: int, quic
         platform.machine(), "records": [], "notes": [],
     }
     timer = None
+    missing = [op for op in dict.fromkeys(w.op for w in workloads) if not op_available(op)]
     if backend == "cpu":
         result["notes"].append("no GPU: CPU backend (vectorised NumPy); GPU columns empty")
+    for op in missing:
+        count = sum(w.op == op for w in workloads)
+        result["notes"].append(f"{op} is not in this build ({NEWER_OP_MODULES[op]} has no "
+                               f"{op} yet): {count} workload(s) skipped")
+        workloads = [w for w in workloads if w.op != op]
+    if backend == "cpu":
         if quick:
-            skipped = [w.label for w in workloads if w.bytes > CPU_QUICK_MAX_BYTES]
-            workloads = [w for w in workloads if w.bytes <= CPU_QUICK_MAX_BYTES]
+            skipped = [w.label for w in workloads if w.bytes > cpu_quick_max_bytes(w.op)]
+            workloads = [w for w in workloads if w.bytes <= cpu_quick_max_bytes(w.op)]
             if skipped:
-                result["notes"].append(f"--quick on the CPU skips workloads over "
-                                       f"{CPU_QUICK_MAX_BYTES >> 20} MiB: {', '.join(skipped)}")
+                result["notes"].append(
+                    f"--quick on the CPU skips workloads over {CPU_QUICK_MAX_BYTES >> 20} MiB "
+                    f"({CPU_QUICK_MAX_COMPUTE_BYTES >> 20} MiB for "
+                    f"{', '.join(NEWER_OP_MODULES)}): {', '.join(skipped)}")
     else:
         timer = GpuTimer()
         result["device"] = timer.device_name
