@@ -15,6 +15,7 @@ from .combine import reduce_fused
 from .expand import expand_to_fused, expand_to_fused_with_sf
 from .interop import as_cupy, as_torch
 from .mapping import FusedMapping, fused_mapping
+from .quantize import quantize_fp8, swiglu_quantize_fp8
 
 __all__ = [
     "expand_to_fused",
@@ -22,6 +23,8 @@ __all__ = [
     "fused_mapping",
     "FusedMapping",
     "reduce_fused",
+    "quantize_fp8",
+    "swiglu_quantize_fp8",
     "as_cupy",
     "as_torch",
     "load_workloads",

@@ -12,6 +12,12 @@ from .expand.reference import (
     find_routing_errors,
 )
 from .mapping.reference import fused_mapping_numpy
+from .quantize.reference import (
+    dequantize_fp8_numpy,
+    quantize_fp8_numpy,
+    swiglu_quantize_fp8_numpy,
+)
 
 __all__ = ["expand_to_fused_numpy", "expand_to_fused_with_sf_numpy", "find_routing_errors",
-           "fused_mapping_numpy", "reduce_fused_numpy"]
+           "fused_mapping_numpy", "reduce_fused_numpy", "quantize_fp8_numpy",
+           "swiglu_quantize_fp8_numpy", "dequantize_fp8_numpy"]

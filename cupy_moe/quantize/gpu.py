@@ -1,0 +1,179 @@
+"""The quantize ops on the GPU: CuPy arrays and CUDA torch tensors.
+
+Arguments are used in place (raw device pointers; copies only of
+non-contiguous inputs) and one kernel of kernels_cu/quantize.cu runs on the
+caller's current stream: CuPy's for CuPy arrays, torch's for tensors. Nothing
+here synchronises with the host, and a call's grid depends on its shapes
+only, so calls can be captured in CUDA graphs.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import cupy
+from cupy.cuda import driver
+
+from ..runtime.arrays import ArrayKind
+from ..runtime.gpu_arrays import gpu_library, raw_torch_stream_getter
+from ..runtime.launch import (
+    ArgBlock,
+    ArgStruct,
+    OnDevice,
+    device_traits,
+    function_handle,
+)
+from .launch_shape import QuantizeShape, QuantizeTuning, launch_shape
+from .rules import QuantizeProblem
+
+SOURCE = "quantize.cu"
+# sf_layout of the kernels
+SF_ROW_MAJOR_F32, SF_COL_MAJOR_F32, SF_COL_MAJOR_UE8M0 = 0, 1, 2
+
+# struct QuantizeArgs of quantize.cu, field for field
+QUANTIZE_ARGS = ArgStruct(
+    ("x", "ptr"), ("out", "ptr"), ("out_sf", "ptr"), ("topk_weights", "ptr"),
+    ("pos_to_token_topk", "ptr"), ("pos_to_expert", "ptr"), ("num_rows", "i64"),
+    ("num_weights", "i64"), ("row_magic", "i64"), ("block_magic", "i64"), ("hidden", "i32"),
+    ("sf_blocks", "i32"), ("sf_ld", "i32"), ("group_log2", "i32"), ("lanes_per_row", "i32"),
+    ("row_shift", "i32"), ("block_shift", "i32"), ("sf_layout", "i32"), ("round_sf", "i32"))
+_pack_pointers = QUANTIZE_ARGS.pointer_packer.pack_into
+
+
+def kernel_name(problem: QuantizeProblem, vector: bool) -> str:
+    op = "swiglu_quantize_fp8" if problem.swiglu else "quantize_fp8"
+    dtype = "f32" if problem.in_dtype == "float32" else "bf16"
+    return f"{op}_{dtype}_{'vec' if vector else 'any'}"
+
+
+def sf_layout(problem: QuantizeProblem) -> int:
+    if problem.packed_ue8m0:
+        return SF_COL_MAJOR_UE8M0
+    return SF_COL_MAJOR_F32 if problem.col_major else SF_ROW_MAJOR_F32
+
+
+class QuantizePlan:
+    """The launches of one (problem, device, tuning): both kernels (coalesced
+    16-byte accesses, when H % npc == 0 and a call's pointers are 16-byte
+    aligned; else element accesses), their grids and the argument block with
+    its constant fields packed."""
+
+    __slots__ = ("args", "device", "handles", "problem", "shape")
+
+    def __init__(self, problem: QuantizeProblem, device: int, tuning: QuantizeTuning) -> None:
+        self.problem, self.device = problem, device
+        self.shape: QuantizeShape = launch_shape(problem.num_rows, problem.hidden,
+                                                 problem.num_per_channels,
+                                                 device_traits(device).multiprocessors, tuning)
+        defines = tuning.defines()
+        self.handles = {vector: function_handle(SOURCE, defines, device,
+                                                kernel_name(problem, vector))
+                        for vector in (True, False)}
+        shape = self.shape
+        self.args = ArgBlock(QUANTIZE_ARGS, QUANTIZE_ARGS.constants(
+            num_rows=problem.num_rows, num_weights=max(problem.num_weights, 0),
+            row_magic=shape.row_magic, block_magic=shape.block_magic, hidden=problem.hidden,
+            sf_blocks=problem.sf_blocks, sf_ld=problem.sf_leading_dim,
+            group_log2=shape.group_log2, lanes_per_row=shape.lanes_per_row,
+            row_shift=shape.row_shift, block_shift=shape.block_shift,
+            sf_layout=sf_layout(problem), round_sf=int(problem.round_sf)))
+
+    def launch(self, stream: int, x: int, out: int, out_sf: int, topk_weights: int,
+               pos_to_token_topk: int, pos_to_expert: int) -> None:
+        shape = self.shape
+        vector = shape.vec_blocks > 0 and (x | out) % 16 == 0
+        blocks, threads = shape.grid(vector)
+        if blocks == 0:
+            return
+        block = self.args
+        _pack_pointers(block.buffer, 0, x, out, out_sf, topk_weights, pos_to_token_topk,
+                       pos_to_expert)
+        driver.launchKernel(self.handles[vector], blocks, 1, 1, threads, 1, 1, 0, stream,
+                            block.params_address, 0)
+
+
+_plans: dict[tuple, QuantizePlan] = {}
+
+
+def plan_for(problem: QuantizeProblem, device: int, tuning: QuantizeTuning) -> QuantizePlan:
+    key = (problem, device, tuning)
+    plan = _plans.get(key)
+    if plan is None:
+        plan = _plans[key] = QuantizePlan(problem, device, tuning)
+    return plan
+
+
+def _allocate_torch(problem: QuantizeProblem, like: Any, out: Any, out_sf: Any) -> tuple[Any, Any]:
+    torch = sys.modules["torch"]
+    if out is None:
+        out = like.new_empty(problem.out_shape(), dtype=torch.float8_e4m3fn)
+    if out_sf is None:
+        dtype = torch.int32 if problem.packed_ue8m0 else torch.float32
+        rows, columns = problem.out_sf_shape()
+        if problem.col_major:
+            ld = problem.sf_leading_dim
+            full = like.new_empty_strided((ld, columns), (1, ld), dtype=dtype)
+            out_sf = full if ld == rows else full[:rows]
+        else:
+            out_sf = like.new_empty((rows, columns), dtype=dtype)
+    return out, out_sf
+
+
+def _allocate_cupy(problem: QuantizeProblem, out: Any, out_sf: Any) -> tuple[Any, Any]:
+    if out is None:
+        out = cupy.empty(problem.out_shape(), dtype=cupy.uint8)
+    if out_sf is None:
+        rows, columns = problem.out_sf_shape()
+        if problem.col_major:
+            out_sf = cupy.empty((columns, problem.sf_leading_dim),
+                                dtype=problem.sf_dtype)[:, :rows].T
+        else:
+            out_sf = cupy.empty((rows, columns), dtype=problem.sf_dtype)
+    return out, out_sf
+
+
+def run_quantize(kind: ArrayKind, problem: QuantizeProblem, tuning: QuantizeTuning, x: Any,
+                 topk_weights: Any, pos_to_token_topk: Any, pos_to_expert: Any, out: Any,
+                 out_sf: Any) -> tuple[tuple[Any, Any], QuantizePlan]:
+    """Either op on the GPU, after the public op checked every rule.
+
+    ``x`` is ``h`` for swiglu; the maps are None where not given. Returns
+    ``((out, out_sf), plan)``; caller-provided outputs are written in place
+    and returned as the same objects.
+    """
+    lib = gpu_library(kind)
+    device = lib.device(x)
+    with OnDevice(device):
+        stream = lib.stream(device)
+        # contiguous copies stay referenced until after the launch: a copy
+        # freed earlier could become the outputs' memory
+        inputs = [None if a is None else lib.contiguous(a)
+                  for a in (x, topk_weights, pos_to_token_topk, pos_to_expert)]
+        plan = plan_for(problem, device, tuning)
+        if kind is ArrayKind.TORCH_CUDA:
+            out, out_sf = _allocate_torch(problem, inputs[0], out, out_sf)
+        else:
+            out, out_sf = _allocate_cupy(problem, out, out_sf)
+        pointers = [0 if a is None else lib.pointer(a) for a in inputs]
+        plan.launch(stream, pointers[0], lib.pointer(out), lib.pointer(out_sf), *pointers[1:])
+    return (out, out_sf), plan
+
+
+_raw_torch_stream = None
+
+
+def run_torch_fast(plan: QuantizePlan, x: Any, topk_weights: Any, pos_to_token_topk: Any,
+                   pos_to_expert: Any) -> tuple[Any, Any]:
+    """A torch call (fresh outputs, contiguous inputs) whose descriptions
+    ``plan`` was made for: the fast path's hit. Written flat: it runs on every
+    eager call."""
+    global _raw_torch_stream
+    if _raw_torch_stream is None:
+        _raw_torch_stream = raw_torch_stream_getter()
+    out, out_sf = _allocate_torch(plan.problem, x, None, None)
+    plan.launch(_raw_torch_stream(plan.device), x.data_ptr(), out.data_ptr(), out_sf.data_ptr(),
+                0 if topk_weights is None else topk_weights.data_ptr(),
+                0 if pos_to_token_topk is None else pos_to_token_topk.data_ptr(),
+                0 if pos_to_expert is None else pos_to_expert.data_ptr())
+    return out, out_sf

@@ -1,0 +1,136 @@
+"""How the quantize kernels are cut into blocks (pure Python: tested without a GPU).
+
+Two kernels per op (kernels_cu/quantize.cu has the details). ``*_vec``
+(``H % npc == 0``, aligned arrays): the output's 16-byte input chunks are
+numbered row after row and each warp takes 32 x 32 columns' worth of them,
+interleaved across its lanes so that every access is coalesced; a chunk's
+row is its block index divided by S (``block_magic`` / ``block_shift``).
+``*_any`` (every shape): a lane takes 32 columns of one row, ``npc / 32``
+lanes one scale-factor block, a row is ``lanes_per_row = S * npc / 32``
+lanes, the grid's lanes row after row (a warp may end one row and start the
+next, so no lane idles on narrow rows); a lane's row is its index divided by
+``lanes_per_row`` (``row_magic`` / ``row_shift``). The kernels divide by a
+multiply-shift, never a division instruction.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from ..runtime.sizes import ceil_div
+
+__all__ = [
+    "DEFAULT_TUNING",
+    "LANE_COLUMNS",
+    "MAX_THREADS",
+    "QuantizeShape",
+    "QuantizeTuning",
+    "division_magic",
+    "launch_shape",
+]
+
+LANE_COLUMNS = 32      # QUANT_LANE_COLS of kernels_cu/quantize.cu
+MAX_THREADS = 256      # QUANT_MAX_THREADS: the kernels' launch bound
+MAX_LANES = 2**31 - 1  # lane indices stay below 2^31: the magic number's range
+
+
+@dataclass(frozen=True)
+class QuantizeTuning:
+    """Block size policy and compile-time choices of the quantize kernels.
+
+    ``threads`` per block when the grid has at least ``full_blocks_from``
+    blocks of that size per SM, else ``small_threads`` (decode: more, smaller
+    blocks spread a few rows' warps over more SMs). ``software_e4m3``
+    compiles the integer e4m3 rounding on sm_89+ too, in place of the
+    hardware conversion (the GPU tests check that both give the same codes).
+    """
+
+    threads: int = 256
+    small_threads: int = 64
+    full_blocks_from: float = 2.0
+    software_e4m3: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("threads", "small_threads"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value % 32 or not (
+                    32 <= value <= MAX_THREADS):
+                raise ValueError(f"QuantizeTuning.{name} must be whole warps in 32 .. "
+                                 f"{MAX_THREADS}; got {value!r}")
+        if isinstance(self.full_blocks_from, bool) or not isinstance(
+                self.full_blocks_from, (int, float)) or self.full_blocks_from < 0:
+            raise ValueError(f"QuantizeTuning.full_blocks_from must be a number >= 0; got "
+                             f"{self.full_blocks_from!r}")
+        if not isinstance(self.software_e4m3, bool):
+            raise TypeError(f"QuantizeTuning.software_e4m3 must be True or False; got "
+                            f"{self.software_e4m3!r}")
+
+    def defines(self) -> tuple[tuple[str, int], ...]:
+        """The compile-time part (the kernel source's QUANTIZE_* macros)."""
+        return (("QUANTIZE_SOFTWARE_E4M3", int(self.software_e4m3)),)
+
+
+DEFAULT_TUNING = QuantizeTuning()
+
+
+class QuantizeShape(NamedTuple):
+    threads: int          # *_any: threads per block
+    blocks: int           # *_any: blocks (0: nothing to launch, no rows)
+    vec_threads: int      # *_vec: threads per block
+    vec_blocks: int       # *_vec: blocks; 0 when H % npc != 0 (or no rows)
+    lanes_per_row: int
+    group_log2: int       # log2 of the lanes per scale-factor block (*_any)
+    row_magic: int        # *_any: row of lane l = (l * row_magic) >> row_shift
+    row_shift: int
+    block_magic: int      # *_vec: row of block b = (b * block_magic) >> block_shift
+    block_shift: int
+
+    def grid(self, vector: bool) -> tuple[int, int]:
+        """(blocks, threads) of one kernel."""
+        return (self.vec_blocks, self.vec_threads) if vector else (self.blocks, self.threads)
+
+
+def division_magic(divisor: int) -> tuple[int, int]:
+    """``(magic, shift)`` with ``(n * magic) >> shift == n // divisor`` for every
+    ``0 <= n < 2**31`` (``1 <= divisor < 2**31``); ``magic < 2**32``.
+
+    With ``l = ceil(log2 divisor)`` and ``magic = ceil(2**(31 + l) / divisor)``,
+    ``n * magic / 2**(31 + l)`` exceeds ``n / divisor`` by less than
+    ``n / 2**(31 + l) < 2**-l <= 1 / divisor``: too little to reach the next
+    integer (Granlund and Montgomery's round-up method).
+    """
+    if not 1 <= divisor < 2**31:
+        raise ValueError(f"divisor must be in 1 .. 2**31 - 1; got {divisor}")
+    log = (divisor - 1).bit_length()
+    return ceil_div(1 << (31 + log), divisor), 31 + log
+
+
+def launch_shape(num_rows: int, hidden: int, num_per_channels: int, multiprocessors: int,
+                 tuning: QuantizeTuning = DEFAULT_TUNING) -> QuantizeShape:
+    """The grid of one call: a function of the shapes (and the SM count) only."""
+    lanes_per_block = num_per_channels // LANE_COLUMNS
+    sf_blocks = ceil_div(hidden, num_per_channels)
+    lanes_per_row = sf_blocks * lanes_per_block
+    threads, blocks = _grid(ceil_div(num_rows * lanes_per_row, 32), multiprocessors, tuning)
+    if blocks * threads > MAX_LANES:
+        raise ValueError(f"{num_rows} rows of {hidden} columns are too many for one launch "
+                         f"(at most {MAX_LANES} lanes of {LANE_COLUMNS} columns)")
+    vec_threads = vec_blocks = 0
+    if hidden % num_per_channels == 0:
+        # a warp: 32 lanes x 32 columns of the [R, H] output, row after row
+        vec_threads, vec_blocks = _grid(ceil_div(num_rows * hidden, 32 * LANE_COLUMNS),
+                                        multiprocessors, tuning)
+    row_magic, row_shift = division_magic(lanes_per_row)
+    block_magic, block_shift = division_magic(sf_blocks)
+    return QuantizeShape(threads, blocks, vec_threads, vec_blocks, lanes_per_row,
+                         lanes_per_block.bit_length() - 1, row_magic, row_shift, block_magic,
+                         block_shift)
+
+
+def _grid(warps: int, multiprocessors: int, tuning: QuantizeTuning) -> tuple[int, int]:
+    """(threads, blocks) for ``warps`` warps: small blocks when they are few."""
+    threads = tuning.threads
+    if warps < tuning.full_blocks_from * multiprocessors * (threads // 32):
+        threads = tuning.small_threads
+    return threads, ceil_div(warps * 32, threads)

@@ -1,0 +1,409 @@
+// Per-token, per-block fp8 (e4m3) quantization, and SwiGLU fused with it.
+//
+//   quantize_fp8_*:        out[r] = e4m3(x[r] * scale), x [R, H]
+//   swiglu_quantize_fp8_*: out[r] = e4m3(act[r] * scale), act = (silu(gate) *
+//                          up) * weight of h[r] = [gate | up] ([R, 2H]); rows
+//                          with pos_to_expert < 0, or (with weights) a slot
+//                          outside [0, T*K), are padding: zero codes, zero
+//                          scale factors, their inputs never read.
+// Each row is cut into blocks of npc (32 or 128) columns, each with its own
+// scale factor. quantize_e4m3.cuh and quantize_exp.cuh hold the arithmetic;
+// the NumPy oracle (cupy_moe/quantize/) does the same, bit for bit.
+//
+// Two layouts of the work, one per kernel (the host picks per call):
+//
+// *_vec: H % npc == 0, input 16-byte and output 16-byte aligned. The [R, H]
+//   output is cut into 16-byte input chunks (8 bf16 or 4 float32 columns,
+//   never across rows: H % 32 == 0) numbered row after row; warp w takes the
+//   32 * LOADS chunks from 32 * LOADS * w on, lane l the chunks 32 * k + l of
+//   them (k < LOADS = 32 columns / chunk): every load instruction of a warp
+//   reads 512 contiguous bytes, every store writes contiguous codes. A block
+//   (npc / chunk columns consecutive chunks, aligned) is held by an aligned
+//   group of lanes in one instruction k: its amax is an xor-shuffle reduction
+//   over the group; lane j < LOADS of a group computes the scale of
+//   instruction j's block (one division pair per lane), hands it to the
+//   group by shuffles and stores that block's scale factor.
+// *_any: every H and alignment. A lane takes 32 consecutive columns of one
+//   row (element accesses), npc / 32 lanes one block; a row is lanes_per_row
+//   = S * npc / 32 lanes, the grid's lanes row after row (a warp may end one
+//   row and start the next). The group's first lane stores the scale factor.
+//
+// A row is found by a multiply-shift with a host-computed magic number (no
+// division): *_vec divides a block index by S, *_any a lane index by
+// lanes_per_row, both below 2^31. Packed UE8M0 scale factors are stored as
+// bytes (byte b % 4 of word b / 4; the last block of a row also zeroes the
+// missing blocks' bytes of its word), so no block needs another's. Row R-1's
+// scale factors also zero the column-major SF's pad columns R .. sf_ld.
+// *_bf16 / *_f32: the input dtype. Offsets are 64-bit; nothing is written
+// outside the outputs.
+
+#include "vector_access.cuh"
+#include "quantize_e4m3.cuh"
+#include "quantize_exp.cuh"
+
+#define QUANT_LANE_COLS 32   // columns a lane quantizes (both kernels)
+#define QUANT_MAX_THREADS 256
+#define QUANT_FULL_MASK 0xFFFFFFFFu
+
+#define SF_ROW_MAJOR_F32 0
+#define SF_COL_MAJOR_F32 1
+#define SF_COL_MAJOR_UE8M0 2
+
+// The argument block, passed by value; cupy_moe/quantize/gpu.py packs it field
+// for field (QUANTIZE_ARGS), in this order.
+struct QuantizeArgs {
+    const void* x;                 // [R, H] (quantize) or [R, 2H] (swiglu), bf16 bits or f32
+    unsigned char* out;            // [R, H] e4m3 codes
+    void* out_sf;                  // f32 [R, S] / f32 [S, sf_ld] / int32 [ceil(S/4), sf_ld]
+    const float* topk_weights;     // [num_weights], or null
+    const int* pos_to_token_topk;  // [R], or null (null exactly when topk_weights is)
+    const int* pos_to_expert;      // [R], or null
+    i64 num_rows;                  // R
+    i64 num_weights;               // T * K (with weights)
+    i64 row_magic;                 // *_any: row of lane l = (l * row_magic) >> row_shift
+    i64 block_magic;               // *_vec: row of block b = (b * block_magic) >> block_shift
+    int hidden;                    // H: columns of out
+    int sf_blocks;                 // S = ceil(H / npc)
+    int sf_ld;                     // align(R, 4): leading dim of the column-major buffer
+    int group_log2;                // log2(npc / 32): lanes per block in *_any
+    int lanes_per_row;             // *_any: S * npc / 32
+    int row_shift;
+    int block_shift;
+    int sf_layout;                 // SF_ROW_MAJOR_F32, SF_COL_MAJOR_F32, SF_COL_MAJOR_UE8M0
+    int round_sf;                  // 1: power-of-two scale factors
+};
+
+__device__ __forceinline__ unsigned magic_divide(unsigned n, i64 magic, int shift) {
+    return static_cast<unsigned>((static_cast<unsigned long long>(n) *
+                                  static_cast<unsigned long long>(magic)) >> shift);
+}
+
+__device__ __forceinline__ float bf16_low(unsigned pair) { return __uint_as_float(pair << 16); }
+__device__ __forceinline__ float bf16_high(unsigned pair) {
+    return __uint_as_float(pair & 0xFFFF0000u);
+}
+
+// Whether row `row` is a padding row, and its weight (1 without weights: x * 1
+// is x, the bits of no multiply). Only for active lanes.
+__device__ __forceinline__ bool swiglu_row(const QuantizeArgs& a, i64 row, float& weight) {
+    weight = 1.0f;
+    const bool weighted = a.topk_weights != nullptr;
+    const int expert = a.pos_to_expert != nullptr ? __ldg(a.pos_to_expert + row) : 0;
+    const int slot = weighted ? __ldg(a.pos_to_token_topk + row) : 0;
+    const bool padding = expert < 0 || (weighted && (slot < 0 || slot >= a.num_weights));
+    if (weighted && !padding) weight = __ldg(a.topk_weights + slot);
+    return padding;
+}
+
+// Block `block` of row `row`: its scale factor sf (0 for a padding row) in
+// the layout; row R-1 also zeroes the column-major pad columns R .. sf_ld.
+__device__ __forceinline__ void store_scale_factor(const QuantizeArgs& a, i64 row, int block,
+                                                   float sf, bool padding) {
+    const bool last_row = row == a.num_rows - 1;
+    if (a.sf_layout == SF_ROW_MAJOR_F32) {
+        static_cast<float*>(a.out_sf)[row * a.sf_blocks + block] = padding ? 0.0f : sf;
+        return;
+    }
+    if (a.sf_layout == SF_COL_MAJOR_F32) {
+        float* column = static_cast<float*>(a.out_sf) + static_cast<i64>(block) * a.sf_ld;
+        column[row] = padding ? 0.0f : sf;
+        if (last_row) {  // at most 3 pad columns
+            for (int pad = 1; pad < 4; ++pad)
+                if (row + pad < a.sf_ld) column[row + pad] = 0.0f;
+        }
+        return;
+    }
+    // packed UE8M0: sf's exponent byte (sf is a power of two, or +inf: 0xFF)
+    const unsigned char byte = padding ? 0 : static_cast<unsigned char>(__float_as_uint(sf) >> 23);
+    const int zero_bytes_after = block == a.sf_blocks - 1 ? 3 - (block & 3) : 0;
+    unsigned char* column =
+        static_cast<unsigned char*>(a.out_sf) + static_cast<i64>(block >> 2) * a.sf_ld * 4;
+    const i64 end = last_row ? a.sf_ld : row + 1;
+    for (i64 r = row; r < end; ++r) {
+        unsigned char* word = column + r * 4;
+        word[block & 3] = r == row ? byte : 0;
+        for (int j = 1; j <= zero_bytes_after; ++j) word[(block & 3) + j] = 0;
+    }
+}
+
+// Four values scaled and coded, the first in the low byte.
+__device__ __forceinline__ unsigned quantize4(const float* v, float scale) {
+    return quant_e4m3x4(__fmul_rn(v[0], scale), __fmul_rn(v[1], scale), __fmul_rn(v[2], scale),
+                        __fmul_rn(v[3], scale));
+}
+
+// ---------------------------------------------------------------------------
+// *_vec: coalesced 16-byte chunks (see the top of the file).
+
+// The 16 bytes of output chunk `chunk`: of x, or of h's gate and up.
+template <typename In, bool SWIGLU>
+__device__ __forceinline__ void load_chunk(const QuantizeArgs& a, i64 chunk, int group_log2,
+                                           i64 row_chunks, unsigned (&value)[4],
+                                           unsigned (&up)[4]) {
+    const uint4* src = reinterpret_cast<const uint4*>(a.x) + chunk;
+    if constexpr (SWIGLU) {
+        // h's rows hold 2 * row_chunks chunks: output chunk c of row r is gate
+        // chunk r * 2 * row_chunks + c (= chunk + r * row_chunks), up row_chunks on
+        const unsigned block = static_cast<unsigned>(chunk >> group_log2);
+        src += static_cast<i64>(magic_divide(block, a.block_magic, a.block_shift)) * row_chunks;
+        const uint4 u = load_once(src + row_chunks);
+        up[0] = u.x; up[1] = u.y; up[2] = u.z; up[3] = u.w;
+    }
+    const uint4 v = load_once(src);
+    value[0] = v.x; value[1] = v.y; value[2] = v.z; value[3] = v.w;
+}
+
+template <typename In, bool SWIGLU>
+__device__ __forceinline__ void quantize_vec_body(const QuantizeArgs& a) {
+    constexpr int CHUNK = 16 / sizeof(In);            // columns per 16-byte chunk
+    constexpr int LOADS = QUANT_LANE_COLS / CHUNK;    // chunks per lane
+    constexpr int CHUNK_WORDS = 4;
+    const int lane = threadIdx.x & 31;
+    const unsigned warp = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    const int hidden = a.hidden;
+    const i64 row_chunks = hidden / CHUNK;
+    const i64 total_chunks = a.num_rows * row_chunks;
+    // chunks per block: npc / CHUNK = 2^(group_log2 + log2(32 / CHUNK))
+    const int group_log2 = a.group_log2 + (sizeof(In) == 2 ? 2 : 3);
+    const int group = 1 << group_log2;                // lanes per block in one instruction
+    const int in_group = lane & (group - 1);
+    const i64 first = static_cast<i64>(warp) * (32 * LOADS) + lane;
+
+    unsigned raw[2][LOADS][CHUNK_WORDS];  // [gate | x, up][chunk][word]
+    bool padding[LOADS];
+    float weight[LOADS];
+    // the chunks' rows' maps first, all of them (one latency), then the data
+    // and the weights together
+    int expert[LOADS], slot[LOADS];
+#pragma unroll
+    for (int k = 0; k < LOADS; ++k) {
+        const i64 chunk = first + 32 * k;
+        padding[k] = chunk >= total_chunks;  // past the last row: nothing to do
+        weight[k] = 1.0f;  // x * 1 is x: without weights, the bits of no multiply
+        expert[k] = slot[k] = 0;
+        if (SWIGLU) {
+            const i64 row = magic_divide(static_cast<unsigned>(chunk >> group_log2),
+                                         a.block_magic, a.block_shift);
+            if (a.pos_to_expert != nullptr && !padding[k])
+                expert[k] = __ldg(a.pos_to_expert + row);
+            if (a.topk_weights != nullptr && !padding[k])
+                slot[k] = __ldg(a.pos_to_token_topk + row);
+        }
+    }
+    const bool weighted = SWIGLU && a.topk_weights != nullptr;
+    if (SWIGLU) {
+#pragma unroll
+        for (int k = 0; k < LOADS; ++k)
+            padding[k] = padding[k] || expert[k] < 0 ||
+                         (weighted && (slot[k] < 0 || slot[k] >= a.num_weights));
+    }
+    // all loads in one branch when every chunk is live (the common case), so
+    // that they are issued together
+    bool all_live = true;
+#pragma unroll
+    for (int k = 0; k < LOADS; ++k) all_live = all_live && !padding[k];
+#pragma unroll
+    for (int k = 0; k < LOADS; ++k)
+#pragma unroll
+        for (int w = 0; w < CHUNK_WORDS; ++w) raw[0][k][w] = raw[1][k][w] = 0u;
+    if (all_live) {
+#pragma unroll
+        for (int k = 0; k < LOADS; ++k)
+            load_chunk<In, SWIGLU>(a, first + 32 * k, group_log2, row_chunks, raw[0][k], raw[1][k]);
+    } else {
+#pragma unroll
+        for (int k = 0; k < LOADS; ++k)
+            if (!padding[k])
+                load_chunk<In, SWIGLU>(a, first + 32 * k, group_log2, row_chunks, raw[0][k],
+                                       raw[1][k]);
+    }
+    // the weights after the data: both in flight together
+    if (weighted) {
+#pragma unroll
+        for (int k = 0; k < LOADS; ++k)
+            if (!padding[k]) weight[k] = __ldg(a.topk_weights + slot[k]);
+    }
+
+    // values and each chunk's amax (fmaxf ignores NaN, as np.fmax)
+    float v[LOADS][CHUNK];
+    float amax[LOADS];
+#pragma unroll
+    for (int k = 0; k < LOADS; ++k) {
+#pragma unroll
+        for (int i = 0; i < CHUNK; ++i) {
+            float value, up;
+            if constexpr (sizeof(In) == 2) {
+                value = (i % 2) ? bf16_high(raw[0][k][i / 2]) : bf16_low(raw[0][k][i / 2]);
+                up = (i % 2) ? bf16_high(raw[1][k][i / 2]) : bf16_low(raw[1][k][i / 2]);
+            } else {
+                value = __uint_as_float(raw[0][k][i]);
+                up = __uint_as_float(raw[1][k][i]);
+            }
+            // a padding chunk's words are 0: silu(0) * 0 * 1 is +0
+            v[k][i] = SWIGLU ? quant_swiglu_f32(value, up, weight[k]) : value;
+        }
+        float m = 0.0f;
+#pragma unroll
+        for (int i = 0; i < CHUNK; ++i) m = fmaxf(m, fabsf(v[k][i]));
+        amax[k] = m;
+    }
+    for (int offset = 1; offset < group; offset <<= 1)
+#pragma unroll
+        for (int k = 0; k < LOADS; ++k)
+            amax[k] = fmaxf(amax[k], __shfl_xor_sync(QUANT_FULL_MASK, amax[k], offset));
+    // lane j < LOADS of a group: the scale of instruction j's block
+    float my_amax = amax[0];
+#pragma unroll
+    for (int k = 1; k < LOADS; ++k)
+        if (in_group == k) my_amax = amax[k];
+    float sf, my_scale;
+    quant_block_scales(my_amax, a.round_sf != 0, sf, my_scale);
+    const int group_base = lane & ~(group - 1);
+#pragma unroll
+    for (int k = 0; k < LOADS; ++k) {
+        const float scale = __shfl_sync(QUANT_FULL_MASK, my_scale, group_base + k);
+        const i64 chunk = first + 32 * k;
+        if (chunk >= total_chunks) continue;
+        if constexpr (sizeof(In) == 2) {
+            store_once(reinterpret_cast<uint2*>(a.out) + chunk,
+                       make_uint2(quantize4(v[k], scale), quantize4(v[k] + 4, scale)));
+        } else {
+            store_once(reinterpret_cast<unsigned*>(a.out) + chunk, quantize4(v[k], scale));
+        }
+    }
+    if (in_group >= LOADS) return;
+    const i64 chunk = first + 32 * in_group;
+    if (chunk >= total_chunks) return;
+    const unsigned block = static_cast<unsigned>(chunk >> group_log2);
+    const unsigned row = magic_divide(block, a.block_magic, a.block_shift);
+    bool row_padding = false;
+#pragma unroll
+    for (int k = 0; k < LOADS; ++k)
+        if (in_group == k) row_padding = SWIGLU && padding[k];
+    store_scale_factor(a, row, static_cast<int>(block - row * a.sf_blocks), sf, row_padding);
+}
+
+// ---------------------------------------------------------------------------
+// *_any: 32 consecutive columns per lane, element accesses (see the top).
+
+template <typename In, bool SWIGLU>
+__device__ __forceinline__ void quantize_any_body(const QuantizeArgs& a) {
+    // the host keeps every lane index below 2^31 (the magic number's range)
+    const unsigned lane_index = blockIdx.x * blockDim.x + threadIdx.x;
+    const unsigned lane_row = magic_divide(lane_index, a.row_magic, a.row_shift);
+    // lanes past the last row stay to the end: the shuffles need every lane
+    const bool active = lane_row < a.num_rows;
+    const i64 row = active ? lane_row : 0;
+    const int task = static_cast<int>(lane_index - lane_row * a.lanes_per_row);
+    const int block = task >> a.group_log2;
+    const int col = task * QUANT_LANE_COLS;
+    const int hidden = a.hidden;
+
+    bool padding = false;
+    float weight = 1.0f;
+    if (SWIGLU && active) padding = swiglu_row(a, row, weight);
+    const In* first =
+        static_cast<const In*>(a.x) + row * (SWIGLU ? 2 * static_cast<i64>(hidden) : hidden);
+    In raw[2][QUANT_LANE_COLS];
+#pragma unroll
+    for (int i = 0; i < QUANT_LANE_COLS; ++i) {
+        const bool in = active && !padding && col + i < hidden;
+        raw[0][i] = in ? first[col + i] : In(0);
+        raw[1][i] = SWIGLU && in ? first[hidden + col + i] : In(0);
+    }
+    float v[QUANT_LANE_COLS];
+    float amax = 0.0f;
+#pragma unroll
+    for (int i = 0; i < QUANT_LANE_COLS; ++i) {
+        float value, up;
+        if constexpr (sizeof(In) == 2) {
+            value = bf16_low(raw[0][i]);
+            up = bf16_low(raw[1][i]);
+        } else {
+            value = raw[0][i];
+            up = raw[1][i];
+        }
+        v[i] = SWIGLU ? quant_swiglu_f32(value, up, weight) : value;  // 0 past H
+        amax = fmaxf(amax, fabsf(v[i]));
+    }
+    const int group = 1 << a.group_log2;
+    for (int offset = 1; offset < group; offset <<= 1)
+        amax = fmaxf(amax, __shfl_xor_sync(QUANT_FULL_MASK, amax, offset));
+    float sf, scale;
+    quant_block_scales(amax, a.round_sf != 0, sf, scale);
+    if (!active) return;
+
+    unsigned char* out_row = a.out + row * hidden;
+#pragma unroll
+    for (int w = 0; w < QUANT_LANE_COLS / 4; ++w) {
+        const unsigned codes = quantize4(v + 4 * w, scale);
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+            if (col + 4 * w + i < hidden)
+                out_row[col + 4 * w + i] = static_cast<unsigned char>(codes >> (8 * i));
+    }
+    if ((task & (group - 1)) == 0 && block < a.sf_blocks)
+        store_scale_factor(a, row, block, sf, padding);
+}
+
+#define DEFINE_QUANTIZE_KERNELS(IN_NAME, IN_TYPE)                                            \
+    extern "C" __global__ void __launch_bounds__(QUANT_MAX_THREADS)                          \
+    quantize_fp8_##IN_NAME##_vec(const QuantizeArgs a) {                                     \
+        quantize_vec_body<IN_TYPE, false>(a);                                                \
+    }                                                                                        \
+    extern "C" __global__ void __launch_bounds__(QUANT_MAX_THREADS)                          \
+    quantize_fp8_##IN_NAME##_any(const QuantizeArgs a) {                                     \
+        quantize_any_body<IN_TYPE, false>(a);                                                \
+    }                                                                                        \
+    extern "C" __global__ void __launch_bounds__(QUANT_MAX_THREADS)                          \
+    swiglu_quantize_fp8_##IN_NAME##_vec(const QuantizeArgs a) {                              \
+        quantize_vec_body<IN_TYPE, true>(a);                                                 \
+    }                                                                                        \
+    extern "C" __global__ void __launch_bounds__(QUANT_MAX_THREADS)                          \
+    swiglu_quantize_fp8_##IN_NAME##_any(const QuantizeArgs a) {                              \
+        quantize_any_body<IN_TYPE, true>(a);                                                 \
+    }
+
+DEFINE_QUANTIZE_KERNELS(bf16, unsigned short)
+DEFINE_QUANTIZE_KERNELS(f32, float)
+
+// ---------------------------------------------------------------------------
+// Test support (the GPU tests call these; no op does). The first two record
+// in *mismatch, with atomicMin, the first float32 bit pattern of [first,
+// first + count) where two computations that must agree differ; the caller
+// initialises *mismatch to 0xFFFFFFFF ("none").
+
+// quant_rcp_1_to_2p126 (quantize_exp.cuh) against CUDA's correctly rounded
+// __frcp_rn.
+extern "C" __global__ void quantize_selftest_reciprocal(unsigned first, unsigned count,
+                                                        unsigned* mismatch) {
+    const unsigned stride = gridDim.x * blockDim.x;
+    for (unsigned i = blockIdx.x * blockDim.x + threadIdx.x; i < count; i += stride) {
+        const float d = __uint_as_float(first + i);
+        if (__float_as_uint(quant_rcp_1_to_2p126(d)) != __float_as_uint(__frcp_rn(d)))
+            atomicMin(mismatch, first + i);
+    }
+}
+
+// The e4m3 codes of the conversion this module was compiled with (hardware
+// on sm_89+ unless QUANTIZE_SOFTWARE_E4M3) against the integer rounding.
+extern "C" __global__ void quantize_selftest_e4m3(unsigned first, unsigned count,
+                                                  unsigned* mismatch) {
+    const unsigned stride = gridDim.x * blockDim.x;
+    for (unsigned i = blockIdx.x * blockDim.x + threadIdx.x; i < count; i += stride) {
+        const float v = __uint_as_float(first + i);
+        const unsigned codes = quant_e4m3x4(v, -v, v, 1.0f);
+        const unsigned expected = quant_e4m3_software(v) | (quant_e4m3_software(-v) << 8) |
+                                  (quant_e4m3_software(v) << 16) | (0x38u << 24);
+        if (codes != expected) atomicMin(mismatch, first + i);
+    }
+}
+
+// out[i] = quant_swiglu_f32(gate[i], up[i], weight[i]): the activations, for
+// a bit-for-bit comparison with numerics.swiglu_f32.
+extern "C" __global__ void quantize_selftest_swiglu(const float* gate, const float* up,
+                                                    const float* weight, float* out, i64 n) {
+    const i64 stride = static_cast<i64>(gridDim.x) * blockDim.x;
+    for (i64 i = static_cast<i64>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride)
+        out[i] = quant_swiglu_f32(gate[i], up[i], weight[i]);
+}

@@ -1,0 +1,91 @@
+"""kernels_cu/quantize.cu compiles with NVRTC for sm_80 and sm_90, GPU or not,
+in every variant the GPU backend can ask the loader for; and the kernels'
+argument struct is laid out as the host packs it. Where CI=true a missing
+CuPy/NVRTC is an error, not a skip (as in test_nvrtc_compile.py)."""
+
+from __future__ import annotations
+
+import os
+import re
+
+import pytest
+
+from cupy_moe.quantize.launch_shape import QuantizeTuning
+from cupy_moe.runtime.loader import compile_for_arch, compile_options, kernel_dir
+
+_IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+KERNELS = [f"{op}_{dtype}_{access}" for op in ("quantize_fp8", "swiglu_quantize_fp8")
+           for dtype in ("bf16", "f32") for access in ("vec", "any")]
+SELFTESTS = ["quantize_selftest_reciprocal", "quantize_selftest_e4m3",
+             "quantize_selftest_swiglu"]
+
+
+def _nvrtc_or_skip():
+    try:
+        from cupy.cuda import nvrtc
+        nvrtc.getVersion()
+    except Exception as exc:  # noqa: BLE001 - no CuPy, or no libnvrtc found
+        if _IN_CI:
+            pytest.fail(f"CI must be able to run NVRTC (install the cuda12 extra): {exc}")
+        pytest.skip(f"NVRTC not available: {exc}")
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+@pytest.mark.parametrize("software_e4m3", [False, True], ids=["e4m3-default", "e4m3-software"])
+def test_every_quantize_variant_compiles(arch, software_e4m3):
+    _nvrtc_or_skip()
+    tuning = QuantizeTuning(software_e4m3=software_e4m3)
+    cubin = compile_for_arch("quantize.cu", tuning.defines(), arch)
+    assert cubin[:4] == b"\x7fELF"
+    for name in KERNELS + SELFTESTS:
+        assert name.encode() in cubin, name
+
+
+def test_the_gpu_backend_names_only_compiled_kernels():
+    from cupy_moe.quantize.gpu import kernel_name
+    from cupy_moe.quantize.rules import QuantizeProblem
+
+    names = {kernel_name(QuantizeProblem(1, 1, dtype, 128, False, False, False, swiglu=swiglu),
+                         vector)
+             for dtype in ("bfloat16", "uint16", "float32") for swiglu in (False, True)
+             for vector in (False, True)}
+    assert names == set(KERNELS)
+
+
+def _c_field_type(declaration: str) -> str:
+    if "*" in declaration:
+        return "ptr"
+    return {"i64": "i64", "int": "i32"}[declaration.split()[-2]]
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_argument_struct_matches_the_host_packing(arch):
+    """QuantizeArgs's fields (names and types, in order) are the host's
+    (gpu.QUANTIZE_ARGS), and NVRTC agrees on the struct's size: a field
+    added, moved or retyped on one side only fails here."""
+    _nvrtc_or_skip()
+    from cupy.cuda import nvrtc
+
+    from cupy_moe.quantize import gpu
+
+    source = (kernel_dir() / "quantize.cu").read_text()
+    body = re.search(r"struct QuantizeArgs \{(.*?)\};", source, re.DOTALL).group(1)
+    declarations = [line.split("//")[0].strip().rstrip(";") for line in body.splitlines()]
+    declarations = [d for d in declarations if d]
+    c_fields = [(d.replace("*", " * ").split()[-1], _c_field_type(d)) for d in declarations]
+    host_types = {"Q": "ptr", "q": "i64", "i": "i32"}
+    host_fields = list(zip(gpu.QUANTIZE_ARGS.names,
+                           [host_types[c] for c in gpu.QUANTIZE_ARGS.packer.format if c in "Qqi"]))
+    assert c_fields == host_fields
+    program_source = ('#include "quantize.cu"\n'
+                      f'static_assert(sizeof(QuantizeArgs) == {gpu.QUANTIZE_ARGS.size}, '
+                      '"QuantizeArgs size");\n')
+    program = nvrtc.createProgram(program_source, "quantize_layout.cu", [], [])
+    try:
+        try:
+            nvrtc.compileProgram(program, [*compile_options(()), f"-arch={arch}"])
+        except nvrtc.NVRTCError:
+            pytest.fail(nvrtc.getProgramLog(program))
+    finally:
+        nvrtc.destroyProgram(program)

@@ -1,0 +1,283 @@
+"""How the quantize kernels cut a call into warps and lanes (pure Python, no
+GPU): the grid of every shape covers each output column and each scale
+factor exactly once, as kernels_cu/quantize.cu computes its indices."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+
+from cupy_moe.quantize.launch_shape import (
+    DEFAULT_TUNING,
+    LANE_COLUMNS,
+    QuantizeTuning,
+    division_magic,
+    launch_shape,
+)
+
+
+@pytest.mark.parametrize("divisor", [*range(1, 300), 1023, 1024, 1025, 65535, 2**20 + 7,
+                                     2**30, 2**31 - 1])
+def test_division_magic_is_exact_below_2_pow_31(divisor, rng):
+    magic, shift = division_magic(divisor)
+    assert magic < 2**32
+    n = np.concatenate([np.arange(0, 3000), rng.integers(0, 2**31, 3000),
+                        np.arange(2**31 - 3000, 2**31),
+                        np.arange(1, 50) * divisor - 1, np.arange(1, 50) * divisor])
+    n = n[(n >= 0) & (n < 2**31)].astype(object)  # exact integers: the kernel's 64-bit product
+    assert [(v * magic) >> shift for v in n] == [v // divisor for v in n]
+
+
+def test_division_magic_rejects_out_of_range_divisors():
+    with pytest.raises(ValueError, match=re.escape("divisor must be in 1 .. 2**31 - 1; got 0")):
+        division_magic(0)
+
+
+def _count_sf_store(counts, packed_bytes, row, block, num_rows, blocks_per_row):
+    """One scale-factor store as store_scale_factor makes it (packed: its bytes,
+    the last block's zero bytes, row R-1's pad columns)."""
+    counts[row, block] += 1
+    zero_after = 3 - block % 4 if block == blocks_per_row - 1 else 0
+    ld = packed_bytes.shape[1]
+    for r in range(row, ld if row == num_rows - 1 else row + 1):
+        for j in range(zero_after + 1):
+            packed_bytes[block // 4, r, block % 4 + j] += 1
+
+
+def emulate_grid(num_rows: int, hidden: int, npc: int, multiprocessors: int = 132,
+                 tuning: QuantizeTuning = DEFAULT_TUNING, *, vector: bool = False,
+                 chunk: int = 8):
+    """What every lane of a kernel's grid does, computed as the kernel computes
+    it: how often each output column, each scale factor and each byte of the
+    packed SF buffer (pad columns included) is written. ``vector``: the *_vec
+    kernel, whose input chunks hold ``chunk`` columns (8: bf16, 4: float32)."""
+    shape = launch_shape(num_rows, hidden, npc, multiprocessors, tuning)
+    blocks_per_row = -(-hidden // npc)
+    ld = -(-num_rows // 4) * 4
+    written = np.zeros((num_rows, hidden), dtype=np.int64)
+    sf_stores = np.zeros((num_rows, blocks_per_row), dtype=np.int64)
+    packed_bytes = np.zeros((-(-blocks_per_row // 4), ld, 4), dtype=np.int64)
+    blocks, threads = shape.grid(vector)
+    if vector:
+        loads = LANE_COLUMNS // chunk
+        group_log2 = shape.group_log2 + {8: 2, 4: 3}[chunk]  # + log2(32 / chunk)
+        group = 1 << group_log2
+        assert group == npc // chunk and group >= loads
+        total = num_rows * hidden // chunk
+        for warp in range(blocks * threads // 32):
+            chunks = [[warp * 32 * loads + 32 * k + lane for lane in range(32)]
+                      for k in range(loads)]
+            for k in range(loads):
+                for lane, g in enumerate(chunks[k]):
+                    # a shuffle group: one block, all live or all past the end
+                    first = lane - lane % group
+                    assert len({c >> group_log2 for c in chunks[k][first:first + group]}) == 1
+                    assert len({c < total for c in chunks[k][first:first + group]}) == 1
+                    if g >= total:
+                        continue
+                    written.reshape(-1)[g * chunk:(g + 1) * chunk] += 1
+            for lane in range(32):
+                j = lane % group
+                if j >= loads or chunks[j][lane] >= total:
+                    continue
+                block = chunks[j][lane] >> group_log2
+                row = (block * shape.block_magic) >> shape.block_shift
+                assert row == block // blocks_per_row
+                _count_sf_store(sf_stores, packed_bytes, row, block - row * blocks_per_row,
+                                num_rows, blocks_per_row)
+        return shape, written, sf_stores, packed_bytes
+    group = 1 << shape.group_log2
+    assert group == npc // LANE_COLUMNS
+    lanes = np.arange(blocks * threads, dtype=object)
+    rows = [(lane * shape.row_magic) >> shape.row_shift for lane in lanes]
+    assert rows == [lane // shape.lanes_per_row for lane in lanes]
+    for warp in range(len(lanes) // 32):
+        warp_rows = rows[32 * warp:32 * warp + 32]
+        tasks = [int(lanes[32 * warp + i]) - warp_rows[i] * shape.lanes_per_row
+                 for i in range(32)]
+        for lane in range(32):
+            # a shuffle group (aligned lanes) is one block of one row, or idle
+            first = lane - lane % group
+            assert len({warp_rows[first + j] for j in range(group)}) == 1
+            assert len({tasks[first + j] >> shape.group_log2 for j in range(group)}) == 1
+            row, task = warp_rows[lane], tasks[lane]
+            if row >= num_rows:
+                continue
+            col, block = task * LANE_COLUMNS, task >> shape.group_log2
+            written[row, col:min(hidden, col + LANE_COLUMNS)] += 1
+            if task % group == 0 and block < blocks_per_row:
+                _count_sf_store(sf_stores, packed_bytes, row, block, num_rows, blocks_per_row)
+    return shape, written, sf_stores, packed_bytes
+
+
+@pytest.mark.parametrize("npc", [32, 128])
+@pytest.mark.parametrize(("num_rows", "hidden"), [
+    (1, 1), (1, 31), (3, 32), (5, 33), (2, 127), (7, 128), (3, 129), (1, 1000), (4, 1024),
+    (9, 1025), (2, 7168), (3, 2048), (6, 768), (33, 96), (1, 4097)])
+def test_every_column_and_scale_factor_is_written_once(num_rows, hidden, npc):
+    shape, written, sf_stores, packed_bytes = emulate_grid(num_rows, hidden, npc)
+    assert (written == 1).all()
+    assert (sf_stores == 1).all()
+    assert (packed_bytes == 1).all()
+    assert shape.threads in (64, 256) and shape.blocks >= 1
+    assert (shape.vec_blocks > 0) == (hidden % npc == 0)
+
+
+@pytest.mark.parametrize("chunk", [8, 4], ids=["bf16", "f32"])
+@pytest.mark.parametrize(("num_rows", "hidden", "npc"), [
+    *[(r, h, npc) for npc in (32, 128) for r, h in (
+        (1, 128), (3, 128), (5, 384), (2, 768), (7, 1024), (3, 1152), (1, 7168), (9, 2048),
+        (33, 256))],
+    (2, 160, 32), (5, 32, 32), (3, 96, 32)])  # H % 128 != 0: npc 32 only
+def test_the_coalesced_kernel_writes_everything_once(num_rows, hidden, npc, chunk):
+    shape, written, sf_stores, packed_bytes = emulate_grid(num_rows, hidden, npc, vector=True,
+                                                           chunk=chunk)
+    assert shape.vec_blocks * shape.vec_threads >= num_rows * hidden // LANE_COLUMNS
+    assert (written == 1).all()
+    assert (sf_stores == 1).all()
+    assert (packed_bytes == 1).all()
+
+
+def test_many_rows_with_both_block_sizes():
+    # more warps than the small-block threshold: full 256-thread blocks
+    shape, written, sf_stores, _ = emulate_grid(300, 130, 32, multiprocessors=2)
+    assert shape.threads == 256
+    assert (written == 1).all() and (sf_stores == 1).all()
+    shape, written, _, _ = emulate_grid(300, 130, 32, multiprocessors=132)
+    assert shape.threads == 64 and (written == 1).all()
+    shape, written, sf_stores, _ = emulate_grid(400, 256, 32, multiprocessors=2, vector=True)
+    assert shape.vec_threads == 256 and (written == 1).all() and (sf_stores == 1).all()
+
+
+def test_no_rows_launch_nothing():
+    assert launch_shape(0, 7168, 128, 132).blocks == 0
+
+
+def test_decode_and_prefill_shapes():
+    decode = launch_shape(1, 7168, 128, 132)
+    assert decode.lanes_per_row == 224 and decode.threads == 64 and decode.blocks == 4
+    assert (decode.vec_threads, decode.vec_blocks) == (64, 4)
+    prefill = launch_shape(8192, 7168, 128, 132)
+    assert prefill.threads == 256 and prefill.blocks == 8192 * 224 // 256
+    assert prefill.vec_blocks == prefill.blocks  # 32 columns a lane either way
+    qwen = launch_shape(8192 * 8, 768, 128, 132)  # swiglu rows: T * K, I = 768
+    assert qwen.lanes_per_row == 24 and qwen.vec_blocks == 8192 * 8 * 24 // 256
+    assert launch_shape(5, 200, 128, 132).vec_blocks == 0  # a partial block: *_any only
+
+
+def test_too_many_warps_for_one_launch():
+    with pytest.raises(ValueError, match="too many for one launch"):
+        launch_shape(2**26, 1024, 128, 132)  # 2^31 lanes
+    launch_shape(2**26 - 8, 1024, 128, 132)
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"threads": 48}, "QuantizeTuning.threads must be whole warps in 32 .. 256; got 48"),
+    ({"threads": 512}, "QuantizeTuning.threads must be whole warps in 32 .. 256; got 512"),
+    ({"small_threads": True}, "QuantizeTuning.small_threads must be whole warps"),
+    ({"full_blocks_from": -1}, "QuantizeTuning.full_blocks_from must be a number >= 0"),
+])
+def test_bad_tunings(kwargs, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        QuantizeTuning(**kwargs)
+    with pytest.raises(TypeError, match=re.escape(
+            "QuantizeTuning.software_e4m3 must be True or False; got 1")):
+        QuantizeTuning(software_e4m3=1)
+
+
+def test_tuning_defines():
+    assert QuantizeTuning().defines() == (("QUANTIZE_SOFTWARE_E4M3", 0),)
+    assert QuantizeTuning(software_e4m3=True).defines() == (("QUANTIZE_SOFTWARE_E4M3", 1),)
+
+
+# -- the host side of a launch, without a GPU -------------------------------------------
+
+def _fake_device(monkeypatch):
+    """gpu.py's device queries and launches replaced: handles are kernel names,
+    launches are recorded."""
+    from cupy_moe.quantize import gpu
+    from cupy_moe.runtime.launch import DeviceTraits
+
+    monkeypatch.setattr(gpu, "device_traits", lambda device: DeviceTraits(132, 9, 232448))
+    monkeypatch.setattr(gpu, "function_handle", lambda source, defines, device, name: name)
+    launches = []
+    monkeypatch.setattr(gpu.driver, "launchKernel", lambda *args: launches.append(args))
+    return gpu, launches
+
+
+@pytest.mark.parametrize("swiglu", [False, True])
+def test_a_plan_packs_what_the_kernel_reads(monkeypatch, swiglu):
+    from cupy_moe.quantize.rules import QuantizeProblem
+
+    gpu, launches = _fake_device(monkeypatch)
+    problem = QuantizeProblem(num_rows=9, hidden=7168, in_dtype="bfloat16", num_per_channels=128,
+                              round_sf=True, packed_ue8m0=True, col_major=True, swiglu=swiglu,
+                              num_weights=24 if swiglu else -1, has_pos_to_expert=swiglu)
+    plan = gpu.QuantizePlan(problem, 0, DEFAULT_TUNING)
+    plan.launch(7, 0x1000, 0x2000, 0x3000, 0x4000, 0x5000, 0x6000)
+    op = "swiglu_quantize_fp8" if swiglu else "quantize_fp8"
+    handle, grid_x, grid_y, grid_z, threads, _, _, shared, stream, _, _ = launches[0]
+    assert handle == f"{op}_bf16_vec" and (grid_y, grid_z, shared, stream) == (1, 1, 0, 7)
+    shape = launch_shape(9, 7168, 128, 132)
+    assert (grid_x, threads) == (shape.vec_blocks, shape.vec_threads)
+    fields = dict(zip(gpu.QUANTIZE_ARGS.names,
+                      gpu.QUANTIZE_ARGS.packer.unpack_from(plan.args.buffer)))
+    assert fields == {
+        "x": 0x1000, "out": 0x2000, "out_sf": 0x3000, "topk_weights": 0x4000,
+        "pos_to_token_topk": 0x5000, "pos_to_expert": 0x6000, "num_rows": 9,
+        "num_weights": 24 if swiglu else 0, "row_magic": shape.row_magic,
+        "block_magic": shape.block_magic, "hidden": 7168, "sf_blocks": 56, "sf_ld": 12,
+        "group_log2": 2, "lanes_per_row": 224, "row_shift": shape.row_shift,
+        "block_shift": shape.block_shift, "sf_layout": 2, "round_sf": 1}
+    # a pointer off 16-byte alignment takes the element-access kernel, its grid
+    plan.launch(7, 0x1002, 0x2000, 0x3000, 0, 0, 0)
+    assert launches[-1][0] == f"{op}_bf16_any"
+    assert launches[-1][1] == shape.blocks and launches[-1][4] == shape.threads
+    plan.launch(7, 0x1000, 0x2008, 0x3000, 0, 0, 0)
+    assert launches[-1][0] == f"{op}_bf16_any"
+
+
+def test_plan_kernels_by_dtype_width_and_layout(monkeypatch):
+    from cupy_moe.quantize.rules import QuantizeProblem
+
+    gpu, launches = _fake_device(monkeypatch)
+    for hidden, dtype, layout, col_major, packed in (
+            (1000, "float32", 0, False, False), (1024, "uint16", 1, True, False)):
+        problem = QuantizeProblem(5, hidden, dtype, 32, packed, packed, col_major)
+        plan = gpu.QuantizePlan(problem, 0, DEFAULT_TUNING)
+        plan.launch(0, 0x1000, 0x2000, 0x3000, 0, 0, 0)
+        name = f"quantize_fp8_{'f32' if dtype == 'float32' else 'bf16'}_"
+        assert launches[-1][0] == name + ("vec" if hidden % 32 == 0 else "any")
+        fields = dict(zip(gpu.QUANTIZE_ARGS.names,
+                          gpu.QUANTIZE_ARGS.packer.unpack_from(plan.args.buffer)))
+        assert fields["sf_layout"] == layout and fields["group_log2"] == 0
+        assert fields["sf_ld"] == 8 and fields["sf_blocks"] == -(-hidden // 32)
+    problem = QuantizeProblem(0, 100, "float32", 128, False, False, True)
+    count = len(launches)
+    gpu.QuantizePlan(problem, 0, DEFAULT_TUNING).launch(0, 0x1000, 0x2000, 0x3000, 0, 0, 0)
+    assert len(launches) == count  # no rows: nothing launched
+
+
+@pytest.mark.parametrize(("packed", "col_major", "num_rows"), [
+    (False, False, 5), (False, True, 5), (True, True, 5), (False, True, 8), (True, True, 0)])
+def test_torch_outputs_are_allocated_in_the_layouts(packed, col_major, num_rows):
+    """gpu._allocate_torch, with a CPU tensor standing in for the device one."""
+    import torch
+
+    from cupy_moe.quantize import gpu
+    from cupy_moe.quantize.rules import QuantizeProblem
+
+    problem = QuantizeProblem(num_rows, 1000, "bfloat16", 128, packed, packed, col_major)
+    like = torch.zeros((num_rows, 1000), dtype=torch.bfloat16)
+    out, out_sf = gpu._allocate_torch(problem, like, None, None)
+    assert out.dtype == torch.float8_e4m3fn and tuple(out.shape) == (num_rows, 1000)
+    assert out_sf.dtype == (torch.int32 if packed else torch.float32)
+    assert tuple(out_sf.shape) == (num_rows, 2 if packed else 8)
+    ld = -(-num_rows // 4) * 4
+    if col_major:
+        assert out_sf.stride() == (1, ld)
+        assert out_sf.untyped_storage().nbytes() == out_sf.shape[1] * ld * 4
+    else:
+        assert out_sf.is_contiguous()

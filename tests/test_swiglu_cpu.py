@@ -1,0 +1,334 @@
+"""``swiglu_quantize_fp8`` on the CPU and the float32 arithmetic it is defined
+by: the exp's accuracy bound and its constants (shared with the kernels), the
+oracle against a scalar reference (order of the multiplies, weights, padding
+rows, NaN and infinity), outputs, and every argument error."""
+
+from __future__ import annotations
+
+import re
+
+import ml_dtypes
+import numpy as np
+import pytest
+import torch
+from helpers import assert_bits_equal, from_torch, to_torch
+from quantize_cases import (
+    LAYOUTS,
+    SPECIALS,
+    as_input_dtype,
+    expected_sf_buffer,
+    float_values,
+    hard_rows,
+    scalar_quantize,
+    scalar_swiglu,
+    sf_buffer_of,
+)
+
+from cupy_moe.quantize import swiglu_quantize_fp8
+from cupy_moe.quantize.numerics import EXP_CONSTANT_BITS, exp_f32, silu_f32, swiglu_f32
+from cupy_moe.quantize.reference import swiglu_values_numpy
+from cupy_moe.runtime.loader import kernel_dir
+
+F32 = np.float32
+
+
+def assert_floats_equal(actual: np.ndarray, expected: np.ndarray, what: str) -> None:
+    """Bit for bit, every NaN counted as one (float32 arithmetic does not fix a
+    NaN's sign or payload: NumPy on x86 and CUDA differ; the codes do not)."""
+    canonical = np.uint32(0x7FC00000)
+    a = np.where(np.isnan(actual), canonical, actual.view(np.uint32))
+    e = np.where(np.isnan(expected), canonical, expected.view(np.uint32))
+    assert_bits_equal(a, e, what)
+
+
+# -- exp ------------------------------------------------------------------------------
+
+def _ulp_errors(x: np.ndarray, got: np.ndarray) -> np.ndarray:
+    """|got - exp(x)| in ulps of the float32 result (float64 exp as truth)."""
+    truth = np.exp(x.astype(np.float64))
+    _, exponent = np.frexp(truth)
+    ulp = np.ldexp(1.0, np.maximum(exponent - 24, -149))
+    return np.abs(got.astype(np.float64) - truth) / ulp
+
+
+def test_exp_is_within_one_ulp_on_its_range():
+    """Every 13th float32 of [-86.5, 87] (~170 million values; the bound 0.962
+    ulp was measured on all of them): under 1 ulp of float64's exp."""
+    worst = 0.0
+    low, high = int(F32(-86.5).view(np.uint32)), int(F32(87.0).view(np.uint32))
+    for first, last in ((0, high), (0x80000000, low)):
+        for start in range(first, last + 1, 1 << 25):
+            bits = np.arange(start, min(last + 1, start + (1 << 25)), 13, dtype=np.uint64)
+            x = bits.astype(np.uint32).view(F32)
+            worst = max(worst, float(_ulp_errors(x, exp_f32(x)).max()))
+    assert 0.5 < worst < 0.97, worst
+
+
+def test_exp_saturates_and_clamps_nan_like_minus_infinity(rng):
+    x = np.array([np.inf, 87.0, 88.0, 1e30, -np.inf, -86.5, -100.0, -1e30, np.nan, -np.nan,
+                  0.0, -0.0], dtype=F32)
+    got = exp_f32(x)
+    high, low = exp_f32(F32(87.0)), exp_f32(F32(-86.5))
+    assert (got[:4] == high).all() and (got[4:10] == low).all() and (got[10:] == 1.0).all()
+    assert np.isfinite(high) and low >= np.finfo(F32).tiny
+    # NaN of any payload: the same bits (the exponent arithmetic never sees it)
+    payloads = rng.integers(1, 1 << 23, size=1000, dtype=np.uint32)
+    nans = (np.uint32(0x7F800000) | payloads | (rng.integers(0, 2, 1000, dtype=np.uint32)
+                                                  << np.uint32(31))).view(F32)
+    assert (exp_f32(nans).view(np.uint32) == low.view(np.uint32)).all()
+    assert np.isnan(silu_f32(nans)).all()
+
+
+def test_kernel_headers_hold_the_same_exp_constants():
+    header = (kernel_dir() / "quantize_exp.cuh").read_text()
+    found = {name: int(value, 16) for name, value in
+             re.findall(r"#define QUANT_EXP_(\w+) (0x[0-9A-Fa-f]+)u", header)}
+    assert found == EXP_CONSTANT_BITS
+
+
+def test_silu_is_close_to_float64(rng):
+    """A few ulps for g >= -86 (exp under 1 ulp, then 1 + e, 1 / d and g * y);
+    below, exp(-g) saturates at exp(87): silu is then tiny, not accurate."""
+    g = np.concatenate([rng.standard_normal(200000) * 10.0 ** rng.uniform(-6, 1.9, 200000),
+                        np.linspace(-100, 100, 20001)]).astype(F32)
+    truth = g.astype(np.float64) / (1 + np.exp(-g.astype(np.float64)))
+    got = silu_f32(g).astype(np.float64)
+    accurate = (g >= -86) & (np.abs(truth) >= np.finfo(F32).tiny)
+    relative = np.abs(got[accurate] - truth[accurate]) / np.abs(truth[accurate])
+    assert relative.max() < 4 * 2.0**-24
+    saturated = g < -86.5
+    assert saturated.any() and (np.abs(got[saturated]) < 1e-35 * np.abs(g[saturated]) / 80).all()
+    assert silu_f32(F32(np.inf)) == np.inf and silu_f32(F32(-np.inf)) == -np.inf
+    assert np.isnan(silu_f32(F32(np.nan)))
+
+
+def test_multiplies_happen_in_the_documented_order():
+    """(silu(g) * up) * w: a case where s * (up * w) gives other bits."""
+    rng = np.random.default_rng(7)
+    g, u, w = (rng.standard_normal(10000).astype(F32) for _ in range(3))
+    s = silu_f32(g)
+    left, right = (s * u) * w, s * (u * w)
+    differ = np.flatnonzero(left.view(np.uint32) != right.view(np.uint32))
+    assert differ.size > 0
+    i = int(differ[0])
+    assert swiglu_f32(g[i:i + 1], u[i:i + 1], w[i:i + 1]).view(np.uint32) == left[i].view(
+        np.uint32)
+    h = np.concatenate([g[i:i + 1], u[i:i + 1]]).reshape(1, 2)
+    act, _ = swiglu_values_numpy(h, topk_weights=w[i:i + 1].reshape(1, 1),
+                                 pos_to_token_topk=np.array([0], np.int32))
+    assert act.view(np.uint32)[0, 0] == left[i].view(np.uint32)
+
+
+# -- activations and quantization against the scalar reference ------------------------
+
+def _gate_up(rng, rows, inter, npc, dtype):
+    """h = [gate | up] with hard blocks, gates reaching the exp's clamps."""
+    gate = hard_rows(rng, rows, inter, npc)
+    with np.errstate(all="ignore"):  # large values become inf: wanted too
+        gate[rng.random(gate.shape) < 0.05] *= 1e3  # |g| beyond 86.5 / 87
+    up = hard_rows(rng, rows, inter, npc)
+    return as_input_dtype(np.concatenate([gate, up], axis=1), dtype)
+
+
+def _maps(rng, rows, tokens=5, top_k=3):
+    weights = rng.standard_normal((tokens, top_k)).astype(F32)
+    weights.reshape(-1)[rng.integers(tokens * top_k)] = 0.0
+    slots = rng.integers(-1, tokens * top_k + 2, size=rows).astype(np.int32)  # some outside
+    experts = rng.integers(-1, 4, size=rows).astype(np.int32)
+    return weights, slots, experts
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32", "uint16"])
+@pytest.mark.parametrize("maps", ["none", "weights", "experts", "both"])
+def test_activations_match_the_scalar_reference(dtype, maps, rng):
+    h = _gate_up(rng, 9, 70, 32, dtype)
+    weights, slots, experts = _maps(rng, 9)
+    kwargs = {}
+    if maps in ("weights", "both"):
+        kwargs.update(topk_weights=weights, pos_to_token_topk=slots)
+    if maps in ("experts", "both"):
+        kwargs.update(pos_to_expert=experts)
+    act, padding = swiglu_values_numpy(h, **kwargs)
+    want, want_padding = scalar_swiglu(float_values(h), kwargs.get("topk_weights"),
+                                       kwargs.get("pos_to_token_topk"),
+                                       kwargs.get("pos_to_expert"))
+    assert_floats_equal(act, want, "activations")
+    assert (padding == want_padding).all()
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+@pytest.mark.parametrize("npc", [32, 128])
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+def test_quantized_activations_match_the_scalar_reference(dtype, npc, layout, rng):
+    packed, col_major, round_sf = LAYOUTS[layout]
+    for rows, inter in ((1, 1), (3, 40), (6, 129), (5, 300)):
+        h = _gate_up(rng, rows, inter, npc, dtype)
+        weights, slots, experts = _maps(rng, rows)
+        codes, out_sf = swiglu_quantize_fp8(
+            h, num_per_channels=npc, topk_weights=weights, pos_to_token_topk=slots,
+            pos_to_expert=experts, round_sf=round_sf, packed_ue8m0=packed,
+            use_tma_aligned_col_major_sf=col_major)
+        act, padding = scalar_swiglu(float_values(h), weights, slots, experts)
+        want_codes, want_sf = scalar_quantize(act, npc, round_sf, zero_rows=padding)
+        assert codes.dtype == ml_dtypes.float8_e4m3fn and codes.shape == (rows, inter)
+        assert_bits_equal(codes.view(np.uint8), want_codes, "codes")
+        assert_bits_equal(sf_buffer_of(out_sf, col_major=col_major),
+                          expected_sf_buffer(want_sf, packed=packed, col_major=col_major), "sf")
+
+
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+def test_padding_rows_are_zero_codes_and_zero_scale_factors(layout, rng):
+    packed, col_major, round_sf = LAYOUTS[layout]
+    h = rng.standard_normal((6, 2 * 256)).astype(F32)
+    h[1] = np.nan  # a padding row's input is never read: NaN there changes nothing
+    weights = np.ones((3, 2), dtype=F32)
+    slots = np.array([0, 1, -1, 5, 6, 2], np.int32)  # 2: -1; 4: 6 >= T*K
+    experts = np.array([0, -1, 0, 1, 1, 2], np.int32)
+    codes, out_sf = swiglu_quantize_fp8(
+        h, topk_weights=weights, pos_to_token_topk=slots, pos_to_expert=experts,
+        round_sf=round_sf, packed_ue8m0=packed, use_tma_aligned_col_major_sf=col_major)
+    padding = [1, 2, 4]
+    assert not codes.view(np.uint8)[padding].any()
+    assert codes.view(np.uint8)[[0, 3, 5]].any()
+    assert not np.ascontiguousarray(out_sf)[padding].view(np.uint32).any()
+    assert np.ascontiguousarray(out_sf)[[0, 3, 5]].view(np.uint32).all()
+    if col_major:  # pad columns 6, 7
+        assert not sf_buffer_of(out_sf, col_major=True)[:, 6:].view(np.uint32).any()
+
+
+def test_nan_and_infinity_through_silu():
+    inter = 128
+    h = np.ones((1, 2 * inter), dtype=F32)
+    h[0, 0] = np.nan                       # silu(NaN) -> NaN: code 0x7F, ignored by amax
+    h[0, 1], h[0, inter + 1] = np.inf, 0.0  # inf * 0 -> NaN
+    h[0, 2] = -200.0                       # exp clamps: silu(-200) is tiny, not NaN
+    codes, sf = swiglu_quantize_fp8(h)
+    got = codes.view(np.uint8)[0]
+    assert got[0] == 0x7F and got[1] == 0x7F and got[2] in (0x80, 0x00)
+    assert np.isfinite(sf[0, 0])
+    h[0, 3] = np.inf                       # silu(inf) * 1 = inf: the block is poisoned
+    codes, sf = swiglu_quantize_fp8(h)
+    assert np.isposinf(sf[0, 0]) and codes.view(np.uint8)[0, 3] == 0x7F
+    h[0, 3] = -np.inf                      # silu(-inf) = -inf * tiny = -inf: poisoned too
+    codes, sf = swiglu_quantize_fp8(h)
+    assert np.isposinf(sf[0, 0])
+
+
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+def test_torch_cpu_and_outputs_in_place(layout, rng):
+    packed, col_major, round_sf = LAYOUTS[layout]
+    h = _gate_up(rng, 7, 200, 128, "bfloat16")
+    weights, slots, experts = _maps(rng, 7)
+    settings = {"topk_weights": weights, "pos_to_token_topk": slots, "pos_to_expert": experts,
+                "round_sf": round_sf, "packed_ue8m0": packed,
+                "use_tma_aligned_col_major_sf": col_major}
+    codes, out_sf = swiglu_quantize_fp8(h, **settings)
+    torch_settings = {k: to_torch(v) if isinstance(v, np.ndarray) else v
+                      for k, v in settings.items()}
+    codes_t, out_sf_t = swiglu_quantize_fp8(to_torch(h), **torch_settings)
+    assert codes_t.dtype == torch.float8_e4m3fn
+    assert_bits_equal(from_torch(codes_t), codes)
+    assert_bits_equal(sf_buffer_of(from_torch(out_sf_t), col_major=col_major),
+                      sf_buffer_of(out_sf, col_major=col_major), "sf")
+    columns = 1 if packed else 2
+    out = np.full((7, 200), 0x5A, np.uint8)
+    sf_dtype = np.int32 if packed else F32
+    buffer = np.full((columns, 8) if col_major else (7, columns), -1, np.int32).view(sf_dtype)
+    out_sf_given = buffer[:, :7].T if col_major else buffer
+    got, got_sf = swiglu_quantize_fp8(h, **settings, out=out, out_sf=out_sf_given)
+    assert got is out and got_sf is out_sf_given
+    assert_bits_equal(out, codes.view(np.uint8))
+    assert_bits_equal(sf_buffer_of(out_sf_given, col_major=col_major),
+                      sf_buffer_of(out_sf, col_major=col_major), "sf in place")
+
+
+def test_no_rows_and_non_contiguous_inputs(rng):
+    codes, sf = swiglu_quantize_fp8(np.zeros((0, 512), F32), topk_weights=np.ones((0, 2), F32),
+                                    pos_to_token_topk=np.zeros(0, np.int32),
+                                    pos_to_expert=np.zeros(0, np.int32))
+    assert codes.shape == (0, 256) and sf.shape == (0, 2)
+    h = rng.standard_normal((10, 600)).astype(F32)
+    view = h[::2]  # rows not contiguous
+    experts = np.arange(10, dtype=np.int32)[::2] % 3 - 1
+    codes, sf = swiglu_quantize_fp8(view, pos_to_expert=experts)
+    want, want_sf = swiglu_quantize_fp8(np.ascontiguousarray(view),
+                                        pos_to_expert=np.ascontiguousarray(experts))
+    assert_bits_equal(codes, want)
+    assert_bits_equal(sf, want_sf)
+
+
+def test_specials_in_gate_and_up(rng):
+    inter = 64
+    h = np.concatenate([rng.choice(SPECIALS, (8, inter)), rng.choice(SPECIALS, (8, inter))],
+                       axis=1).astype(F32)
+    codes, sf = swiglu_quantize_fp8(h, num_per_channels=32)
+    act, _ = scalar_swiglu(h)
+    want_codes, want_sf = scalar_quantize(act, 32, False)
+    assert_bits_equal(codes.view(np.uint8), want_codes)
+    assert_bits_equal(sf, want_sf)
+
+
+# -- argument errors -----------------------------------------------------------------
+
+H = np.zeros((4, 256), dtype=F32)
+W = np.ones((2, 2), dtype=F32)
+SLOTS = np.array([0, 1, 2, 3], np.int32)
+EXPERTS = np.array([0, 0, 1, -1], np.int32)
+
+
+@pytest.mark.parametrize(("args", "error", "message"), [
+    ({"h": None}, TypeError, "h must be a numpy.ndarray, cupy.ndarray or torch.Tensor; got None"),
+    ({"h": np.zeros((4, 255), F32)}, ValueError,
+     "h must have an even number of columns 2I (gate | up); got shape (4, 255)"),
+    ({"h": np.zeros((4, 0), F32)}, ValueError, "h must have I = h.shape[1] / 2 >= 1"),
+    ({"h": np.zeros((4, 8), np.float16)}, ValueError,
+     "h must be one of bfloat16, float32, uint16; got float16"),
+    ({"h": np.zeros(8, F32)}, ValueError, "h must be 2-D [X, 2I]; got shape (8,)"),
+    ({"topk_weights": W}, ValueError,
+     ("topk_weights is given but pos_to_token_topk is not: topk_weights [T, K] and "
+      "pos_to_token_topk [X] go together")),
+    ({"pos_to_token_topk": SLOTS}, ValueError,
+     "pos_to_token_topk is given but topk_weights is not"),
+    ({"topk_weights": W.astype(np.float64), "pos_to_token_topk": SLOTS}, ValueError,
+     "topk_weights must be one of float32; got float64"),
+    ({"topk_weights": W.reshape(-1), "pos_to_token_topk": SLOTS}, ValueError,
+     "topk_weights must be 2-D [T, K]; got shape (4,)"),
+    ({"topk_weights": np.ones((2, 0), F32), "pos_to_token_topk": SLOTS}, ValueError,
+     "topk_weights must have K = shape[1] >= 1 slots; got shape (2, 0)"),
+    ({"topk_weights": W, "pos_to_token_topk": SLOTS.astype(np.int64)}, ValueError,
+     "pos_to_token_topk must be one of int32; got int64"),
+    ({"topk_weights": W, "pos_to_token_topk": SLOTS[:3]}, ValueError,
+     "pos_to_token_topk.shape[0] must equal h.shape[0] (X = 4); got 3"),
+    ({"pos_to_expert": EXPERTS.reshape(2, 2)}, ValueError,
+     "pos_to_expert must be 1-D [X]; got shape (2, 2)"),
+    ({"pos_to_expert": EXPERTS[:2]}, ValueError,
+     "pos_to_expert.shape[0] must equal h.shape[0] (X = 4); got 2"),
+    ({"pos_to_expert": EXPERTS.astype(np.uint32)}, ValueError,
+     "pos_to_expert must be one of int32; got uint32"),
+    ({"pos_to_expert": [0, 0, 1, -1]}, TypeError,
+     "pos_to_expert must be a numpy.ndarray, cupy.ndarray or torch.Tensor; got builtins.list"),
+    ({"pos_to_expert": torch.from_numpy(EXPERTS)}, TypeError,
+     "all arrays must be of one kind: h is numpy.ndarray, pos_to_expert is torch.Tensor (cpu)"),
+    ({"num_per_channels": 16}, ValueError, "unsupported num_per_channels=16"),
+    ({"packed_ue8m0": True, "use_tma_aligned_col_major_sf": True}, ValueError,
+     "packed_ue8m0=True needs round_sf=True"),
+    ({"packed_ue8m0": True, "round_sf": True}, ValueError,
+     "packed_ue8m0=True needs use_tma_aligned_col_major_sf=True"),
+    ({"round_sf": "no"}, TypeError, "round_sf must be True or False; got str 'no'"),
+    ({"out": np.zeros((4, 256), np.uint8)}, ValueError,
+     "out must have shape (4, 128); got (4, 256)"),
+    ({"out_sf": np.zeros((4, 2), np.float32)}, ValueError,
+     "out_sf must have shape (4, 1); got (4, 2)"),
+])
+def test_bad_arguments(args, error, message):
+    kwargs = dict(args)
+    h = kwargs.pop("h", H)
+    with pytest.raises(error, match=re.escape(message)):
+        swiglu_quantize_fp8(h, **kwargs)
+
+
+def test_output_overlapping_a_map_is_rejected():
+    maps = np.zeros(4 * 128 // 4 + 4, dtype=np.int32)
+    out = maps.view(np.uint8)[:512].reshape(4, 128)
+    with pytest.raises(ValueError, match=re.escape("out overlaps pos_to_expert in memory")):
+        swiglu_quantize_fp8(H, pos_to_expert=maps[:4], out=out)

@@ -1,0 +1,254 @@
+"""``swiglu_quantize_fp8`` on the GPU against the NumPy oracle, bit for bit
+(marker ``gpu``): over a thousand fresh random cases per array kind (weights,
+padding rows and out-of-range slots, any I, both block sizes, every SF
+layout, NaN / infinity / saturating-exp inputs, poisoned outputs, misaligned
+arrays, the software e4m3 variant), the activations themselves against
+``numerics.swiglu_f32``, a CUDA-graph capture of a decode shape and the torch
+fast path."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from gpu_cases import GPU_MARKS, KINDS, cupy, needs_torch_cuda, torch
+from quantize_cases import LAYOUTS, SPECIALS, as_input_dtype
+from test_quantize_gpu import (
+    TUNINGS,
+    call_op,
+    check_result,
+    device_array,
+    input_dtype_name,
+    map_array,
+    poisoned_outputs,
+    random_settings,
+    random_values,
+)
+
+import cupy_moe
+from cupy_moe.quantize import swiglu_quantize_fp8_numpy
+from cupy_moe.quantize.launch_shape import QuantizeTuning
+from cupy_moe.quantize.numerics import swiglu_f32
+
+pytestmark = GPU_MARKS
+
+CASES_PER_KIND = 600  # x 2 kinds: over a thousand
+
+
+def random_h(rng, num_rows: int, inter: int, npc: int) -> np.ndarray:
+    """float32 [X, 2I]: gates with hard blocks, some beyond the exp's clamps."""
+    gate = random_values(rng, num_rows, inter, npc)
+    with np.errstate(all="ignore"):  # infinities and NaN stay: wanted
+        gate[rng.random(gate.shape) < 0.02] *= 1e3
+    return np.concatenate([gate, random_values(rng, num_rows, inter, npc)], axis=1)
+
+
+def random_maps(rng, num_rows: int) -> dict:
+    """Some of topk_weights + pos_to_token_topk and pos_to_expert: a real
+    routing plan's, or random maps with out-of-range slots."""
+    kwargs = {}
+    if rng.random() < 0.5:
+        num_tokens, top_k = int(rng.integers(1, 20)), int(rng.integers(1, 9))
+        weights = rng.standard_normal((num_tokens, top_k)).astype(np.float32)
+        if rng.random() < 0.1:
+            weights.reshape(-1)[0] = rng.choice([np.inf, np.nan, 0.0, -0.0])
+        slots = rng.integers(-2, num_tokens * top_k + 3, size=num_rows).astype(np.int32)
+        kwargs.update(topk_weights=weights, pos_to_token_topk=slots)
+    if rng.random() < 0.5:
+        kwargs["pos_to_expert"] = rng.integers(-1, 8, size=num_rows).astype(np.int32)
+    return kwargs
+
+
+def plan_maps(rng, num_tokens: int, top_k: int, num_experts: int, alignment: int):
+    """A real routing plan's maps (host), its X, and random weights."""
+    topk_ids = rng.integers(0, num_experts, size=(num_tokens, top_k))
+    topk_ids[rng.random(topk_ids.shape) < 0.05] = -1
+    plan = cupy_moe.fused_mapping(topk_ids.astype(np.int32), num_experts, alignment=alignment)
+    weights = rng.random((num_tokens, top_k)).astype(np.float32)
+    return {"topk_weights": weights, "pos_to_token_topk": plan.pos_to_token_topk,
+            "pos_to_expert": plan.pos_to_expert}, plan.pos_to_expert.shape[0]
+
+
+def maps_on_device(kind: str, maps: dict) -> dict:
+    return {name: device_array(kind, array, "float32") if name == "topk_weights"
+            else map_array(kind, array) for name, array in maps.items()}
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_random_cases_are_bit_identical_to_the_oracle(kind):
+    rng = np.random.default_rng()
+    for case in range(CASES_PER_KIND):
+        if rng.integers(40) == 0:
+            maps, num_rows = plan_maps(rng, int(rng.integers(50, 400)), 8, 16, 32)
+            inter = int(rng.choice([768, 2048, 1040]))
+        else:
+            num_rows = 0 if rng.integers(30) == 0 else int(rng.integers(1, 40))
+            inter = int(rng.choice([1, 16, 32, 100, 128, 129, 768, 1000, 2048])
+                        if rng.random() < 0.6 else rng.integers(1, 1500))
+            maps = random_maps(rng, num_rows)
+        layout, settings = random_settings(rng)
+        npc = settings["num_per_channels"]
+        dtype = "float32" if rng.random() < 0.4 else "bfloat16"
+        h = as_input_dtype(random_h(rng, num_rows, inter, npc), dtype)
+        expected = swiglu_quantize_fp8_numpy(h, **maps, **settings)
+        tuning = TUNINGS[rng.integers(len(TUNINGS))]
+        misalign = rng.integers(8) == 0
+        kwargs = {**settings, **maps_on_device(kind, maps)}
+        given = None
+        if rng.random() < 0.5:
+            given = poisoned_outputs(kind, rng, num_rows, inter, expected[1].shape[1],
+                                     packed=settings["packed_ue8m0"],
+                                     col_major=settings["use_tma_aligned_col_major_sf"],
+                                     misalign=misalign)
+            kwargs.update(out=given[0], out_sf=given[1])
+        dh = device_array(kind, h, input_dtype_name(h), misalign=misalign)
+        try:
+            result = call_op("swiglu_quantize_fp8", tuning, dh, **kwargs)
+            check_result(kind, result, expected, given=given,
+                         col_major=settings["use_tma_aligned_col_major_sf"])
+        except AssertionError as error:
+            raise AssertionError(
+                f"case {case}: X={num_rows} I={inter} {dtype} {layout} npc={npc} "
+                f"maps={sorted(maps)} tuning={tuning} misalign={misalign} "
+                f"out={given is not None}: {error}") from None
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("inter", [2048, 768])
+def test_prefill_shapes_with_a_real_plan(kind, inter):
+    rng = np.random.default_rng()
+    maps, num_rows = plan_maps(rng, 256, 8, 64, 32)
+    h = as_input_dtype(random_h(rng, num_rows, inter, 128), "bfloat16")
+    for layout in ("row-f32", "col-ue8m0"):
+        packed, col_major, round_sf = LAYOUTS[layout]
+        settings = {"round_sf": round_sf, "packed_ue8m0": packed,
+                    "use_tma_aligned_col_major_sf": col_major}
+        check_result(kind, cupy_moe.quantize.swiglu_quantize_fp8(
+            device_array(kind, h, "bfloat16"), **maps_on_device(kind, maps), **settings),
+            swiglu_quantize_fp8_numpy(h, **maps, **settings), col_major=col_major,
+            what=f"X={num_rows} I={inter} {layout}")
+
+
+def test_activations_are_those_of_the_oracle():
+    """quant_swiglu_f32 (the kernels' exp, reciprocal and multiplies) against
+    numerics.swiglu_f32 on 4 million gates spread over the float32 range and
+    the specials, bit for bit (every NaN counted as one)."""
+    from cupy_moe.runtime.launch import current_device
+    from cupy_moe.runtime.loader import get_module
+
+    rng = np.random.default_rng()
+    count = 1 << 22
+    gate = np.concatenate([
+        rng.integers(0, 1 << 32, size=count // 2, dtype=np.uint64).astype(np.uint32).view(
+            np.float32),
+        (rng.standard_normal(count // 2 - SPECIALS.size) * 10.0 ** rng.uniform(
+            -3, 2.2, count // 2 - SPECIALS.size)).astype(np.float32),
+        SPECIALS])
+    up = (rng.standard_normal(count) * 4).astype(np.float32)
+    weight = rng.random(count).astype(np.float32)
+    weight[::7] = 1.0
+    kernel = get_module("quantize.cu", QuantizeTuning().defines(),
+                        current_device()).get_function("quantize_selftest_swiglu")
+    out = cupy.empty(count, dtype=cupy.float32)
+    kernel((1024,), (256,), (cupy.asarray(gate), cupy.asarray(up), cupy.asarray(weight), out,
+                             np.int64(count)))
+    got, want = cupy.asnumpy(out), swiglu_f32(gate, up, weight)
+    same = (got.view(np.uint32) == want.view(np.uint32)) | (np.isnan(got) & np.isnan(want))
+    if not same.all():
+        i = int(np.flatnonzero(~same)[0])
+        raise AssertionError(f"{int((~same).sum())} activations differ; first: gate "
+                             f"{gate[i]!r} up {up[i]!r} weight {weight[i]!r}: got {got[i]!r}, "
+                             f"expected {want[i]!r}")
+
+
+@needs_torch_cuda
+@pytest.mark.parametrize("layout", ["row-f32", "col-f32", "col-ue8m0"])
+def test_cuda_graph_capture_of_a_decode_shape(layout):
+    """Decode: one token, top-8, experts padded to 8 rows each."""
+    rng = np.random.default_rng()
+    packed, col_major, round_sf = LAYOUTS[layout]
+    num_tokens, top_k, inter = 1, 8, 2048
+    maps, num_rows = plan_maps(rng, num_tokens, top_k, 64, 8)
+    settings = {"round_sf": round_sf, "packed_ue8m0": packed,
+                "use_tma_aligned_col_major_sf": col_major}
+    h = torch.zeros((num_rows, 2 * inter), dtype=torch.bfloat16, device="cuda")
+    static_maps = maps_on_device("torch", maps)
+    out = torch.empty((num_rows, inter), dtype=torch.float8_e4m3fn, device="cuda")
+    columns = 4 if packed else 16
+    ld = -(-num_rows // 4) * 4
+    sf_dtype = torch.int32 if packed else torch.float32
+    buffer = torch.empty((columns, ld) if col_major else (num_rows, columns), dtype=sf_dtype,
+                         device="cuda")
+    out_sf = buffer[:, :num_rows].T if col_major else buffer
+
+    def call():
+        cupy_moe.quantize.swiglu_quantize_fp8(h, **static_maps, out=out, out_sf=out_sf,
+                                              **settings)
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        call()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        call()
+    for _ in range(3):
+        host = as_input_dtype(random_h(rng, num_rows, inter, 128), "bfloat16")
+        new_maps, new_rows = plan_maps(rng, num_tokens, top_k, 64, 8)
+        assert new_rows == num_rows  # X depends on T, K, E and the alignment only
+        h.copy_(device_array("torch", host, "bfloat16"))
+        for name, array in maps_on_device("torch", new_maps).items():
+            static_maps[name].copy_(array)
+        out.view(torch.uint8).fill_(0xAB)
+        buffer.view(torch.int32).fill_(-1)
+        graph.replay()
+        torch.cuda.synchronize()
+        check_result("torch", (out, out_sf),
+                     swiglu_quantize_fp8_numpy(host, **new_maps, **settings),
+                     col_major=col_major)
+
+
+@needs_torch_cuda
+def test_torch_fast_path_stays_exact(monkeypatch):
+    from cupy_moe.quantize import api
+
+    rng = np.random.default_rng()
+    settings = {"num_per_channels": 128, "round_sf": True}
+    maps, num_rows = plan_maps(rng, 6, 4, 8, 16)
+    device_maps = maps_on_device("torch", maps)
+    first = as_input_dtype(random_h(rng, num_rows, 512, 128), "bfloat16")
+    cupy_moe.quantize.swiglu_quantize_fp8(device_array("torch", first, "bfloat16"),
+                                          **device_maps, **settings)
+
+    def full_path(*args, **kwargs):
+        raise AssertionError("the fast path should have taken this call")
+
+    monkeypatch.setattr(api, "check_swiglu", full_path)
+    for _ in range(3):
+        h = as_input_dtype(random_h(rng, num_rows, 512, 128), "bfloat16")
+        check_result("torch", cupy_moe.quantize.swiglu_quantize_fp8(
+            device_array("torch", h, "bfloat16"), **device_maps, **settings),
+            swiglu_quantize_fp8_numpy(h, **maps, **settings), col_major=False)
+    # without the weights: another key, so the full path (patched) is taken
+    with pytest.raises(AssertionError, match="the fast path should have taken this call"):
+        cupy_moe.quantize.swiglu_quantize_fp8(device_array("torch", first, "bfloat16"),
+                                              pos_to_expert=device_maps["pos_to_expert"],
+                                              **settings)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_padding_rows_skip_their_inputs(kind):
+    """A padding row's h may hold anything (NaN here): zeros come out."""
+    rng = np.random.default_rng()
+    h = rng.standard_normal((8, 512)).astype(np.float32)
+    h[1::2] = np.nan
+    experts = np.array([0, -1, 0, -1, 1, -1, 2, -1], dtype=np.int32)
+    for layout in LAYOUTS:
+        packed, col_major, round_sf = LAYOUTS[layout]
+        settings = {"round_sf": round_sf, "packed_ue8m0": packed,
+                    "use_tma_aligned_col_major_sf": col_major}
+        check_result(kind, cupy_moe.quantize.swiglu_quantize_fp8(
+            device_array(kind, h, "float32"), pos_to_expert=map_array(kind, experts),
+            **settings),
+            swiglu_quantize_fp8_numpy(h, pos_to_expert=experts, **settings),
+            col_major=col_major, what=layout)
