@@ -8,16 +8,7 @@ kernels in kernels_cu/quantize.cu), ``gpu`` (launches on CuPy / torch).
 """
 
 from .api import quantize_fp8, swiglu_quantize_fp8
-from .reference import (
-           dequantize_fp8_numpy,
-           quantize_fp8_numpy,
-           swiglu_quantize_fp8_numpy,
-)
+from .reference import dequantize_fp8_numpy, quantize_fp8_numpy, swiglu_quantize_fp8_numpy
 
-__all__ = [
-           "dequantize_fp8_numpy",
-           "quantize_fp8",
-           "quantize_fp8_numpy",
-           "swiglu_quantize_fp8",
-           "swiglu_quantize_fp8_numpy",
-]
+__all__ = ["dequantize_fp8_numpy", "quantize_fp8", "quantize_fp8_numpy", "swiglu_quantize_fp8",
+           "swiglu_quantize_fp8_numpy"]
