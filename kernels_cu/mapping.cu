@@ -163,6 +163,26 @@ __device__ __forceinline__ void pad_rows(const MappingArgs& a, int first, int en
     }
 }
 
+// Expert j's column of per-block counts [blocks, E]: adds the counts of
+// blocks before `block` to `earlier` and all of them to `total`. The column
+// is read in runs of LOAD_BATCH blocks (loads in flight together, not one
+// latency each); this thread takes runs first_run, first_run + run_step, ...
+__device__ __forceinline__ void sum_column(const int* counts, int experts, int j, int first_run,
+                                           int run_step, int blocks, int block, int& earlier,
+                                           int& total) {
+    for (int b0 = first_run * LOAD_BATCH; b0 < blocks; b0 += run_step * LOAD_BATCH) {
+        int count[LOAD_BATCH];
+#pragma unroll
+        for (int u = 0; u < LOAD_BATCH; ++u)
+            count[u] = b0 + u < blocks ? counts[static_cast<long long>(b0 + u) * experts + j] : 0;
+#pragma unroll
+        for (int u = 0; u < LOAD_BATCH; ++u) {
+            earlier += b0 + u < block ? count[u] : 0;
+            total += count[u];
+        }
+    }
+}
+
 template <typename Id, bool Cooperative>
 __device__ __forceinline__ void place_block(const MappingArgs& a) {
     extern __shared__ int shared[];
@@ -233,18 +253,7 @@ __device__ __forceinline__ void place_block(const MappingArgs& a) {
         for (int t = threadIdx.x; t < experts * parts; t += blockDim.x) {
             const int j = t % experts, part = t / experts;
             int earlier = 0, total = 0;
-            for (int b0 = part * LOAD_BATCH; b0 < blocks; b0 += parts * LOAD_BATCH) {
-                int count[LOAD_BATCH];
-#pragma unroll
-                for (int u = 0; u < LOAD_BATCH; ++u)
-                    count[u] = b0 + u < blocks
-                        ? a.block_counts[static_cast<long long>(b0 + u) * experts + j] : 0;
-#pragma unroll
-                for (int u = 0; u < LOAD_BATCH; ++u) {
-                    earlier += b0 + u < block ? count[u] : 0;
-                    total += count[u];
-                }
-            }
+            sum_column(a.block_counts, experts, j, part, parts, blocks, block, earlier, total);
             if (earlier) atomicAdd(&base[j], earlier);
             if (total) atomicAdd(&tokens[j], total);
         }
@@ -273,18 +282,7 @@ __device__ __forceinline__ void place_block(const MappingArgs& a) {
                             + static_cast<long long>(blockIdx.x) * experts;
         for (int j = threadIdx.x; j < experts; j += blockDim.x) {
             int earlier = prefixes[j], total = 0;
-            for (int b0 = 0; b0 < blocks; b0 += LOAD_BATCH) {
-                int count[LOAD_BATCH];
-#pragma unroll
-                for (int u = 0; u < LOAD_BATCH; ++u)
-                    count[u] = b0 + u < blocks
-                        ? a.block_counts[static_cast<long long>(b0 + u) * experts + j] : 0;
-#pragma unroll
-                for (int u = 0; u < LOAD_BATCH; ++u) {
-                    earlier += b0 + u < block ? count[u] : 0;
-                    total += count[u];
-                }
-            }
+            sum_column(a.block_counts, experts, j, 0, 1, blocks, block, earlier, total);
             base[j] = earlier;
             tokens[j] = total;
         }

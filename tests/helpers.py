@@ -7,12 +7,15 @@ of ``cupy_moe.reference`` (which is the code under test).
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
-from cupy_moe.runtime.sizes import align_up, ceil_div  # noqa: F401 - re-exported for the tests
+import pytest
+
 from cupy_moe.harness.inputs import numpy_dtype as np_dtype
 from cupy_moe.harness.inputs import random_bits
-
 from cupy_moe.reference import fused_mapping_numpy
+from cupy_moe.runtime.sizes import align_up, ceil_div  # noqa: F401 - re-exported for the tests
 
 
 def bits(array: np.ndarray) -> np.ndarray:
@@ -160,3 +163,16 @@ def from_torch(tensor) -> np.ndarray:
     name = str(tensor.dtype).removeprefix("torch.")
     carrier = getattr(torch, _INT_OF_SIZE[tensor.element_size()])
     return tensor.view(carrier).numpy().view(np_dtype(name))
+
+
+def nvrtc_or_skip() -> None:
+    """Skip a compile test where NVRTC cannot be loaded; under CI=true (which
+    installs the cuda12 extra) fail instead, so a broken kernel never passes
+    for want of a compiler."""
+    try:
+        from cupy.cuda import nvrtc
+        nvrtc.getVersion()
+    except Exception as exc:  # noqa: BLE001 - no CuPy, or no libnvrtc found
+        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+            pytest.fail(f"CI must be able to run NVRTC (install the cuda12 extra): {exc}")
+        pytest.skip(f"NVRTC not available: {exc}")

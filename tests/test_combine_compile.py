@@ -7,25 +7,14 @@ error, not a skip.
 
 from __future__ import annotations
 
-import os
 import re
 
 import pytest
+from helpers import nvrtc_or_skip
 
 from cupy_moe.runtime.loader import compile_for_arch, compile_options, kernel_source
 
-_IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 SOURCE = "combine.cu"
-
-
-def _nvrtc_or_skip():
-    try:
-        from cupy.cuda import nvrtc
-        nvrtc.getVersion()
-    except Exception as exc:  # noqa: BLE001 - no CuPy, or no libnvrtc found
-        if _IN_CI:
-            pytest.fail(f"CI must be able to run NVRTC (install the cuda12 extra): {exc}")
-        pytest.skip(f"NVRTC not available: {exc}")
 
 
 def _kernel_names() -> list[str]:
@@ -55,7 +44,7 @@ def _entry(ptx: str, name: str) -> str:
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 def test_every_combine_kernel_compiles(arch):
-    _nvrtc_or_skip()
+    nvrtc_or_skip()
     cubin = compile_for_arch(SOURCE, (), arch)
     assert cubin[:4] == b"\x7fELF"
     for name in [*_kernel_names(), "reduce_fused_first_out_of_range"]:
@@ -66,7 +55,7 @@ def test_every_combine_kernel_compiles(arch):
 def test_other_slot_batches_compile(slot_batch):
     """COMBINE_SLOT_BATCH only trades registers for loads in flight: any
     value compiles (the host does not depend on it)."""
-    _nvrtc_or_skip()
+    nvrtc_or_skip()
     cubin = compile_for_arch(SOURCE, (("COMBINE_SLOT_BATCH", slot_batch),), "sm_90")
     assert b"reduce_fused_bf16_v16" in cubin
 
@@ -76,7 +65,7 @@ def test_ptx_rounds_as_the_numpy_oracle(arch):
     """Every float operation of the reduce kernels is an explicitly rounded
     fma.rn.f32 / mul.rn.f32 (nothing contracted or fused differently), and
     nothing flushes denormals to zero."""
-    _nvrtc_or_skip()
+    nvrtc_or_skip()
     ptx = _ptx(arch)
     assert ".ftz" not in ptx
     for name in _kernel_names():
@@ -107,7 +96,7 @@ _PARAM_LOAD = re.compile(
 def test_argument_block_matches_the_host_packing(kernel):
     """The kernel's by-value struct has the size the host packs, and every
     field the kernel reads starts where the host writes one."""
-    _nvrtc_or_skip()
+    nvrtc_or_skip()
     from cupy_moe.combine.gpu import CHECK_ARGS, COMBINE_ARGS
 
     layout = CHECK_ARGS if kernel == "reduce_fused_first_out_of_range" else COMBINE_ARGS
@@ -126,7 +115,7 @@ def test_argument_block_matches_the_host_packing(kernel):
 def test_no_kernel_spills_registers(arch):
     """Spilled registers would put local-memory traffic beside the row loads
     (the thread bound alone once made ptxas spill: see COMBINE_MIN_BLOCKS)."""
-    _nvrtc_or_skip()
+    nvrtc_or_skip()
     from cupy.cuda import nvrtc
 
     program = nvrtc.createProgram(kernel_source(SOURCE), SOURCE, [], [])

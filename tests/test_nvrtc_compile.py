@@ -4,23 +4,11 @@ NVRTC needs no GPU, so CI (which has none) still fails on a kernel that does
 not compile. Where CI=true a missing CuPy/NVRTC is an error, not a skip.
 """
 
-import os
 
 import pytest
+from helpers import nvrtc_or_skip
+
 from cupy_moe.runtime.loader import KernelCompileError, compile_for_arch, kernel_dir
-
-_IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
-
-
-def _nvrtc_or_skip():
-    try:
-        from cupy.cuda import nvrtc
-        nvrtc.getVersion()
-    except Exception as exc:  # noqa: BLE001 - no CuPy, or no libnvrtc found
-        if _IN_CI:
-            pytest.fail(f"CI must be able to run NVRTC (install the cuda12 extra): {exc}")
-        pytest.skip(f"NVRTC not available: {exc}")
-
 
 # (source, SF mode): every module the GPU backend can ask the loader for,
 # with the default tuning's defines.
@@ -35,7 +23,7 @@ MAPPING_KERNELS = ("mapping_count_i32", "mapping_count_i64",
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 @pytest.mark.parametrize(("source", "sf_mode"), VARIANTS)
 def test_kernel_variant_compiles(source, sf_mode, arch):
-    _nvrtc_or_skip()
+    nvrtc_or_skip()
     from cupy_moe.expand.plan import kernel_defines
     from cupy_moe.expand.tuning import DEFAULT_TUNING
 
@@ -49,7 +37,7 @@ def test_kernel_variant_compiles(source, sf_mode, arch):
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 def test_mapping_kernels_compile(arch):
-    _nvrtc_or_skip()
+    nvrtc_or_skip()
     cubin = compile_for_arch("mapping.cu", (), arch)
     assert cubin[:4] == b"\x7fELF"
     for name in MAPPING_KERNELS:
@@ -64,7 +52,7 @@ def test_every_source_is_covered():
 
 
 def test_compile_error_carries_file_and_log(tmp_path, monkeypatch):
-    _nvrtc_or_skip()
+    nvrtc_or_skip()
     import cupy_moe.runtime.loader as loader
 
     broken = tmp_path / "broken.cu"

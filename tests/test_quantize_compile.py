@@ -5,15 +5,13 @@ CuPy/NVRTC is an error, not a skip (as in test_nvrtc_compile.py)."""
 
 from __future__ import annotations
 
-import os
 import re
 
 import pytest
+from helpers import nvrtc_or_skip
 
 from cupy_moe.quantize.launch_shape import QuantizeTuning
 from cupy_moe.runtime.loader import compile_for_arch, compile_options, kernel_dir
-
-_IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
 KERNELS = [f"{op}_{dtype}_{access}" for op in ("quantize_fp8", "swiglu_quantize_fp8")
            for dtype in ("bf16", "f32") for access in ("vec", "any")]
@@ -21,20 +19,10 @@ SELFTESTS = ["quantize_selftest_reciprocal", "quantize_selftest_e4m3",
              "quantize_selftest_swiglu"]
 
 
-def _nvrtc_or_skip():
-    try:
-        from cupy.cuda import nvrtc
-        nvrtc.getVersion()
-    except Exception as exc:  # noqa: BLE001 - no CuPy, or no libnvrtc found
-        if _IN_CI:
-            pytest.fail(f"CI must be able to run NVRTC (install the cuda12 extra): {exc}")
-        pytest.skip(f"NVRTC not available: {exc}")
-
-
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 @pytest.mark.parametrize("software_e4m3", [False, True], ids=["e4m3-default", "e4m3-software"])
 def test_every_quantize_variant_compiles(arch, software_e4m3):
-    _nvrtc_or_skip()
+    nvrtc_or_skip()
     tuning = QuantizeTuning(software_e4m3=software_e4m3)
     cubin = compile_for_arch("quantize.cu", tuning.defines(), arch)
     assert cubin[:4] == b"\x7fELF"
@@ -64,7 +52,7 @@ def test_argument_struct_matches_the_host_packing(arch):
     """QuantizeArgs's fields (names and types, in order) are the host's
     (gpu.QUANTIZE_ARGS), and NVRTC agrees on the struct's size: a field
     added, moved or retyped on one side only fails here."""
-    _nvrtc_or_skip()
+    nvrtc_or_skip()
     from cupy.cuda import nvrtc
 
     from cupy_moe.quantize import gpu
