@@ -90,3 +90,28 @@ def test_sources_hash_tracks_every_file(tmp_path, monkeypatch):
         assert loader.sources_hash() not in (before, after)
     finally:
         loader.sources_hash.cache_clear()
+
+
+def test_compiles_ask_for_ieee_float32():
+    # CuPy's own compile path adds -ftz=true; the loader compiles with NVRTC
+    # itself, so that denormals survive (reduce_fused, the fp8 producers)
+    from cupy_moe.runtime import loader
+
+    options = loader.compile_options()
+    for option in ("-ftz=false", "-prec-div=true", "-prec-sqrt=true", "-fmad=false"):
+        assert option in options
+    assert not any(option.startswith("-ftz=true") or "fast-math" in option for option in options)
+
+
+def test_compiled_modules_are_cached_on_disk(tmp_path, monkeypatch):
+    nvrtc_or_skip()
+    from cupy_moe.runtime import loader
+
+    monkeypatch.setenv("CUPY_MOE_CACHE_DIR", str(tmp_path))
+    first = loader._compile("mapping.cu", (), "sm_90", True)
+    cached = list(tmp_path.glob("mapping-*.cubin"))
+    assert len(cached) == 1 and cached[0].read_bytes() == first
+    cached[0].write_bytes(b"from the cache")  # the next call reads the file, not NVRTC
+    assert loader._compile("mapping.cu", (), "sm_90", True) == b"from the cache"
+    ptx = loader._compile("mapping.cu", (), "compute_90", False)
+    assert b".target sm_90" in ptx and len(list(tmp_path.glob("mapping-*.ptx"))) == 1

@@ -1,15 +1,27 @@
 """Kernel loader: CUDA C sources of kernels_cu/, compiled by NVRTC at first use.
 
-One ``cupy.RawModule`` per (device, source, variant), built lazily under a
-lock. CuPy's disk cache keys only the source string and the options it is
-given, so the options carry a hash of every file in kernels_cu/ (subfolders
-included): an edited header can never bring back a stale binary.
+One loaded module per (device, source, variant), built lazily under a lock.
+The loader calls NVRTC itself rather than through ``cupy.RawModule``: CuPy
+appends ``-ftz=true`` to every compile, and flushing denormals to zero breaks
+the bit-exact float32 arithmetic of reduce_fused and the fp8 producers (IEEE
+denormals, as NumPy computes them). The options here ask for IEEE float32
+explicitly (no flush, IEEE division and square root, no contraction of a
+multiply and an add into an fma that the source did not write).
+
+Compiled modules are kept on disk (``$CUPY_MOE_CACHE_DIR``, else
+``~/.cache/cupy_moe``), keyed by a hash of the source, the options (which
+carry a hash of every file in kernels_cu/, subfolders included: an edited
+header can never bring back a stale binary), the target and NVRTC's version.
+A device NVRTC cannot target gets PTX for the newest architecture NVRTC
+knows below it, which the driver compiles.
 """
 
 from __future__ import annotations
 
 import functools
 import hashlib
+import os
+import tempfile
 import threading
 from pathlib import Path
 from typing import Any
@@ -55,17 +67,83 @@ def kernel_source(filename: str) -> str:
     return (kernel_dir() / filename).read_text()
 
 
-def compile_options(defines: tuple[tuple[str, int], ...] = ()) -> tuple[str, ...]:
-    """NVRTC options: C++17, the sources' hash, the variant's defines.
+# IEEE float32 everywhere: denormals kept, correctly rounded division and
+# square root, no contraction of a * b + c into an fma (the kernels write
+# their fmas out). These are NVRTC's defaults but for -fmad; they are spelled
+# out because CuPy's own compile path sets -ftz=true.
+IEEE_FLOAT_OPTIONS = ("-ftz=false", "-prec-div=true", "-prec-sqrt=true", "-fmad=false")
 
-    No fast-math: the kernels only move bits, and must stay bit-exact.
-    """
+
+def compile_options(defines: tuple[tuple[str, int], ...] = ()) -> tuple[str, ...]:
+    """NVRTC options: C++17, IEEE float32, the sources' hash, the variant's defines."""
     return (
         "-std=c++17",
+        *IEEE_FLOAT_OPTIONS,
         f"-I{kernel_dir()}",
         f"-DCUPY_MOE_SOURCES_HASH=0x{sources_hash()}ULL",
         *(f"-D{name}={value}" for name, value in defines),
     )
+
+
+def _cache_dir() -> Path:
+    configured = os.environ.get("CUPY_MOE_CACHE_DIR")
+    return Path(configured) if configured else Path.home() / ".cache" / "cupy_moe"
+
+
+def device_target(device: int) -> tuple[str, bool]:
+    """NVRTC's ``-arch`` for CUDA ``device`` and whether it makes a cubin:
+    ``sm_XY`` where NVRTC supports the device, else ``compute_XY`` (PTX) of
+    the newest architecture it supports below it."""
+    from cupy.cuda import nvrtc, runtime
+
+    props = runtime.getDeviceProperties(device)
+    capability = 10 * props["major"] + props["minor"]
+    supported = [arch for arch in nvrtc.getSupportedArchs() if arch <= capability]
+    if not supported:
+        raise KernelCompileError(f"NVRTC {nvrtc.getVersion()} supports no architecture up to "
+                                 f"the device's compute capability {capability}")
+    if capability in supported:
+        return f"sm_{capability}", True
+    return f"compute_{max(supported)}", False
+
+
+def _compile(filename: str, defines: tuple[tuple[str, int], ...], arch: str,
+             cubin: bool) -> bytes:
+    """NVRTC output (cubin, or PTX text) of ``filename`` for ``arch``, from the
+    disk cache when it holds it."""
+    from cupy.cuda import nvrtc
+
+    options = [*compile_options(defines), f"-arch={arch}"]
+    key = hashlib.sha256("\0".join([repr(nvrtc.getVersion()), *options,
+                                     kernel_source(filename)]).encode()).hexdigest()[:32]
+    path = _cache_dir() / f"{Path(filename).stem}-{key}.{'cubin' if cubin else 'ptx'}"
+    try:
+        return path.read_bytes()
+    except OSError:
+        pass
+    program = nvrtc.createProgram(kernel_source(filename), filename, [], [])
+    try:
+        try:
+            nvrtc.compileProgram(program, options)
+        except nvrtc.NVRTCError as exc:
+            raise KernelCompileError(
+                f"NVRTC failed to compile {kernel_dir() / filename} for {arch} with "
+                f"{dict(defines)}:\n{nvrtc.getProgramLog(program)}") from exc
+        if cubin:
+            binary = nvrtc.getCUBIN(program)
+        else:  # PTX text, NUL-terminated for cuModuleLoadData
+            ptx = nvrtc.getPTX(program)
+            binary = (ptx if isinstance(ptx, bytes) else ptx.encode()).rstrip(b"\0") + b"\0"
+    finally:
+        nvrtc.destroyProgram(program)
+    try:  # a cache that cannot be written is no error: the next process compiles again
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=path.parent, delete=False) as tmp:
+            tmp.write(binary)
+        os.replace(tmp.name, path)
+    except OSError:
+        pass
+    return binary
 
 
 _modules: dict[tuple, Any] = {}
@@ -85,16 +163,11 @@ def get_module(filename: str, defines: tuple[tuple[str, int], ...], device: int)
     with _modules_lock:
         module = _modules.get(key)
         if module is None:
-            import cupy
+            from cupy.cuda import function
 
-            module = cupy.RawModule(code=kernel_source(filename),
-                                    options=compile_options(defines))
-            try:
-                module.compile()
-            except cupy.cuda.compiler.CompileException as exc:
-                raise KernelCompileError(
-                    f"NVRTC failed to compile {kernel_dir() / filename} with "
-                    f"{dict(defines)}:\n{exc}") from exc
+            arch, cubin = device_target(device)
+            module = function.Module()
+            module.load(_compile(filename, defines, arch, cubin))
             _modules[key] = module
     return module
 
