@@ -3,7 +3,12 @@
 # a representative subset, then optionally the benchmark, the host-path
 # profile and the kernel-config sweep; a short summary table at the end.
 #
-#   bash benchmarks/gpu_check.sh [--profile] [--sweep] [--mapping] [--bench BENCH_ARGS...]
+#   bash benchmarks/gpu_check.sh [--profile] [--sweep] [--mapping] [--layer] [--bench BENCH_ARGS...]
+#
+# --layer: `cupy-moe layer` (the end-to-end MoE layer: checked against its
+# dense reference, timed per step next to torch-only equivalents) for Kimi-K2
+# and Qwen3-30B-A3B at 512 tokens, both paths, to $OUT/layer.json, layer.md and
+# layer.png (commit them as benchmarks/results/layer_h200.*).
 #
 # --mapping: benchmarks/bench_fused_mapping.py (beside TileKernels where a
 # .peers/ bundle was carried: benchmarks/peer_setup.sh), JSON to
@@ -19,12 +24,13 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu_check_out}
 mkdir -p "$OUT"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
-profile=0 sweep=0 mapping=0 bench_args=()
+profile=0 sweep=0 mapping=0 layer=0 bench_args=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --profile) profile=1 ;;
     --sweep) sweep=1 ;;
     --mapping) mapping=1 ;;
+    --layer) layer=1 ;;
     --bench) shift; bench_args=("$@"); [ ${#bench_args[@]} -eq 0 ] && bench_args=(--quick); break ;;
     *) echo "unknown option $1" >&2; exit 2 ;;
   esac
@@ -60,11 +66,13 @@ for tool in memcheck initcheck; do
   section "compute-sanitizer $tool"; cat "$OUT/sanitizer.tmp" >> "$LOG"; rm -f "$OUT/sanitizer.tmp"
 done
 
+if { [ ${#bench_args[@]} -gt 0 ] || [ $layer -eq 1 ]; } \
+    && ! python3 -c "import matplotlib" 2>/dev/null && ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl \
+    && export PYTHONPATH=$PYTHONPATH:/tmp/site
+fi
+
 if [ ${#bench_args[@]} -gt 0 ]; then
-  if ! python3 -c "import matplotlib" 2>/dev/null && ls .whl/*.whl >/dev/null 2>&1; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl \
-      && export PYTHONPATH=$PYTHONPATH:/tmp/site
-  fi
   start=$(date +%s)
   section "cupy-moe bench ${bench_args[*]}"
   python3 -m cupy_moe bench "${bench_args[@]}" >> "$LOG" 2>&1
@@ -81,6 +89,17 @@ if [ $mapping -eq 1 ]; then
       > "$OUT/mapping.tmp" 2>> "$LOG" )
   record "fused_mapping bench (rc=$?)" "[$(( $(date +%s) - start ))s]"
   cat "$OUT/mapping.tmp" | tee -a "$LOG"; rm -f "$OUT/mapping.tmp"
+fi
+
+if [ $layer -eq 1 ]; then
+  start=$(date +%s)
+  section "cupy-moe layer"
+  plot_args=()
+  python3 -c "import matplotlib" 2>/dev/null && plot_args=(--plot "$OUT/layer.png")
+  timeout 540 python3 -m cupy_moe layer --model kimi-k2 --model qwen3-30b-a3b --tokens 512 \
+    --path both --json "$OUT/layer.json" "${plot_args[@]}" > "$OUT/layer.tmp" 2>> "$LOG"
+  record "cupy-moe layer (rc=$?)" "[$(( $(date +%s) - start ))s]"
+  cat "$OUT/layer.tmp" | tee -a "$LOG"; rm -f "$OUT/layer.tmp"
 fi
 
 if [ $profile -eq 1 ]; then

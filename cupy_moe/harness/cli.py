@@ -1,4 +1,4 @@
-"""The ``cupy-moe`` command: ``info`` (what this machine offers) and ``bench``."""
+"""The ``cupy-moe`` command: ``info`` (what this machine offers), ``bench`` and ``layer``."""
 
 from __future__ import annotations
 
@@ -106,6 +106,30 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_layer(args: argparse.Namespace) -> int:
+    from . import layer_bench, report, runner
+
+    if args.plot and not report.can_plot():
+        print("cupy-moe layer: --plot needs matplotlib, the plot extra: "
+              "pip install 'cupy-moe[plot]'", file=sys.stderr)
+        return EXIT_MISSING_EXTRA
+    paths = ["bf16", "fp8"] if args.path == "both" else [args.path]
+    models = args.model or ["qwen3-30b-a3b"]
+    backend = runner.resolve_backend(args.backend)
+    iters = args.iters or (20 if backend != "cpu" else 3)
+    result = layer_bench.run_layer_bench(models, args.tokens, paths, backend, iters,
+                                         args.experts, args.seed, args.alignment, args.gemm)
+    print("\n".join(layer_bench.table_lines(result)))
+    markdown = str(Path(args.json).with_suffix(".md")) if args.json else None
+    layer_bench.write_outputs(result, args.json, markdown, args.plot)
+    failed = [f"{r['model']} {r['path']}" for r in result["runs"] if not r["ok"]]
+    if failed:
+        print(f"outside the tolerance of the dense reference: {', '.join(failed)}",
+              file=sys.stderr)
+        return 1
+    return 0
+
+
 def _positive_int(text: str) -> int:
     value = int(text)
     if value < 1:
@@ -148,6 +172,40 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--plot", metavar="PATH", help="PNG of %% roofline per workload "
                        "(needs matplotlib: the plot extra)")
     bench.set_defaults(run=cmd_bench)
+
+    from cupy_moe.layer.grouped_gemm import GEMM_METHODS
+    from cupy_moe.layer.weights import MODELS
+
+    layer = commands.add_parser(
+        "layer", help="an end-to-end MoE layer on a model's shapes, checked and timed per step",
+        description="Run the MoE layer of cupy_moe.layer (router, fused_mapping, expand, "
+                    "grouped GEMM stand-in, SwiGLU, grouped GEMM, reduce_fused; bf16 and/or "
+                    "fp8 path) on random inputs of a model's shapes, check it against the "
+                    "dense float64 reference within the stated tolerance, and time each step: "
+                    "on a GPU, CUDA-event time (L2 flushed), per-call time in a captured CUDA "
+                    "graph and eager wall time, next to torch-only equivalents of the "
+                    "token-layout steps; without a GPU, the CPU backend's wall time.")
+    layer.add_argument("--model", action="append", choices=sorted(MODELS),
+                       help="a model's shapes; repeat for several (default: qwen3-30b-a3b)")
+    layer.add_argument("--tokens", type=_positive_int, default=256, help="T (default 256)")
+    layer.add_argument("--path", choices=["bf16", "fp8", "both"], default="both")
+    layer.add_argument("--backend", choices=["auto", "cupy", "torch", "cpu"], default="auto")
+    layer.add_argument("--experts", type=_positive_int, default=None,
+                       help="override the model's expert count (the CPU backend refuses "
+                            "more than 4 GiB of weights)")
+    layer.add_argument("--alignment", type=_positive_int, default=128,
+                       help="rows per expert segment are a multiple of this (default 128)")
+    layer.add_argument("--gemm", choices=list(GEMM_METHODS), default="auto",
+                       help="grouped GEMM method (default auto: NumPy on the CPU, "
+                            "torch._grouped_mm where it runs, else a per-expert loop)")
+    layer.add_argument("--iters", type=_positive_int, default=None,
+                       help="timed iterations per figure (default 20; 3 on the CPU)")
+    layer.add_argument("--seed", type=int, default=0)
+    layer.add_argument("--json", metavar="PATH",
+                       help="write the runs as JSON (and a Markdown table beside it)")
+    layer.add_argument("--plot", metavar="PATH", help="PNG of the time per step "
+                       "(needs matplotlib: the plot extra)")
+    layer.set_defaults(run=cmd_layer)
     return parser
 
 
