@@ -109,9 +109,21 @@ def test_compiled_modules_are_cached_on_disk(tmp_path, monkeypatch):
 
     monkeypatch.setenv("CUPY_MOE_CACHE_DIR", str(tmp_path))
     first = loader._compile("mapping.cu", (), "sm_90", True)
-    cached = list(tmp_path.glob("mapping-*.cubin"))
-    assert len(cached) == 1 and cached[0].read_bytes() == first
-    cached[0].write_bytes(b"from the cache")  # the next call reads the file, not NVRTC
-    assert loader._compile("mapping.cu", (), "sm_90", True) == b"from the cache"
+    assert first.parent == tmp_path and first.read_bytes()[:4] == b"\x7fELF"
+    first.write_bytes(b"from the cache")  # the next call finds the file, no NVRTC
+    again = loader._compile("mapping.cu", (), "sm_90", True)
+    assert again == first and again.read_bytes() == b"from the cache"
     ptx = loader._compile("mapping.cu", (), "compute_90", False)
-    assert b".target sm_90" in ptx and len(list(tmp_path.glob("mapping-*.ptx"))) == 1
+    assert ptx.suffix == ".ptx" and b".target sm_90" in ptx.read_bytes()
+    assert ptx.read_bytes().endswith(b"\0")  # cuModuleLoadData reads PTX up to a NUL
+
+
+def test_an_unwritable_cache_compiles_to_a_private_folder(tmp_path, monkeypatch):
+    nvrtc_or_skip()
+    from cupy_moe.runtime import loader
+
+    blocked = tmp_path / "file"
+    blocked.write_text("not a folder")
+    monkeypatch.setenv("CUPY_MOE_CACHE_DIR", str(blocked / "cache"))
+    path = loader._compile("mapping.cu", (), "sm_80", True)
+    assert not path.is_relative_to(blocked) and path.read_bytes()[:4] == b"\x7fELF"

@@ -160,8 +160,9 @@ def function_handle(source: str, defines: tuple[tuple[str, int], ...], device: i
     handle = _functions.get(key)
     if handle is None:
         module = get_module(source, defines, device)
-        # a cupy.cuda.function.Function; the cached module keeps its code alive
-        handle = _functions.setdefault(key, module.get_function(name).ptr)
+        # RawKernel.kernel is the loaded cupy.cuda.Function; the cached module
+        # keeps its code alive.
+        handle = _functions.setdefault(key, module.get_function(name).kernel.ptr)
     return handle
 
 

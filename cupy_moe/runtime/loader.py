@@ -1,9 +1,10 @@
 """Kernel loader: CUDA C sources of kernels_cu/, compiled by NVRTC at first use.
 
-One loaded module per (device, source, variant), built lazily under a lock.
-The loader calls NVRTC itself rather than through ``cupy.RawModule``: CuPy
-appends ``-ftz=true`` to every compile, and flushing denormals to zero breaks
-the bit-exact float32 arithmetic of reduce_fused and the fp8 producers (IEEE
+One ``cupy.RawModule`` per (device, source, variant), built lazily under a
+lock. The loader runs NVRTC itself and hands the binary to ``cupy.RawModule``
+by path, rather than letting CuPy compile the source: CuPy appends
+``-ftz=true`` to every compile, and flushing denormals to zero breaks the
+bit-exact float32 arithmetic of reduce_fused and the fp8 producers (IEEE
 denormals, as NumPy computes them). The options here ask for IEEE float32
 explicitly (no flush, IEEE division and square root, no contraction of a
 multiply and an add into an fma that the source did not write).
@@ -107,20 +108,23 @@ def device_target(device: int) -> tuple[str, bool]:
     return f"compute_{max(supported)}", False
 
 
+_private_dir: Path | None = None  # where binaries go when the cache cannot be written
+
+
 def _compile(filename: str, defines: tuple[tuple[str, int], ...], arch: str,
-             cubin: bool) -> bytes:
-    """NVRTC output (cubin, or PTX text) of ``filename`` for ``arch``, from the
-    disk cache when it holds it."""
+             cubin: bool) -> Path:
+    """The file holding NVRTC's output (cubin, or PTX text) of ``filename`` for
+    ``arch``: the disk cache's, compiled first when the cache lacks it."""
+    global _private_dir
     from cupy.cuda import nvrtc
 
     options = [*compile_options(defines), f"-arch={arch}"]
     key = hashlib.sha256("\0".join([repr(nvrtc.getVersion()), *options,
                                      kernel_source(filename)]).encode()).hexdigest()[:32]
-    path = _cache_dir() / f"{Path(filename).stem}-{key}.{'cubin' if cubin else 'ptx'}"
-    try:
-        return path.read_bytes()
-    except OSError:
-        pass
+    name = f"{Path(filename).stem}-{key}.{'cubin' if cubin else 'ptx'}"
+    path = _cache_dir() / name
+    if path.is_file():
+        return path
     program = nvrtc.createProgram(kernel_source(filename), filename, [], [])
     try:
         try:
@@ -136,14 +140,22 @@ def _compile(filename: str, defines: tuple[tuple[str, int], ...], arch: str,
             binary = (ptx if isinstance(ptx, bytes) else ptx.encode()).rstrip(b"\0") + b"\0"
     finally:
         nvrtc.destroyProgram(program)
-    try:  # a cache that cannot be written is no error: the next process compiles again
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=path.parent, delete=False) as tmp:
-            tmp.write(binary)
-        os.replace(tmp.name, path)
-    except OSError:
-        pass
-    return binary
+    try:
+        _write_atomically(path, binary)
+    except OSError:  # no writable cache: a private folder, compiled again next process
+        if _private_dir is None:
+            _private_dir = Path(tempfile.mkdtemp(prefix="cupy_moe-"))
+        path = _private_dir / name
+        _write_atomically(path, binary)
+    return path
+
+
+def _write_atomically(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` so that no reader sees a partial file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.NamedTemporaryFile(dir=path.parent, delete=False) as tmp:
+        tmp.write(data)
+    os.replace(tmp.name, path)
 
 
 _modules: dict[tuple, Any] = {}
@@ -163,11 +175,10 @@ def get_module(filename: str, defines: tuple[tuple[str, int], ...], device: int)
     with _modules_lock:
         module = _modules.get(key)
         if module is None:
-            from cupy.cuda import function
+            import cupy
 
             arch, cubin = device_target(device)
-            module = function.Module()
-            module.load(_compile(filename, defines, arch, cubin))
+            module = cupy.RawModule(path=str(_compile(filename, defines, arch, cubin)))
             _modules[key] = module
     return module
 
