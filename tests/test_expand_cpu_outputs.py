@@ -248,3 +248,24 @@ def test_numpy_as_strided_out_sf_over_full_buffer_is_accepted(rng):
 
 
 # validate=True: (map, pos_to_expert, message naming the first offending index).
+
+
+@smoke
+def test_an_out_reaching_into_the_col_major_sf_pad_columns_is_refused():
+    """The op zeroes the column-major SF's pad columns, past the out_sf view:
+    an out that overlaps only them still overlaps what the op writes."""
+    x = np.zeros((1, 256), dtype=np.uint8)
+    x_sf = np.zeros((1, 2), dtype=np.float32)
+    token_topk_to_pos = i32([[0, 2]])
+    pos_to_expert = i32([0, -1, 1])
+    buffer = np.zeros(4 * 2 + 3 * 256 // 4, dtype=np.float32)
+    out_sf = buffer[:8].reshape(2, 4)[:, :3].T          # [3, 2], pad column 3 of each row
+    out = buffer[8:].view(np.uint8).reshape(3, 256)       # disjoint: accepted
+    cupy_moe.expand_to_fused_with_sf(x, x_sf, token_topk_to_pos, pos_to_expert,
+                                     num_per_channels=128, use_tma_aligned_col_major_sf=True,
+                                     out=out, out_sf=out_sf)
+    sliver = buffer[7:7 + 192].view(np.uint8).reshape(3, 256)  # starts on row 1's pad column
+    with pytest.raises(ValueError, match="overlaps .* in memory"):
+        cupy_moe.expand_to_fused_with_sf(x, x_sf, token_topk_to_pos, pos_to_expert,
+                                         num_per_channels=128, use_tma_aligned_col_major_sf=True,
+                                         out=sliver, out_sf=out_sf)

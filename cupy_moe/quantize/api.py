@@ -27,10 +27,7 @@ NaN and infinity, on both backends:
 
 from __future__ import annotations
 
-import sys
 from typing import Any
-
-import numpy as np
 
 from ..runtime.arrays import ArrayKind, bytes_to_allocation_end, common_kind, describe
 from ..runtime.fast_path import TorchFastPath
@@ -273,17 +270,4 @@ def _check_outputs(kind: ArrayKind, problem: QuantizeProblem, out_descs: dict, o
                     f"{problem.sf_leading_dim}] elements ({needed} bytes, pad columns "
                     f"included); only {available} bytes follow its first element")
     written_sf = problem.out_sf_buffer_bytes() if problem.col_major else 0
-    if out_sf is not None and problem.col_major and problem.num_rows > 0 and not kind.on_gpu:
-        # NumPy's exact overlap test sees only the view: give it the whole
-        # [S, align(R, 4)] buffer the op writes (checked above to be there)
-        out_sf = _padded_sf_buffer(kind, out_sf, problem)
     check_no_overlap(kind, {"out": (out, 0), "out_sf": (out_sf, written_sf)}, inputs)
-
-
-def _padded_sf_buffer(kind: ArrayKind, out_sf: Any, problem: QuantizeProblem) -> Any:
-    """The ``[S, align(R, 4)]`` buffer behind a column-major CPU ``out_sf`` view."""
-    shape = (problem.sf_columns, problem.sf_leading_dim)
-    if kind.is_torch:
-        return sys.modules["torch"].as_strided(out_sf, shape, (problem.sf_leading_dim, 1))
-    item = out_sf.itemsize
-    return np.lib.stride_tricks.as_strided(out_sf, shape, (problem.sf_leading_dim * item, item))

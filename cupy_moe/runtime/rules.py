@@ -84,21 +84,37 @@ def check_no_overlap(kind: ArrayKind, outputs: dict[str, tuple[Any, int]],
     named_outputs = [(name, array, extent) for name, (array, extent) in outputs.items()
                      if array is not None]
     named_inputs = [(name, array) for name, array in inputs.items() if array is not None]
+    named_inputs = [(name, array, 0) for name, array in named_inputs]
     for i, (out_name, out, extent) in enumerate(named_outputs):
-        others = named_inputs + [(name, array) for name, array, _ in named_outputs[i + 1:]]
-        for other_name, other in others:
-            if _overlap(kind, out, extent, other):
+        for other_name, other, other_extent in named_inputs + named_outputs[i + 1:]:
+            if _overlap(kind, (out, extent), (other, other_extent)):
                 raise ValueError(f"{out_name} overlaps {other_name} in memory; outputs must "
                                  "not share memory with the inputs or with each other")
 
 
-def _overlap(kind: ArrayKind, out: Any, extent: int, other: Any) -> bool:
+def _overlap(kind: ArrayKind, a: tuple[Any, int], b: tuple[Any, int]) -> bool:
+    """Whether two (array, written_bytes) entries share memory."""
     if kind.on_gpu:
-        low, high = byte_span(kind, out)
-        if extent and high > low:
-            high = max(high, low + extent)
-        other_low, other_high = byte_span(kind, other)
+        (low, high), (other_low, other_high) = (_written_span(kind, *a),
+                                                _written_span(kind, *b))
         return low < other_high and other_low < high
+    return bool(np.shares_memory(_written_view(kind, *a), _written_view(kind, *b)))
+
+
+def _written_span(kind: ArrayKind, array: Any, extent: int) -> tuple[int, int]:
+    low, high = byte_span(kind, array)
+    if extent and high > low:
+        high = max(high, low + extent)
+    return low, high
+
+
+def _written_view(kind: ArrayKind, array: Any, extent: int) -> np.ndarray:
+    """A NumPy view of the bytes the op touches: the array, or with
+    ``extent``, a flat view of that many bytes from its first element (the
+    column-major SF's pad columns lie past the view)."""
     if kind is ArrayKind.TORCH_CPU:
-        out, other = torch_to_numpy(out), torch_to_numpy(other)
-    return bool(np.shares_memory(out, other))
+        array = torch_to_numpy(array)
+    if extent and array.size:
+        return np.lib.stride_tricks.as_strided(array, (extent // array.itemsize,),
+                                               (array.itemsize,))
+    return array
