@@ -32,9 +32,8 @@ compared with ours where the two contracts agree:
   rather than asserting.
 
 A peer's failure (an import error, an assertion on a shape it does not take)
-is a cell of the table, not the end of the run. While our family lacks an op
-(issue 14 in progress) its columns are "-" and TileKernels runs alone. Exits
-1 if one of our results differs from the oracle, 2 without a GPU.
+is a cell of the table, not the end of the run. Exits 1 if one of our
+results differs from the oracle, 2 without a GPU.
 """
 
 from __future__ import annotations
@@ -169,19 +168,16 @@ def bench_workload(w: Workload, timer: GpuTimer, peers: dict, iters: int, copy_t
                               "bytes": w.bytes}
     host = workload_inputs(w, rng)
     args = {name: runner._to_torch(array) for name, array in host.items()}
-    ours = None
-    if runner.op_available(w.op):
-        # the harness's own call and check: what is timed is what `cupy-moe bench` times
-        ours = runner._call(w, args)
-        problem = runner._mismatch(ours, runner.reference_outputs(w, host),
-                                   runner._torch_to_host, runner.output_names(w))
-        if problem:
-            record["status"] = f"MISMATCH {problem}"
-            return record
-        out_kwargs = ({"out": ours[0]} if len(ours) == 1 else
-                      {"out": ours[0], "out_sf": ours[1]})
-        record.update(time_call(timer, lambda: runner._call(w, args, **out_kwargs),
-                                lambda: runner._call(w, args), iters, w, copy_tbps))
+    # the harness's own call and check: what is timed is what `cupy-moe bench` times
+    ours = runner._call(w, args)
+    problem = runner._mismatch(ours, runner.reference_outputs(w, host),
+                               runner._torch_to_host, runner.output_names(w))
+    if problem:
+        record["status"] = f"MISMATCH {problem}"
+        return record
+    out_kwargs = {"out": ours[0]} if len(ours) == 1 else {"out": ours[0], "out_sf": ours[1]}
+    record.update(time_call(timer, lambda: runner._call(w, args, **out_kwargs),
+                            lambda: runner._call(w, args), iters, w, copy_tbps))
     record["status"] = "ok"
     peer = peers.get(w.op)
     if not callable(peer):
@@ -190,8 +186,7 @@ def bench_workload(w: Workload, timer: GpuTimer, peers: dict, iters: int, copy_t
     try:
         timed, eager = peer_call(w.op, peer, w, args)
         result = eager()
-        record["tilekernels_agrees"] = ("-" if ours is None else
-                                        agreement(w.op, w, args, result, ours))
+        record["tilekernels_agrees"] = agreement(w.op, w, args, result, ours)
         record["tilekernels"] = time_call(timer, timed, eager, iters, w, copy_tbps)
     except Exception as exc:  # noqa: BLE001 - the peer's failure is a figure too
         record["tilekernels"] = f"{type(exc).__name__}: {exc}"[:200]
@@ -236,10 +231,6 @@ def main(argv: list[str] | None = None) -> int:
     unknown = set(args.workload or ()) - {w.label for w in workloads}
     if unknown:
         parser.error(f"unknown workload label(s) for {ops}: {sorted(unknown)}")
-    for op in ops:
-        if not runner.op_available(op):
-            print(f"ours not timed: {runner.NEWER_OP_MODULES[op]} has no {op} yet",
-                  file=sys.stderr)
     timer = GpuTimer()
     copy_tbps = timer.copy_tbps()
     peers = tilekernels_ops()

@@ -10,9 +10,6 @@ Tests that run the op skip while ``cupy_moe.combine`` has no ``reduce_fused``
 
 from __future__ import annotations
 
-import io
-import sys
-import types
 from dataclasses import asdict
 
 import numpy as np
@@ -34,12 +31,8 @@ PEER_FIELDS = ("index_select_eager_us", "torch_ref_us", "torch_nosync_us", "spee
 
 
 def needs_op(op_name: str):
-    """The newer op's function; skips the test while its family lacks it."""
-    op = runner.family_op(op_name)
-    if op is None:
-        pytest.skip(f"{runner.NEWER_OP_MODULES[op_name]} has no {op_name} in this checkout "
-                    "yet (issue 14): its benchmark is tested once it lands")
-    return op
+    """The newer op's function (from its family package)."""
+    return runner.family_op(op_name)
 
 
 def flip_one_bit(result, index):
@@ -107,43 +100,15 @@ def test_shapes_text_names_the_plan_and_the_optional_inputs():
     assert runner.output_names(WORKLOADS["reduce-kimi-k2-decode"]) == ("out",)
 
 
-# --- which newer ops this build has ------------------------------------------------
+# --- the newer ops' names -----------------------------------------------------------
 
-def test_family_op_is_none_only_while_the_family_or_its_op_is_missing(monkeypatch):
-    monkeypatch.setitem(runner.NEWER_OP_MODULES, "reduce_fused", "cupy_moe.no_such_family")
-    assert runner.family_op("reduce_fused") is None
-    # a package without the op yet
-    monkeypatch.setitem(sys.modules, "cupy_moe.half_written", types.ModuleType("half"))
-    monkeypatch.setitem(runner.NEWER_OP_MODULES, "reduce_fused", "cupy_moe.half_written")
-    assert runner.family_op("reduce_fused") is None
-    # a package that imports something missing is broken: that is raised
-    monkeypatch.setitem(runner.NEWER_OP_MODULES, "reduce_fused", "cupy_moe.broken_family")
-
-    def import_module(name):
-        raise ModuleNotFoundError("No module named 'numpy_v9'", name="numpy_v9")
-    monkeypatch.setattr(runner.importlib, "import_module", import_module)
-    with pytest.raises(ModuleNotFoundError, match="numpy_v9"):
-        runner.family_op("reduce_fused")
-
-
-def test_op_available_follows_the_runners_name(monkeypatch):
-    assert runner.op_available("expand_to_fused") and runner.op_available("fused_mapping")
-    monkeypatch.setattr(runner, "reduce_fused", None)
-    assert not runner.op_available("reduce_fused")
+def test_the_oracle_is_the_family_op_whatever_the_runners_name(monkeypatch):
+    from cupy_moe import combine
     monkeypatch.setattr(runner, "reduce_fused", lambda *args, **kwargs: None)
-    assert runner.op_available("reduce_fused")
+    assert runner.family_op("reduce_fused") is combine.reduce_fused
+    assert runner._timed_op("reduce_fused") is not combine.reduce_fused
     assert runner.cpu_quick_max_bytes("reduce_fused") == runner.CPU_QUICK_MAX_COMPUTE_BYTES
     assert runner.cpu_quick_max_bytes("expand_to_fused") == runner.CPU_QUICK_MAX_BYTES
-
-
-def test_run_skips_the_workloads_of_a_missing_op_with_a_note(monkeypatch):
-    monkeypatch.setattr(runner, "reduce_fused", None)
-    result = runner.run(["expand_to_fused", "reduce_fused"],
-                        ["qwen3-30b-decode", "reduce-kimi-k2-decode", "reduce-qwen3-30b-a3b-decode"],
-                        "cpu", 1, True, progress=io.StringIO())
-    assert [r["label"] for r in result["records"]] == ["qwen3-30b-decode"]
-    assert ("reduce_fused is not in this build (cupy_moe.combine has no reduce_fused yet): "
-            "2 workload(s) skipped") in result["notes"]
 
 
 # --- the benchmark on the CPU -------------------------------------------------------

@@ -137,9 +137,6 @@ NEWER_LABELS = {"reduce_fused": "reduce-qwen3-30b-a3b-decode",
 
 
 def test_bench_the_newer_ops_on_the_cpu_writes_their_records(tmp_path, capsys):
-    missing = [op for op in NEWER_LABELS if runner.family_op(op) is None]
-    if missing:
-        pytest.skip(f"not in this checkout yet (issue 14): {', '.join(missing)}")
     path = tmp_path / "newer.json"
     argv = ["bench", "--backend", "cpu", "--iters", "1", "--json", str(path)]
     for label in [*NEWER_LABELS.values(), "mapping-decode"]:
@@ -164,22 +161,6 @@ def test_bench_the_newer_ops_on_the_cpu_writes_their_records(tmp_path, capsys):
                                                             "status", "gbps", "cpu_us", "extra"})
     assert records[2]["shapes"] == ("T=1 I=2048 K=8 X=384 npc=128 plan E=32/256 A=128 "
                                     "routed=3 S=16 float32/col +topk_weights +pos_to_expert")
-
-
-def test_bench_of_an_op_this_build_lacks(tmp_path, capsys, monkeypatch):
-    # as while cupy_moe.combine was being written: --op names it, or all skips it
-    monkeypatch.setattr(runner, "reduce_fused", None)
-    assert main(["bench", "--backend", "cpu", "--op", "reduce_fused"]) == 2
-    assert capsys.readouterr().err == ("cupy-moe bench: reduce_fused is not in this build "
-                                       "(cupy_moe.combine has no reduce_fused yet)\n")
-    path = tmp_path / "bench.json"
-    assert main(["bench", "--backend", "cpu", "--iters", "1", "--workload", "qwen3-30b-decode",
-                 "--workload", "reduce-kimi-k2-decode", "--json", str(path)]) == 0
-    result = json.loads(path.read_text())
-    assert [r["label"] for r in result["records"]] == ["qwen3-30b-decode"]
-    assert result["notes"][1] == ("reduce_fused is not in this build (cupy_moe.combine has no "
-                                  "reduce_fused yet): 1 workload(s) skipped")
-    assert "note: reduce_fused is not in this build" in capsys.readouterr().out
 
 
 def test_bench_plot_without_matplotlib_fails_before_timing(tmp_path, capsys, monkeypatch):

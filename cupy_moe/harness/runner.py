@@ -22,10 +22,9 @@ The newer ops (``reduce_fused`` of ``cupy_moe.combine``, ``quantize_fp8`` and
 ``swiglu_quantize_fp8`` of ``cupy_moe.quantize``) get the routing plan's
 figures, timed with preallocated outputs (``out=``, ``out_sf=``). Their
 oracle is the op itself on NumPy arrays (the NumPy backend is their
-reference), looked up afresh from its package (:func:`family_op`), so a GPU
-result is checked against the CPU's bit for bit; the timed calls go through
-this module's names, which tests replace. Until a family's package defines
-its op, the op's workloads are skipped with a note.
+reference), taken from its package (:func:`family_op`), so a GPU result is
+checked against the CPU's bit for bit; the timed calls go through this
+module's names, which tests replace.
 Used by ``cupy-moe bench`` and by benchmarks/bench_expand_to_fused.py;
 :mod:`.report` formats the result.
 """
@@ -33,7 +32,6 @@ Used by ``cupy-moe bench`` and by benchmarks/bench_expand_to_fused.py;
 from __future__ import annotations
 
 import datetime
-import importlib
 import platform
 import statistics
 import sys
@@ -47,10 +45,16 @@ import numpy as np
 from cupy_moe import (
     FusedMapping,
     __version__,
+    combine,
     expand_to_fused,
     expand_to_fused_with_sf,
     fused_mapping,
+    quantize,
 )
+
+# The timed calls of the newer ops go through these names (tests replace them).
+from cupy_moe.combine import reduce_fused
+from cupy_moe.quantize import quantize_fp8, swiglu_quantize_fp8
 from cupy_moe.reference import (
     expand_to_fused_numpy,
     expand_to_fused_with_sf_numpy,
@@ -63,8 +67,8 @@ from .rooflines import SplitBytes
 from .timing import GpuTimer, eager_us, torch_graph_us
 
 __all__ = ["CPU_QUICK_MAX_BYTES", "CPU_QUICK_MAX_COMPUTE_BYTES", "GRAPH_MAX_BYTES",
-           "NEWER_OP_MODULES", "Record", "bench_cpu_workload", "bench_gpu_workload",
-           "cpu_quick_max_bytes", "family_op", "op_available", "reference_outputs",
+           "NEWER_OP_FAMILIES", "Record", "bench_cpu_workload", "bench_gpu_workload",
+           "cpu_quick_max_bytes", "family_op", "reference_outputs",
            "resolve_backend", "run", "split_bytes", "versions"]
 
 # Workloads at most this large get a CUDA-graph replay figure (decode, small).
@@ -75,40 +79,27 @@ CPU_QUICK_MAX_BYTES = 100 << 20
 # emulation, exp, fp8 rounding) rather than copies: far fewer bytes a second.
 CPU_QUICK_MAX_COMPUTE_BYTES = 4 << 20
 
-# The newer ops and the package of each. A checkout may not have a family yet
-# (they are written beside this harness): its op is then None here.
-NEWER_OP_MODULES = {"reduce_fused": "cupy_moe.combine", "quantize_fp8": "cupy_moe.quantize",
-                    "swiglu_quantize_fp8": "cupy_moe.quantize"}
+# The newer ops and the family package of each.
+NEWER_OP_FAMILIES = {"reduce_fused": combine, "quantize_fp8": quantize,
+                     "swiglu_quantize_fp8": quantize}
 
 
-def family_op(op_name: str) -> Callable[..., Any] | None:
-    """The public function of newer op ``op_name`` from its family's package,
-    or None while the package, or the function in it, does not exist. Any
-    other import failure (a broken package) is raised."""
-    module_name = NEWER_OP_MODULES[op_name]
-    try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError as exc:
-        if exc.name != module_name:  # the package is there, something it imports is not
-            raise
-        return None
-    return getattr(module, op_name, None)
+def family_op(op_name: str) -> Callable[..., Any]:
+    """The public function of newer op ``op_name``, from its family's package
+    (the oracle: the op on NumPy arrays), whatever this module's name for it."""
+    return getattr(NEWER_OP_FAMILIES[op_name], op_name)
 
 
-# The timed calls of the newer ops go through these names (tests replace them).
-reduce_fused = family_op("reduce_fused")
-quantize_fp8 = family_op("quantize_fp8")
-swiglu_quantize_fp8 = family_op("swiglu_quantize_fp8")
-
-
-def op_available(op_name: str) -> bool:
-    """Whether this build has op ``op_name`` (the newer ops may not exist yet)."""
-    return op_name not in NEWER_OP_MODULES or globals()[op_name] is not None
+def _timed_op(op_name: str) -> Callable[..., Any]:
+    """This module's name for newer op ``op_name``, looked up at each call
+    (the name tests replace)."""
+    return {"reduce_fused": reduce_fused, "quantize_fp8": quantize_fp8,
+            "swiglu_quantize_fp8": swiglu_quantize_fp8}[op_name]
 
 
 def cpu_quick_max_bytes(op_name: str) -> int:
     """The largest workload of ``op_name`` that ``--quick`` times on the CPU."""
-    return CPU_QUICK_MAX_COMPUTE_BYTES if op_name in NEWER_OP_MODULES else CPU_QUICK_MAX_BYTES
+    return CPU_QUICK_MAX_COMPUTE_BYTES if op_name in NEWER_OP_FAMILIES else CPU_QUICK_MAX_BYTES
 
 
 @dataclass
@@ -178,7 +169,7 @@ def _shapes_text(w: Workload) -> str:
         text += f" S={w.sf_columns} {w.sf_dtype}/{layout}"
         if w.round_sf and not w.packed_ue8m0:  # packed exponents are rounded anyway
             text += " round"
-    if w.op in NEWER_OP_MODULES:
+    if w.op in NEWER_OP_FAMILIES:
         # the optional inputs the call passes
         text += "".join(f" +{name}" for name in ("topk_weights", "row_scale", "pos_to_expert")
                         if name in w.shapes)
@@ -198,11 +189,8 @@ def reference_outputs(w: Workload, host: dict[str, np.ndarray]) -> tuple[np.ndar
     ``fused_mapping``, the plan's seven arrays in :class:`FusedMapping` order,
     ``w.num_expanded`` rows; for a newer op, the op on the NumPy arrays, its
     function fetched from its package, not through this module's name)."""
-    if w.op in NEWER_OP_MODULES:
-        oracle = family_op(w.op)
-        if oracle is None:
-            raise RuntimeError(f"{w.label}: no {w.op} in {NEWER_OP_MODULES[w.op]} yet")
-        return _call_newer(w, oracle, host)
+    if w.op in NEWER_OP_FAMILIES:
+        return _call_newer(w, family_op(w.op), host)
     if w.op in MAPPING_OP_NAMES:
         # a FusedMapping is a tuple already
         return fused_mapping_numpy(host["topk_ids"], w.num_experts, alignment=w.alignment,
@@ -237,8 +225,8 @@ def _call(w: Workload, args: dict[str, Any], **kwargs) -> tuple:
     ``fused_mapping`` is called as a user would, with its default X and no
     ``kwargs`` (it has no ``out=``). A newer op is called through this
     module's name for it."""
-    if w.op in NEWER_OP_MODULES:
-        return _call_newer(w, globals()[w.op], args, **kwargs)
+    if w.op in NEWER_OP_FAMILIES:
+        return _call_newer(w, _timed_op(w.op), args, **kwargs)
     if w.op in MAPPING_OP_NAMES:
         return fused_mapping(args["topk_ids"], w.num_experts, alignment=w.alignment, **kwargs)
     if w.op == "expand_to_fused":
@@ -257,7 +245,7 @@ _NEWER_OUTPUT_NAMES = {"reduce_fused": ("out",), "quantize_fp8": ("x_fp8", "x_sf
 
 def output_names(w: Workload) -> tuple[str, ...]:
     """The names of the op's outputs, in :func:`_call`'s order."""
-    if w.op in NEWER_OP_MODULES:
+    if w.op in NEWER_OP_FAMILIES:
         return _NEWER_OUTPUT_NAMES[w.op]
     if w.op in MAPPING_OP_NAMES:
         return FusedMapping._fields
@@ -505,9 +493,8 @@ def run(ops: list[str], labels: list[str] | None, backend: str, iters: int, quic
     ("auto", "cupy", "torch", "cpu"). Returns the JSON-ready result: date,
     backend, iters, quick, versions, copy_tbps, device, records (one
     :class:`Record` dict a workload), notes. Progress lines go to ``progress``
-    (default: ``sys.stderr`` as it is at the call). The workloads of an op
-    this build lacks (:func:`op_available`) are skipped with a note, as are,
-    with ``quick`` on the CPU, those over :func:`cpu_quick_max_bytes`."""
+    (default: ``sys.stderr`` as it is at the call). With ``quick`` on the CPU,
+    the workloads over :func:`cpu_quick_max_bytes` are skipped with a note."""
     if progress is None:
         progress = sys.stderr
     backend = resolve_backend(backend)
@@ -519,15 +506,8 @@ def run(ops: list[str], labels: list[str] | None, backend: str, iters: int, quic
         platform.machine(), "records": [], "notes": [],
     }
     timer = None
-    missing = [op for op in dict.fromkeys(w.op for w in workloads) if not op_available(op)]
     if backend == "cpu":
         result["notes"].append("no GPU: CPU backend (vectorised NumPy); GPU columns empty")
-    for op in missing:
-        count = sum(w.op == op for w in workloads)
-        result["notes"].append(f"{op} is not in this build ({NEWER_OP_MODULES[op]} has no "
-                               f"{op} yet): {count} workload(s) skipped")
-        workloads = [w for w in workloads if w.op != op]
-    if backend == "cpu":
         if quick:
             skipped = [w.label for w in workloads if w.bytes > cpu_quick_max_bytes(w.op)]
             workloads = [w for w in workloads if w.bytes <= cpu_quick_max_bytes(w.op)]
@@ -535,7 +515,7 @@ def run(ops: list[str], labels: list[str] | None, backend: str, iters: int, quic
                 result["notes"].append(
                     f"--quick on the CPU skips workloads over {CPU_QUICK_MAX_BYTES >> 20} MiB "
                     f"({CPU_QUICK_MAX_COMPUTE_BYTES >> 20} MiB for "
-                    f"{', '.join(NEWER_OP_MODULES)}): {', '.join(skipped)}")
+                    f"{', '.join(NEWER_OP_FAMILIES)}): {', '.join(skipped)}")
     else:
         timer = GpuTimer()
         result["device"] = timer.device_name
