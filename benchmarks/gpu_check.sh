@@ -3,7 +3,12 @@
 # a representative subset, then optionally the benchmark, the host-path
 # profile and the kernel-config sweep; a short summary table at the end.
 #
-#   bash benchmarks/gpu_check.sh [--profile] [--sweep] [--mapping] [--layer] [--bench BENCH_ARGS...]
+#   bash benchmarks/gpu_check.sh [--skip-tests] [--profile] [--sweep] [--mapping] [--layer]
+#                                [--bench BENCH_ARGS...]
+#
+# --skip-tests: no pytest and no sanitizers (a second device call for the
+# benchmarks: with every op's workloads, the tests and the full bench no longer
+# fit one 10-minute call).
 #
 # --layer: `cupy-moe layer` (the end-to-end MoE layer: checked against its
 # dense reference, timed per step next to torch-only equivalents) for Kimi-K2
@@ -24,9 +29,10 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu_check_out}
 mkdir -p "$OUT"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
-profile=0 sweep=0 mapping=0 layer=0 bench_args=()
+skip_tests=0 profile=0 sweep=0 mapping=0 layer=0 bench_args=()
 while [ $# -gt 0 ]; do
   case "$1" in
+    --skip-tests) skip_tests=1 ;;
     --profile) profile=1 ;;
     --sweep) sweep=1 ;;
     --mapping) mapping=1 ;;
@@ -46,6 +52,7 @@ section info
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee -a "$LOG"
 python3 -m cupy_moe info >> "$LOG" 2>&1
 
+if [ $skip_tests -eq 0 ]; then
 start=$(date +%s)
 python3 -m pytest -q -p no:cacheprovider tests > "$OUT/pytest.tmp" 2>&1
 rc=$?
@@ -65,6 +72,7 @@ for tool in memcheck initcheck; do
     "$(grep -E 'ERROR SUMMARY' "$OUT/sanitizer.tmp" | tail -n 1 | sed 's/=* //') [$(( $(date +%s) - start ))s]"
   section "compute-sanitizer $tool"; cat "$OUT/sanitizer.tmp" >> "$LOG"; rm -f "$OUT/sanitizer.tmp"
 done
+fi
 
 if { [ ${#bench_args[@]} -gt 0 ] || [ $layer -eq 1 ]; } \
     && ! python3 -c "import matplotlib" 2>/dev/null && ls .whl/*.whl >/dev/null 2>&1; then

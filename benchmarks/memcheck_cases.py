@@ -3,7 +3,8 @@
 Every kernel variant and access width (the bulk-copy kernel forced on small
 batches too, by a tuning whose bulk_min_blocks is 0), odd H, T == 0, X == 0,
 a malformed map with positions past X, the column-major pad columns and
-validate=True; each result is also checked bit-exact against the NumPy
+validate=True; fused_mapping; reduce_fused, quantize_fp8 and
+swiglu_quantize_fp8; each result is also checked bit-exact against the NumPy
 reference. Run it under the sanitizer from benchmarks/gpu_check.sh.
 
     python benchmarks/memcheck_cases.py [--registers-only] [--mapping-only]
@@ -117,6 +118,48 @@ def run_mapping_cases(rng) -> int:
     return cases
 
 
+def run_combine_quantize_cases(rng) -> int:
+    """reduce_fused, quantize_fp8, swiglu_quantize_fp8: odd and aligned widths,
+    every SF layout, T = 0, slots past X (skipped, never read), padding rows;
+    each result bit-exact against the NumPy backend. Returns the number of
+    calls."""
+    bf16 = np.dtype(ml_dtypes.bfloat16)
+    cases = 0
+    for num_tokens, hidden, top_k, num_expanded in ((5, 7, 3, 17), (33, 2048, 8, 300),
+                                                    (0, 256, 8, 4), (3, 7168, 8, 24)):
+        expanded = rng.standard_normal((num_expanded, hidden)).astype(np.float32)
+        token_topk_to_pos = rng.integers(-1, num_expanded + 3, (num_tokens, top_k)).astype(
+            np.int32)
+        weights = rng.random((num_tokens, top_k)).astype(np.float32)
+        for dtype in (np.float32, bf16):
+            rows = expanded.astype(dtype)
+            got = cupy_moe.reduce_fused(cupy.asarray(rows.view(f"u{rows.itemsize}")
+                                                     if dtype is bf16 else rows),
+                                        cupy.asarray(token_topk_to_pos), cupy.asarray(weights))
+            want = cupy_moe.reduce_fused(rows, token_topk_to_pos, weights)
+            assert np.array_equal(bits(cupy.asnumpy(got)), bits(want))
+            cases += 1
+    for num_rows, hidden in ((5, 300), (40, 2048), (0, 128), (3, 7168)):
+        x = (rng.standard_normal((num_rows, hidden)) * 4).astype(bf16)
+        for npc, packed, col_major in ((128, False, False), (32, False, True), (128, True, True)):
+            settings = {"num_per_channels": npc, "round_sf": packed, "packed_ue8m0": packed,
+                        "use_tma_aligned_col_major_sf": col_major}
+            got = cupy_moe.quantize_fp8(cupy.asarray(x.view(np.uint16)), **settings)
+            want = cupy_moe.quantize_fp8(x, **settings)
+            for g, w in zip(got, want):
+                assert np.array_equal(bits(cupy.asnumpy(g)), bits(np.asarray(w)))
+            h = (rng.standard_normal((num_rows, 2 * hidden)) * 3).astype(bf16)
+            pos_to_expert = np.where(rng.random(num_rows) < 0.3, -1, 0).astype(np.int32)
+            got = cupy_moe.swiglu_quantize_fp8(cupy.asarray(h.view(np.uint16)),
+                                               pos_to_expert=cupy.asarray(pos_to_expert),
+                                               **settings)
+            want = cupy_moe.swiglu_quantize_fp8(h, pos_to_expert=pos_to_expert, **settings)
+            for g, w in zip(got, want):
+                assert np.array_equal(bits(cupy.asnumpy(g)), bits(np.asarray(w)))
+            cases += 2
+    return cases
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--registers-only", action="store_true",
@@ -150,6 +193,7 @@ def main() -> int:
     else:
         raise AssertionError("validate=True accepted a map with an out-of-range slot")
     cases += run_mapping_cases(rng)
+    cases += run_combine_quantize_cases(rng)
     cupy.cuda.Device().synchronize()
     print(f"memcheck cases: {cases + 2} calls, all bit-exact")
     return 0
