@@ -14,6 +14,7 @@ from dataclasses import asdict
 
 import numpy as np
 import pytest
+from bench_cases import FakeTimer
 
 from cupy_moe.harness import report, runner
 from cupy_moe.harness.inputs import plan_mapping, workload_inputs
@@ -146,25 +147,6 @@ def test_a_wrong_cpu_result_is_reported_and_not_timed(rng, monkeypatch):
 
 
 # --- the GPU benchmark's control flow, on the CPU ------------------------------------
-
-class FakeTimer:
-    """GpuTimer's interface: runs each function once, returns fixed figures."""
-
-    def __init__(self) -> None:
-        self.calls: list[tuple] = []
-
-    def median_us(self, fn, iters, *, flush=True):
-        fn()
-        self.calls.append(("median_us", iters))
-        return 4.0
-
-    def copy_us(self, nbytes, iters):
-        self.calls.append(("copy_us", nbytes, iters))
-        return 2.5
-
-    def memset_us(self, nbytes, iters):
-        raise AssertionError("the newer ops have no copy + memset floor")
-
 
 @pytest.fixture
 def cpu_torch_backend(monkeypatch):
