@@ -31,12 +31,11 @@ from typing import Any
 
 from ..runtime.arrays import ArrayKind, bytes_to_allocation_end, common_kind, describe
 from ..runtime.fast_path import TorchFastPath
-from ..runtime.rules import check_no_overlap, check_strides, require_bool, require_int
+from ..runtime.rules import check_no_overlap, check_out, check_strides, require_bool, require_int
 from .launch_shape import DEFAULT_TUNING, QuantizeTuning
 from .rules import (
     FP8_OUT_DTYPES,
     QuantizeProblem,
-    check_output,
     check_quantize,
     check_swiglu,
 )
@@ -254,10 +253,12 @@ def _check_outputs(kind: ArrayKind, problem: QuantizeProblem, out_descs: dict, o
     if out is None and out_sf is None:
         return
     if out is not None:
-        check_output("out", out_descs["out"], problem.out_shape(), FP8_OUT_DTYPES)
+        check_out("out", out_descs["out"], problem.out_shape(), FP8_OUT_DTYPES,
+                  dtype_reason=None)
         check_strides("out", kind, out, (problem.hidden, 1), "C-contiguous")
     if out_sf is not None:
-        check_output("out_sf", out_descs["out_sf"], problem.out_sf_shape(), (problem.sf_dtype,))
+        check_out("out_sf", out_descs["out_sf"], problem.out_sf_shape(), problem.sf_dtype,
+                  dtype_reason=None)
         check_strides("out_sf", kind, out_sf, problem.out_sf_strides(), problem.out_sf_layout())
         if problem.col_major and problem.num_rows > 0:
             # the pad columns R .. align(R, 4) lie past the view's last element:

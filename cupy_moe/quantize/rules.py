@@ -158,16 +158,3 @@ def check_swiglu(h: ArrayDesc, topk_weights: ArrayDesc | None,
     return QuantizeProblem(num_rows, width // 2, h.dtype, num_per_channels, round_sf,
                            packed_ue8m0, col_major, swiglu=True, num_weights=num_weights,
                            has_pos_to_expert=pos_to_expert is not None)
-
-
-def check_output(name: str, desc: ArrayDesc, expected_shape: tuple[int, ...],
-                 allowed_dtypes: tuple[str, ...]) -> None:
-    """A caller-provided output: writeable, the result's shape, an allowed dtype."""
-    if not desc.writeable:
-        raise ValueError(f"{name} is read-only; an output must be writeable")
-    if tuple(desc.shape) != tuple(expected_shape):
-        raise ValueError(f"{name} must have shape {tuple(expected_shape)}; "
-                         f"got {tuple(desc.shape)}")
-    if desc.dtype not in allowed_dtypes:
-        raise ValueError(f"{name} must have dtype {' or '.join(allowed_dtypes)}; "
-                         f"got {desc.dtype}")

@@ -46,15 +46,20 @@ def check_dtype(name: str, desc: ArrayDesc, allowed: tuple[str, ...]) -> None:
 
 
 def check_out(name: str, desc: ArrayDesc, expected_shape: tuple[int, ...],
-              expected_dtype: str) -> None:
-    """A caller-provided output must match the result it stands for exactly."""
+              expected_dtype: str | tuple[str, ...], *,
+              dtype_reason: str | None = "that of the input") -> None:
+    """A caller-provided output must match the result it stands for exactly:
+    writeable, the result's shape, its dtype (or one of ``expected_dtype``
+    where several carry the same bits); the message gives ``dtype_reason``."""
+    allowed = (expected_dtype,) if isinstance(expected_dtype, str) else tuple(expected_dtype)
     if not desc.writeable:
         raise ValueError(f"{name} is read-only; an output must be writeable")
     if tuple(desc.shape) != tuple(expected_shape):
         raise ValueError(f"{name} must have shape {tuple(expected_shape)}; "
                          f"got {tuple(desc.shape)}")
-    if desc.dtype != expected_dtype:
-        raise ValueError(f"{name} must have dtype {expected_dtype} (that of the input); "
+    if desc.dtype not in allowed:
+        reason = f" ({dtype_reason})" if dtype_reason else ""
+        raise ValueError(f"{name} must have dtype {' or '.join(allowed)}{reason}; "
                          f"got {desc.dtype}")
 
 
