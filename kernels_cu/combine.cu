@@ -16,9 +16,11 @@
 // (0x7FFFFFFF, bf16/fp16 0x7FFF), whatever the hardware's payload, so that
 // the NumPy oracle (cupy_moe/combine/reference.py) matches bit for bit.
 //
-// Layout (cupy_moe/combine/launch_shape.py picks it): a thread owns one
-// VEC_BYTES vector of one token's output row. A block is tokens_per_block
-// groups of row_threads threads; the grid is (token groups, column chunks).
+// Layout (cupy_moe/combine/launch_shape.py picks it): a thread owns
+// COMBINE_VECS VEC_BYTES vectors of one token's output row (v, v +
+// row_threads, ...). A block is tokens_per_block groups of row_threads
+// threads; the grid is (token groups, column chunks of row_threads *
+// COMBINE_VECS vectors).
 // A thread loads its vector of a batch of COMBINE_SLOT_BATCH slots' rows
 // before the first FMA of the batch (the loads are in flight together: one
 // memory latency per batch, not per slot), then accumulates them in slot
@@ -34,9 +36,17 @@
 #include "vector_access.cuh"
 
 // Slots whose row loads a thread has in flight at once (registers: this many
-// vectors). The host does not depend on it.
+// vectors, times COMBINE_VECS). The host does not depend on it.
 #ifndef COMBINE_SLOT_BATCH
 #define COMBINE_SLOT_BATCH 8
+#endif
+// Vectors of a row a thread owns: v, v + row_threads, ... (the host compiles
+// the variant its launch shape asks for: combine/launch_shape.py
+// vecs_per_thread). More bytes in flight per load of the slots and weights.
+// A sweep option, not yet measured: with 2 and the default batch ptxas
+// (sm_90) takes up to 128 registers and spills 8 bytes in two kernels.
+#ifndef COMBINE_VECS
+#define COMBINE_VECS 1
 #endif
 // The largest block the host launches (cupy_moe/combine/launch_shape.py), and
 // the blocks of that size an SM must hold at least: with this bound ptxas
@@ -120,16 +130,19 @@ __device__ __forceinline__ void reduce_fused_body(const CombineArgs& a) {
     const int group = threadIdx.x / a.row_threads;
     const int lane = threadIdx.x - group * a.row_threads;
     const i64 t = static_cast<i64>(blockIdx.x) * a.tokens_per_block + group;
-    const i64 v = static_cast<i64>(blockIdx.y) * a.row_threads + lane;
+    // this thread's vectors: v, v + row_threads, ... (COMBINE_VECS of them)
+    const i64 v = static_cast<i64>(blockIdx.y) * a.row_threads * COMBINE_VECS + lane;
     if (t >= a.num_tokens || v >= a.row_vecs) return;
 
     const int* slots = a.token_topk_to_pos + t * a.top_k;
     const float* weights = a.topk_weights == nullptr ? nullptr : a.topk_weights + t * a.top_k;
     const Vec* rows = reinterpret_cast<const Vec*>(a.expanded) + v;
 
-    float acc[ELEMS];
+    float acc[COMBINE_VECS][ELEMS];
 #pragma unroll
-    for (int e = 0; e < ELEMS; ++e) acc[e] = 0.0f;
+    for (int c = 0; c < COMBINE_VECS; ++c)
+#pragma unroll
+        for (int e = 0; e < ELEMS; ++e) acc[c][e] = 0.0f;
 
     for (int k0 = 0; k0 < a.top_k; k0 += COMBINE_SLOT_BATCH) {
         // The batch's slots and weights (independent loads, issued together).
@@ -146,11 +159,16 @@ __device__ __forceinline__ void reduce_fused_body(const CombineArgs& a) {
                 if (weights != nullptr) weight[j] = __ldg(weights + k);
             }
         }
-        // Every used row's vector in flight before any FMA.
-        Vec held[COMBINE_SLOT_BATCH];
+        // Every used row's vectors in flight before any FMA.
+        Vec held[COMBINE_SLOT_BATCH][COMBINE_VECS];
 #pragma unroll
         for (int j = 0; j < COMBINE_SLOT_BATCH; ++j) {
-            if (pos[j] >= 0) held[j] = load_once(rows + static_cast<i64>(pos[j]) * a.row_vecs);
+#pragma unroll
+            for (int c = 0; c < COMBINE_VECS; ++c) {
+                if (pos[j] >= 0 && v + c * a.row_threads < a.row_vecs)
+                    held[j][c] = load_once(rows + static_cast<i64>(pos[j]) * a.row_vecs +
+                                           c * a.row_threads);
+            }
         }
         float scale[COMBINE_SLOT_BATCH];
 #pragma unroll
@@ -165,19 +183,28 @@ __device__ __forceinline__ void reduce_fused_body(const CombineArgs& a) {
 #pragma unroll
         for (int j = 0; j < COMBINE_SLOT_BATCH; ++j) {
             if (pos[j] < 0) continue;
-            Bits bits[ELEMS];
-            memcpy(bits, &held[j], sizeof(Vec));
 #pragma unroll
-            for (int e = 0; e < ELEMS; ++e) acc[e] = __fmaf_rn(F::widen(bits[e]), scale[j], acc[e]);
+            for (int c = 0; c < COMBINE_VECS; ++c) {
+                Bits bits[ELEMS];
+                memcpy(bits, &held[j][c], sizeof(Vec));
+#pragma unroll
+                for (int e = 0; e < ELEMS; ++e)
+                    acc[c][e] = __fmaf_rn(F::widen(bits[e]), scale[j], acc[c][e]);
+            }
         }
     }
 
-    Bits bits[ELEMS];
 #pragma unroll
-    for (int e = 0; e < ELEMS; ++e) bits[e] = F::narrow(acc[e]);
-    Vec result;
-    memcpy(&result, bits, sizeof(Vec));
-    store_once(reinterpret_cast<Vec*>(a.out) + t * a.row_vecs + v, result);
+    for (int c = 0; c < COMBINE_VECS; ++c) {
+        if (v + c * a.row_threads >= a.row_vecs) break;
+        Bits bits[ELEMS];
+#pragma unroll
+        for (int e = 0; e < ELEMS; ++e) bits[e] = F::narrow(acc[c][e]);
+        Vec result;
+        memcpy(&result, bits, sizeof(Vec));
+        store_once(reinterpret_cast<Vec*>(a.out) + t * a.row_vecs + v + c * a.row_threads,
+                   result);
+    }
 }
 
 #define DEFINE_REDUCE_FUSED_KERNEL(NAME, FMT, VEC_BYTES)                             \

@@ -111,16 +111,26 @@ def test_argument_block_matches_the_host_packing(kernel):
     assert read and read <= fields, (sorted(read), sorted(fields))
 
 
+@pytest.mark.parametrize("vecs", [2, 4])
+def test_the_multi_vector_variants_compile(vecs):
+    """COMBINE_VECS (launch_shape's vecs_per_thread) is compiled on demand."""
+    nvrtc_or_skip()
+    cubin = compile_for_arch(SOURCE, (("COMBINE_VECS", vecs),), "sm_90")
+    assert b"reduce_fused_bf16_v16" in cubin and b"reduce_fused_f32_v4" in cubin
+
+
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 def test_no_kernel_spills_registers(arch):
     """Spilled registers would put local-memory traffic beside the row loads
-    (the thread bound alone once made ptxas spill: see COMBINE_MIN_BLOCKS)."""
+    (the thread bound alone once made ptxas spill: see COMBINE_MIN_BLOCKS).
+    The default variant only: COMBINE_VECS 2 and 4 are sweep options."""
     nvrtc_or_skip()
     from cupy.cuda import nvrtc
 
+    defines = ()
     program = nvrtc.createProgram(kernel_source(SOURCE), SOURCE, [], [])
     try:
-        nvrtc.compileProgram(program, [*compile_options(()), f"-arch={arch}",
+        nvrtc.compileProgram(program, [*compile_options(defines), f"-arch={arch}",
                                        "--ptxas-options=-v"])
         log = nvrtc.getProgramLog(program)
     finally:

@@ -217,7 +217,9 @@ def test_every_launch_shape_gives_the_same_bits(kind):
         for max_warps in range(1, 9):
             for fill in (0.0, 1.0, 4.0, 1000.0):
                 run_case(kind, case, rng, use_out=True, expected=expected,
-                         shape_options={"max_warps": max_warps, "fill_blocks_per_sm": fill})
+                         shape_options={"max_warps": max_warps, "fill_blocks_per_sm": fill,
+                                        "vecs_per_thread": (1, 2, 4)[(max_warps + int(fill))
+                                                                     % 3]})
 
 
 @pytest.mark.parametrize("kind", KINDS)

@@ -26,9 +26,12 @@ def covered(shape: CombineShape, num_tokens: int, row_vecs: int) -> np.ndarray:
     for bx in range(shape.token_blocks):
         for by in range(shape.chunks):
             t = bx * shape.tokens_per_block + group
-            v = by * shape.row_threads + lane
-            inside = (t < num_tokens) & (v < row_vecs)
-            np.add.at(hits, (t[inside], v[inside]), 1)
+            first = by * shape.row_threads * shape.vecs_per_thread + lane
+            if_first = first < row_vecs  # the kernel's early return
+            for c in range(shape.vecs_per_thread):
+                v = first + c * shape.row_threads
+                inside = (t < num_tokens) & if_first & (v < row_vecs)
+                np.add.at(hits, (t[inside], v[inside]), 1)
     return hits
 
 
@@ -38,14 +41,16 @@ def test_every_output_vector_has_exactly_one_thread(seed):
     num_tokens = int(rng.integers(0, 300))
     row_vecs = int(rng.integers(1, 2000)) if seed % 3 else int(rng.integers(1, 40))
     multiprocessors = int(rng.choice([1, 8, 108, 132]))
+    vecs = int(rng.choice([1, 2, 4]))
     shape = combine_shape(num_tokens, row_vecs, multiprocessors,
                           max_warps=int(rng.integers(1, 9)),
-                          fill_blocks_per_sm=float(rng.choice([0.0, 1.0, 4.0, 16.0])))
-    assert 1 <= shape.threads <= 256
+                          fill_blocks_per_sm=float(rng.choice([0.0, 1.0, 4.0, 16.0])),
+                          vecs_per_thread=vecs)
+    assert 1 <= shape.threads <= 256 and shape.vecs_per_thread == vecs
     assert shape.row_threads * shape.tokens_per_block == shape.threads
     assert shape.row_threads < 32 or shape.row_threads % 32 == 0
     # no empty chunk, no empty block of tokens
-    assert shape.row_threads * (shape.chunks - 1) < row_vecs
+    assert shape.row_threads * vecs * (shape.chunks - 1) < row_vecs
     assert shape.token_blocks == -(-num_tokens // shape.tokens_per_block)
     assert (covered(shape, num_tokens, row_vecs) == 1).all()
 
@@ -93,3 +98,14 @@ def test_limits(kwargs, message):
     args = {"num_tokens": 10_000, "row_vecs": 100, "multiprocessors": 132, **kwargs}
     with pytest.raises(ValueError, match=re.escape(message)):
         combine_shape(**args)
+
+
+def test_multi_vector_shapes_and_their_kernel_variant():
+    # kimi-k2 prefill with 2 vectors a thread: 448 threads' columns = 14 warps,
+    # 2 chunks of 7 warps
+    shape = combine_shape(4096, 896, 132, vecs_per_thread=2)
+    assert shape == CombineShape(224, 1, 2, 4096, 2)
+    assert shape.defines() == (("COMBINE_VECS", 2),)
+    assert combine_shape(4096, 896, 132).defines() == ()
+    with pytest.raises(ValueError, match=r"vecs_per_thread must be one of \(1, 2, 4\); got 3"):
+        combine_shape(4096, 896, 132, vecs_per_thread=3)

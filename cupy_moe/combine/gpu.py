@@ -99,7 +99,7 @@ class CombinePlan:
                 num_expanded=problem.num_expanded, top_k=problem.top_k,
                 row_threads=shape.row_threads, tokens_per_block=shape.tokens_per_block)
             found = self.kernels[vec_bytes] = CombineLaunch(
-                name, function_handle(SOURCE, (), self.device, name), shape,
+                name, function_handle(SOURCE, shape.defines(), self.device, name), shape,
                 ArgBlock(COMBINE_ARGS, constants))
         return found
 

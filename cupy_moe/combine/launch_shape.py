@@ -49,6 +49,8 @@ MAX_BLOCK_THREADS = 256    # COMBINE_MAX_THREADS of combine.cu (its __launch_bou
 PACK_THREADS = 128         # threads of a block of packed short rows
 PACKED_ROW_VECS = 16       # rows of at most this many vectors are packed
 FILL_BLOCKS_PER_SM = 4     # fewer blocks than this per SM: cut rows finer
+VECS_PER_THREAD = 1        # vectors a thread owns (2 and 4 compiled on demand: sweeps)
+VECS_PER_THREAD_CHOICES = (1, 2, 4)
 MAX_GRID_X = 2**31 - 1
 MAX_GRID_Y = 65535
 
@@ -58,6 +60,11 @@ class CombineShape(NamedTuple):
     tokens_per_block: int
     chunks: int            # column chunks of a row: the grid's y
     token_blocks: int      # blocks along the tokens: the grid's x (0: nothing to launch)
+    vecs_per_thread: int = 1  # vectors a thread owns: a chunk is row_threads * this
+
+    def defines(self) -> tuple[tuple[str, int], ...]:
+        """The kernel variant this shape needs (combine.cu's COMBINE_VECS)."""
+        return () if self.vecs_per_thread == 1 else (("COMBINE_VECS", self.vecs_per_thread),)
 
     @property
     def threads(self) -> int:
@@ -74,15 +81,24 @@ def _next_power_of_two(n: int) -> int:
 
 def combine_shape(num_tokens: int, row_vecs: int, multiprocessors: int, *,
                   max_warps: int = MAX_WARPS,
-                  fill_blocks_per_sm: float = FILL_BLOCKS_PER_SM) -> CombineShape:
+                  fill_blocks_per_sm: float = FILL_BLOCKS_PER_SM,
+                  vecs_per_thread: int = VECS_PER_THREAD) -> CombineShape:
     """The launch shape of ``num_tokens`` rows of ``row_vecs`` vectors each.
 
-    ``max_warps`` and ``fill_blocks_per_sm`` override the defaults (sweeps).
+    ``max_warps``, ``fill_blocks_per_sm`` and ``vecs_per_thread`` override the
+    defaults (sweeps). A thread owns ``vecs_per_thread`` vectors of its row
+    (v, v + row_threads, ...): the shape is cut as for rows of
+    ``ceil(row_vecs / vecs_per_thread)`` vectors.
     """
     if row_vecs < 1:
         raise ValueError(f"row_vecs must be >= 1; got {row_vecs}")
     if not 1 <= max_warps <= MAX_BLOCK_THREADS // 32:
         raise ValueError(f"max_warps must be in 1 .. {MAX_BLOCK_THREADS // 32}; got {max_warps}")
+    if vecs_per_thread not in VECS_PER_THREAD_CHOICES:
+        raise ValueError(f"vecs_per_thread must be one of {VECS_PER_THREAD_CHOICES}; "
+                         f"got {vecs_per_thread}")
+    vectors = row_vecs
+    row_vecs = ceil_div(row_vecs, vecs_per_thread)  # the threads' columns
     target = fill_blocks_per_sm * multiprocessors
     if row_vecs <= PACKED_ROW_VECS:
         row_threads, chunks = _next_power_of_two(row_vecs), 1
@@ -98,10 +114,10 @@ def combine_shape(num_tokens: int, row_vecs: int, multiprocessors: int, *,
         chunks = ceil_div(row_warps, warps)  # no empty chunk
         row_threads, tokens_per_block = 32 * warps, 1
     if chunks > MAX_GRID_Y:
-        raise ValueError(f"expanded rows of {row_vecs} vectors need {chunks} column chunks; "
+        raise ValueError(f"expanded rows of {vectors} vectors need {chunks} column chunks; "
                          f"one launch takes at most {MAX_GRID_Y}")
     token_blocks = ceil_div(num_tokens, tokens_per_block)
     if token_blocks > MAX_GRID_X:
         raise ValueError(f"T = {num_tokens} tokens need {token_blocks} blocks; one launch "
                          f"takes at most {MAX_GRID_X}")
-    return CombineShape(row_threads, tokens_per_block, chunks, token_blocks)
+    return CombineShape(row_threads, tokens_per_block, chunks, token_blocks, vecs_per_thread)
