@@ -1,16 +1,18 @@
-"""Stand-ins shared by the benchmark tests of the newer ops (reduce_fused,
-quantize_fp8, swiglu_quantize_fp8): the GPU benchmark's control flow runs on
-the CPU with these.
+"""Stand-ins shared by the benchmark tests: the GPU benchmark's control flow
+runs on the CPU with these.
 """
 
 from __future__ import annotations
 
 
 class FakeTimer:
-    """GpuTimer's interface: runs each function once, returns fixed figures."""
+    """GpuTimer's interface: runs each function once, records each call,
+    returns fixed figures. ``memset=False``: a memset figure is an error (the
+    ops without a copy + memset floor)."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, memset: bool = True) -> None:
         self.calls: list[tuple] = []
+        self.memset = memset
 
     def median_us(self, fn, iters, *, flush=True):
         fn()
@@ -22,4 +24,7 @@ class FakeTimer:
         return 2.5
 
     def memset_us(self, nbytes, iters):
-        raise AssertionError("the newer ops have no copy + memset floor")
+        if not self.memset:
+            raise AssertionError("this op has no copy + memset floor")
+        self.calls.append(("memset_us", nbytes, iters))
+        return 1.0

@@ -190,7 +190,7 @@ def test_bench_gpu_workload_times_with_out_and_has_no_peer(cpu_torch_backend, ke
         return op(*args, **kwargs)
     monkeypatch.setattr(runner, "reduce_fused", recording)
     w = WORKLOADS["reduce-dsv3-ep8-small-plan"]
-    timer = FakeTimer()
+    timer = FakeTimer(memset=False)
     record = runner.bench_gpu_workload(w, timer, "torch", 5, 3.0, rng, kernel_only=kernel_only)
     assert record.status == "ok", record.status
     assert timer.calls == [("median_us", 5), ("copy_us", w.bytes // 2, 5)]
@@ -211,7 +211,7 @@ def test_bench_gpu_workload_times_with_out_and_has_no_peer(cpu_torch_backend, ke
 def test_a_wrong_gpu_result_is_reported_and_not_timed(cpu_torch_backend, rng, monkeypatch):
     op = needs_op("reduce_fused")
     monkeypatch.setattr(runner, "reduce_fused", corrupted_reduce(op))
-    timer = FakeTimer()
+    timer = FakeTimer(memset=False)
     record = runner.bench_gpu_workload(WORKLOADS["reduce-kimi-k2-small"], timer, "torch", 5,
                                        3.0, rng)
     assert record.status == "MISMATCH out: 1 elements differ, first at (1, 5)"
@@ -222,7 +222,7 @@ def test_a_wrong_gpu_result_is_reported_and_not_timed(cpu_torch_backend, rng, mo
 def test_the_gpu_table_row_of_a_reduce_record(cpu_torch_backend, rng):
     needs_op("reduce_fused")
     w = WORKLOADS["reduce-qwen3-30b-a3b-decode"]
-    record = asdict(runner.bench_gpu_workload(w, FakeTimer(), "torch", 5, 3.0, rng))
+    record = asdict(runner.bench_gpu_workload(w, FakeTimer(memset=False), "torch", 5, 3.0, rng))
     result = {"date": "2026-01-01", "backend": "torch", "iters": 5, "quick": False,
               "versions": {}, "copy_tbps": 3.0, "device": "a GPU", "records": [record],
               "notes": []}

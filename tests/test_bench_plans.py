@@ -17,6 +17,7 @@ from importlib import resources
 import numpy as np
 import pytest
 import yaml
+from bench_cases import FakeTimer
 from helpers import assert_bits_equal
 
 from cupy_moe.harness import manifest, report, runner
@@ -414,27 +415,8 @@ def test_bench_quick_on_the_cpu_runs_the_plan_workloads(tmp_path, capsys):
     assert "| expand | qwen3-30b-decode-e128-plan | T=1 H=3072 K=8 X=1024 plan E=128 " in out
 
 
-# the GPU path's control flow, with CPU tensors and fixed timings
-
-class FakeTimer:
-    """GpuTimer's interface: runs each function once, returns fixed figures."""
-
-    def __init__(self) -> None:
-        self.calls: list[tuple] = []
-
-    def median_us(self, fn, iters, *, flush=True):
-        fn()
-        self.calls.append(("median_us", iters))
-        return 4.0
-
-    def copy_us(self, nbytes, iters):
-        self.calls.append(("copy_us", nbytes, iters))
-        return 2.5
-
-    def memset_us(self, nbytes, iters):
-        self.calls.append(("memset_us", nbytes, iters))
-        return 1.0
-
+# the GPU path's control flow, with CPU tensors and fixed timings (FakeTimer:
+# tests/bench_cases.py)
 
 @pytest.fixture
 def cpu_torch_backend(monkeypatch):

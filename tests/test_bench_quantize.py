@@ -182,7 +182,7 @@ def test_bench_gpu_workload_times_with_out_and_out_sf(cpu_torch_backend, label, 
         outputs.append(("out" in kwargs, "out_sf" in kwargs))
         return results
     monkeypatch.setattr(runner, w.op, recording)
-    timer = FakeTimer()
+    timer = FakeTimer(memset=False)
     record = runner.bench_gpu_workload(w, timer, "torch", 5, 3.0, rng)
     assert record.status == "ok", record.status
     assert timer.calls == [("median_us", 5), ("copy_us", w.bytes // 2, 5)]
@@ -201,7 +201,7 @@ def test_a_wrong_gpu_result_is_reported_and_not_timed(cpu_torch_backend, rng, mo
     w = WORKLOADS["quant-kimi-k2-decode-packed"]
     op = needs_op(w.op)
     monkeypatch.setattr(runner, w.op, corrupted(op, 1, (0, 13)))
-    timer = FakeTimer()
+    timer = FakeTimer(memset=False)
     record = runner.bench_gpu_workload(w, timer, "torch", 5, 3.0, rng)
     assert record.status == "MISMATCH x_sf: 1 elements differ, first at (0, 13)"
     assert timer.calls == []
