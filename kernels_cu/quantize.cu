@@ -153,6 +153,32 @@ __device__ __forceinline__ void load_chunk(const QuantizeArgs& a, i64 chunk, int
     value[0] = v.x; value[1] = v.y; value[2] = v.z; value[3] = v.w;
 }
 
+// A padding warp's stores in *_vec: zero codes for its chunks (those before
+// total_chunks), and lane j < LOADS of a group zeroes instruction j's block's
+// scale factor, as the full path stores them.
+template <typename In>
+__device__ __forceinline__ void store_padding_chunks(const QuantizeArgs& a, i64 first,
+                                                     i64 total_chunks, int group_log2,
+                                                     int in_group) {
+    constexpr int LOADS = QUANT_LANE_COLS / (16 / sizeof(In));
+#pragma unroll
+    for (int k = 0; k < LOADS; ++k) {
+        const i64 chunk = first + 32 * k;
+        if (chunk >= total_chunks) continue;
+        if constexpr (sizeof(In) == 2) {
+            store_once(reinterpret_cast<uint2*>(a.out) + chunk, make_uint2(0u, 0u));
+        } else {
+            store_once(reinterpret_cast<unsigned*>(a.out) + chunk, 0u);
+        }
+    }
+    if (in_group >= LOADS) return;
+    const i64 chunk = first + 32 * in_group;
+    if (chunk >= total_chunks) return;
+    const unsigned block = static_cast<unsigned>(chunk >> group_log2);
+    const unsigned row = magic_divide(block, a.block_magic, a.block_shift);
+    store_scale_factor(a, row, static_cast<int>(block - row * a.sf_blocks), 0.0f, true);
+}
+
 template <typename In, bool SWIGLU>
 __device__ __forceinline__ void quantize_vec_body(const QuantizeArgs& a) {
     constexpr int CHUNK = 16 / sizeof(In);            // columns per 16-byte chunk
@@ -196,6 +222,19 @@ __device__ __forceinline__ void quantize_vec_body(const QuantizeArgs& a) {
         for (int k = 0; k < LOADS; ++k)
             padding[k] = padding[k] || expert[k] < 0 ||
                          (weighted && (slot[k] < 0 || slot[k] >= a.num_weights));
+    }
+    if (SWIGLU) {
+        // A warp whose chunks are all padding (most of a decode plan's rows)
+        // stores zero codes and zero scale factors, what the arithmetic below
+        // gives for zero words, without running it (~40 instructions an
+        // element). Warp-uniform: the shuffles below need every lane.
+        bool any_live = false;
+#pragma unroll
+        for (int k = 0; k < LOADS; ++k) any_live = any_live || !padding[k];
+        if (!__any_sync(QUANT_FULL_MASK, any_live)) {
+            store_padding_chunks<In>(a, first, total_chunks, group_log2, in_group);
+            return;
+        }
     }
     // all loads in one branch when every chunk is live (the common case), so
     // that they are issued together
@@ -302,6 +341,15 @@ __device__ __forceinline__ void quantize_any_body(const QuantizeArgs& a) {
     bool padding = false;
     float weight = 1.0f;
     if (SWIGLU && active) padding = swiglu_row(a, row, weight);
+    if (SWIGLU && !__any_sync(QUANT_FULL_MASK, active && !padding)) {
+        // a warp of padding rows: zeros, without the arithmetic (see *_vec)
+        if (!active) return;
+        unsigned char* out_row = a.out + row * hidden;
+        for (int i = 0; i < QUANT_LANE_COLS && col + i < hidden; ++i) out_row[col + i] = 0;
+        if ((task & ((1 << a.group_log2) - 1)) == 0 && block < a.sf_blocks)
+            store_scale_factor(a, row, block, 0.0f, true);
+        return;
+    }
     const In* first =
         static_cast<const In*>(a.x) + row * (SWIGLU ? 2 * static_cast<i64>(hidden) : hidden);
     In raw[2][QUANT_LANE_COLS];

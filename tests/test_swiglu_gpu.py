@@ -128,6 +128,30 @@ def test_prefill_shapes_with_a_real_plan(kind, inter):
             what=f"X={num_rows} I={inter} {layout}")
 
 
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("inter", [2048, 1000, 96])
+def test_padding_heavy_plans(kind, inter):
+    """Decode-like plans, most rows padding: whole warps of padding rows take
+    the kernels' zero-store path (no arithmetic), next to warps that mix live
+    and padding rows; poisoned outputs, every layout, both block sizes."""
+    rng = np.random.default_rng()
+    for num_tokens in (1, 3, 16):
+        maps, num_rows = plan_maps(rng, num_tokens, 8, 64, 128)
+        h = as_input_dtype(random_h(rng, num_rows, inter, 128), "bfloat16")
+        for layout, (packed, col_major, round_sf) in LAYOUTS.items():
+            npc = 32 if rng.random() < 0.5 else 128
+            settings = {"num_per_channels": npc, "round_sf": round_sf,
+                        "packed_ue8m0": packed, "use_tma_aligned_col_major_sf": col_major}
+            expected = swiglu_quantize_fp8_numpy(h, **maps, **settings)
+            given = poisoned_outputs(kind, rng, num_rows, inter, expected[1].shape[1],
+                                     packed=packed, col_major=col_major, misalign=False)
+            result = cupy_moe.quantize.swiglu_quantize_fp8(
+                device_array(kind, h, "bfloat16"), **maps_on_device(kind, maps), **settings,
+                out=given[0], out_sf=given[1])
+            check_result(kind, result, expected, given=given, col_major=col_major,
+                         what=f"T={num_tokens} X={num_rows} I={inter} {layout} npc={npc}")
+
+
 def test_activations_are_those_of_the_oracle():
     """quant_swiglu_f32 (the kernels' exp, reciprocal and multiplies) against
     numerics.swiglu_f32 on 4 million gates spread over the float32 range and
