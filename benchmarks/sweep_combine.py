@@ -3,7 +3,7 @@
     python benchmarks/sweep_combine.py [--iters N] [--only LABEL ...]
 
 Each shape (``combine.launch_shape.combine_shape`` options: vectors a thread
-owns, warps of a row chunk) is first checked bit-exact against the NumPy
+owns, slots whose loads are in flight together, warps of a row chunk) is first checked bit-exact against the NumPy
 oracle, then timed with the output preallocated: GPU time (CUDA events, L2
 flushed) and its share of the same-run copy bandwidth over the workload's
 roofline bytes. The first shape is the default.
@@ -12,6 +12,7 @@ roofline bytes. The first shape is the default.
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 
 import numpy as np
@@ -22,8 +23,11 @@ from cupy_moe.harness.inputs import workload_inputs
 from cupy_moe.harness.manifest import load_workloads
 from cupy_moe.harness.timing import GpuTimer
 
-SHAPES = [{}, *({"vecs_per_thread": vecs, "max_warps": warps}
-                for vecs in (1, 2, 4) for warps in (4, 8))]
+# (vectors a thread owns, slots in flight): 8, 16 or 32 16-byte loads a thread
+# in flight; row chunks of 4 or 8 warps
+SHAPES = [{}, *({"vecs_per_thread": vecs, "slot_batch": batch, "max_warps": warps}
+                for vecs, batch in ((1, 16), (2, 4), (2, 8), (4, 2), (4, 4), (4, 8))
+                for warps in (4, 8))]
 DEFAULT_LABELS = ["reduce-kimi-k2-decode", "reduce-kimi-k2-medium", "reduce-kimi-k2-prefill",
                   "reduce-qwen3-30b-a3b-prefill", "reduce-dsv3-ep8-prefill-plan"]
 
@@ -57,8 +61,9 @@ def main() -> int:
             if problem:
                 cells.setdefault(name, []).append(f"MISMATCH {problem}")
                 continue
-            us = timer.median_us(lambda: run_with_shape(*call_args, row_scale=inputs.get(
-                "row_scale"), out=out, **options), args.iters)
+            call = functools.partial(run_with_shape, *call_args,
+                                     row_scale=inputs.get("row_scale"), out=out, **options)
+            us = timer.median_us(call, args.iters)
             cells.setdefault(name, []).append(
                 f"{us:.1f} ({w.bytes / us / 1e6 / copy_tbps * 100:.0f}%)")
         print(label, "done", file=sys.stderr, flush=True)

@@ -36,7 +36,8 @@
 #include "vector_access.cuh"
 
 // Slots whose row loads a thread has in flight at once (registers: this many
-// vectors, times COMBINE_VECS). The host does not depend on it.
+// vectors, times COMBINE_VECS). The host compiles the variant its launch shape
+// asks for (combine/launch_shape.py slot_batch); the default is 8.
 #ifndef COMBINE_SLOT_BATCH
 #define COMBINE_SLOT_BATCH 8
 #endif

@@ -111,11 +111,13 @@ def test_argument_block_matches_the_host_packing(kernel):
     assert read and read <= fields, (sorted(read), sorted(fields))
 
 
-@pytest.mark.parametrize("vecs", [2, 4])
-def test_the_multi_vector_variants_compile(vecs):
-    """COMBINE_VECS (launch_shape's vecs_per_thread) is compiled on demand."""
+@pytest.mark.parametrize("vecs,batch", [(2, 8), (4, 8), (4, 2), (1, 16)])
+def test_the_multi_vector_variants_compile(vecs, batch):
+    """COMBINE_VECS and COMBINE_SLOT_BATCH (launch_shape's vecs_per_thread,
+    slot_batch) are compiled on demand."""
     nvrtc_or_skip()
-    cubin = compile_for_arch(SOURCE, (("COMBINE_VECS", vecs),), "sm_90")
+    cubin = compile_for_arch(SOURCE, (("COMBINE_VECS", vecs), ("COMBINE_SLOT_BATCH", batch)),
+                             "sm_90")
     assert b"reduce_fused_bf16_v16" in cubin and b"reduce_fused_f32_v4" in cubin
 
 

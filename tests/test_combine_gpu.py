@@ -219,7 +219,8 @@ def test_every_launch_shape_gives_the_same_bits(kind):
                 run_case(kind, case, rng, use_out=True, expected=expected,
                          shape_options={"max_warps": max_warps, "fill_blocks_per_sm": fill,
                                         "vecs_per_thread": (1, 2, 4)[(max_warps + int(fill))
-                                                                     % 3]})
+                                                                     % 3],
+                                        "slot_batch": (2, 4, 8, 16)[max_warps % 4]})
 
 
 @pytest.mark.parametrize("kind", KINDS)

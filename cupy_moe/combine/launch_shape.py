@@ -51,6 +51,8 @@ PACKED_ROW_VECS = 16       # rows of at most this many vectors are packed
 FILL_BLOCKS_PER_SM = 4     # fewer blocks than this per SM: cut rows finer
 VECS_PER_THREAD = 1        # vectors a thread owns (2 and 4 compiled on demand: sweeps)
 VECS_PER_THREAD_CHOICES = (1, 2, 4)
+SLOT_BATCH = 8             # slots whose row loads a thread has in flight (combine.cu)
+SLOT_BATCH_CHOICES = (2, 4, 8, 16)
 MAX_GRID_X = 2**31 - 1
 MAX_GRID_Y = 65535
 
@@ -61,10 +63,17 @@ class CombineShape(NamedTuple):
     chunks: int            # column chunks of a row: the grid's y
     token_blocks: int      # blocks along the tokens: the grid's x (0: nothing to launch)
     vecs_per_thread: int = 1  # vectors a thread owns: a chunk is row_threads * this
+    slot_batch: int = SLOT_BATCH  # slots' loads in flight at once, per vector
 
     def defines(self) -> tuple[tuple[str, int], ...]:
-        """The kernel variant this shape needs (combine.cu's COMBINE_VECS)."""
-        return () if self.vecs_per_thread == 1 else (("COMBINE_VECS", self.vecs_per_thread),)
+        """The kernel variant this shape needs (combine.cu's COMBINE_VECS and
+        COMBINE_SLOT_BATCH; none for the default variant)."""
+        defines = []
+        if self.vecs_per_thread != 1:
+            defines.append(("COMBINE_VECS", self.vecs_per_thread))
+        if self.slot_batch != SLOT_BATCH:
+            defines.append(("COMBINE_SLOT_BATCH", self.slot_batch))
+        return tuple(defines)
 
     @property
     def threads(self) -> int:
@@ -82,13 +91,17 @@ def _next_power_of_two(n: int) -> int:
 def combine_shape(num_tokens: int, row_vecs: int, multiprocessors: int, *,
                   max_warps: int = MAX_WARPS,
                   fill_blocks_per_sm: float = FILL_BLOCKS_PER_SM,
-                  vecs_per_thread: int = VECS_PER_THREAD) -> CombineShape:
+                  vecs_per_thread: int = VECS_PER_THREAD,
+                  slot_batch: int = SLOT_BATCH) -> CombineShape:
     """The launch shape of ``num_tokens`` rows of ``row_vecs`` vectors each.
 
-    ``max_warps``, ``fill_blocks_per_sm`` and ``vecs_per_thread`` override the
-    defaults (sweeps). A thread owns ``vecs_per_thread`` vectors of its row
-    (v, v + row_threads, ...): the shape is cut as for rows of
-    ``ceil(row_vecs / vecs_per_thread)`` vectors.
+    ``max_warps``, ``fill_blocks_per_sm``, ``vecs_per_thread`` and
+    ``slot_batch`` override the defaults (sweeps). A thread owns
+    ``vecs_per_thread`` vectors of its row (v, v + row_threads, ...): the
+    shape is cut as for rows of ``ceil(row_vecs / vecs_per_thread)`` vectors.
+    ``slot_batch`` slots' loads are in flight before their FMAs (it changes
+    registers and bytes in flight, never the results: the FMAs stay in slot
+    order).
     """
     if row_vecs < 1:
         raise ValueError(f"row_vecs must be >= 1; got {row_vecs}")
@@ -97,6 +110,8 @@ def combine_shape(num_tokens: int, row_vecs: int, multiprocessors: int, *,
     if vecs_per_thread not in VECS_PER_THREAD_CHOICES:
         raise ValueError(f"vecs_per_thread must be one of {VECS_PER_THREAD_CHOICES}; "
                          f"got {vecs_per_thread}")
+    if slot_batch not in SLOT_BATCH_CHOICES:
+        raise ValueError(f"slot_batch must be one of {SLOT_BATCH_CHOICES}; got {slot_batch}")
     vectors = row_vecs
     row_vecs = ceil_div(row_vecs, vecs_per_thread)  # the threads' columns
     target = fill_blocks_per_sm * multiprocessors
@@ -120,4 +135,5 @@ def combine_shape(num_tokens: int, row_vecs: int, multiprocessors: int, *,
     if token_blocks > MAX_GRID_X:
         raise ValueError(f"T = {num_tokens} tokens need {token_blocks} blocks; one launch "
                          f"takes at most {MAX_GRID_X}")
-    return CombineShape(row_threads, tokens_per_block, chunks, token_blocks, vecs_per_thread)
+    return CombineShape(row_threads, tokens_per_block, chunks, token_blocks, vecs_per_thread,
+                        slot_batch)
