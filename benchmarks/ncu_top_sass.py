@@ -18,7 +18,11 @@ def main() -> int:
                              capture_output=True, text=True).stdout
     for row in csv.reader(io.StringIO(details)):
         if len(row) > 14 and row[12] in ("Duration", "Registers Per Thread", "Block Size",
-                                          "Grid Size", "Achieved Occupancy"):
+                                          "Grid Size", "Achieved Occupancy", "DRAM Throughput",
+                                          "Memory Throughput", "Issue Slots Busy",
+                                          "Executed Ipc Active", "Executed Instructions",
+                                          "Theoretical Occupancy",
+                                          "Warp Cycles Per Issued Instruction"):
             print(f"{row[4][:40]:40s} {row[12]:28s} {row[14]} {row[13]}")
     source = subprocess.run(["ncu", "--import", report, "--page", "source", "--csv",
                              "--print-source", "sass"], capture_output=True, text=True).stdout
