@@ -25,9 +25,8 @@
 // The clamp keeps every result a normal float32, so the exponent add is
 // exact: exp saturates at exp(-86.5) ~ 2.7e-38 and exp(87) ~ 6.1e37 (enough
 // for silu: 1 + exp(-g) is 1 for g > 17, and silu(g) is below 1e-35 in
-// magnitude for g < -87). On [-86.5, 87] the error is below 1 ulp of
-// float64's exp (numerics.py states the bound measured on every float32
-// input there).
+// magnitude for g < -87). On [-86.5, 87] the error is at most 1.02 ulp of
+// float64's exp (numerics.EXP_MAX_ULP, measured on every float32 input there).
 // exp(+inf) = exp(87); exp(-inf) = exp(NaN) = exp(-86.5): no NaN ever enters
 // the exponent-field add, whose result would depend on the NaN's payload
 // (silu(NaN) is NaN all the same: g * y with g NaN).
