@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# One device call for speed work (after gpu_check.sh has passed): the
+# reduce_fused launch-shape sweep, ncu profiles of chosen workloads, and the
+# expand config sweep on decode plans; every log to $OUT/gpu_speed.log and a
+# short summary at the end.
+#
+#   bash benchmarks/gpu_speed.sh [--combine] [--expand-decode]
+#                                [--ncu LABEL KERNEL_REGEX]...
+#
+# --combine: benchmarks/sweep_combine.py (vectors a thread, slot batch, warps).
+# --expand-decode: benchmarks/sweep_kernel_config.py on the decode plans
+#   (graph-replay µs per config).
+# --ncu LABEL REGEX: ncu --set full on the 3rd launch matching REGEX of
+#   benchmarks/profile_op.py LABEL, summarised by ncu_top_sass.py.
+set -u
+cd "$(dirname "$0")/.."
+OUT=${OUT:-$PWD/gpu_speed_out}
+mkdir -p "$OUT"
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+LOG=$OUT/gpu_speed.log
+: > "$LOG"
+summary=()
+section() { printf '\n===== %s =====\n' "$1" | tee -a "$LOG"; }
+combine=0 expand_decode=0 profiles=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --combine) combine=1 ;;
+    --expand-decode) expand_decode=1 ;;
+    --ncu) profiles+=("$2|$3"); shift 2 ;;
+    *) echo "unknown option $1" >&2; exit 2 ;;
+  esac
+  shift
+done
+
+if [ $combine -eq 1 ]; then
+  start=$(date +%s)
+  section "reduce_fused launch-shape sweep"
+  timeout 240 python3 benchmarks/sweep_combine.py 2>> "$LOG" | tee -a "$LOG"
+  summary+=("sweep_combine rc=${PIPESTATUS[0]} [$(( $(date +%s) - start ))s]")
+fi
+
+for entry in "${profiles[@]}"; do
+  label=${entry%%|*} regex=${entry#*|}
+  start=$(date +%s)
+  section "ncu $label ($regex)"
+  timeout 180 ncu --set full --import-source no --kernel-name "regex:$regex" --launch-skip 2 \
+    --launch-count 1 -f -o "$OUT/$label" python3 benchmarks/profile_op.py "$label" >> "$LOG" 2>&1
+  rc=$?
+  python3 benchmarks/ncu_top_sass.py "$OUT/$label.ncu-rep" 20 2>&1 | tee -a "$LOG"
+  rm -f "$OUT/$label.ncu-rep"
+  summary+=("ncu $label rc=$rc [$(( $(date +%s) - start ))s]")
+done
+
+if [ $expand_decode -eq 1 ]; then
+  start=$(date +%s)
+  section "expand config sweep, decode plans"
+  timeout 180 python3 benchmarks/sweep_kernel_config.py --plans --rounds 5 --only \
+    kimi-k2-decode-e384-plan qwen3-30b-decode-e128-plan kimi-k2-decode-e384-plan-sf-packed \
+    2>> "$LOG" | tee -a "$LOG"
+  summary+=("sweep_kernel_config decode rc=${PIPESTATUS[0]} [$(( $(date +%s) - start ))s]")
+fi
+
+echo
+echo "== gpu_speed summary =="
+printf '%s\n' "${summary[@]}"
