@@ -33,6 +33,7 @@
 #define MAP_MAX_WARPS 32   // warps of a block, at most
 #define MAP_BATCH 4        // 32-slot steps a warp has in flight
 #define LOAD_BATCH 8       // loads a thread has in flight in a block-strided loop
+#define SUM_BATCH 16       // block counts a thread has in flight summing a column
 
 // The argument block, packed field for field by cupy_moe/mapping/gpu.py.
 struct MappingArgs {
@@ -165,18 +166,19 @@ __device__ __forceinline__ void pad_rows(const MappingArgs& a, int first, int en
 
 // Expert j's column of per-block counts [blocks, E]: adds the counts of
 // blocks before `block` to `earlier` and all of them to `total`. The column
-// is read in runs of LOAD_BATCH blocks (loads in flight together, not one
-// latency each); this thread takes runs first_run, first_run + run_step, ...
+// is read in runs of SUM_BATCH blocks (loads in flight together: one latency
+// a run, the loop's only wait; a warp's loads are 32 consecutive experts,
+// coalesced); this thread takes runs first_run, first_run + run_step, ...
 __device__ __forceinline__ void sum_column(const int* counts, int experts, int j, int first_run,
                                            int run_step, int blocks, int block, int& earlier,
                                            int& total) {
-    for (int b0 = first_run * LOAD_BATCH; b0 < blocks; b0 += run_step * LOAD_BATCH) {
-        int count[LOAD_BATCH];
+    for (int b0 = first_run * SUM_BATCH; b0 < blocks; b0 += run_step * SUM_BATCH) {
+        int count[SUM_BATCH];
 #pragma unroll
-        for (int u = 0; u < LOAD_BATCH; ++u)
+        for (int u = 0; u < SUM_BATCH; ++u)
             count[u] = b0 + u < blocks ? counts[static_cast<long long>(b0 + u) * experts + j] : 0;
 #pragma unroll
-        for (int u = 0; u < LOAD_BATCH; ++u) {
+        for (int u = 0; u < SUM_BATCH; ++u) {
             earlier += b0 + u < block ? count[u] : 0;
             total += count[u];
         }
@@ -247,7 +249,7 @@ __device__ __forceinline__ void place_block(const MappingArgs& a) {
     if (Cooperative) {
         grid_barrier();
         // the column of each expert, cut into `parts` interleaved runs of
-        // LOAD_BATCH blocks when the block has threads to spare
+        // SUM_BATCH blocks when the block has threads to spare
         const int blocks = gridDim.x, block = blockIdx.x;
         const int parts = max(1, static_cast<int>(blockDim.x) / experts);
         for (int t = threadIdx.x; t < experts * parts; t += blockDim.x) {
