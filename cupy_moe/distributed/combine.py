@@ -1,0 +1,120 @@
+"""Expert-parallel combine: the expert outputs back to the tokens' own ranks,
+summed in a fixed order.
+
+Numerics, for a token t of rank s (every step is deterministic):
+
+1. On each rank r that received t: ``P_r = reduce_fused(y32, ...)`` for t's
+   received row, with ``y32`` the expert outputs of the routed slots
+   converted to float32 (exact): t's local slots in k order, ``acc = fma(y,
+   w[k], acc)`` in float32 from +0, *not rounded* (the result's dtype is
+   float32).
+2. ``P_r`` goes back to rank s as float32 (``all_to_all_single``).
+3. Rank s sums ``out = ((0 + P_r0) + P_r1) + ...`` in float32 over the ranks
+   r0 < r1 < ... that t went to (ascending rank order), and rounds once to
+   the dtype of ``y_expanded`` (bf16: round to nearest even; NaN as the
+   canonical NaN of ``reduce_fused``). A token with no valid slot went
+   nowhere: zeros.
+
+Why float32 partials, not bf16 (half the bytes): the result is rounded once,
+as in the one-process ``reduce_fused``. A token whose slots all sit on one
+rank then gets exactly the one-process bits (``0 + P = P``, the same fma
+chain), and any other token differs from it only by where the float32 sum
+splits, far below one bf16 rounding; bf16 partials would add a bf16
+rounding per partial (up to R of them) to every such token. The price is 2x
+the combine's bytes on the wire (4 vs 2 per element);
+``benchmarks/bench_ep.py`` measures it next to the bare all-to-all.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..combine import reduce_fused
+from ..combine.reference import CANONICAL_NAN_BITS
+from ..combine.rules import ELEMENT_FORMAT
+from .exchange import all_to_all_rows, load_torch
+from .handle import DispatchHandle
+from .rules import check_combine
+
+__all__ = ["combine"]
+
+
+def combine(y_expanded: Any, handle: DispatchHandle, *, group: Any = None,
+            weighted: bool = True) -> Any:
+    """Send each received token's expert outputs back to its rank and sum
+    them there (the inverse of :func:`dispatch`; module docstring: numerics).
+
+    A collective: every rank of the group calls it, with the handle of its
+    own ``dispatch`` call.
+
+    Parameters
+    ----------
+    y_expanded : torch.Tensor [X, H], bfloat16, float16 or float32
+        The expert outputs in the layout of ``handle.plan`` (X rows, H =
+        dispatch's H; padding rows are never read), on dispatch's device.
+    handle : DispatchHandle
+        ``dispatch(...).handle``.
+    group : torch.distributed ProcessGroup, optional
+        Dispatch's group (default: the default process group).
+    weighted : bool
+        Weight each slot by its router weight (``handle.recv_topk_weights``);
+        False sums the slots unweighted (when the weights were applied
+        before, e.g. by ``swiglu_quantize_fp8``).
+
+    Returns
+    -------
+    torch.Tensor [T, H], y_expanded's dtype, device
+        Per token of this rank's dispatch, the weighted sum of its slots'
+        expert outputs (zeros for a token with no valid slot).
+
+    Raises
+    ------
+    TypeError
+        ``y_expanded`` is not a torch tensor, ``handle`` is not a
+        ``DispatchHandle``, ``weighted`` is not a bool.
+    ValueError
+        ``y_expanded``'s shape, dtype or device does not fit the handle, or
+        ``group`` is not dispatch's (rank and size differ), or a CPU tensor
+        meets an NCCL group. All checked before the collective.
+    """
+    problem = check_combine(y_expanded, handle, group, weighted)
+    torch = load_torch()
+    weights = handle.recv_topk_weights if problem.weighted else None
+    partials = reduce_fused(*_routed_rows_float32(torch, y_expanded, handle), weights)
+    returned = all_to_all_rows(partials, list(handle.recv_splits), list(handle.send_splits),
+                               problem.info.group)
+    acc = torch.zeros((handle.num_tokens, handle.hidden), dtype=torch.float32,
+                      device=y_expanded.device)
+    # one index_add_ per destination rank, in rank order: a token appears at
+    # most once per rank, so each call adds one value per element (no order
+    # between atomics to decide) and the calls run in order
+    start = 0
+    for count in handle.send_splits:
+        if count:
+            rows = slice(start, start + count)
+            acc.index_add_(0, handle.send_token_index[rows], returned[rows])
+            start += count
+    # NaN as reduce_fused gives it: one canonical NaN (torch's cast keeps others)
+    canonical = torch.full((), CANONICAL_NAN_BITS[ELEMENT_FORMAT[problem.dtype]],
+                           dtype=torch.int16 if problem.dtype != "float32" else torch.int32,
+                           device=acc.device).view(y_expanded.dtype)
+    return torch.where(acc.isnan(), canonical, acc.to(y_expanded.dtype))
+
+
+def _routed_rows_float32(torch: Any, y_expanded: Any, handle: DispatchHandle) -> tuple[Any, Any]:
+    """The expert outputs of the M routed slots, in float32 (exact), and the
+    slot map into them: ``(y32 [M, H], token_topk_to_pos [N, K])``.
+
+    ``reduce_fused`` of float32 rows gives float32 partials: the fma chain's
+    accumulator itself. Only the M routed rows are converted (M is known on
+    the host since dispatch), not all X: at decode most of X is padding.
+    """
+    slot_rows = handle.plan.token_topk_to_pos
+    flat = slot_rows.flatten()
+    count = handle.num_local_slots
+    # the routed slots, in slot order (every local slot found a row below X)
+    routed = torch.argsort((flat < 0).to(torch.int32), stable=True)[:count]
+    y32 = y_expanded.index_select(0, flat.index_select(0, routed).to(torch.int64))
+    compact = torch.full_like(flat, -1).scatter_(
+        0, routed, torch.arange(count, dtype=flat.dtype, device=flat.device))
+    return y32.to(torch.float32), compact.view(slot_rows.shape)

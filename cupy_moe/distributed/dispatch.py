@@ -1,0 +1,200 @@
+"""Expert-parallel dispatch: each token row to the ranks that hold its experts,
+then the receiving rank's routing plan and expand.
+
+Steps, on every rank of the group:
+
+1. Which ranks each token goes to: rank r holds experts ``r * E/R .. (r + 1)
+   * E/R`` (``partition``); a token goes once to every rank owning at least
+   one of its K slots (a negative id or an id >= E is a dropped slot).
+2. Count exchange: per destination, the rows and the local slots (slots of
+   its experts) it will get, and what the ranks must agree on (H, K, E,
+   dtypes), in one ``all_to_all_single`` of int64, read on the host: the one
+   host synchronisation of the call, which no all-to-all of data of unknown
+   size can avoid (its split sizes are host integers). The local slot count
+   M bounds the received plan: X = ``worst_case_rows(M, E/R, alignment)``
+   rows, at most ``(E/R) * (alignment - 1)`` of them padding, instead of the
+   bound for all N * K received slots.
+3. Rows (as bytes), then per row its source token index, its K slots as the
+   destination's local expert ids (-1 for another rank's or a dropped slot)
+   and its K weights (one int32 block), and with fp8 the scale factors: one
+   ``all_to_all_single`` each. A destination receives rows by source rank,
+   then by source token, ascending: the order depends on the routing alone.
+4. ``fused_mapping`` of the received local ids over the E/R local experts,
+   then ``expand_to_fused`` (or ``expand_to_fused_with_sf``).
+
+Everything but step 2's read runs on the tensors' device without a host
+synchronisation (no boolean masks, no ``nonzero``): the (rank, token) pairs
+are ordered by a stable sort, whose first ``sum(send_splits)`` entries are
+the pairs sent.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..expand import expand_to_fused, expand_to_fused_with_sf
+from ..mapping import fused_mapping
+from ..mapping.reference import worst_case_rows
+from .exchange import all_to_all_rows, byte_rows, load_torch
+from .handle import Dispatched, DispatchHandle
+from .rules import DispatchProblem, check_dispatch, raise_disagreement
+
+__all__ = ["dispatch"]
+
+
+def dispatch(x: Any, topk_ids: Any, topk_weights: Any, num_experts: int, *, group: Any = None,
+             x_sf: Any = None, alignment: int = 128, num_per_channels: int = 128,
+             use_tma_aligned_col_major_sf: bool = False) -> Dispatched:
+    """Send each token row to the ranks that hold its experts; expand what
+    arrives into this rank's grouped-GEMM layout (module docstring: the steps).
+
+    A collective: every rank of ``group`` calls it, with the same H, K,
+    ``num_experts`` and dtypes (checked; every rank raises ValueError if one
+    differs). T may differ between ranks, and be 0.
+
+    Parameters
+    ----------
+    x : torch.Tensor [T, H]
+        Token rows: bfloat16 or float16; with ``x_sf``, float8_e4m3fn (or
+        uint8 / int8: any 1-byte payload). CPU tensors with a gloo group, CUDA
+        tensors with NCCL.
+    topk_ids : torch.Tensor [T, K], int32 or int64
+        Global expert id of each slot; negative or >= ``num_experts``: dropped.
+    topk_weights : torch.Tensor [T, K], float32
+        Router weight of each slot; travels with the token for ``combine``.
+    num_experts : int
+        E, the experts of the whole layer; a multiple of the group's size R.
+        This rank holds experts ``rank * E/R .. (rank + 1) * E/R``.
+    group : torch.distributed ProcessGroup, optional
+        Default: the default process group.
+    x_sf : torch.Tensor [T, S], float32 or int32 (packed UE8M0), optional
+        Per-block scale factors of fp8 ``x``, any layout (sent row-major), as
+        ``expand_to_fused_with_sf`` takes them.
+    alignment : int >= 1
+        The received plan's segment alignment (the grouped GEMM's M block).
+    num_per_channels : {32, 128}
+        Channels per scale factor (with ``x_sf``).
+    use_tma_aligned_col_major_sf : bool
+        ``expanded_sf`` in the TMA-aligned column-major layout (needed for
+        int32 ``x_sf``), as in ``expand_to_fused_with_sf``.
+
+    Returns
+    -------
+    Dispatched
+        ``expanded_x [X, H]`` (x's dtype; padding rows zero), ``expanded_sf
+        [X, S]`` or None, and the ``handle`` (``DispatchHandle``: the split
+        sizes, each received row's source token, local ids and weights, the
+        plan) that ``combine`` takes. X = ``worst_case_rows(M, E/R,
+        alignment)`` for the M local slots received: the rows past the last
+        segment are padding too.
+
+    Raises
+    ------
+    TypeError
+        An argument is not a torch tensor (or a size / flag has the wrong
+        type), tensors of different kinds are mixed, or one requires grad
+        while grad mode is on.
+    ValueError
+        A shape or dtype rule fails, ``num_experts`` is not a multiple of the
+        group's size, a CPU tensor meets an NCCL group, or (on every rank at
+        once, after the count exchange) the ranks disagree on H, K,
+        ``num_experts`` or the dtypes.
+    RuntimeError
+        torch.distributed is not initialized.
+
+    Every rank-local rule is checked before the first collective; a rank
+    that raises there leaves the others waiting in the count exchange until
+    the group's timeout.
+    """
+    problem = check_dispatch(x, topk_ids, topk_weights, num_experts, x_sf, alignment,
+                             num_per_channels, use_tma_aligned_col_major_sf, group)
+    torch = load_torch()
+    info, partition = problem.info, problem.partition
+    world, local_experts = info.world_size, partition.local_experts
+    num_tokens, top_k = problem.num_tokens, problem.top_k
+    device = x.device
+
+    ids = topk_ids.to(torch.int64)
+    valid = (ids >= 0) & (ids < num_experts)
+    owner = torch.where(valid, ids.div(local_experts, rounding_mode="floor"), -1)
+    ranks = torch.arange(world, device=device)
+    owned = owner.unsqueeze(0) == ranks.view(world, 1, 1)  # [R, T, K]
+    goes_to = owned.any(dim=2)  # [R, T]
+
+    # 2. the count exchange (the host synchronisation)
+    send_splits, recv_headers = _exchange_counts(torch, problem, goes_to, owned)
+    recv_splits = [header[0] for header in recv_headers]
+    local_slots = sum(header[1] for header in recv_headers)
+    num_expanded = worst_case_rows(local_slots, local_experts, problem.alignment)
+
+    # 3. the rows sent, destination-major and token-ascending: the stable sort
+    # puts the (rank, token) pairs that are sent first, in their flat order
+    num_sent = sum(send_splits)
+    pairs = torch.argsort((~goes_to).flatten().to(torch.int32), stable=True)[:num_sent]
+    per_rank = max(num_tokens, 1)  # pairs is empty when T == 0
+    send_token = pairs.remainder(per_rank)
+    send_rank = pairs.div(per_rank, rounding_mode="floor")
+    own = owner.index_select(0, send_token) == send_rank.unsqueeze(1)
+    local_ids = ids.index_select(0, send_token) - (send_rank * local_experts).unsqueeze(1)
+    send_ids = torch.where(own, local_ids, -1).to(torch.int32)
+    send_weights = topk_weights.index_select(0, send_token).view(torch.int32)
+    meta = torch.cat([send_token.to(torch.int32).unsqueeze(1), send_ids, send_weights], dim=1)
+
+    recv_meta = all_to_all_rows(meta, send_splits, recv_splits, info.group)
+    payload = byte_rows(x).index_select(0, send_token)
+    recv_x = all_to_all_rows(payload, send_splits, recv_splits, info.group).view(x.dtype)
+    recv_sf = None
+    if problem.has_sf:
+        recv_sf = all_to_all_rows(x_sf.index_select(0, send_token), send_splits, recv_splits,
+                                  info.group)
+    recv_src_token = recv_meta[:, 0].contiguous()
+    recv_ids = recv_meta[:, 1:1 + top_k].contiguous()
+    recv_weights = recv_meta[:, 1 + top_k:].contiguous().view(torch.float32)
+
+    # 4. the local plan and expand
+    plan = fused_mapping(recv_ids, local_experts, alignment=problem.alignment,
+                         num_expanded=num_expanded)
+    if problem.has_sf:
+        expanded_x, expanded_sf = expand_to_fused_with_sf(
+            recv_x, recv_sf, plan.token_topk_to_pos, plan.pos_to_expert,
+            num_per_channels=problem.num_per_channels,
+            use_tma_aligned_col_major_sf=problem.sf_col_major)
+    else:
+        expanded_x = expand_to_fused(recv_x, plan.token_topk_to_pos, plan.pos_to_expert)
+        expanded_sf = None
+    if num_expanded == 0:
+        # a rank that received nothing: fresh [0, H] / [0, S] tensors. The
+        # CPU backend's empty results carry NumPy 2's zero strides, which
+        # torch._grouped_mm (the layer's GEMM) refuses
+        expanded_x = torch.empty(expanded_x.shape, dtype=expanded_x.dtype, device=device)
+        if expanded_sf is not None:
+            expanded_sf = torch.empty(expanded_sf.shape, dtype=expanded_sf.dtype, device=device)
+    handle = DispatchHandle(info.rank, world, num_tokens, problem.hidden, local_experts,
+                            tuple(send_splits), tuple(recv_splits), send_token, recv_src_token,
+                            recv_ids, recv_weights, local_slots, plan)
+    return Dispatched(expanded_x, expanded_sf, handle)
+
+
+def _exchange_counts(torch: Any, problem: DispatchProblem, goes_to: Any,
+                     owned: Any) -> tuple[list[int], list[list[int]]]:
+    """The count exchange: this rank's rows per destination, and from each
+    source rank its header ``[rows, local slots, signature...]`` (rows it
+    sends here, how many of their slots are this rank's experts, what the
+    ranks must agree on). ValueError, on every rank, when the signatures
+    differ. The header's width is the same on every rank whatever the
+    arguments, so a disagreement cannot break the exchange itself."""
+    info = problem.info
+    world, device = info.world_size, goes_to.device
+    signature = torch.tensor(problem.signature(), dtype=torch.int64)
+    if device.type == "cuda":  # a pinned, non-blocking copy: a pageable one syncs the stream
+        signature = signature.pin_memory().to(device, non_blocking=True)
+    header = torch.cat([goes_to.sum(dim=1, dtype=torch.int64).unsqueeze(1),
+                        owned.sum(dim=(1, 2), dtype=torch.int64).unsqueeze(1),
+                        signature.expand(world, -1)], dim=1)
+    ones = [1] * world
+    received = all_to_all_rows(header, ones, ones, info.group)
+    host = torch.cat([header[:, 0], received.flatten()]).tolist()  # the host sync
+    width = header.shape[1]
+    headers = [host[world + s * width: world + (s + 1) * width] for s in range(world)]
+    raise_disagreement(info.rank, problem.signature(), [tuple(h[2:]) for h in headers])
+    return host[:world], headers

@@ -1,0 +1,88 @@
+"""The process group and the one collective expert parallelism uses:
+``torch.distributed.all_to_all_single`` of row blocks.
+
+Rows travel as their bytes (a ``uint8`` view): an all-to-all moves data and
+never reduces it, and bytes are the one dtype every backend moves (NCCL has no
+int16, older gloo builds no bfloat16 or float8), so bf16, fp8, float32 and
+int32 rows all take the same path, bit for bit.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+__all__ = ["GroupInfo", "all_to_all_rows", "byte_rows", "check_backend_device", "group_info",
+           "load_torch"]
+
+
+class GroupInfo(NamedTuple):
+    """The group a call runs on (None: the default group), this process's rank
+    in it, its size and its backend's name (``"gloo"``, ``"nccl"``, ...)."""
+
+    group: Any
+    rank: int
+    world_size: int
+    backend: str
+
+
+def group_info(group: Any = None) -> GroupInfo:
+    """Rank, size and backend of ``group``; no collective is called.
+
+    RuntimeError when torch.distributed is missing or not initialized;
+    ValueError when this process is not a member of ``group``.
+    """
+    torch = load_torch()
+    dist = torch.distributed
+    if not dist.is_available():
+        raise RuntimeError("this torch build has no torch.distributed")
+    if not dist.is_initialized():
+        raise RuntimeError("torch.distributed is not initialized: call "
+                           "torch.distributed.init_process_group first (gloo for CPU "
+                           "tensors, nccl for CUDA tensors)")
+    rank = dist.get_rank(group)
+    if rank < 0:
+        raise ValueError("this process is not a member of the group it was given")
+    return GroupInfo(group, rank, dist.get_world_size(group), str(dist.get_backend(group)))
+
+
+def check_backend_device(info: GroupInfo, name: str, tensor: Any) -> None:
+    """NCCL moves CUDA tensors only: a CPU tensor is a ValueError here, before
+    any collective (NCCL itself would fail inside the first one)."""
+    if info.backend == "nccl" and not tensor.is_cuda:
+        raise ValueError(f"the group's backend is nccl, which moves CUDA tensors; {name} is "
+                         f"on {tensor.device} (use a gloo group for CPU tensors)")
+
+
+def all_to_all_rows(send: Any, send_splits: list[int], recv_splits: list[int],
+                    group: Any) -> Any:
+    """Rows ``send[sum(send_splits[:r]) ..][:send_splits[r]]`` go to rank r;
+    the result holds the rows from rank 0, then rank 1, ... (``recv_splits[s]``
+    from rank s), of ``send``'s dtype, trailing shape and device.
+
+    ``send`` is a 2-D tensor; it moves as bytes (module docstring).
+    """
+    torch = load_torch()
+    recv = torch.empty((sum(recv_splits), send.shape[1]), dtype=send.dtype, device=send.device)
+    torch.distributed.all_to_all_single(byte_rows(recv), byte_rows(send),
+                                        output_split_sizes=list(recv_splits),
+                                        input_split_sizes=list(send_splits), group=group)
+    return recv
+
+
+def byte_rows(rows: Any) -> Any:
+    """The ``[n, row_bytes]`` uint8 view of a 2-D tensor's rows (a contiguous
+    copy first where it is not contiguous)."""
+    torch = load_torch()
+    if rows.dtype == torch.uint8:
+        return rows.contiguous()
+    if rows.numel() == 0:  # an empty tensor may have any strides: view() refuses some
+        return torch.empty((rows.shape[0], rows.shape[1] * rows.element_size()),
+                           dtype=torch.uint8, device=rows.device)
+    return rows.contiguous().view(torch.uint8)
+
+
+def load_torch() -> Any:
+    """torch, with torch.distributed imported."""
+    import torch
+    import torch.distributed
+    return torch

@@ -1,0 +1,304 @@
+"""Expert parallelism on torch.distributed, on the CPU with gloo.
+
+2 and 4 processes (tests/distributed_cases.py starts them and runs every
+check of ``CHECKS`` in one job per group size: a process start costs time):
+dispatch against a NumPy oracle of which token goes where (bf16, fp8 with
+float32 and packed scale factors, dropped and out-of-range ids, T = 0 on a
+rank, ranks that receive nothing), combine against its oracle and run twice,
+ranks that disagree, and the expert-parallel layer against the one-process
+layer (bit-exact where the summation order allows, within rounding elsewhere).
+
+In this process, a one-rank gloo group: the partition, the layer with R = 1
+(bit-exact everywhere), and every argument error.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+
+import numpy as np
+import pytest
+from distributed_cases import CHECKS, run_checks
+from helpers import from_torch
+
+torch = pytest.importorskip("torch")
+dist = pytest.importorskip("torch.distributed")
+if not dist.is_available() or not dist.is_gloo_available():
+    pytest.skip("this torch has no torch.distributed with gloo", allow_module_level=True)
+
+from cupy_moe.distributed import (
+    DispatchHandle,
+    ExpertPartition,
+    combine,
+    dispatch,
+    ep_moe_layer,
+    partition_experts,
+)
+from cupy_moe.layer import MoeShape, moe_layer, random_moe_inputs
+
+# --- several processes -----------------------------------------------------------
+
+@pytest.fixture(scope="module", params=[2, 4], ids=["2-ranks", "4-ranks"])
+def gloo_job(request):
+    """Every check of CHECKS, run once per group size; per check None or the failure."""
+    return run_checks(request.param, list(CHECKS))
+
+
+@pytest.mark.parametrize("check", list(CHECKS))
+def test_gloo(gloo_job, check):
+    failure = gloo_job[check]
+    if failure is not None:
+        pytest.fail(failure, pytrace=False)
+
+
+# --- one rank, in this process ---------------------------------------------------
+
+@pytest.fixture
+def one_rank():
+    """A gloo group of this process alone, destroyed afterwards."""
+    with tempfile.TemporaryDirectory() as tmp:
+        dist.init_process_group("gloo", init_method="file://" + os.path.join(tmp, "store"),
+                                rank=0, world_size=1)
+        try:
+            yield
+        finally:
+            dist.destroy_process_group()
+
+
+SMALL = MoeShape("small", hidden=64, intermediate=32, num_experts=8, top_k=4)
+
+
+@pytest.mark.parametrize("fp8", [False, True], ids=["bf16", "fp8"])
+def test_one_rank_layer_is_the_one_process_layer(one_rank, fp8):
+    """R = 1: the same plan, rows, expert outputs and output, bit for bit."""
+    inputs = random_moe_inputs(SMALL, 19, seed=2, device="cpu")
+    out, ep = ep_moe_layer(*inputs, top_k=4, num_experts=8, alignment=8, fp8=fp8,
+                           return_intermediates=True)
+    ref, one = moe_layer(*inputs, top_k=4, alignment=8, fp8=fp8, return_intermediates=True)
+    assert np.array_equal(from_torch(out).view(np.uint16), from_torch(ref).view(np.uint16))
+    assert torch.equal(ep["plan"].token_topk_to_pos, one["plan"].token_topk_to_pos)
+    routed = (one["plan"].pos_to_expert >= 0).numpy()
+    for name in ("expanded", "act", "y"):
+        a, b = from_torch(ep[name]), from_torch(one[name])
+        assert np.array_equal(a[routed].view(np.uint8), b[routed].view(np.uint8)), name
+    assert ep["handle"].send_splits == ep["handle"].recv_splits == (19,)
+
+
+def test_partition():
+    part = partition_experts(12, 3)
+    assert part == ExpertPartition(12, 3) and part.local_experts == 4
+    assert part.experts_of(2) == range(8, 12)
+    assert [part.owner(e) for e in (0, 3, 4, 11)] == [0, 0, 1, 2]
+    assert part.to_local(9) == (2, 1)
+    weights = torch.arange(24).view(12, 2)
+    assert torch.equal(part.shard(weights, 1), weights[4:8])
+
+
+@pytest.mark.parametrize(("args", "error", "message"), [
+    ((10, 4), ValueError, r"num_experts = 10 is not divisible by the 4 ranks of the group"),
+    ((0, 1), ValueError, r"num_experts must be >= 1; got 0"),
+    ((4, 0), ValueError, r"world_size must be >= 1; got 0"),
+    ((4.0, 1), TypeError, r"num_experts must be an int; got float 4.0"),
+], ids=["indivisible", "no-experts", "no-ranks", "float"])
+def test_partition_errors(args, error, message):
+    with pytest.raises(error, match=message):
+        partition_experts(*args)
+
+
+def test_partition_index_errors():
+    part = partition_experts(8, 2)
+    with pytest.raises(ValueError, match=r"expert must be in \[0, num_experts = 8\); got 8"):
+        part.owner(8)
+    with pytest.raises(ValueError, match=r"rank must be in \[0, world_size = 2\); got 2"):
+        part.experts_of(2)
+    with pytest.raises(ValueError, match=r"weights must have E = 8 experts in dimension 0; "
+                                         r"got shape \(4, 2\)"):
+        part.shard(torch.zeros(4, 2), 0)
+
+
+def test_not_initialized():
+    assert not dist.is_initialized()
+    with pytest.raises(RuntimeError, match="torch.distributed is not initialized"):
+        dispatch(torch.zeros(2, 8, dtype=torch.bfloat16), torch.zeros(2, 1, dtype=torch.int64),
+                 torch.ones(2, 1), 2)
+
+
+def _dispatch_args(**changes):
+    args = {"x": torch.zeros(3, 16, dtype=torch.bfloat16),
+            "topk_ids": torch.zeros(3, 2, dtype=torch.int64),
+            "topk_weights": torch.ones(3, 2), "num_experts": 4}
+    args.update(changes)
+    return args
+
+
+FP8 = torch.float8_e4m3fn
+BF16 = torch.bfloat16
+# case -> (changed arguments, error, message)
+DISPATCH_ERRORS = {
+    "numpy-x": (
+        {"x": np.zeros((3, 16), np.float32)}, TypeError,
+        r"all arrays must be of one kind: x is numpy.ndarray, topk_ids is torch"),
+    "all-numpy": (
+        {"x": np.zeros((3, 16)), "topk_ids": np.zeros((3, 2), np.int64),
+         "topk_weights": np.ones((3, 2), np.float32)}, TypeError,
+        r"dispatch takes torch tensors \(torch.distributed moves them\); x is a numpy.ndarray"),
+    "none-ids": (
+        {"topk_ids": None}, TypeError,
+        r"topk_ids must be a numpy.ndarray, cupy.ndarray or torch.Tensor; got None"),
+    "float-experts": (
+        {"num_experts": 4.0}, TypeError, r"num_experts must be an int; got float 4.0"),
+    "ids-1d": (
+        {"topk_ids": torch.zeros(3, dtype=torch.int64)}, ValueError,
+        r"topk_ids must be 2-D \[T, K\]; got shape \(3,\)"),
+    "ids-float": (
+        {"topk_ids": torch.zeros(3, 2)}, ValueError,
+        r"topk_ids must be one of int32, int64; got float32"),
+    "no-slots": (
+        {"topk_ids": torch.zeros(3, 0, dtype=torch.int64), "topk_weights": torch.ones(3, 0)},
+        ValueError, r"topk_ids must have K = shape\[1\] >= 1 slots; got shape \(3, 0\)"),
+    "x-rows": (
+        {"x": torch.zeros(4, 16, dtype=BF16)}, ValueError,
+        r"x must have one row per token of topk_ids, T = 3; got shape \(4, 16\)"),
+    "x-float32": (
+        {"x": torch.zeros(3, 16)}, ValueError,
+        r"x must be one of bfloat16, float16, uint16; got float32"),
+    "x-no-columns": (
+        {"x": torch.zeros(3, 0, dtype=BF16)}, ValueError,
+        r"x must have H = x.shape\[1\] >= 1 columns"),
+    "weights-shape": (
+        {"topk_weights": torch.ones(3, 3)}, ValueError,
+        r"topk_weights must have the shape of topk_ids, \(T, K\) = \(3, 2\); got \(3, 3\)"),
+    "weights-dtype": (
+        {"topk_weights": torch.ones(3, 2, dtype=torch.float64)}, ValueError,
+        r"topk_weights must be one of float32; got float64"),
+    "no-experts": ({"num_experts": 0}, ValueError, r"num_experts must be >= 1; got 0"),
+    "alignment": ({"alignment": 0}, ValueError, r"alignment must be >= 1; got 0"),
+    "fp8-without-sf": (
+        {"x": torch.zeros(3, 16, dtype=FP8)}, ValueError,
+        r"x must be one of bfloat16, float16, uint16; got float8_e4m3fn"),
+    "sf-with-bf16": (
+        {"x_sf": torch.ones(3, 1)}, ValueError,
+        r"x must be one of float8_e4m3fn, uint8, int8; got bfloat16"),
+    "sf-shape": (
+        {"x": torch.zeros(3, 256, dtype=FP8), "x_sf": torch.ones(3, 3)}, ValueError,
+        (r"x_sf must have shape \(T, S\) = \(3, 2\) with S = ceil\(H / num_per_channels\) "
+         r"for float32, H = 256, num_per_channels = 128; got \(3, 3\)")),
+    "sf-packed-row-major": (
+        {"x": torch.zeros(3, 256, dtype=FP8), "x_sf": torch.ones(3, 1, dtype=torch.int32)},
+        ValueError,
+        r"packed UE8M0 scale factors require use_tma_aligned_col_major_sf=True"),
+    "sf-channels": (
+        {"x": torch.zeros(3, 256, dtype=FP8), "x_sf": torch.ones(3, 4),
+         "num_per_channels": 64}, ValueError,
+        r"unsupported num_per_channels=64; must be one of \(32, 128\)"),
+    "flag": (
+        {"use_tma_aligned_col_major_sf": 1}, TypeError,
+        r"use_tma_aligned_col_major_sf must be True or False; got int 1"),
+}
+
+
+@pytest.mark.parametrize("case", list(DISPATCH_ERRORS))
+def test_dispatch_errors(one_rank, case):
+    changes, error, message = DISPATCH_ERRORS[case]
+    with pytest.raises(error, match=message):
+        dispatch(**_dispatch_args(**changes))
+
+
+def test_dispatch_rejects_a_cpu_tensor_on_nccl(one_rank, monkeypatch):
+    """An NCCL group takes CUDA tensors: the check runs before any collective."""
+    monkeypatch.setattr(dist, "get_backend", lambda group=None: "nccl")
+    with pytest.raises(ValueError, match=r"the group's backend is nccl, which moves CUDA "
+                                         r"tensors; x is on cpu"):
+        dispatch(**_dispatch_args())
+
+
+def test_combine_errors(one_rank):
+    result = dispatch(**_dispatch_args(), alignment=4)
+    rows = result.expanded_x.shape[0]
+    handle = result.handle
+    y = torch.zeros(rows, 16, dtype=BF16)
+    cases = [
+        ((y, handle.plan), TypeError,
+         r"handle must be the DispatchHandle dispatch returned; got cupy_moe.mapping"),
+        ((np.zeros((rows, 16), np.float32), handle), TypeError,
+         r"all arrays must be of one kind: y_expanded is numpy.ndarray"),
+        ((torch.zeros(rows + 1, 16, dtype=BF16), handle), ValueError,
+         (rf"y_expanded must have the plan's X rows and dispatch's H columns, \(X, H\) = "
+          rf"\({rows}, 16\): combine returns rows where dispatch took them from; got "
+          rf"\({rows + 1}, 16\)")),
+        ((torch.zeros(rows, 8, dtype=BF16), handle), ValueError,
+         r"y_expanded must have the plan's X rows and dispatch's H columns"),
+        ((torch.zeros(rows, 16, dtype=torch.int32), handle), ValueError,
+         r"y_expanded must be one of bfloat16, float16, float32; got int32"),
+        ((y, handle._replace(world_size=2)), ValueError,
+         (r"combine's group must be dispatch's: dispatch ran as rank 0 of 2, this group has "
+          r"rank 0 of 1")),
+    ]
+    for args, error, message in cases:
+        with pytest.raises(error, match=message):
+            combine(*args)
+    with pytest.raises(TypeError, match=r"weighted must be True or False; got str 'yes'"):
+        combine(y, handle, weighted="yes")
+    assert isinstance(handle, DispatchHandle)
+
+
+def _layer_args(**changes):
+    inputs = random_moe_inputs(SMALL, 3, seed=0, device="cpu")
+    args = {"x": inputs.x, "router_logits": inputs.router_logits,
+            "w_gate_up_local": inputs.w_gate_up, "w_down_local": inputs.w_down,
+            "top_k": 4, "num_experts": 8}
+    args.update(changes)
+    return args
+
+
+LAYER_ERRORS = {
+    "numpy": (
+        {"x": np.zeros((3, 64), np.float32), "router_logits": np.zeros((3, 8), np.float32),
+         "w_gate_up_local": np.zeros((8, 64, 64), np.float32),
+         "w_down_local": np.zeros((8, 64, 32), np.float32)}, TypeError,
+        (r"ep_moe_layer takes torch tensors \(torch.distributed moves them\); x is a "
+         r"numpy.ndarray")),
+    "x-float32": ({"x": torch.zeros(3, 64)}, ValueError, r"x must be one of bfloat16; got float32"),
+    "logits-int": (
+        {"router_logits": torch.zeros(3, 8, dtype=torch.int32)}, ValueError,
+        r"router_logits must be one of float32, bfloat16, float16; got int32"),
+    "x-1d": (
+        {"x": torch.zeros(64, dtype=BF16)}, ValueError,
+        r"x must be 2-D \[T, H\]; got shape \(64,\)"),
+    "shard-experts": (
+        {"w_gate_up_local": torch.zeros(4, 64, 64, dtype=BF16)}, ValueError,
+        (r"w_gate_up_local must have shape \(8, 64, 64\) \(x \(3, 64\), num_experts 8 over 1 "
+         r"ranks: E / R = 8 experts here, I = 32\); got \(4, 64, 64\)")),
+    "down-shape": (
+        {"w_down_local": torch.zeros(8, 64, 16, dtype=BF16)}, ValueError,
+        r"w_down_local must have shape \(8, 64, 32\)"),
+    "odd-gate-up": (
+        {"w_gate_up_local": torch.zeros(8, 63, 64, dtype=BF16)}, ValueError,
+        r"w_gate_up_local must be \[E / R, 2I, H\] with I >= 1"),
+    "logits-experts": (
+        {"num_experts": 16}, ValueError, r"router_logits must have shape \(3, 16\)"),
+    "top-k": ({"top_k": 9}, ValueError, r"top_k must be in \[1, E = 8\]; got 9"),
+    "top-k-type": ({"top_k": 4.0}, TypeError, r"top_k must be an int; got float 4.0"),
+    "alignment": ({"alignment": 0}, ValueError, r"alignment must be >= 1; got 0"),
+    "channels": (
+        {"num_per_channels": 64}, ValueError, r"num_per_channels must be 32 or 128; got 64"),
+    "gemm": ({"gemm": "numpy"}, ValueError, r"gemm='numpy' needs NumPy arrays"),
+    "fp8-flag": ({"fp8": 1}, TypeError, r"fp8 must be True or False; got int 1"),
+}
+
+
+@pytest.mark.parametrize("case", list(LAYER_ERRORS))
+def test_layer_errors(one_rank, case):
+    changes, error, message = LAYER_ERRORS[case]
+    with pytest.raises(error, match=message):
+        ep_moe_layer(**_layer_args(**changes))
+
+
+def test_layer_step_names(one_rank):
+    from cupy_moe.distributed import EpMoeLayer
+
+    layer = EpMoeLayer(**_layer_args())
+    with pytest.raises(ValueError, match=r"the bf16 path has no step 'reduce'; its steps: "
+                                         r"route, dispatch, gemm_gate_up"):
+        layer.run_step("reduce")
