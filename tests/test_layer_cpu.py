@@ -77,6 +77,18 @@ def test_layer_without_tokens():
         assert out.shape == (0, SMALL.hidden)
 
 
+@pytest.mark.parametrize("gemm", ["auto", "loop"])
+def test_layer_without_tokens_on_cpu_torch_tensors(gemm):
+    """The CPU backend's empty results come back as torch tensors with real
+    strides (NumPy 2 gives empty arrays zero strides, which
+    torch._grouped_mm refuses)."""
+    torch = pytest.importorskip("torch")
+    inputs = random_moe_inputs(SMALL, 0, seed=0, device="cpu")
+    for fp8 in (False, True):
+        out = moe_layer(*inputs, top_k=SMALL.top_k, fp8=fp8, gemm=gemm)
+        assert isinstance(out, torch.Tensor) and tuple(out.shape) == (0, SMALL.hidden)
+
+
 def test_layer_intermediates_follow_the_plan():
     inputs = random_moe_inputs(SMALL, 20, seed=7)
     _, steps, _ = _run(inputs, SMALL, alignment=16, fp8=True)

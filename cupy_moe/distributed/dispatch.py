@@ -162,13 +162,6 @@ def dispatch(x: Any, topk_ids: Any, topk_weights: Any, num_experts: int, *, grou
     else:
         expanded_x = expand_to_fused(recv_x, plan.token_topk_to_pos, plan.pos_to_expert)
         expanded_sf = None
-    if num_expanded == 0:
-        # a rank that received nothing: fresh [0, H] / [0, S] tensors. The
-        # CPU backend's empty results carry NumPy 2's zero strides, which
-        # torch._grouped_mm (the layer's GEMM) refuses
-        expanded_x = torch.empty(expanded_x.shape, dtype=expanded_x.dtype, device=device)
-        if expanded_sf is not None:
-            expanded_sf = torch.empty(expanded_sf.shape, dtype=expanded_sf.dtype, device=device)
     handle = DispatchHandle(info.rank, world, num_tokens, problem.hidden, local_experts,
                             tuple(send_splits), tuple(recv_splits), send_token, recv_src_token,
                             recv_ids, recv_weights, local_slots, plan)

@@ -159,9 +159,13 @@ def torch_to_numpy(tensor: Any) -> np.ndarray:
 
 
 def numpy_to_torch(array: np.ndarray) -> Any:
-    """A CPU tensor sharing ``array``'s memory, torch's native dtype."""
+    """A CPU tensor sharing ``array``'s memory, torch's native dtype. An empty
+    array gives a fresh contiguous tensor: NumPy 2 gives empty arrays zero
+    strides, which some torch ops (``torch._grouped_mm``) refuse."""
     torch = sys.modules["torch"]
     name = array.dtype.name
+    if array.size == 0:
+        return torch.empty(array.shape, dtype=numpy_to_torch(np.empty(1, array.dtype)).dtype)
     if name in _TORCH_VIA_BITS:
         bits, _ = _TORCH_VIA_BITS[name]
         return torch.from_numpy(array.view(bits)).view(getattr(torch, name))
