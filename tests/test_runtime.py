@@ -80,6 +80,20 @@ def test_fast_path_hands_a_plan_of_another_device_back_to_the_full_path(fast_pat
     assert fast_path.lookup((), (x,)) is None
 
 
+def test_fast_path_keeps_the_newest_plans_only(monkeypatch):
+    """Shapes vary between calls (batch sizes; X under expert parallelism):
+    the table is bounded, the oldest key goes first and its next call takes
+    the full path."""
+    path = TorchFastPath(max_plans=3)
+    monkeypatch.setattr(path, "_current_device", lambda: 0)
+    tensors = [torch.zeros(t, 8) for t in range(1, 6)]
+    plans = [_FakePlan() for _ in tensors]
+    for tensor, plan in zip(tensors, plans):
+        path.remember((), (describe("x", tensor),), plan)
+    assert len(path) == 3
+    assert [path.lookup((), (t,)) for t in tensors] == [None, None, *plans[2:]]
+
+
 @pytest.mark.parametrize(("value", "message"), [
     (1.0, "n must be an int; got float 1.0"), (True, "n must be an int; got bool True"),
     (None, "n must be an int; got NoneType None"), (np.bool_(True), "n must be an int; got bool")])
