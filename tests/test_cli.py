@@ -117,6 +117,16 @@ def test_bench_all_selects_workloads_of_every_op_by_label(capsys):
     assert rows == [["| expand", "qwen3-30b-decode"], ["| mapping", "mapping-decode"]]
 
 
+def test_bench_op_repeats_select_several_ops_in_manifest_order(capsys):
+    code = main(["bench", "--backend", "cpu", "--iters", "1", "--op", "fused_mapping",
+                 "--op", "expand_to_fused", "--op", "fused_mapping",
+                 "--workload", "mapping-decode", "--workload", "qwen3-30b-decode"])
+    assert code == 0
+    rows = [line.split(" | ")[:2] for line in capsys.readouterr().out.splitlines()
+            if line.startswith(("| expand |", "| mapping |"))]
+    assert rows == [["| expand", "qwen3-30b-decode"], ["| mapping", "mapping-decode"]]
+
+
 def test_bench_op_fused_mapping_rejects_other_ops_labels_and_unknown_ops(capsys):
     with pytest.raises(SystemExit, match=re.escape(
             "unknown workload label(s) for ['fused_mapping']: ['kimi-k2-decode']")):

@@ -86,7 +86,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
         print("cupy-moe bench: --plot needs matplotlib, the plot extra: "
               "pip install 'cupy-moe[plot]'", file=sys.stderr)
         return EXIT_MISSING_EXTRA
-    ops = list(ALL_OP_NAMES) if args.op == "all" else [args.op]
+    chosen = args.op or ["all"]
+    ops = [op for op in ALL_OP_NAMES if "all" in chosen or op in chosen]  # manifest order
     iters = args.iters or (10 if args.quick else 50)
     result = runner.run(ops, args.workload, args.backend, iters, args.quick)
     print("\n".join(report.summary_lines(result)))
@@ -153,8 +154,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "ops reduce_fused, quantize_fp8 and swiglu_quantize_fp8 have no torch "
                     "peer; an op this build lacks is skipped). Without a GPU, times the CPU "
                     "backend.")
-    bench.add_argument("--op", choices=["all", *ALL_OP_NAMES], default="all",
-                       help="the op whose workloads run (default: all)")
+    bench.add_argument("--op", choices=["all", *ALL_OP_NAMES], action="append",
+                       help="an op whose workloads run; repeat for several (default: all)")
     bench.add_argument("--workload", action="append", metavar="LABEL",
                        help="a manifest label; repeat for several (default: all)")
     bench.add_argument("--backend", choices=["auto", "cupy", "torch", "cpu"], default="auto")
