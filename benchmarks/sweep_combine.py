@@ -16,6 +16,7 @@ import functools
 import sys
 
 import numpy as np
+import torch  # noqa: F401  (runner._to_torch reads sys.modules["torch"])
 
 from cupy_moe.combine.api import run_with_shape
 from cupy_moe.harness import runner
