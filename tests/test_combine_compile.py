@@ -12,6 +12,7 @@ import re
 import pytest
 from helpers import nvrtc_or_skip
 
+from cupy_moe.combine.launch_shape import WIDE_OPTIONS, combine_shape
 from cupy_moe.runtime.loader import compile_for_arch, compile_options, kernel_source
 
 SOURCE = "combine.cu"
@@ -122,14 +123,17 @@ def test_the_multi_vector_variants_compile(vecs, batch):
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
-def test_no_kernel_spills_registers(arch):
+@pytest.mark.parametrize("variant", ["default", "wide"])
+def test_no_kernel_spills_registers(arch, variant):
     """Spilled registers would put local-memory traffic beside the row loads
     (the thread bound alone once made ptxas spill: see COMBINE_MIN_BLOCKS).
-    The default variant only: COMBINE_VECS 2 and 4 are sweep options."""
+    The two variants reduce_fused picks by itself (auto_combine_shape): the
+    default, and the many-token one; the others are sweep options."""
     nvrtc_or_skip()
     from cupy.cuda import nvrtc
 
-    defines = ()
+    defines = () if variant == "default" else combine_shape(
+        4096, 896, 132, **WIDE_OPTIONS).defines()
     program = nvrtc.createProgram(kernel_source(SOURCE), SOURCE, [], [])
     try:
         nvrtc.compileProgram(program, [*compile_options(defines), f"-arch={arch}",

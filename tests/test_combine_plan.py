@@ -9,7 +9,7 @@ import pytest
 pytest.importorskip("cupy")
 
 from cupy_moe.combine import gpu
-from cupy_moe.combine.launch_shape import combine_shape
+from cupy_moe.combine.launch_shape import auto_combine_shape
 from cupy_moe.combine.rules import CombineProblem
 from cupy_moe.runtime.launch import DeviceTraits
 
@@ -76,7 +76,7 @@ def test_widest_access_and_its_kernel(fake_gpu, dtype, item, hidden, expanded, o
     name, record = launched()
     assert name == kernel
     vec_bytes = int(kernel.rsplit("_v", 1)[1])
-    shape = combine_shape(64, hidden * item // vec_bytes, MULTIPROCESSORS)
+    shape = auto_combine_shape(64, hidden * item // vec_bytes, MULTIPROCESSORS)
     assert record["grid"] == shape.grid and record["block"] == (shape.threads, 1, 1)
     assert record["shared"] == 0 and record["stream"] == 5
     fields = _fields(plan, vec_bytes)

@@ -10,9 +10,12 @@ import numpy as np
 import pytest
 
 from cupy_moe.combine.launch_shape import (
+    FILL_BLOCKS_PER_SM,
     MAX_GRID_Y,
     PACK_THREADS,
+    WIDE_OPTIONS,
     CombineShape,
+    auto_combine_shape,
     combine_shape,
 )
 
@@ -109,6 +112,27 @@ def test_multi_vector_shapes_and_their_kernel_variant():
     assert combine_shape(4096, 896, 132).defines() == ()
     with pytest.raises(ValueError, match=r"vecs_per_thread must be one of \(1, 2, 4\); got 3"):
         combine_shape(4096, 896, 132, vecs_per_thread=3)
+
+
+@pytest.mark.parametrize(("num_tokens", "row_vecs", "wide"), [
+    (4096, 896, True),    # Kimi-K2 prefill
+    (512, 896, True),     # Kimi-K2 T=512: 2 chunks of 4 warps x 512 tokens
+    (4096, 256, True),    # Qwen3 prefill
+    (1, 896, False),      # decode: more threads on the few rows
+    (32, 256, False),     # Qwen3 small: 32 blocks
+    (10_000, 8, False),   # short rows, packed: 157 wide blocks
+    (100_000, 8, True),
+])
+def test_auto_shape_takes_the_wide_variant_for_many_tokens(num_tokens, row_vecs, wide):
+    shape = auto_combine_shape(num_tokens, row_vecs, 132)
+    expected = combine_shape(num_tokens, row_vecs, 132, **(WIDE_OPTIONS if wide else {}))
+    assert shape == expected
+    assert shape.vecs_per_thread == (4 if wide else 1)
+    if wide:
+        assert shape.token_blocks * shape.chunks >= FILL_BLOCKS_PER_SM * 132
+    # options given: exactly combine_shape's
+    assert auto_combine_shape(num_tokens, row_vecs, 132, max_warps=2) == combine_shape(
+        num_tokens, row_vecs, 132, max_warps=2)
 
 
 def test_slot_batch_variants():

@@ -25,7 +25,7 @@ from ..runtime.launch import (
     launch,
 )
 from ..runtime.sizes import ceil_div
-from .launch_shape import CombineShape, combine_shape
+from .launch_shape import CombineShape, auto_combine_shape
 from .rules import CombineProblem, raise_out_of_range
 
 SOURCE = "combine.cu"
@@ -90,9 +90,9 @@ class CombinePlan:
         found = self.kernels.get(vec_bytes)
         if found is None:
             problem = self.problem
-            shape = combine_shape(problem.num_tokens, self.row_bytes // vec_bytes,
-                                  device_traits(self.device).multiprocessors,
-                                  **dict(self.shape_options))
+            shape = auto_combine_shape(problem.num_tokens, self.row_bytes // vec_bytes,
+                                       device_traits(self.device).multiprocessors,
+                                       **dict(self.shape_options))
             name = f"{KERNEL_PREFIX[problem.element_format]}_v{vec_bytes}"
             constants = COMBINE_ARGS.constants(
                 row_vecs=self.row_bytes // vec_bytes, num_tokens=problem.num_tokens,

@@ -18,6 +18,14 @@ no synchronisation; every output element is written by exactly one thread.
 - Few tokens (decode): while the grid has fewer than ``fill_blocks_per_sm``
   blocks per SM, rows are cut into more, smaller chunks (down to one warp),
   and packed blocks hold fewer tokens, so that more SMs share the loads.
+- Many tokens (``auto_combine_shape``): a thread owns 4 vectors of its row
+  and has 4 slots' rows in flight (16 loads, against 8 for one vector and 8
+  slots), in chunks of at most 4 warps, whenever that grid still has
+  ``fill_blocks_per_sm`` blocks per SM: fewer threads per byte, and each
+  slot's weight and position loaded once for 4 vectors. Measured on the H200 (benchmarks/sweep_combine.py): Kimi-K2
+  prefill 75% -> 98% of the copy bandwidth, Qwen3 prefill 72% -> 92%,
+  Kimi-K2 T=512 62% -> 74%; at decode the default shape stays faster (more
+  threads share the few rows: 5.8 vs 7.4 us).
 
 The grid depends only on the call's sizes and the GPU's SM count, never on the
 data, so a CUDA graph can capture the call; results do not depend on it.
@@ -82,6 +90,25 @@ class CombineShape(NamedTuple):
     @property
     def grid(self) -> tuple[int, int, int]:
         return (self.token_blocks, self.chunks, 1)
+
+
+# the many-token shape (auto_combine_shape)
+WIDE_OPTIONS = {"vecs_per_thread": 4, "slot_batch": 4, "max_warps": 4}
+
+
+def auto_combine_shape(num_tokens: int, row_vecs: int, multiprocessors: int,
+                       **options) -> CombineShape:
+    """The launch shape ``reduce_fused`` takes: ``combine_shape(**options)``
+    when options are given (tests, sweeps); else the many-token shape
+    (``WIDE_OPTIONS``) where its grid has ``FILL_BLOCKS_PER_SM`` blocks per SM
+    without cutting rows finer, and the default shape otherwise."""
+    if options:
+        return combine_shape(num_tokens, row_vecs, multiprocessors, **options)
+    wide = combine_shape(num_tokens, row_vecs, multiprocessors, fill_blocks_per_sm=0,
+                         **WIDE_OPTIONS)
+    if wide.token_blocks * wide.chunks >= FILL_BLOCKS_PER_SM * multiprocessors:
+        return wide
+    return combine_shape(num_tokens, row_vecs, multiprocessors)
 
 
 def _next_power_of_two(n: int) -> int:
