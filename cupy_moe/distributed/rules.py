@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from ..expand.rules import check_expand, check_expand_with_sf
 from ..layer.grouped_gemm import resolve_method
-from ..mapping.rules import MAX_EXPERTS_GPU, TOPK_ID_DTYPES
+from ..mapping.rules import MAX_EXPERTS_GPU, check_topk_ids
 from ..runtime.arrays import ArrayDesc, ArrayKind, common_kind, describe
 from ..runtime.rules import check_dtype, check_ndim, require_bool, require_int
 from .exchange import GroupInfo, check_backend_device, group_info
@@ -94,12 +94,7 @@ def check_dispatch(x, topk_ids, topk_weights, num_experts, x_sf, alignment, num_
     num_per_channels = require_int("num_per_channels", num_per_channels)
     col_major = require_bool("use_tma_aligned_col_major_sf", use_tma_aligned_col_major_sf)
     ids = descs["topk_ids"]
-    check_ndim("topk_ids", ids, 2, "[T, K]")
-    check_dtype("topk_ids", ids, TOPK_ID_DTYPES)
-    num_tokens, top_k = ids.shape
-    if top_k < 1:
-        raise ValueError(f"topk_ids must have K = shape[1] >= 1 slots; got shape "
-                         f"{tuple(ids.shape)}")
+    num_tokens, top_k = check_topk_ids(ids)
     check_ndim("x", descs["x"], 2, "[T, H]")
     if descs["x"].shape[0] != num_tokens:
         raise ValueError(f"x must have one row per token of topk_ids, T = {num_tokens}; got "

@@ -35,14 +35,21 @@ class MappingProblem:
         return self.num_tokens * self.top_k
 
 
-def check_fused_mapping(topk_ids: ArrayDesc, num_experts: int, alignment: int,
-                        num_expanded: int | None) -> MappingProblem:
+def check_topk_ids(topk_ids: ArrayDesc) -> tuple[int, int]:
+    """``(T, K)`` of a ``[T, K]`` int32/int64 ``topk_ids`` with K >= 1 (also
+    expert parallelism's dispatch rule)."""
     check_ndim("topk_ids", topk_ids, 2, "[T, K]")
     check_dtype("topk_ids", topk_ids, TOPK_ID_DTYPES)
     num_tokens, top_k = topk_ids.shape
     if top_k < 1:
         raise ValueError(f"topk_ids must have K = shape[1] >= 1 slots; got shape "
                          f"{tuple(topk_ids.shape)}")
+    return num_tokens, top_k
+
+
+def check_fused_mapping(topk_ids: ArrayDesc, num_experts: int, alignment: int,
+                        num_expanded: int | None) -> MappingProblem:
+    num_tokens, top_k = check_topk_ids(topk_ids)
     if num_experts < 1:
         raise ValueError(f"num_experts must be >= 1; got {num_experts}")
     if topk_ids.kind.on_gpu and num_experts > MAX_EXPERTS_GPU:
