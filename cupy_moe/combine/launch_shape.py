@@ -1,9 +1,10 @@
 """How ``reduce_fused``'s kernel is cut into blocks (pure Python: tested
 without a GPU).
 
-A thread owns one vector (16 bytes where alignment allows) of one token's
-output row: it loads that vector of each of the token's K expert rows (all of a
-batch of slots before the first FMA), accumulates in float32 and stores once.
+A thread owns one vector (16 bytes where alignment allows; 4 vectors in the
+many-token shape below) of one token's output row: it loads its vectors of
+each of the token's K expert rows (all of a batch of slots before the first
+FMA), accumulates in float32 and stores once.
 So a block is ``tokens_per_block`` groups of ``row_threads`` threads, each
 group one column chunk of one token, and the grid is (token groups, column
 chunks). Nothing is shared between threads: no shared memory, no atomics,
