@@ -3,8 +3,8 @@
     python benchmarks/sweep_combine.py [--iters N] [--only LABEL ...]
 
 Each shape (``combine.launch_shape.combine_shape`` options: vectors a thread
-owns, slots whose loads are in flight together, warps of a row chunk) is first checked bit-exact against the NumPy
-oracle, then timed with the output preallocated: GPU time (CUDA events, L2
+owns, slots whose loads are in flight together, warps of a row chunk) is
+first checked bit-exact against the NumPy oracle, then timed with the output preallocated: GPU time (CUDA events, L2
 flushed) and its share of the same-run copy bandwidth over the workload's
 roofline bytes. The first shape is the default.
 """

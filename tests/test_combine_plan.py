@@ -100,6 +100,20 @@ def test_plans_are_kept_per_problem(fake_gpu):
     assert gpu.plan_for(problem, 2, 0) is not gpu.plan_for(problem, 2, 1)
 
 
+def test_plan_table_is_bounded(fake_gpu, monkeypatch):
+    """Plans are keyed by shapes (batch sizes vary): the table keeps the
+    newest; an evicted problem gets a fresh plan."""
+    from cupy_moe.runtime.bounded_cache import BoundedCache
+
+    monkeypatch.setattr(gpu, "_plans", BoundedCache(2))
+    first = gpu.plan_for(_problem(num_tokens=1), 2, 0)
+    second = gpu.plan_for(_problem(num_tokens=2), 2, 0)
+    gpu.plan_for(_problem(num_tokens=3), 2, 0)
+    assert len(gpu._plans) == 2
+    assert gpu.plan_for(_problem(num_tokens=2), 2, 0) is second
+    assert gpu.plan_for(_problem(num_tokens=1), 2, 0) is not first
+
+
 def test_shape_options_reach_the_launch(fake_gpu):
     _driver, launched = fake_gpu
     plan = gpu.CombinePlan(_problem(num_tokens=4096), 2, 0,

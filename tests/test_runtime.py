@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from cupy_moe.runtime.arrays import ArrayKind, describe
+from cupy_moe.runtime.bounded_cache import BoundedCache
 from cupy_moe.runtime.fast_path import TorchFastPath
 from cupy_moe.runtime.rules import require_bool, require_int
 
@@ -92,6 +93,19 @@ def test_fast_path_keeps_the_newest_plans_only(monkeypatch):
         path.remember((), (describe("x", tensor),), plan)
     assert len(path) == 3
     assert [path.lookup((), (t,)) for t in tensors] == [None, None, *plans[2:]]
+
+
+def test_bounded_cache_drops_the_oldest_entry_first():
+    cache = BoundedCache(2)
+    assert cache.put("a", 1) == 1
+    cache.put("b", 2)
+    assert cache.get("a") == 1  # a lookup does not refresh an entry
+    cache.put("c", 3)
+    assert dict(cache) == {"b": 2, "c": 3}
+    cache.put("b", 4)  # a new value for a kept key: nothing dropped
+    assert dict(cache) == {"b": 4, "c": 3}
+    with pytest.raises(ValueError, match=r"max_entries must be >= 1; got 0"):
+        BoundedCache(0)
 
 
 @pytest.mark.parametrize(("value", "message"), [

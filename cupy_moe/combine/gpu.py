@@ -15,6 +15,7 @@ import numpy as np
 from cupy.cuda import driver, runtime
 
 from ..runtime.arrays import ArrayKind
+from ..runtime.bounded_cache import BoundedCache
 from ..runtime.gpu_arrays import gpu_library, raw_torch_stream_getter
 from ..runtime.launch import (
     ArgBlock,
@@ -119,14 +120,14 @@ class CombinePlan:
                             1, 0, stream, block.params_address, 0)
 
 
-_plans: dict[tuple, CombinePlan] = {}
+_plans = BoundedCache()
 
 
 def plan_for(problem: CombineProblem, item_bytes: int, device: int) -> CombinePlan:
     key = (problem, item_bytes, device)
     plan = _plans.get(key)
     if plan is None:
-        plan = _plans[key] = CombinePlan(problem, item_bytes, device)
+        plan = _plans.put(key, CombinePlan(problem, item_bytes, device))
     return plan
 
 

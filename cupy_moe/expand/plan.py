@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from cupy.cuda import driver
 
+from ..runtime.bounded_cache import BoundedCache
 from ..runtime.launch import ArgBlock, ArgStruct, device_traits, function_handle
 from ..runtime.sizes import ceil_div
 from .rules import ExpandProblem
@@ -199,7 +200,7 @@ class ExpandPlan:
                             block.params_address, 0)
 
 
-_plans: dict[tuple, ExpandPlan] = {}
+_plans = BoundedCache()
 
 
 def plan_for(problem: ExpandProblem, item_bytes: int, device: int,
@@ -207,6 +208,6 @@ def plan_for(problem: ExpandProblem, item_bytes: int, device: int,
     key = (problem, item_bytes, device, tuning, zero_padding)
     plan = _plans.get(key)
     if plan is None:
-        plan = _plans[key] = ExpandPlan(problem, item_bytes, device, tuning,
-                                        zero_padding=zero_padding)
+        plan = _plans.put(key, ExpandPlan(problem, item_bytes, device, tuning,
+                                          zero_padding=zero_padding))
     return plan

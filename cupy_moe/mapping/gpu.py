@@ -14,6 +14,7 @@ from typing import Any
 from cupy.cuda import driver
 
 from ..runtime.arrays import ArrayKind
+from ..runtime.bounded_cache import BoundedCache
 from ..runtime.gpu_arrays import gpu_library, raw_torch_stream_getter
 from ..runtime.launch import (
     ArgBlock,
@@ -129,13 +130,13 @@ class MappingPlan:
                             *parts[1:7])
 
 
-_plans: dict[tuple, MappingPlan] = {}
+_plans = BoundedCache()
 
 
 def plan_for(problem: MappingProblem, device: int) -> MappingPlan:
     plan = _plans.get((problem, device))
     if plan is None:
-        plan = _plans[(problem, device)] = MappingPlan(problem, device)
+        plan = _plans.put((problem, device), MappingPlan(problem, device))
     return plan
 
 

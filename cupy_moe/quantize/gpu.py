@@ -16,6 +16,7 @@ import cupy
 from cupy.cuda import driver
 
 from ..runtime.arrays import ArrayKind
+from ..runtime.bounded_cache import BoundedCache
 from ..runtime.gpu_arrays import gpu_library, raw_torch_stream_getter
 from ..runtime.launch import (
     ArgBlock,
@@ -93,14 +94,14 @@ class QuantizePlan:
                             block.params_address, 0)
 
 
-_plans: dict[tuple, QuantizePlan] = {}
+_plans = BoundedCache()
 
 
 def plan_for(problem: QuantizeProblem, device: int, tuning: QuantizeTuning) -> QuantizePlan:
     key = (problem, device, tuning)
     plan = _plans.get(key)
     if plan is None:
-        plan = _plans[key] = QuantizePlan(problem, device, tuning)
+        plan = _plans.put(key, QuantizePlan(problem, device, tuning))
     return plan
 
 

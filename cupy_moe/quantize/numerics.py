@@ -21,8 +21,9 @@ a normal float32 (``exp`` saturates at ~2.7e-38 and ~6.1e37). Its steps are
 fused multiply-adds (one rounding each: the kernels' ``__fmaf_rn``, here
 ``combine.fma.fma_float32``, exact) and single multiplies and adds. On that
 range its error is at most ``EXP_MAX_ULP`` = 1.02 ulp of float64's ``exp``
-(1.0192 measured on every float32 input there, at x = -27.378); ``exp(NaN)`` is ``exp(-86.5)`` (NaN is clamped
-like -inf, so no NaN payload reaches the exponent arithmetic). For silu the
+(1.0192 measured on every float32 input there, at x = -27.378);
+``exp(NaN)`` is ``exp(-86.5)`` (NaN is clamped like -inf, so no NaN payload
+reaches the exponent arithmetic). For silu the
 saturation is harmless: ``1 + exp(-g)`` is 1 for ``g > 17``, and ``silu(g)``
 is below 1e-35 in magnitude for ``g < -87``; ``silu(NaN)`` is NaN.
 

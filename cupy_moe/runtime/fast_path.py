@@ -7,9 +7,9 @@ planning and goes straight to the plan its first call made. Only calls whose
 tensors are all contiguous and need no grad are remembered (the full path
 copies non-contiguous inputs, and grad mode can change between calls).
 
-Keys hold shapes, and a server's batch sizes vary (and expert parallelism
-changes X every call), so the table keeps at most ``MAX_PLANS`` plans, the
-oldest dropped first: a dropped key's next call takes the full path once.
+Keys hold shapes, so the table is a ``BoundedCache`` (at most ``MAX_PLANS``
+plans, the oldest dropped first): a dropped key's next call takes the full
+path once.
 """
 
 from __future__ import annotations
@@ -17,18 +17,16 @@ from __future__ import annotations
 from typing import Any
 
 from .arrays import ArrayDesc, torch_fields
+from .bounded_cache import MAX_PLANS, BoundedCache
 
-__all__ = ["MAX_PLANS", "TorchFastPath"]
-
-MAX_PLANS = 512  # plans an op keeps (a plan is a few hundred bytes)
+__all__ = ["TorchFastPath"]
 
 
 class TorchFastPath:
     """Plans by call key, for one op. ``plan.device`` must name its CUDA device."""
 
     def __init__(self, max_plans: int = MAX_PLANS) -> None:
-        self._plans: dict[tuple, Any] = {}  # insertion order: the oldest first
-        self._max_plans = max_plans
+        self._plans = BoundedCache(max_plans)
         self._current_device = None
 
     def lookup(self, scalars: tuple, arrays: tuple) -> Any:
@@ -51,9 +49,7 @@ class TorchFastPath:
         if self._current_device is None:
             from cupy.cuda.runtime import getDevice  # the bare binding: no wrapper call
             self._current_device = getDevice
-        self._plans[(scalars, *descs)] = plan
-        if len(self._plans) > self._max_plans:
-            del self._plans[next(iter(self._plans))]
+        self._plans.put((scalars, *descs), plan)
 
     def clear(self) -> None:
         self._plans.clear()
