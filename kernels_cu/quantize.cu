@@ -10,27 +10,37 @@
 // scale factor. quantize_e4m3.cuh and quantize_exp.cuh hold the arithmetic;
 // the NumPy oracle (cupy_moe/quantize/) does the same, bit for bit.
 //
-// Two layouts of the work, one per kernel (the host picks per call):
+// Three layouts of the work, one per kernel (the host picks per call):
 //
-// *_vec: H % npc == 0, input 16-byte and output 16-byte aligned. The [R, H]
-//   output is cut into 16-byte input chunks (8 bf16 or 4 float32 columns,
-//   never across rows: H % 32 == 0) numbered row after row; warp w takes the
-//   32 * LOADS chunks from 32 * LOADS * w on, lane l the chunks 32 * k + l of
-//   them (k < LOADS = 32 columns / chunk): every load instruction of a warp
-//   reads 512 contiguous bytes, every store writes contiguous codes. A block
-//   (npc / chunk columns consecutive chunks, aligned) is held by an aligned
-//   group of lanes in one instruction k: its amax is an xor-shuffle reduction
-//   over the group; lane j < LOADS of a group computes the scale of
-//   instruction j's block (one division pair per lane), hands it to the
-//   group by shuffles and stores that block's scale factor.
+// quantize_fp8_*_vec: H % npc == 0, input 16-byte and output 16-byte
+//   aligned. The [R, H] output is cut into 16-byte input chunks (8 bf16 or 4
+//   float32 columns, never across rows: H % 32 == 0) numbered row after row;
+//   warp w takes the 32 * LOADS chunks from 32 * LOADS * w on, lane l the
+//   chunks 32 * k + l of them (k < LOADS = 32 columns / chunk): every load
+//   instruction of a warp reads 512 contiguous bytes, every store writes
+//   contiguous codes. A block (npc / chunk columns consecutive chunks,
+//   aligned) is held by an aligned group of lanes in one instruction k: its
+//   amax is an xor-shuffle reduction over the group; lane j < LOADS of a
+//   group computes the scale of instruction j's block (one division pair per
+//   lane), hands it to the group by shuffles and stores that block's scale
+//   factor.
+// swiglu_quantize_fp8_*_vec: the same conditions, the same chunks, lanes and
+//   groups, but row-major: warp w takes segment w, the output columns
+//   [1024 p, 1024 p + 1024) of row w / passes (p = w % passes, passes =
+//   ceil(H / 1024)); its chunk k of lane l is the row's chunk 32 * LOADS * p +
+//   32 * k + l, where below the row's end. The row's maps and weight are read
+//   once per warp, a padding row's segment stores zeros without loading h,
+//   and every address is the row's base plus 32-bit offsets (SwiGLU is bound
+//   by instruction issue: this layout spends ~10 fewer an element on
+//   indexing than the chunk-numbered one).
 // *_any: every H and alignment. A lane takes 32 consecutive columns of one
 //   row (element accesses), npc / 32 lanes one block; a row is lanes_per_row
 //   = S * npc / 32 lanes, the grid's lanes row after row (a warp may end one
 //   row and start the next). The group's first lane stores the scale factor.
 //
 // A row is found by a multiply-shift with a host-computed magic number (no
-// division): *_vec divides a block index by S, *_any a lane index by
-// lanes_per_row, both below 2^31. Packed UE8M0 scale factors are stored as
+// division): quantize *_vec divides a block index by S, swiglu *_vec a warp
+// index by passes, *_any a lane index by lanes_per_row, all below 2^31. Packed UE8M0 scale factors are stored as
 // bytes (byte b % 4 of word b / 4; the last block of a row also zeroes the
 // missing blocks' bytes of its word), so no block needs another's. Row R-1's
 // scale factors also zero the column-major SF's pad columns R .. sf_ld.
@@ -61,7 +71,8 @@ struct QuantizeArgs {
     i64 num_rows;                  // R
     i64 num_weights;               // T * K (with weights)
     i64 row_magic;                 // *_any: row of lane l = (l * row_magic) >> row_shift
-    i64 block_magic;               // *_vec: row of block b = (b * block_magic) >> block_shift
+    i64 block_magic;               // quantize *_vec: row of block b = (b * block_magic) >> block_shift
+    i64 pass_magic;                // swiglu *_vec: row of warp w = (w * pass_magic) >> pass_shift
     int hidden;                    // H: columns of out
     int sf_blocks;                 // S = ceil(H / npc)
     int sf_ld;                     // align(R, 4): leading dim of the column-major buffer
@@ -69,6 +80,8 @@ struct QuantizeArgs {
     int lanes_per_row;             // *_any: S * npc / 32
     int row_shift;
     int block_shift;
+    int pass_shift;
+    int passes;                    // swiglu *_vec: warps per row, ceil(H / 1024)
     int sf_layout;                 // SF_ROW_MAJOR_F32, SF_COL_MAJOR_F32, SF_COL_MAJOR_UE8M0
     int round_sf;                  // 1: power-of-two scale factors
 };
@@ -133,139 +146,28 @@ __device__ __forceinline__ unsigned quantize4(const float* v, float scale) {
 }
 
 // ---------------------------------------------------------------------------
-// *_vec: coalesced 16-byte chunks (see the top of the file).
+// *_vec: coalesced 16-byte chunks (see the top of the file). The pieces
+// both *_vec kernels share come first.
 
-// The 16 bytes of output chunk `chunk`: of x, or of h's gate and up.
-template <typename In, bool SWIGLU>
-__device__ __forceinline__ void load_chunk(const QuantizeArgs& a, i64 chunk, int group_log2,
-                                           i64 row_chunks, unsigned (&value)[4],
-                                           unsigned (&up)[4]) {
-    const uint4* src = reinterpret_cast<const uint4*>(a.x) + chunk;
-    if constexpr (SWIGLU) {
-        // h's rows hold 2 * row_chunks chunks: output chunk c of row r is gate
-        // chunk r * 2 * row_chunks + c (= chunk + r * row_chunks), up row_chunks on
-        const unsigned block = static_cast<unsigned>(chunk >> group_log2);
-        src += static_cast<i64>(magic_divide(block, a.block_magic, a.block_shift)) * row_chunks;
-        const uint4 u = load_once(src + row_chunks);
-        up[0] = u.x; up[1] = u.y; up[2] = u.z; up[3] = u.w;
-    }
-    const uint4 v = load_once(src);
-    value[0] = v.x; value[1] = v.y; value[2] = v.z; value[3] = v.w;
+template <typename In> struct VecLayout {
+    static constexpr int CHUNK = 16 / sizeof(In);                // columns per 16-byte chunk
+    static constexpr int LOADS = QUANT_LANE_COLS / CHUNK;        // chunks per lane
+    static constexpr int CHUNK_LOG2 = sizeof(In) == 2 ? 3 : 2;   // log2(CHUNK)
+};
+
+__device__ __forceinline__ void unpack_chunk(const uint4& v, unsigned (&words)[4]) {
+    words[0] = v.x; words[1] = v.y; words[2] = v.z; words[3] = v.w;
 }
 
-// A padding warp's stores in *_vec: zero codes for its chunks (those before
-// total_chunks), and lane j < LOADS of a group zeroes instruction j's block's
-// scale factor, as the full path stores them.
-template <typename In>
-__device__ __forceinline__ void store_padding_chunks(const QuantizeArgs& a, i64 first,
-                                                     i64 total_chunks, int group_log2,
-                                                     int in_group) {
-    constexpr int LOADS = QUANT_LANE_COLS / (16 / sizeof(In));
-#pragma unroll
-    for (int k = 0; k < LOADS; ++k) {
-        const i64 chunk = first + 32 * k;
-        if (chunk >= total_chunks) continue;
-        if constexpr (sizeof(In) == 2) {
-            store_once(reinterpret_cast<uint2*>(a.out) + chunk, make_uint2(0u, 0u));
-        } else {
-            store_once(reinterpret_cast<unsigned*>(a.out) + chunk, 0u);
-        }
-    }
-    if (in_group >= LOADS) return;
-    const i64 chunk = first + 32 * in_group;
-    if (chunk >= total_chunks) return;
-    const unsigned block = static_cast<unsigned>(chunk >> group_log2);
-    const unsigned row = magic_divide(block, a.block_magic, a.block_shift);
-    store_scale_factor(a, row, static_cast<int>(block - row * a.sf_blocks), 0.0f, true);
-}
-
+// The values of LOADS chunks (x, or swiglu of gate and up times the row's
+// weight) and each chunk's amax (fmaxf ignores NaN, as np.fmax). A dead
+// chunk's words are 0: it gives +0 (silu(0) * 0 * w is +0).
 template <typename In, bool SWIGLU>
-__device__ __forceinline__ void quantize_vec_body(const QuantizeArgs& a) {
-    constexpr int CHUNK = 16 / sizeof(In);            // columns per 16-byte chunk
-    constexpr int LOADS = QUANT_LANE_COLS / CHUNK;    // chunks per lane
-    constexpr int CHUNK_WORDS = 4;
-    const int lane = threadIdx.x & 31;
-    const unsigned warp = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-    const int hidden = a.hidden;
-    const i64 row_chunks = hidden / CHUNK;
-    const i64 total_chunks = a.num_rows * row_chunks;
-    // chunks per block: npc / CHUNK = 2^(group_log2 + log2(32 / CHUNK))
-    const int group_log2 = a.group_log2 + (sizeof(In) == 2 ? 2 : 3);
-    const int group = 1 << group_log2;                // lanes per block in one instruction
-    const int in_group = lane & (group - 1);
-    const i64 first = static_cast<i64>(warp) * (32 * LOADS) + lane;
-
-    unsigned raw[2][LOADS][CHUNK_WORDS];  // [gate | x, up][chunk][word]
-    bool padding[LOADS];
-    float weight[LOADS];
-    // the chunks' rows' maps first, all of them (one latency), then the data
-    // and the weights together
-    int expert[LOADS], slot[LOADS];
-#pragma unroll
-    for (int k = 0; k < LOADS; ++k) {
-        const i64 chunk = first + 32 * k;
-        padding[k] = chunk >= total_chunks;  // past the last row: nothing to do
-        weight[k] = 1.0f;  // x * 1 is x: without weights, the bits of no multiply
-        expert[k] = slot[k] = 0;
-        if (SWIGLU) {
-            const i64 row = magic_divide(static_cast<unsigned>(chunk >> group_log2),
-                                         a.block_magic, a.block_shift);
-            if (a.pos_to_expert != nullptr && !padding[k])
-                expert[k] = __ldg(a.pos_to_expert + row);
-            if (a.topk_weights != nullptr && !padding[k])
-                slot[k] = __ldg(a.pos_to_token_topk + row);
-        }
-    }
-    const bool weighted = SWIGLU && a.topk_weights != nullptr;
-    if (SWIGLU) {
-#pragma unroll
-        for (int k = 0; k < LOADS; ++k)
-            padding[k] = padding[k] || expert[k] < 0 ||
-                         (weighted && (slot[k] < 0 || slot[k] >= a.num_weights));
-    }
-    if (SWIGLU) {
-        // A warp whose chunks are all padding (most of a decode plan's rows)
-        // stores zero codes and zero scale factors, what the arithmetic below
-        // gives for zero words, without running it (~40 instructions an
-        // element). Warp-uniform: the shuffles below need every lane.
-        bool any_live = false;
-#pragma unroll
-        for (int k = 0; k < LOADS; ++k) any_live = any_live || !padding[k];
-        if (!__any_sync(QUANT_FULL_MASK, any_live)) {
-            store_padding_chunks<In>(a, first, total_chunks, group_log2, in_group);
-            return;
-        }
-    }
-    // all loads in one branch when every chunk is live (the common case), so
-    // that they are issued together
-    bool all_live = true;
-#pragma unroll
-    for (int k = 0; k < LOADS; ++k) all_live = all_live && !padding[k];
-#pragma unroll
-    for (int k = 0; k < LOADS; ++k)
-#pragma unroll
-        for (int w = 0; w < CHUNK_WORDS; ++w) raw[0][k][w] = raw[1][k][w] = 0u;
-    if (all_live) {
-#pragma unroll
-        for (int k = 0; k < LOADS; ++k)
-            load_chunk<In, SWIGLU>(a, first + 32 * k, group_log2, row_chunks, raw[0][k], raw[1][k]);
-    } else {
-#pragma unroll
-        for (int k = 0; k < LOADS; ++k)
-            if (!padding[k])
-                load_chunk<In, SWIGLU>(a, first + 32 * k, group_log2, row_chunks, raw[0][k],
-                                       raw[1][k]);
-    }
-    // the weights after the data: both in flight together
-    if (weighted) {
-#pragma unroll
-        for (int k = 0; k < LOADS; ++k)
-            if (!padding[k]) weight[k] = __ldg(a.topk_weights + slot[k]);
-    }
-
-    // values and each chunk's amax (fmaxf ignores NaN, as np.fmax)
-    float v[LOADS][CHUNK];
-    float amax[LOADS];
+__device__ __forceinline__ void chunk_values(
+        const unsigned (&raw)[2][VecLayout<In>::LOADS][4], float weight,
+        float (&v)[VecLayout<In>::LOADS][VecLayout<In>::CHUNK],
+        float (&amax)[VecLayout<In>::LOADS]) {
+    constexpr int LOADS = VecLayout<In>::LOADS, CHUNK = VecLayout<In>::CHUNK;
 #pragma unroll
     for (int k = 0; k < LOADS; ++k) {
 #pragma unroll
@@ -278,48 +180,176 @@ __device__ __forceinline__ void quantize_vec_body(const QuantizeArgs& a) {
                 value = __uint_as_float(raw[0][k][i]);
                 up = __uint_as_float(raw[1][k][i]);
             }
-            // a padding chunk's words are 0: silu(0) * 0 * 1 is +0
-            v[k][i] = SWIGLU ? quant_swiglu_f32(value, up, weight[k]) : value;
+            v[k][i] = SWIGLU ? quant_swiglu_f32(value, up, weight) : value;
         }
         float m = 0.0f;
 #pragma unroll
         for (int i = 0; i < CHUNK; ++i) m = fmaxf(m, fabsf(v[k][i]));
         amax[k] = m;
     }
+}
+
+// Each instruction k's block scale, for every lane of the group that holds
+// the block: the group's amax by xor-shuffles, then lane j < LOADS of a group
+// computes instruction j's block's scale factor and scale (one division pair
+// a lane) and the group gets each scale by a shuffle. Returns the lane's own
+// block's scale factor (meaningful for in_group < LOADS). Every lane calls it.
+template <int LOADS>
+__device__ __forceinline__ float group_scales(float (&amax)[LOADS], int lane, int group,
+                                              bool round_sf, float (&scale)[LOADS]) {
     for (int offset = 1; offset < group; offset <<= 1)
 #pragma unroll
         for (int k = 0; k < LOADS; ++k)
             amax[k] = fmaxf(amax[k], __shfl_xor_sync(QUANT_FULL_MASK, amax[k], offset));
-    // lane j < LOADS of a group: the scale of instruction j's block
+    const int in_group = lane & (group - 1);
     float my_amax = amax[0];
 #pragma unroll
     for (int k = 1; k < LOADS; ++k)
         if (in_group == k) my_amax = amax[k];
     float sf, my_scale;
-    quant_block_scales(my_amax, a.round_sf != 0, sf, my_scale);
+    quant_block_scales(my_amax, round_sf, sf, my_scale);
     const int group_base = lane & ~(group - 1);
 #pragma unroll
-    for (int k = 0; k < LOADS; ++k) {
-        const float scale = __shfl_sync(QUANT_FULL_MASK, my_scale, group_base + k);
-        const i64 chunk = first + 32 * k;
-        if (chunk >= total_chunks) continue;
-        if constexpr (sizeof(In) == 2) {
-            store_once(reinterpret_cast<uint2*>(a.out) + chunk,
-                       make_uint2(quantize4(v[k], scale), quantize4(v[k] + 4, scale)));
-        } else {
-            store_once(reinterpret_cast<unsigned*>(a.out) + chunk, quantize4(v[k], scale));
-        }
+    for (int k = 0; k < LOADS; ++k)
+        scale[k] = __shfl_sync(QUANT_FULL_MASK, my_scale, group_base + k);
+    return sf;
+}
+
+// One chunk's codes: 8 bytes (bf16 input) or 4 (float32) at codes[index].
+template <typename In>
+__device__ __forceinline__ void store_codes(unsigned char* out, i64 index,
+                                            const float (&v)[VecLayout<In>::CHUNK], float scale) {
+    if constexpr (sizeof(In) == 2) {
+        store_once(reinterpret_cast<uint2*>(out) + index,
+                   make_uint2(quantize4(v, scale), quantize4(v + 4, scale)));
+    } else {
+        store_once(reinterpret_cast<unsigned*>(out) + index, quantize4(v, scale));
     }
+}
+
+template <typename In>
+__device__ __forceinline__ void store_zero_codes(unsigned char* out, i64 index) {
+    if constexpr (sizeof(In) == 2) {
+        store_once(reinterpret_cast<uint2*>(out) + index, make_uint2(0u, 0u));
+    } else {
+        store_once(reinterpret_cast<unsigned*>(out) + index, 0u);
+    }
+}
+
+// quantize_fp8_*_vec: chunks numbered row after row.
+template <typename In>
+__device__ __forceinline__ void quantize_vec_body(const QuantizeArgs& a) {
+    constexpr int LOADS = VecLayout<In>::LOADS, CHUNK = VecLayout<In>::CHUNK;
+    const int lane = threadIdx.x & 31;
+    const unsigned warp = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    const i64 total_chunks = a.num_rows * (a.hidden / CHUNK);
+    // chunks per block: npc / CHUNK = 2^(group_log2 + log2(32 / CHUNK))
+    const int group_log2 = a.group_log2 + (5 - VecLayout<In>::CHUNK_LOG2);
+    const int group = 1 << group_log2;                // lanes per block in one instruction
+    const i64 first = static_cast<i64>(warp) * (32 * LOADS) + lane;
+
+    unsigned raw[2][LOADS][4];  // [x, unused][chunk][word]
+    bool all_live = true;
+#pragma unroll
+    for (int k = 0; k < LOADS; ++k) {
+        all_live = all_live && first + 32 * k < total_chunks;
+#pragma unroll
+        for (int w = 0; w < 4; ++w) raw[0][k][w] = raw[1][k][w] = 0u;
+    }
+    const uint4* src = reinterpret_cast<const uint4*>(a.x) + first;
+    // all loads in one branch when every chunk is live (the common case), so
+    // that they are issued together
+    if (all_live) {
+#pragma unroll
+        for (int k = 0; k < LOADS; ++k) unpack_chunk(load_once(src + 32 * k), raw[0][k]);
+    } else {
+#pragma unroll
+        for (int k = 0; k < LOADS; ++k)
+            if (first + 32 * k < total_chunks) unpack_chunk(load_once(src + 32 * k), raw[0][k]);
+    }
+    float v[LOADS][CHUNK], amax[LOADS], scale[LOADS];
+    chunk_values<In, false>(raw, 1.0f, v, amax);
+    const float sf = group_scales<LOADS>(amax, lane, group, a.round_sf != 0, scale);
+#pragma unroll
+    for (int k = 0; k < LOADS; ++k)
+        if (first + 32 * k < total_chunks) store_codes<In>(a.out, first + 32 * k, v[k], scale[k]);
+    const int in_group = lane & (group - 1);
     if (in_group >= LOADS) return;
     const i64 chunk = first + 32 * in_group;
     if (chunk >= total_chunks) return;
     const unsigned block = static_cast<unsigned>(chunk >> group_log2);
     const unsigned row = magic_divide(block, a.block_magic, a.block_shift);
-    bool row_padding = false;
+    store_scale_factor(a, row, static_cast<int>(block - row * a.sf_blocks), sf, false);
+}
+
+// swiglu_quantize_fp8_*_vec: warp w, segment p = w % passes of row w / passes.
+template <typename In>
+__device__ __forceinline__ void swiglu_rows_body(const QuantizeArgs& a) {
+    constexpr int LOADS = VecLayout<In>::LOADS, CHUNK = VecLayout<In>::CHUNK;
+    constexpr int SEGMENT_CHUNKS = 32 * LOADS;  // 1024 columns
+    const int lane = threadIdx.x & 31;
+    const unsigned warp = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    const unsigned row32 = magic_divide(warp, a.pass_magic, a.pass_shift);
+    if (row32 >= a.num_rows) return;  // the grid's last warps (whole warps: no shuffle waits)
+    const i64 row = row32;
+    const int row_chunks = a.hidden >> VecLayout<In>::CHUNK_LOG2;
+    const int segment_first = static_cast<int>(warp - row32 * a.passes) * SEGMENT_CHUNKS;
+    const int first = segment_first + lane;  // the lane's chunk at k = 0, in the row
+    const int group_log2 = a.group_log2 + (5 - VecLayout<In>::CHUNK_LOG2);
+    const int group = 1 << group_log2;
+    const int in_group = lane & (group - 1);
+    // instruction in_group's block, whose scale factor this lane stores (in_group <
+    // LOADS); a group's chunks are all below the row's end or all past it
+    // (row_chunks is a multiple of the group)
+    const int sf_chunk = segment_first + 32 * in_group + (lane & ~(group - 1));
+    const bool stores_sf = in_group < LOADS && sf_chunk < row_chunks;
+    unsigned char* const out_row = a.out + row * a.hidden;
+
+    // the row's maps (all lanes read the same words: one transaction each)
+    const bool weighted = a.topk_weights != nullptr;
+    const int expert = a.pos_to_expert != nullptr ? __ldg(a.pos_to_expert + row) : 0;
+    const int slot = weighted ? __ldg(a.pos_to_token_topk + row) : 0;
+    if (expert < 0 || (weighted && (slot < 0 || slot >= a.num_weights))) {
+        // a padding row: zero codes and scale factors, what the arithmetic
+        // gives for zero words, without reading h
+#pragma unroll
+        for (int k = 0; k < LOADS; ++k)
+            if (first + 32 * k < row_chunks) store_zero_codes<In>(out_row, first + 32 * k);
+        if (stores_sf) store_scale_factor(a, row, sf_chunk >> group_log2, 0.0f, true);
+        return;
+    }
+    // h's row holds 2 * row_chunks chunks: gate, then up
+    const uint4* gate = reinterpret_cast<const uint4*>(a.x) + row * (2 * row_chunks) + first;
+    const uint4* up = gate + row_chunks;
+    unsigned raw[2][LOADS][4];  // [gate, up][chunk][word]
 #pragma unroll
     for (int k = 0; k < LOADS; ++k)
-        if (in_group == k) row_padding = SWIGLU && padding[k];
-    store_scale_factor(a, row, static_cast<int>(block - row * a.sf_blocks), sf, row_padding);
+#pragma unroll
+        for (int w = 0; w < 4; ++w) raw[0][k][w] = raw[1][k][w] = 0u;
+    if (segment_first + SEGMENT_CHUNKS <= row_chunks) {  // the whole segment: no tests
+#pragma unroll
+        for (int k = 0; k < LOADS; ++k) {
+            unpack_chunk(load_once(gate + 32 * k), raw[0][k]);
+            unpack_chunk(load_once(up + 32 * k), raw[1][k]);
+        }
+    } else {
+#pragma unroll
+        for (int k = 0; k < LOADS; ++k)
+            if (first + 32 * k < row_chunks) {
+                unpack_chunk(load_once(gate + 32 * k), raw[0][k]);
+                unpack_chunk(load_once(up + 32 * k), raw[1][k]);
+            }
+    }
+    // the weight after the data: both in flight together (x * 1 is x: without
+    // weights, the bits of no multiply)
+    const float weight = weighted ? __ldg(a.topk_weights + slot) : 1.0f;
+    float v[LOADS][CHUNK], amax[LOADS], scale[LOADS];
+    chunk_values<In, true>(raw, weight, v, amax);
+    const float sf = group_scales<LOADS>(amax, lane, group, a.round_sf != 0, scale);
+#pragma unroll
+    for (int k = 0; k < LOADS; ++k)
+        if (first + 32 * k < row_chunks) store_codes<In>(out_row, first + 32 * k, v[k], scale[k]);
+    if (stores_sf) store_scale_factor(a, row, sf_chunk >> group_log2, sf, false);
 }
 
 // ---------------------------------------------------------------------------
@@ -397,7 +427,7 @@ __device__ __forceinline__ void quantize_any_body(const QuantizeArgs& a) {
 #define DEFINE_QUANTIZE_KERNELS(IN_NAME, IN_TYPE)                                            \
     extern "C" __global__ void __launch_bounds__(QUANT_MAX_THREADS)                          \
     quantize_fp8_##IN_NAME##_vec(const QuantizeArgs a) {                                     \
-        quantize_vec_body<IN_TYPE, false>(a);                                                \
+        quantize_vec_body<IN_TYPE>(a);                                                       \
     }                                                                                        \
     extern "C" __global__ void __launch_bounds__(QUANT_MAX_THREADS)                          \
     quantize_fp8_##IN_NAME##_any(const QuantizeArgs a) {                                     \
@@ -405,7 +435,7 @@ __device__ __forceinline__ void quantize_any_body(const QuantizeArgs& a) {
     }                                                                                        \
     extern "C" __global__ void __launch_bounds__(QUANT_MAX_THREADS)                          \
     swiglu_quantize_fp8_##IN_NAME##_vec(const QuantizeArgs a) {                              \
-        quantize_vec_body<IN_TYPE, true>(a);                                                 \
+        swiglu_rows_body<IN_TYPE>(a);                                                        \
     }                                                                                        \
     extern "C" __global__ void __launch_bounds__(QUANT_MAX_THREADS)                          \
     swiglu_quantize_fp8_##IN_NAME##_any(const QuantizeArgs a) {                              \

@@ -12,6 +12,7 @@ import pytest
 from cupy_moe.quantize.launch_shape import (
     DEFAULT_TUNING,
     LANE_COLUMNS,
+    SEGMENT_COLUMNS,
     QuantizeTuning,
     division_magic,
     launch_shape,
@@ -48,18 +49,22 @@ def _count_sf_store(counts, packed_bytes, row, block, num_rows, blocks_per_row):
 
 def emulate_grid(num_rows: int, hidden: int, npc: int, multiprocessors: int = 132,
                  tuning: QuantizeTuning = DEFAULT_TUNING, *, vector: bool = False,
-                 chunk: int = 8):
+                 chunk: int = 8, swiglu: bool = False):
     """What every lane of a kernel's grid does, computed as the kernel computes
     it: how often each output column, each scale factor and each byte of the
     packed SF buffer (pad columns included) is written. ``vector``: the *_vec
-    kernel, whose input chunks hold ``chunk`` columns (8: bf16, 4: float32)."""
-    shape = launch_shape(num_rows, hidden, npc, multiprocessors, tuning)
+    kernel, whose input chunks hold ``chunk`` columns (8: bf16, 4: float32);
+    with ``swiglu``, swiglu_quantize_fp8's row-major one."""
+    shape = launch_shape(num_rows, hidden, npc, multiprocessors, tuning, swiglu=swiglu)
     blocks_per_row = -(-hidden // npc)
     ld = -(-num_rows // 4) * 4
     written = np.zeros((num_rows, hidden), dtype=np.int64)
     sf_stores = np.zeros((num_rows, blocks_per_row), dtype=np.int64)
     packed_bytes = np.zeros((-(-blocks_per_row // 4), ld, 4), dtype=np.int64)
     blocks, threads = shape.grid(vector)
+    if vector and swiglu:
+        return (shape, *_emulate_swiglu_rows(shape, num_rows, hidden, npc, chunk, blocks * threads,
+                                             written, sf_stores, packed_bytes))
     if vector:
         loads = LANE_COLUMNS // chunk
         group_log2 = shape.group_log2 + {8: 2, 4: 3}[chunk]  # + log2(32 / chunk)
@@ -112,6 +117,39 @@ def emulate_grid(num_rows: int, hidden: int, npc: int, multiprocessors: int = 13
     return shape, written, sf_stores, packed_bytes
 
 
+def _emulate_swiglu_rows(shape, num_rows, hidden, npc, chunk, lanes, written, sf_stores,
+                         packed_bytes):
+    """swiglu_rows_body of quantize.cu: warp w, segment w % passes of row w // passes."""
+    loads = LANE_COLUMNS // chunk
+    group_log2 = shape.group_log2 + {8: 2, 4: 3}[chunk]
+    group = 1 << group_log2
+    assert group == npc // chunk and group >= loads
+    row_chunks = hidden // chunk
+    blocks_per_row = hidden // npc
+    assert shape.passes * SEGMENT_COLUMNS >= hidden > (shape.passes - 1) * SEGMENT_COLUMNS
+    for warp in range(lanes // 32):
+        row = (warp * shape.pass_magic) >> shape.pass_shift
+        assert row == warp // shape.passes
+        if row >= num_rows:
+            continue
+        segment_first = (warp - row * shape.passes) * 32 * loads
+        for lane in range(32):
+            first = segment_first + lane
+            for k in range(loads):
+                c = first + 32 * k
+                # a shuffle group's chunks: all below the row's end or all past it
+                base = segment_first + 32 * k + lane - lane % group
+                assert len({b < row_chunks for b in range(base, base + group)}) == 1
+                if c < row_chunks:
+                    written[row, c * chunk:(c + 1) * chunk] += 1
+            in_group = lane % group
+            sf_chunk = segment_first + 32 * in_group + lane - in_group
+            if in_group < loads and sf_chunk < row_chunks:
+                _count_sf_store(sf_stores, packed_bytes, row, sf_chunk >> group_log2, num_rows,
+                                blocks_per_row)
+    return written, sf_stores, packed_bytes
+
+
 @pytest.mark.parametrize("npc", [32, 128])
 @pytest.mark.parametrize(("num_rows", "hidden"), [
     (1, 1), (1, 31), (3, 32), (5, 33), (2, 127), (7, 128), (3, 129), (1, 1000), (4, 1024),
@@ -125,15 +163,16 @@ def test_every_column_and_scale_factor_is_written_once(num_rows, hidden, npc):
     assert (shape.vec_blocks > 0) == (hidden % npc == 0)
 
 
+@pytest.mark.parametrize("swiglu", [False, True], ids=["quantize", "swiglu"])
 @pytest.mark.parametrize("chunk", [8, 4], ids=["bf16", "f32"])
 @pytest.mark.parametrize(("num_rows", "hidden", "npc"), [
     *[(r, h, npc) for npc in (32, 128) for r, h in (
         (1, 128), (3, 128), (5, 384), (2, 768), (7, 1024), (3, 1152), (1, 7168), (9, 2048),
-        (33, 256))],
-    (2, 160, 32), (5, 32, 32), (3, 96, 32)])  # H % 128 != 0: npc 32 only
-def test_the_coalesced_kernel_writes_everything_once(num_rows, hidden, npc, chunk):
+        (33, 256), (2, 3072), (3, 2176))],
+    (2, 160, 32), (5, 32, 32), (3, 96, 32), (2, 1056, 32)])  # H % 128 != 0: npc 32 only
+def test_the_coalesced_kernel_writes_everything_once(num_rows, hidden, npc, chunk, swiglu):
     shape, written, sf_stores, packed_bytes = emulate_grid(num_rows, hidden, npc, vector=True,
-                                                           chunk=chunk)
+                                                           chunk=chunk, swiglu=swiglu)
     assert shape.vec_blocks * shape.vec_threads >= num_rows * hidden // LANE_COLUMNS
     assert (written == 1).all()
     assert (sf_stores == 1).all()
@@ -165,12 +204,25 @@ def test_decode_and_prefill_shapes():
     qwen = launch_shape(8192 * 8, 768, 128, 132)  # swiglu rows: T * K, I = 768
     assert qwen.lanes_per_row == 24 and qwen.vec_blocks == 8192 * 8 * 24 // 256
     assert launch_shape(5, 200, 128, 132).vec_blocks == 0  # a partial block: *_any only
+    # swiglu: a warp a 1024-column segment of a row
+    kimi = launch_shape(4096 * 8, 2048, 128, 132, swiglu=True)
+    assert kimi.passes == 2 and kimi.vec_blocks == 4096 * 8 * 2 // 8
+    assert launch_shape(8192 * 8, 768, 128, 132, swiglu=True).vec_blocks == 8192 * 8 // 8
+    decode = launch_shape(1024, 2048, 128, 132, swiglu=True)
+    assert (decode.vec_threads, decode.vec_blocks) == (64, 1024)
 
 
 def test_too_many_warps_for_one_launch():
     with pytest.raises(ValueError, match="too many for one launch"):
         launch_shape(2**26, 1024, 128, 132)  # 2^31 lanes
     launch_shape(2**26 - 8, 1024, 128, 132)
+    # swiglu's *_vec grid has a warp a row even for narrow rows
+    with pytest.raises(ValueError, match=re.escape(
+            "67108864 rows of 32 columns are too many for one launch (at most 67108863 "
+            "warps)")):
+        launch_shape(2**26, 32, 32, 132, swiglu=True)
+    assert launch_shape(2**26, 32, 32, 132).vec_blocks == 2**26 // 256  # 32 rows a warp
+    launch_shape(2**26 - 8, 32, 32, 132, swiglu=True)
 
 
 @pytest.mark.parametrize(("kwargs", "message"), [
@@ -220,17 +272,19 @@ def test_a_plan_packs_what_the_kernel_reads(monkeypatch, swiglu):
     op = "swiglu_quantize_fp8" if swiglu else "quantize_fp8"
     handle, grid_x, grid_y, grid_z, threads, _, _, shared, stream, _, _ = launches[0]
     assert handle == f"{op}_bf16_vec" and (grid_y, grid_z, shared, stream) == (1, 1, 0, 7)
-    shape = launch_shape(9, 7168, 128, 132)
+    shape = launch_shape(9, 7168, 128, 132, swiglu=swiglu)
     assert (grid_x, threads) == (shape.vec_blocks, shape.vec_threads)
+    assert shape.passes == 7 and shape.vec_blocks == 32  # 63 warps, 2 a block, either way
     fields = dict(zip(gpu.QUANTIZE_ARGS.names,
-                      gpu.QUANTIZE_ARGS.packer.unpack_from(plan.args.buffer)))
+                      gpu.QUANTIZE_ARGS.packer.unpack_from(plan.args.buffer), strict=True))
     assert fields == {
         "x": 0x1000, "out": 0x2000, "out_sf": 0x3000, "topk_weights": 0x4000,
         "pos_to_token_topk": 0x5000, "pos_to_expert": 0x6000, "num_rows": 9,
         "num_weights": 24 if swiglu else 0, "row_magic": shape.row_magic,
         "block_magic": shape.block_magic, "hidden": 7168, "sf_blocks": 56, "sf_ld": 12,
         "group_log2": 2, "lanes_per_row": 224, "row_shift": shape.row_shift,
-        "block_shift": shape.block_shift, "sf_layout": 2, "round_sf": 1}
+        "block_shift": shape.block_shift, "pass_magic": shape.pass_magic,
+        "pass_shift": shape.pass_shift, "passes": 7, "sf_layout": 2, "round_sf": 1}
     # a pointer off 16-byte alignment takes the element-access kernel, its grid
     plan.launch(7, 0x1002, 0x2000, 0x3000, 0, 0, 0)
     assert launches[-1][0] == f"{op}_bf16_any"
@@ -251,7 +305,7 @@ def test_plan_kernels_by_dtype_width_and_layout(monkeypatch):
         name = f"quantize_fp8_{'f32' if dtype == 'float32' else 'bf16'}_"
         assert launches[-1][0] == name + ("vec" if hidden % 32 == 0 else "any")
         fields = dict(zip(gpu.QUANTIZE_ARGS.names,
-                          gpu.QUANTIZE_ARGS.packer.unpack_from(plan.args.buffer)))
+                          gpu.QUANTIZE_ARGS.packer.unpack_from(plan.args.buffer), strict=True))
         assert fields["sf_layout"] == layout and fields["group_log2"] == 0
         assert fields["sf_ld"] == 8 and fields["sf_blocks"] == -(-hidden // 32)
     problem = QuantizeProblem(0, 100, "float32", 128, False, False, True)

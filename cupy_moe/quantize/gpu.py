@@ -36,9 +36,10 @@ SF_ROW_MAJOR_F32, SF_COL_MAJOR_F32, SF_COL_MAJOR_UE8M0 = 0, 1, 2
 QUANTIZE_ARGS = ArgStruct(
     ("x", "ptr"), ("out", "ptr"), ("out_sf", "ptr"), ("topk_weights", "ptr"),
     ("pos_to_token_topk", "ptr"), ("pos_to_expert", "ptr"), ("num_rows", "i64"),
-    ("num_weights", "i64"), ("row_magic", "i64"), ("block_magic", "i64"), ("hidden", "i32"),
-    ("sf_blocks", "i32"), ("sf_ld", "i32"), ("group_log2", "i32"), ("lanes_per_row", "i32"),
-    ("row_shift", "i32"), ("block_shift", "i32"), ("sf_layout", "i32"), ("round_sf", "i32"))
+    ("num_weights", "i64"), ("row_magic", "i64"), ("block_magic", "i64"),
+    ("pass_magic", "i64"), ("hidden", "i32"), ("sf_blocks", "i32"), ("sf_ld", "i32"),
+    ("group_log2", "i32"), ("lanes_per_row", "i32"), ("row_shift", "i32"), ("block_shift", "i32"),
+    ("pass_shift", "i32"), ("passes", "i32"), ("sf_layout", "i32"), ("round_sf", "i32"))
 _pack_pointers = QUANTIZE_ARGS.pointer_packer.pack_into
 
 
@@ -66,7 +67,8 @@ class QuantizePlan:
         self.problem, self.device = problem, device
         self.shape: QuantizeShape = launch_shape(problem.num_rows, problem.hidden,
                                                  problem.num_per_channels,
-                                                 device_traits(device).multiprocessors, tuning)
+                                                 device_traits(device).multiprocessors, tuning,
+                                                 swiglu=problem.swiglu)
         defines = tuning.defines()
         self.handles = {vector: function_handle(SOURCE, defines, device,
                                                 kernel_name(problem, vector))
@@ -74,10 +76,12 @@ class QuantizePlan:
         shape = self.shape
         self.args = ArgBlock(QUANTIZE_ARGS, QUANTIZE_ARGS.constants(
             num_rows=problem.num_rows, num_weights=max(problem.num_weights, 0),
-            row_magic=shape.row_magic, block_magic=shape.block_magic, hidden=problem.hidden,
+            row_magic=shape.row_magic, block_magic=shape.block_magic,
+            pass_magic=shape.pass_magic, hidden=problem.hidden,
             sf_blocks=problem.sf_blocks, sf_ld=problem.sf_leading_dim,
             group_log2=shape.group_log2, lanes_per_row=shape.lanes_per_row,
             row_shift=shape.row_shift, block_shift=shape.block_shift,
+            pass_shift=shape.pass_shift, passes=shape.passes,
             sf_layout=sf_layout(problem), round_sf=int(problem.round_sf)))
 
     def launch(self, stream: int, x: int, out: int, out_sf: int, topk_weights: int,

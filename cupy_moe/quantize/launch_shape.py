@@ -1,10 +1,14 @@
 """How the quantize kernels are cut into blocks (pure Python: tested without a GPU).
 
 Two kernels per op (kernels_cu/quantize.cu has the details). ``*_vec``
-(``H % npc == 0``, aligned arrays): the output's 16-byte input chunks are
-numbered row after row and each warp takes 32 x 32 columns' worth of them,
-interleaved across its lanes so that every access is coalesced; a chunk's
-row is its block index divided by S (``block_magic`` / ``block_shift``).
+(``H % npc == 0``, aligned arrays): the output's 16-byte input chunks, a
+warp taking 32 x 32 columns' worth of them, interleaved across its lanes so
+that every access is coalesced. quantize_fp8 numbers the chunks row after
+row (a chunk's row is its block index divided by S: ``block_magic`` /
+``block_shift``); swiglu_quantize_fp8 is row-major: a warp takes one
+``SEGMENT_COLUMNS``-column segment of one row, ``passes`` warps a row (a
+warp's row is its index divided by ``passes``: ``pass_magic`` /
+``pass_shift``), so that the row's maps and weight are read once a warp.
 ``*_any`` (every shape): a lane takes 32 columns of one row, ``npc / 32``
 lanes one scale-factor block, a row is ``lanes_per_row = S * npc / 32``
 lanes, the grid's lanes row after row (a warp may end one row and start the
@@ -26,11 +30,13 @@ __all__ = [
     "MAX_THREADS",
     "QuantizeShape",
     "QuantizeTuning",
+    "SEGMENT_COLUMNS",
     "division_magic",
     "launch_shape",
 ]
 
 LANE_COLUMNS = 32      # QUANT_LANE_COLS of kernels_cu/quantize.cu
+SEGMENT_COLUMNS = 32 * LANE_COLUMNS  # swiglu *_vec: the columns of one warp's segment
 MAX_THREADS = 256      # QUANT_MAX_THREADS: the kernels' launch bound
 MAX_LANES = 2**31 - 1  # lane indices stay below 2^31: the magic number's range
 
@@ -83,8 +89,11 @@ class QuantizeShape(NamedTuple):
     group_log2: int       # log2 of the lanes per scale-factor block (*_any)
     row_magic: int        # *_any: row of lane l = (l * row_magic) >> row_shift
     row_shift: int
-    block_magic: int      # *_vec: row of block b = (b * block_magic) >> block_shift
+    block_magic: int      # quantize *_vec: row of block b = (b * block_magic) >> block_shift
     block_shift: int
+    passes: int           # swiglu *_vec: warps a row (segments of SEGMENT_COLUMNS)
+    pass_magic: int       # swiglu *_vec: row of warp w = (w * pass_magic) >> pass_shift
+    pass_shift: int
 
     def grid(self, vector: bool) -> tuple[int, int]:
         """(blocks, threads) of one kernel."""
@@ -107,8 +116,13 @@ def division_magic(divisor: int) -> tuple[int, int]:
 
 
 def launch_shape(num_rows: int, hidden: int, num_per_channels: int, multiprocessors: int,
-                 tuning: QuantizeTuning = DEFAULT_TUNING) -> QuantizeShape:
-    """The grid of one call: a function of the shapes (and the SM count) only."""
+                 tuning: QuantizeTuning = DEFAULT_TUNING, *,
+                 swiglu: bool = False) -> QuantizeShape:
+    """The grid of one call: a function of the shapes (and the SM count) only.
+
+    ``swiglu``: the *_vec grid is swiglu_quantize_fp8's row-major one (a warp
+    a segment of a row), else quantize_fp8's (a warp 32 x 32 columns of the
+    chunks numbered row after row)."""
     lanes_per_block = num_per_channels // LANE_COLUMNS
     sf_blocks = ceil_div(hidden, num_per_channels)
     lanes_per_row = sf_blocks * lanes_per_block
@@ -117,15 +131,22 @@ def launch_shape(num_rows: int, hidden: int, num_per_channels: int, multiprocess
         raise ValueError(f"{num_rows} rows of {hidden} columns are too many for one launch "
                          f"(at most {MAX_LANES} lanes of {LANE_COLUMNS} columns)")
     vec_threads = vec_blocks = 0
+    passes = max(1, ceil_div(hidden, SEGMENT_COLUMNS))
     if hidden % num_per_channels == 0:
-        # a warp: 32 lanes x 32 columns of the [R, H] output, row after row
-        vec_threads, vec_blocks = _grid(ceil_div(num_rows * hidden, 32 * LANE_COLUMNS),
-                                        multiprocessors, tuning)
+        # a warp: 32 lanes x 32 columns of the [R, H] output, row after row,
+        # or (swiglu) one segment of a row
+        warps = (num_rows * passes if swiglu
+                 else ceil_div(num_rows * hidden, 32 * LANE_COLUMNS))
+        vec_threads, vec_blocks = _grid(warps, multiprocessors, tuning)
+        if vec_blocks * vec_threads > MAX_LANES:
+            raise ValueError(f"{num_rows} rows of {hidden} columns are too many for one "
+                             f"launch (at most {MAX_LANES // 32} warps)")
     row_magic, row_shift = division_magic(lanes_per_row)
     block_magic, block_shift = division_magic(sf_blocks)
+    pass_magic, pass_shift = division_magic(passes)
     return QuantizeShape(threads, blocks, vec_threads, vec_blocks, lanes_per_row,
                          lanes_per_block.bit_length() - 1, row_magic, row_shift, block_magic,
-                         block_shift)
+                         block_shift, passes, pass_magic, pass_shift)
 
 
 def _grid(warps: int, multiprocessors: int, tuning: QuantizeTuning) -> tuple[int, int]:
