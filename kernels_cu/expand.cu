@@ -319,15 +319,19 @@ __device__ __forceinline__ void expand_to_fused_bulk_body(const ExpandArgs& a) {
     const unsigned data_rows = data_left >= 32 ? rows.mask
                              : data_left <= 0 ? 0u : rows.mask & ((1u << data_left) - 1u);
     if (data_rows != 0) {
+        // The whole dynamic stage, which the host may make larger than a copy
+        // chunk (padding-heavy plans: few, large bulk stores of zeros run at
+        // memset speed, 1 KiB ones do not)
+        const i64 zero_vecs = min(static_cast<i64>(dynamic_shared_bytes() / 16), n_vec);
         uint4* zeros = reinterpret_cast<uint4*>(stage);
-        for (i64 i = lane; i < min(stage_vecs, n_vec); i += BULK_THREADS) zeros[i] = make_uint4(0, 0, 0, 0);
+        for (i64 i = lane; i < zero_vecs; i += BULK_THREADS) zeros[i] = make_uint4(0, 0, 0, 0);
         fence_shared_for_bulk();
         __syncwarp();
         if ((data_rows >> lane) & 1u) {  // lane r zeroes row first_row + r
             unsigned char* row = a.out + (rows.first_row + lane) * a.row_bytes;
-            for (i64 begin = 0; begin < n_vec; begin += stage_vecs)
+            for (i64 begin = 0; begin < n_vec; begin += zero_vecs)
                 bulk_store(row + begin * 16, shared_address(stage),
-                           static_cast<unsigned>(min(stage_vecs, n_vec - begin) * 16));
+                           static_cast<unsigned>(min(zero_vecs, n_vec - begin) * 16));
             bulk_stores_done_reading();
         }
     }

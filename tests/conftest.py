@@ -30,6 +30,13 @@ KERNEL_PATHS = {
     "bulk-zero-rows": ExpandTuning(bulk_min_blocks=0.0, padding_share_registers=math.inf,
                                    bulk_whole_row_zero_from=0, bulk_min_chunk_bytes=512),
     "registers": ExpandTuning(bulk_min_blocks=math.inf),
+    # every shape padding-heavy and on the bulk kernel (chunks always shrink):
+    # zero-fill blocks of whole rows in 2 KiB bulk stores of a stage larger
+    # than the 512-byte copy chunks
+    "bulk-zero-stage": ExpandTuning(bulk_min_blocks=0.0, padding_share_registers=0.0,
+                                    shrink_chunks_below=math.inf,
+                                    padding_bulk_min_chunk_bytes=512, padding_zero_whole_rows=1,
+                                    padding_zero_stage_bytes=2048),
 }
 
 

@@ -105,6 +105,18 @@ def test_forcing_a_kernel_reaches_small_batches(fake_h200, tuning, handle):
     assert _launch_for(4096, 7168, tuning=tuning).handle.startswith(handle)  # bulk: either zero-fill
 
 
+def test_the_zero_stage_kernel_path_reaches_small_batches(fake_h200):
+    """conftest's "bulk-zero-stage" path: whole-row zero-fill from a 2 KiB stage
+    above the 512-byte copy chunks, for the GPU tests' small rows too."""
+    from conftest import KERNEL_PATHS
+
+    tuning = KERNEL_PATHS["bulk-zero-stage"]
+    # (a copy chunk is at least 512 bytes: 32 lanes x 16 bytes)
+    for num_tokens, hidden, stage in ((5, 16, 512), (5, 2048, 2048), (4096, 7168, 14336)):
+        launch = _launch_for(num_tokens, hidden, tuning=tuning)
+        assert (launch.handle, launch.shared_bytes) == ("expand_to_fused_bulk_zero_rows", stage)
+
+
 @pytest.mark.parametrize(("num_tokens", "hidden", "num_expanded", "handle", "chunks",
                           "zero_rows"), [
     # kimi-k2-medium on a 128-expert plan (75% padding): the register kernel,
@@ -126,6 +138,30 @@ def test_padding_heavy_plans(fake_h200, num_tokens, hidden, num_expanded, handle
     launch = ExpandPlan(problem, 2, 0, DEFAULT_TUNING).kernel(16)
     assert (launch.handle, launch.grid[1]) == (handle, chunks)
     assert launch.constant("rows_per_zero_block") == zero_rows
+
+
+@pytest.mark.parametrize(("num_tokens", "hidden", "num_expanded", "stage_bytes", "handle"), [
+    # kimi-k2-small, 128 experts: 1 KiB copy chunks, a 14 KiB stage (the row)
+    (32, 7168, 14848, 14336, "expand_to_fused_bulk_zero_rows"),
+    # qwen3-30b-small: 6 KiB rows, now zeroed whole from a 6 KiB stage
+    (32, 3072, 14848, 6144, "expand_to_fused_bulk_zero_rows"),
+    # tightly packed: not padding-heavy, the copy chunk's stage (16 KiB rows of 14 KiB)
+    (4096, 7168, 32768, 14336, "expand_to_fused_bulk_zero_rows"),
+    # 64 KiB rows: the stage stops at 16 KiB
+    (32, 32768, 14848, 16384, "expand_to_fused_bulk_zero_rows"),
+])
+def test_padding_heavy_zero_fill_stage(fake_h200, num_tokens, hidden, num_expanded, stage_bytes,
+                                       handle):
+    tuning = dataclasses.replace(DEFAULT_TUNING, padding_zero_whole_rows=1,
+                                 padding_zero_stage_bytes=16 * 1024)
+    problem = ExpandProblem(num_tokens, hidden, 8, num_expanded, "bfloat16")
+    launch = ExpandPlan(problem, 2, 0, tuning).kernel(16)
+    assert (launch.handle, launch.shared_bytes) == (handle, stage_bytes)
+    # off: the stage is the copy chunk, and 6 KiB rows are zeroed by column chunks
+    launch = ExpandPlan(problem, 2, 0, DEFAULT_TUNING).kernel(16)
+    chunk = launch.constant("vecs_per_thread") * 32 * 16
+    assert launch.shared_bytes == chunk
+    assert launch.handle == ("expand_to_fused_bulk" if hidden == 3072 else handle)
 
 
 @pytest.mark.parametrize(("num_tokens", "hidden", "item_bytes", "zero_rows"), [
@@ -365,6 +401,9 @@ def test_sf_op_fast_path_keys_zero_padding(expand_fast_paths):
      r"16 <= padding_bulk_min_chunk_bytes <= bulk_max_chunk_bytes; got 8, 16384"),
     ({"bulk_target_blocks": -1.0}, r"bulk_target_blocks must be a number >= 0; got -1\.0"),
     ({"split_slots_below": "1"}, r"split_slots_below must be a number >= 0; got '1'"),
+    ({"padding_zero_whole_rows": 2}, r"padding_zero_whole_rows must be 0 or 1; got 2"),
+    ({"padding_zero_stage_bytes": 1000},
+     r"padding_zero_stage_bytes must be a multiple of 16 \(bulk stores\); got 1000"),
 ])
 def test_tuning_rejects_values_the_kernels_cannot_take(change, message):
     with pytest.raises(ValueError, match=message):

@@ -46,7 +46,12 @@ class ExpandTuning:
     its chunks need no shrinking (its 256-thread zero-fill blocks beat the
     bulk kernel's one-warp ones), and else the bulk kernel's chunks may be as
     short as ``padding_bulk_min_chunk_bytes`` (more copy blocks for few
-    tokens). benchmarks/NOTES.md has the sweep behind these.
+    tokens). There the bulk kernel's zero-fill blocks store whole rows when
+    ``padding_zero_whole_rows`` (1) is set, whatever the row length, in bulk
+    stores of a shared stage of ``padding_zero_stage_bytes`` at least (at most
+    16 KiB and the row; 1 KiB copy chunks would otherwise make them 1 KiB
+    stores, far below memset speed). benchmarks/NOTES.md has the sweep behind
+    these.
     """
 
     # register kernel
@@ -67,6 +72,8 @@ class ExpandTuning:
     # padding-heavy plans
     padding_share_registers: float = 0.5
     padding_bulk_min_chunk_bytes: int = 1024
+    padding_zero_whole_rows: int = 0
+    padding_zero_stage_bytes: int = 0
 
     def __post_init__(self) -> None:
         for field in fields(self):
@@ -83,6 +90,12 @@ class ExpandTuning:
             if not 1 <= getattr(self, name) <= 32:  # one warp ballot covers a block's rows
                 raise ValueError(f"ExpandTuning.{name} must be in 1 .. 32; "
                                  f"got {getattr(self, name)}")
+        if self.padding_zero_whole_rows not in (0, 1):
+            raise ValueError(f"ExpandTuning.padding_zero_whole_rows must be 0 or 1; "
+                             f"got {self.padding_zero_whole_rows!r}")
+        if self.padding_zero_stage_bytes % 16:
+            raise ValueError(f"ExpandTuning.padding_zero_stage_bytes must be a multiple of 16 "
+                             f"(bulk stores); got {self.padding_zero_stage_bytes!r}")
         for name in ("bulk_min_chunk_bytes", "padding_bulk_min_chunk_bytes"):
             if not 16 <= getattr(self, name) <= self.bulk_max_chunk_bytes:
                 raise ValueError(f"ExpandTuning needs 16 <= {name} <= bulk_max_chunk_bytes; "
