@@ -79,14 +79,14 @@ CONFIGS: list[tuple[str, ExpandTuning]] = [
       for rows in (8, 16)),
     *((f"{rows} whole rows per bulk zero-fill block", _tuned(zero_rows_bulk_whole=rows))
       for rows in (4, 8)),
-    # padding-heavy plans: the bulk kernel's zero-fill blocks store whole rows
-    # from a larger stage than the copy chunk
-    *((f"padding: whole rows, stage {kib} KiB", _tuned(padding_zero_whole_rows=1,
-                                                      padding_zero_stage_bytes=kib * 1024))
-      for kib in (4, 8, 16)),
-    *((f"padding: stage {kib} KiB, {rows} rows a block",
-       _tuned(padding_zero_whole_rows=1, padding_zero_stage_bytes=kib * 1024,
-              zero_rows_bulk_whole=rows)) for kib, rows in ((16, 1), (16, 4), (8, 4))),
+    # padding-heavy plans: the bulk kernel's zero-fill blocks of whole rows
+    # (default: 1 row a block, a 16 KiB stage)
+    ("padding: stage of the copy chunk, 2 rows a block",
+     _tuned(padding_zero_stage_bytes=0, padding_zero_rows_bulk_whole=2)),
+    ("padding: whole rows on every row length", _tuned(padding_zero_whole_rows=1)),
+    *((f"padding: stage {kib} KiB", _tuned(padding_zero_stage_bytes=kib * 1024))
+      for kib in (4, 8)),
+    ("padding: 2 rows a block", _tuned(padding_zero_rows_bulk_whole=2)),
 ]
 assert len({name for name, _ in CONFIGS}) == len(CONFIGS), "config names must differ"
 

@@ -140,28 +140,37 @@ def test_padding_heavy_plans(fake_h200, num_tokens, hidden, num_expanded, handle
     assert launch.constant("rows_per_zero_block") == zero_rows
 
 
-@pytest.mark.parametrize(("num_tokens", "hidden", "num_expanded", "stage_bytes", "handle"), [
-    # kimi-k2-small, 128 experts: 1 KiB copy chunks, a 14 KiB stage (the row)
-    (32, 7168, 14848, 14336, "expand_to_fused_bulk_zero_rows"),
-    # qwen3-30b-small: 6 KiB rows, now zeroed whole from a 6 KiB stage
-    (32, 3072, 14848, 6144, "expand_to_fused_bulk_zero_rows"),
-    # tightly packed: not padding-heavy, the copy chunk's stage (16 KiB rows of 14 KiB)
-    (4096, 7168, 32768, 14336, "expand_to_fused_bulk_zero_rows"),
+@pytest.mark.parametrize(("num_tokens", "hidden", "num_expanded", "stage_bytes", "zero_rows"), [
+    # kimi-k2-small, 128 experts: 1 KiB copy chunks; zero-fill blocks of 1 row
+    # from a 14 KiB stage (the row)
+    (32, 7168, 14848, 14336, 1),
     # 64 KiB rows: the stage stops at 16 KiB
-    (32, 32768, 14848, 16384, "expand_to_fused_bulk_zero_rows"),
+    (32, 32768, 14848, 16384, 1),
+    # tightly packed (not padding-heavy): the copy chunk's stage, 2 rows a block
+    (4096, 7168, 32768, 14336, 2),
 ])
 def test_padding_heavy_zero_fill_stage(fake_h200, num_tokens, hidden, num_expanded, stage_bytes,
-                                       handle):
-    tuning = dataclasses.replace(DEFAULT_TUNING, padding_zero_whole_rows=1,
-                                 padding_zero_stage_bytes=16 * 1024)
+                                       zero_rows):
     problem = ExpandProblem(num_tokens, hidden, 8, num_expanded, "bfloat16")
-    launch = ExpandPlan(problem, 2, 0, tuning).kernel(16)
-    assert (launch.handle, launch.shared_bytes) == (handle, stage_bytes)
-    # off: the stage is the copy chunk, and 6 KiB rows are zeroed by column chunks
     launch = ExpandPlan(problem, 2, 0, DEFAULT_TUNING).kernel(16)
-    chunk = launch.constant("vecs_per_thread") * 32 * 16
-    assert launch.shared_bytes == chunk
-    assert launch.handle == ("expand_to_fused_bulk" if hidden == 3072 else handle)
+    assert launch.handle == "expand_to_fused_bulk_zero_rows"
+    assert launch.shared_bytes == stage_bytes
+    assert launch.constant("rows_per_zero_block") == zero_rows
+    # a stage of the copy chunk only when asked
+    tuning = dataclasses.replace(DEFAULT_TUNING, padding_zero_stage_bytes=0)
+    launch = ExpandPlan(problem, 2, 0, tuning).kernel(16)
+    assert launch.shared_bytes == launch.constant("vecs_per_thread") * 32 * 16
+
+
+def test_padding_heavy_short_rows_take_column_chunks_unless_asked(fake_h200):
+    # qwen3-30b-small: 6 KiB rows (below bulk_whole_row_zero_from)
+    problem = ExpandProblem(32, 3072, 8, 14848, "bfloat16")
+    launch = ExpandPlan(problem, 2, 0, DEFAULT_TUNING).kernel(16)
+    assert (launch.handle, launch.shared_bytes) == ("expand_to_fused_bulk", 1024)
+    tuning = dataclasses.replace(DEFAULT_TUNING, padding_zero_whole_rows=1)
+    launch = ExpandPlan(problem, 2, 0, tuning).kernel(16)
+    assert (launch.handle, launch.shared_bytes) == ("expand_to_fused_bulk_zero_rows", 6144)
+    assert launch.constant("rows_per_zero_block") == 1
 
 
 @pytest.mark.parametrize(("num_tokens", "hidden", "item_bytes", "zero_rows"), [
@@ -402,6 +411,7 @@ def test_sf_op_fast_path_keys_zero_padding(expand_fast_paths):
     ({"bulk_target_blocks": -1.0}, r"bulk_target_blocks must be a number >= 0; got -1\.0"),
     ({"split_slots_below": "1"}, r"split_slots_below must be a number >= 0; got '1'"),
     ({"padding_zero_whole_rows": 2}, r"padding_zero_whole_rows must be 0 or 1; got 2"),
+    ({"padding_zero_rows_bulk_whole": 0}, r"padding_zero_rows_bulk_whole must be in 1 \.\. 32"),
     ({"padding_zero_stage_bytes": 1000},
      r"padding_zero_stage_bytes must be a multiple of 16 \(bulk stores\); got 1000"),
 ])

@@ -143,16 +143,17 @@ class ExpandPlan:
                 whole_rows = (self.row_bytes >= tuning.bulk_whole_row_zero_from
                               or (padding_heavy and tuning.padding_zero_whole_rows))
                 stage_bytes = lane_vecs * BULK_THREADS * 16
+                zero_rows = tuning.zero_rows_bulk_whole if whole_rows else tuning.zero_rows_bulk
                 if whole_rows and padding_heavy:
                     # zero-fill blocks store their rows in pieces of the whole
                     # stage: make it large enough for memset-speed bulk stores
                     stage_bytes = max(stage_bytes, min(
                         int(tuning.padding_zero_stage_bytes), BULK_SHARED_LIMIT,
                         ceil_div(self.row_bytes, 16) * 16))
+                    zero_rows = tuning.padding_zero_rows_bulk_whole
                 return self._launch(
                     "expand_to_fused_bulk_zero_rows" if whole_rows else "expand_to_fused_bulk",
-                    vec_bytes, BULK_THREADS, lane_vecs, problem.top_k, stage_bytes,
-                    tuning.zero_rows_bulk_whole if whole_rows else tuning.zero_rows_bulk,
+                    vec_bytes, BULK_THREADS, lane_vecs, problem.top_k, stage_bytes, zero_rows,
                     zero_whole_rows=whole_rows)
         if shrink:
             vecs_per_thread = 1

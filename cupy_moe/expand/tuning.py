@@ -46,12 +46,13 @@ class ExpandTuning:
     its chunks need no shrinking (its 256-thread zero-fill blocks beat the
     bulk kernel's one-warp ones), and else the bulk kernel's chunks may be as
     short as ``padding_bulk_min_chunk_bytes`` (more copy blocks for few
-    tokens). There the bulk kernel's zero-fill blocks store whole rows when
-    ``padding_zero_whole_rows`` (1) is set, whatever the row length, in bulk
-    stores of a shared stage of ``padding_zero_stage_bytes`` at least (at most
-    16 KiB and the row; 1 KiB copy chunks would otherwise make them 1 KiB
-    stores, far below memset speed). benchmarks/NOTES.md has the sweep behind
-    these.
+    tokens). There the bulk kernel's zero-fill blocks of whole rows (rows of
+    ``bulk_whole_row_zero_from`` bytes, or every row when
+    ``padding_zero_whole_rows`` is 1) take ``padding_zero_rows_bulk_whole``
+    rows each and store them in bulk stores of a shared stage of
+    ``padding_zero_stage_bytes`` at least (at most 16 KiB and the row; 1 KiB
+    copy chunks would otherwise make them 1 KiB stores, far below memset
+    speed). benchmarks/NOTES.md has the sweep behind these.
     """
 
     # register kernel
@@ -73,7 +74,8 @@ class ExpandTuning:
     padding_share_registers: float = 0.5
     padding_bulk_min_chunk_bytes: int = 1024
     padding_zero_whole_rows: int = 0
-    padding_zero_stage_bytes: int = 0
+    padding_zero_stage_bytes: int = 16 * 1024
+    padding_zero_rows_bulk_whole: int = 1
 
     def __post_init__(self) -> None:
         for field in fields(self):
@@ -86,7 +88,8 @@ class ExpandTuning:
                              f"zero-fill ballots); got {self.threads}")
         if not 1 <= self.unroll <= 16:
             raise ValueError(f"ExpandTuning.unroll must be in 1 .. 16; got {self.unroll}")
-        for name in ("zero_rows_registers", "zero_rows_bulk", "zero_rows_bulk_whole"):
+        for name in ("zero_rows_registers", "zero_rows_bulk", "zero_rows_bulk_whole",
+                     "padding_zero_rows_bulk_whole"):
             if not 1 <= getattr(self, name) <= 32:  # one warp ballot covers a block's rows
                 raise ValueError(f"ExpandTuning.{name} must be in 1 .. 32; "
                                  f"got {getattr(self, name)}")
