@@ -54,7 +54,7 @@ def emulate_grid(num_rows: int, hidden: int, npc: int, multiprocessors: int = 13
     it: how often each output column, each scale factor and each byte of the
     packed SF buffer (pad columns included) is written. ``vector``: the *_vec
     kernel, whose input chunks hold ``chunk`` columns (8: bf16, 4: float32);
-    with ``swiglu``, swiglu_quantize_fp8's row-major one."""
+    with ``swiglu`` and whole 1024-column segments, swiglu's *_rows."""
     shape = launch_shape(num_rows, hidden, npc, multiprocessors, tuning, swiglu=swiglu)
     blocks_per_row = -(-hidden // npc)
     ld = -(-num_rows // 4) * 4
@@ -62,7 +62,8 @@ def emulate_grid(num_rows: int, hidden: int, npc: int, multiprocessors: int = 13
     sf_stores = np.zeros((num_rows, blocks_per_row), dtype=np.int64)
     packed_bytes = np.zeros((-(-blocks_per_row // 4), ld, 4), dtype=np.int64)
     blocks, threads = shape.grid(vector)
-    if vector and swiglu:
+    assert shape.rows == (swiglu and hidden % SEGMENT_COLUMNS == 0)
+    if vector and shape.rows:
         return (shape, *_emulate_swiglu_rows(shape, num_rows, hidden, npc, chunk, blocks * threads,
                                              written, sf_stores, packed_bytes))
     if vector:
@@ -119,7 +120,8 @@ def emulate_grid(num_rows: int, hidden: int, npc: int, multiprocessors: int = 13
 
 def _emulate_swiglu_rows(shape, num_rows, hidden, npc, chunk, lanes, written, sf_stores,
                          packed_bytes):
-    """swiglu_rows_body of quantize.cu: warp w, segment w % passes of row w // passes."""
+    """swiglu_rows_body of quantize.cu: warp w, segment w % passes of row w // passes
+    (every segment whole: H % 1024 == 0)."""
     loads = LANE_COLUMNS // chunk
     group_log2 = shape.group_log2 + {8: 2, 4: 3}[chunk]
     group = 1 << group_log2
@@ -204,25 +206,28 @@ def test_decode_and_prefill_shapes():
     qwen = launch_shape(8192 * 8, 768, 128, 132)  # swiglu rows: T * K, I = 768
     assert qwen.lanes_per_row == 24 and qwen.vec_blocks == 8192 * 8 * 24 // 256
     assert launch_shape(5, 200, 128, 132).vec_blocks == 0  # a partial block: *_any only
-    # swiglu: a warp a 1024-column segment of a row
+    # swiglu, I % 1024 == 0: *_rows, a warp a 1024-column segment of a row
     kimi = launch_shape(4096 * 8, 2048, 128, 132, swiglu=True)
-    assert kimi.passes == 2 and kimi.vec_blocks == 4096 * 8 * 2 // 8
-    assert launch_shape(8192 * 8, 768, 128, 132, swiglu=True).vec_blocks == 8192 * 8 // 8
+    assert kimi.rows and kimi.passes == 2 and kimi.vec_blocks == 4096 * 8 * 2 // 8
     decode = launch_shape(1024, 2048, 128, 132, swiglu=True)
-    assert (decode.vec_threads, decode.vec_blocks) == (64, 1024)
+    assert decode.rows and (decode.vec_threads, decode.vec_blocks) == (64, 1024)
+    # I = 768: *_vec (segments would be three quarters filled)
+    qwen_swiglu = launch_shape(8192 * 8, 768, 128, 132, swiglu=True)
+    assert not qwen_swiglu.rows and qwen_swiglu.vec_blocks == qwen.vec_blocks
+    assert not launch_shape(9, 2048, 128, 132).rows  # quantize_fp8: never
 
 
 def test_too_many_warps_for_one_launch():
     with pytest.raises(ValueError, match="too many for one launch"):
         launch_shape(2**26, 1024, 128, 132)  # 2^31 lanes
     launch_shape(2**26 - 8, 1024, 128, 132)
-    # swiglu's *_vec grid has a warp a row even for narrow rows
+    # *_rows: 2 warps a row of 2048 columns, where *_any has 64 lanes a row: its
+    # grid reaches the limit first
     with pytest.raises(ValueError, match=re.escape(
-            "67108864 rows of 32 columns are too many for one launch (at most 67108863 "
-            "warps)")):
-        launch_shape(2**26, 32, 32, 132, swiglu=True)
-    assert launch_shape(2**26, 32, 32, 132).vec_blocks == 2**26 // 256  # 32 rows a warp
-    launch_shape(2**26 - 8, 32, 32, 132, swiglu=True)
+            "33554432 rows of 2048 columns are too many for one launch (at most 2147483647 "
+            "lanes of 32 columns)")):
+        launch_shape(2**25, 2048, 128, 132, swiglu=True)
+    assert launch_shape(2**25 - 8, 2048, 128, 132, swiglu=True).rows
 
 
 @pytest.mark.parametrize(("kwargs", "message"), [
@@ -271,10 +276,13 @@ def test_a_plan_packs_what_the_kernel_reads(monkeypatch, swiglu):
     plan.launch(7, 0x1000, 0x2000, 0x3000, 0x4000, 0x5000, 0x6000)
     op = "swiglu_quantize_fp8" if swiglu else "quantize_fp8"
     handle, grid_x, grid_y, grid_z, threads, _, _, shared, stream, _, _ = launches[0]
-    assert handle == f"{op}_bf16_vec" and (grid_y, grid_z, shared, stream) == (1, 1, 0, 7)
+    # swiglu with 7168 = 7 segments of 1024 columns: the row-major kernel
+    coalesced = f"{op}_bf16_rows" if swiglu else f"{op}_bf16_vec"
+    assert handle == coalesced and (grid_y, grid_z, shared, stream) == (1, 1, 0, 7)
     shape = launch_shape(9, 7168, 128, 132, swiglu=swiglu)
     assert (grid_x, threads) == (shape.vec_blocks, shape.vec_threads)
     assert shape.passes == 7 and shape.vec_blocks == 32  # 63 warps, 2 a block, either way
+    assert shape.rows == swiglu
     fields = dict(zip(gpu.QUANTIZE_ARGS.names,
                       gpu.QUANTIZE_ARGS.packer.unpack_from(plan.args.buffer), strict=True))
     assert fields == {

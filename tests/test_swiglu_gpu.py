@@ -82,9 +82,10 @@ def test_random_cases_are_bit_identical_to_the_oracle(kind):
             inter = int(rng.choice([768, 2048, 1040]))
         else:
             num_rows = 0 if rng.integers(30) == 0 else int(rng.integers(1, 40))
-            # 1056, 1152, 3072: a row's second (and third) warp segment partly
-            # filled, on the coalesced kernel (I % npc == 0)
-            inter = int(rng.choice([1, 16, 32, 100, 128, 129, 768, 1000, 1056, 1152, 2048, 3072])
+            # 1024, 2048, 3072: the row-major coalesced kernel (*_rows); 768,
+            # 1056, 1152: the chunk-numbered one (*_vec; I % npc == 0)
+            inter = int(rng.choice([1, 16, 32, 100, 128, 129, 768, 1000, 1024, 1056, 1152, 2048,
+                                      3072])
                         if rng.random() < 0.6 else rng.integers(1, 1500))
             maps = random_maps(rng, num_rows)
         layout, settings = random_settings(rng)

@@ -43,10 +43,12 @@ QUANTIZE_ARGS = ArgStruct(
 _pack_pointers = QUANTIZE_ARGS.pointer_packer.pack_into
 
 
-def kernel_name(problem: QuantizeProblem, vector: bool) -> str:
+def kernel_name(problem: QuantizeProblem, vector: bool, rows: bool = False) -> str:
+    """The kernel: coalesced (``vector``; swiglu's row-major one with ``rows``) or
+    element accesses."""
     op = "swiglu_quantize_fp8" if problem.swiglu else "quantize_fp8"
     dtype = "f32" if problem.in_dtype == "float32" else "bf16"
-    return f"{op}_{dtype}_{'vec' if vector else 'any'}"
+    return f"{op}_{dtype}_{('rows' if rows else 'vec') if vector else 'any'}"
 
 
 def sf_layout(problem: QuantizeProblem) -> int:
@@ -71,7 +73,8 @@ class QuantizePlan:
                                                  swiglu=problem.swiglu)
         defines = tuning.defines()
         self.handles = {vector: function_handle(SOURCE, defines, device,
-                                                kernel_name(problem, vector))
+                                                kernel_name(problem, vector,
+                                                            vector and self.shape.rows))
                         for vector in (True, False)}
         shape = self.shape
         self.args = ArgBlock(QUANTIZE_ARGS, QUANTIZE_ARGS.constants(

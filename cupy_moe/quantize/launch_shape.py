@@ -3,9 +3,10 @@
 Two kernels per op (kernels_cu/quantize.cu has the details). ``*_vec``
 (``H % npc == 0``, aligned arrays): the output's 16-byte input chunks, a
 warp taking 32 x 32 columns' worth of them, interleaved across its lanes so
-that every access is coalesced. quantize_fp8 numbers the chunks row after
-row (a chunk's row is its block index divided by S: ``block_magic`` /
-``block_shift``); swiglu_quantize_fp8 is row-major: a warp takes one
+that every access is coalesced, the chunks numbered row after row (a
+chunk's row is its block index divided by S: ``block_magic`` /
+``block_shift``). swiglu_quantize_fp8 with ``H % SEGMENT_COLUMNS == 0``
+takes ``*_rows`` instead, row-major: a warp takes one
 ``SEGMENT_COLUMNS``-column segment of one row, ``passes`` warps a row (a
 warp's row is its index divided by ``passes``: ``pass_magic`` /
 ``pass_shift``), so that the row's maps and weight are read once a warp.
@@ -91,8 +92,9 @@ class QuantizeShape(NamedTuple):
     row_shift: int
     block_magic: int      # quantize *_vec: row of block b = (b * block_magic) >> block_shift
     block_shift: int
-    passes: int           # swiglu *_vec: warps a row (segments of SEGMENT_COLUMNS)
-    pass_magic: int       # swiglu *_vec: row of warp w = (w * pass_magic) >> pass_shift
+    rows: bool            # the coalesced kernel is swiglu's *_rows (else *_vec)
+    passes: int           # *_rows: warps a row (segments of SEGMENT_COLUMNS)
+    pass_magic: int       # *_rows: row of warp w = (w * pass_magic) >> pass_shift
     pass_shift: int
 
     def grid(self, vector: bool) -> tuple[int, int]:
@@ -120,9 +122,10 @@ def launch_shape(num_rows: int, hidden: int, num_per_channels: int, multiprocess
                  swiglu: bool = False) -> QuantizeShape:
     """The grid of one call: a function of the shapes (and the SM count) only.
 
-    ``swiglu``: the *_vec grid is swiglu_quantize_fp8's row-major one (a warp
-    a segment of a row), else quantize_fp8's (a warp 32 x 32 columns of the
-    chunks numbered row after row)."""
+    ``swiglu``: where H is whole segments, the coalesced grid is
+    swiglu_quantize_fp8's row-major *_rows one (a warp a segment of a row),
+    else *_vec's (a warp 32 x 32 columns of the chunks numbered row after
+    row)."""
     lanes_per_block = num_per_channels // LANE_COLUMNS
     sf_blocks = ceil_div(hidden, num_per_channels)
     lanes_per_row = sf_blocks * lanes_per_block
@@ -132,10 +135,11 @@ def launch_shape(num_rows: int, hidden: int, num_per_channels: int, multiprocess
                          f"(at most {MAX_LANES} lanes of {LANE_COLUMNS} columns)")
     vec_threads = vec_blocks = 0
     passes = max(1, ceil_div(hidden, SEGMENT_COLUMNS))
+    rows = swiglu and hidden % SEGMENT_COLUMNS == 0
     if hidden % num_per_channels == 0:
         # a warp: 32 lanes x 32 columns of the [R, H] output, row after row,
-        # or (swiglu) one segment of a row
-        warps = (num_rows * passes if swiglu
+        # or (*_rows) one segment of a row
+        warps = (num_rows * passes if rows
                  else ceil_div(num_rows * hidden, 32 * LANE_COLUMNS))
         vec_threads, vec_blocks = _grid(warps, multiprocessors, tuning)
         if vec_blocks * vec_threads > MAX_LANES:
@@ -146,7 +150,7 @@ def launch_shape(num_rows: int, hidden: int, num_per_channels: int, multiprocess
     pass_magic, pass_shift = division_magic(passes)
     return QuantizeShape(threads, blocks, vec_threads, vec_blocks, lanes_per_row,
                          lanes_per_block.bit_length() - 1, row_magic, row_shift, block_magic,
-                         block_shift, passes, pass_magic, pass_shift)
+                         block_shift, rows, passes, pass_magic, pass_shift)
 
 
 def _grid(warps: int, multiprocessors: int, tuning: QuantizeTuning) -> tuple[int, int]:
