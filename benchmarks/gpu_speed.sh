@@ -4,10 +4,11 @@
 # expand config sweep on decode plans; every log to $OUT/gpu_speed.log and a
 # short summary at the end.
 #
-#   bash benchmarks/gpu_speed.sh [--combine] [--expand-decode]
+#   bash benchmarks/gpu_speed.sh [--combine] [--swiglu] [--expand-decode]
 #                                [--ncu LABEL KERNEL_REGEX]...
 #
 # --combine: benchmarks/sweep_combine.py (vectors a thread, slot batch, warps).
+# --swiglu: benchmarks/sweep_swiglu.py (block size, the *_rows register budget).
 # --expand-decode: benchmarks/sweep_kernel_config.py on the decode plans
 #   (graph-replay µs per config).
 # --ncu LABEL REGEX: ncu --set full on the 3rd launch matching REGEX of
@@ -21,10 +22,11 @@ LOG=$OUT/gpu_speed.log
 : > "$LOG"
 summary=()
 section() { printf '\n===== %s =====\n' "$1" | tee -a "$LOG"; }
-combine=0 expand_decode=0 profiles=()
+combine=0 swiglu=0 expand_decode=0 profiles=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --combine) combine=1 ;;
+    --swiglu) swiglu=1 ;;
     --expand-decode) expand_decode=1 ;;
     --ncu) profiles+=("$2|$3"); shift 2 ;;
     *) echo "unknown option $1" >&2; exit 2 ;;
@@ -37,6 +39,13 @@ if [ $combine -eq 1 ]; then
   section "reduce_fused launch-shape sweep"
   timeout 240 python3 benchmarks/sweep_combine.py 2>> "$LOG" | tee -a "$LOG"
   summary+=("sweep_combine rc=${PIPESTATUS[0]} [$(( $(date +%s) - start ))s]")
+fi
+
+if [ $swiglu -eq 1 ]; then
+  start=$(date +%s)
+  section "swiglu_quantize_fp8 tuning sweep"
+  timeout 240 python3 benchmarks/sweep_swiglu.py 2>> "$LOG" | tee -a "$LOG"
+  summary+=("sweep_swiglu rc=${PIPESTATUS[0]} [$(( $(date +%s) - start ))s]")
 fi
 
 for entry in "${profiles[@]}"; do

@@ -54,6 +54,18 @@
 
 #define QUANT_LANE_COLS 32   // columns a lane quantizes (both kernels)
 #define QUANT_MAX_THREADS 256
+
+// Blocks an SM should hold of the *_rows kernels (0: the compiler's choice):
+// a register budget for more warps in flight (cupy_moe/quantize/launch_shape.py,
+// QuantizeTuning.rows_min_blocks).
+#ifndef QUANTIZE_ROWS_MIN_BLOCKS
+#define QUANTIZE_ROWS_MIN_BLOCKS 0
+#endif
+#if QUANTIZE_ROWS_MIN_BLOCKS > 0
+#define QUANT_ROWS_BOUNDS __launch_bounds__(QUANT_MAX_THREADS, QUANTIZE_ROWS_MIN_BLOCKS)
+#else
+#define QUANT_ROWS_BOUNDS __launch_bounds__(QUANT_MAX_THREADS)
+#endif
 #define QUANT_FULL_MASK 0xFFFFFFFFu
 
 #define SF_ROW_MAJOR_F32 0
@@ -502,7 +514,7 @@ __device__ __forceinline__ void quantize_any_body(const QuantizeArgs& a) {
     swiglu_quantize_fp8_##IN_NAME##_vec(const QuantizeArgs a) {                              \
         quantize_vec_body<IN_TYPE, true>(a);                                                 \
     }                                                                                        \
-    extern "C" __global__ void __launch_bounds__(QUANT_MAX_THREADS)                          \
+    extern "C" __global__ void QUANT_ROWS_BOUNDS                                              \
     swiglu_quantize_fp8_##IN_NAME##_rows(const QuantizeArgs a) {                             \
         swiglu_rows_body<IN_TYPE>(a);                                                        \
     }                                                                                        \

@@ -235,6 +235,9 @@ def test_too_many_warps_for_one_launch():
     ({"threads": 512}, "QuantizeTuning.threads must be whole warps in 32 .. 256; got 512"),
     ({"small_threads": True}, "QuantizeTuning.small_threads must be whole warps"),
     ({"full_blocks_from": -1}, "QuantizeTuning.full_blocks_from must be a number >= 0"),
+    ({"rows_min_blocks": 33}, "QuantizeTuning.rows_min_blocks must be an int in 0 .. 32; got 33"),
+    ({"rows_min_blocks": True},
+     "QuantizeTuning.rows_min_blocks must be an int in 0 .. 32; got True"),
 ])
 def test_bad_tunings(kwargs, message):
     with pytest.raises(ValueError, match=re.escape(message)):
@@ -245,8 +248,10 @@ def test_bad_tunings(kwargs, message):
 
 
 def test_tuning_defines():
-    assert QuantizeTuning().defines() == (("QUANTIZE_SOFTWARE_E4M3", 0),)
-    assert QuantizeTuning(software_e4m3=True).defines() == (("QUANTIZE_SOFTWARE_E4M3", 1),)
+    assert QuantizeTuning().defines() == (("QUANTIZE_SOFTWARE_E4M3", 0),
+                                          ("QUANTIZE_ROWS_MIN_BLOCKS", 0))
+    assert QuantizeTuning(software_e4m3=True, rows_min_blocks=5).defines() == (
+        ("QUANTIZE_SOFTWARE_E4M3", 1), ("QUANTIZE_ROWS_MIN_BLOCKS", 5))
 
 
 # -- the host side of a launch, without a GPU -------------------------------------------
