@@ -1,7 +1,8 @@
 """A representative subset of calls for compute-sanitizer (memcheck, initcheck).
 
 Every kernel variant and access width (the bulk-copy kernel forced on small
-batches too, by a tuning whose bulk_min_blocks is 0), odd H, T == 0, X == 0,
+batches too, by a tuning whose bulk_min_blocks is 0; the padding rows'
+kernel of its own, by one that asks for it on every call), odd H, T == 0, X == 0,
 a malformed map with positions past X, the column-major pad columns and
 validate=True; fused_mapping; reduce_fused, quantize_fp8 and
 swiglu_quantize_fp8; each result is also checked bit-exact against the NumPy
@@ -41,6 +42,9 @@ from cupy_moe.mapping import worst_case_rows
 REGISTERS_ONLY = dataclasses.replace(DEFAULT_TUNING, bulk_min_blocks=math.inf)
 BULK_ALWAYS = dataclasses.replace(DEFAULT_TUNING, bulk_min_blocks=0.0,
                                   padding_share_registers=math.inf)
+# every call with tokens padding-heavy, its padding rows by expand_zero_padding_rows
+ZERO_KERNEL = dataclasses.replace(DEFAULT_TUNING, padding_share_registers=0.0,
+                                  zero_kernel_from_bytes=0)
 
 
 def bits(a: np.ndarray) -> np.ndarray:
@@ -182,6 +186,10 @@ def main() -> int:
     # (16400) take the whole-row zero-fill kernel
     cases += run_cases(rng, REGISTERS_ONLY if registers_only else BULK_ALWAYS,
                        (16, 2064, 7168, 16400), ((5, 3, 17), (0, 8, 6), (33, 9, 301)))
+    # padding rows by expand_zero_padding_rows beside the copy kernel (16-byte
+    # rows, sm_90+; the register kernel's zero-fill blocks under initcheck)
+    cases += run_cases(rng, REGISTERS_ONLY if registers_only else ZERO_KERNEL,
+                       (16, 2064, 7168), ((5, 3, 17), (0, 8, 6), (33, 9, 301)))
     # validate=True: the routing kernels, on a good map and on a bad one
     x = cupy.zeros((3, 64), dtype=cupy.uint16)
     good = cupy.asarray(np.array([[0, 1], [2, -1], [3, 4]], dtype=np.int32))

@@ -87,6 +87,10 @@ CONFIGS: list[tuple[str, ExpandTuning]] = [
     *((f"padding: stage {kib} KiB", _tuned(padding_zero_stage_bytes=kib * 1024))
       for kib in (4, 8)),
     ("padding: 2 rows a block", _tuned(padding_zero_rows_bulk_whole=2)),
+    # padding-heavy plans' padding rows by a kernel of their own beside the
+    # copies (expand_zero_padding_rows; not yet measured)
+    ("padding: zero kernel", _tuned(zero_kernel_from_bytes=0)),
+    ("padding: zero kernel from 16 MB", _tuned(zero_kernel_from_bytes=16e6)),
 ]
 assert len({name for name, _ in CONFIGS}) == len(CONFIGS), "config names must differ"
 

@@ -2,7 +2,10 @@
 // expert-major rows of a grouped-GEMM input, zero-filling padding rows (or
 // leaving them alone: zero_padding = 0).
 //
-// One launch does all of it. The grid's x dimension holds two kinds of
+// One launch does all of it (padding-heavy plans may instead leave their
+// padding rows to a second kernel that overlaps it: the *_overlapped copy
+// kernels and expand_zero_padding_rows, at the end). The grid's x dimension
+// holds two kinds of
 // blocks, its y dimension splits a row into column chunks of
 // EXPAND_THREADS * vecs_per_thread accesses, its z dimension splits the K
 // slots into groups of slots_per_block (small batches only: more, smaller
@@ -46,6 +49,7 @@
 
 #include "vector_access.cuh"
 #include "bulk_copy.cuh"
+#include "dependent_launch.cuh"
 #include "zero_fill.cuh"
 
 // Threads per block and the most vectors a thread holds in flight. The loader
@@ -154,8 +158,12 @@ __device__ __forceinline__ void zero_fill(const ExpandArgs& a, i64 zero_block, i
     if (blockIdx.y == 0) zero_sf_rows(a, rows, threads);
 }
 
-template <int VEC_BYTES>
+// OVERLAPPED: the copy kernel of a call whose padding rows
+// expand_zero_padding_rows zeroes (the host launches no zero-fill blocks):
+// it lets that kernel start at once.
+template <int VEC_BYTES, bool OVERLAPPED = false>
 __device__ __forceinline__ void expand_to_fused_body(const ExpandArgs& a) {
+    if constexpr (OVERLAPPED) let_dependents_start();
     typedef typename VecOf<VEC_BYTES>::type Vec;
     const i64 n_vec = a.row_bytes / VEC_BYTES;
     const int vecs_per_thread = a.vecs_per_thread;
@@ -222,6 +230,12 @@ __device__ __forceinline__ void expand_to_fused_body(const ExpandArgs& a) {
 
 DEFINE_EXPAND_KERNEL(16)
 DEFINE_EXPAND_KERNEL(8)
+
+extern "C" __global__ void __launch_bounds__(EXPAND_THREADS)
+expand_to_fused_v16_overlapped(const ExpandArgs args) {
+    expand_to_fused_body<16, true>(args);
+}
+
 DEFINE_EXPAND_KERNEL(4)
 DEFINE_EXPAND_KERNEL(2)
 DEFINE_EXPAND_KERNEL(1)
@@ -251,9 +265,10 @@ DEFINE_EXPAND_KERNEL(1)
 //                across the y and z planes, so there are gridDim.y times fewer.
 enum BulkZeroFill { ZERO_CHUNKS, ZERO_ROWS };
 
-template <BulkZeroFill ZERO_FILL>
+template <BulkZeroFill ZERO_FILL, bool OVERLAPPED = false>
 __device__ __forceinline__ void expand_to_fused_bulk_body(const ExpandArgs& a) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if constexpr (OVERLAPPED) let_dependents_start();  // see expand_to_fused_body
     extern __shared__ __align__(128) unsigned char stage[];
     __shared__ __align__(8) unsigned long long loaded;
     const int lane = threadIdx.x;
@@ -348,6 +363,42 @@ extern "C" __global__ void __launch_bounds__(BULK_THREADS) expand_to_fused_bulk(
 extern "C" __global__ void __launch_bounds__(BULK_THREADS)
 expand_to_fused_bulk_zero_rows(const ExpandArgs a) {
     expand_to_fused_bulk_body<ZERO_ROWS>(a);
+}
+
+// token blocks only: no zero-fill layout to choose
+extern "C" __global__ void __launch_bounds__(BULK_THREADS)
+expand_to_fused_bulk_overlapped(const ExpandArgs a) {
+    expand_to_fused_bulk_body<ZERO_CHUNKS, true>(a);
+}
+
+// ---------------------------------------------------------------------------
+// Padding rows by a kernel of their own (padding-heavy plans, where the host
+// asks for it: ExpandTuning.zero_kernel_from_bytes; 16-byte rows and output,
+// sm_90+). The copy kernel (a *_overlapped one) then has no zero-fill blocks
+// and lets this kernel start at once (programmatic dependent launch): the two
+// write disjoint rows, so the zeros stream while the rows are copied, by
+// blocks of EXPAND_THREADS threads with plain 16-byte stores (what runs at
+// memset speed, benchmarks/results/zero_fill_sweep.md), not by the copy
+// kernel's one-warp blocks. Block b takes the rows_per_zero_block rows from
+// first_zero_row + b * rows_per_zero_block on, as a zero-fill block of the
+// copy kernel would (rows_to_zero: padding rows, every row when T == 0, the
+// column-major SF's pad columns), and their scale factors. Before it exits it
+// waits for the copy kernel, so that the stream's next kernel, which waits
+// for this one, never starts before both are done.
+extern "C" __global__ void __launch_bounds__(EXPAND_THREADS)
+expand_zero_padding_rows(const ExpandArgs a) {
+    const ZeroRows rows = rows_to_zero(a, blockIdx.x);  // each warp: the same ballot
+    const i64 n_vec = a.row_bytes / 16;
+    uint4* out = reinterpret_cast<uint4*>(a.out);
+    for (unsigned mask = rows.mask; mask != 0; mask &= mask - 1) {
+        const i64 p = rows.first_row + __ffs(mask) - 1;
+        if (p >= a.num_expanded) break;  // the SF pad columns come last: no data row
+        uint4* row = out + p * n_vec;
+        for (i64 i = threadIdx.x; i < n_vec; i += EXPAND_THREADS)
+            store_once(row + i, make_uint4(0, 0, 0, 0));
+    }
+    zero_sf_rows(a, rows, EXPAND_THREADS);
+    wait_for_previous_kernel();
 }
 
 // ---------------------------------------------------------------------------

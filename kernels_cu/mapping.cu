@@ -27,6 +27,7 @@
 // tail of a segment, or past the last segment).
 // *_i32 / *_i64: the dtype of topk_ids.
 
+#include "dependent_launch.cuh"
 #include "grid_barrier.cuh"
 #include "vector_access.cuh"
 
@@ -70,20 +71,9 @@ __device__ __forceinline__ long long block_first_slot(const MappingArgs& a, int 
     return static_cast<long long>(block) * (blockDim.x >> 5) * a.warp_slots;
 }
 
-// Programmatic dependent launch (sm_90+): the place kernel may start while
-// the count kernel runs, and waits for it before reading the block counts.
-// Elsewhere, or launched plainly, the stream orders them and these are no-ops.
-__device__ __forceinline__ void let_dependents_start() {
-#if __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
-}
-
-__device__ __forceinline__ void wait_for_previous_kernel() {
-#if __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
+// The place kernel may start while the count kernel runs (programmatic
+// dependent launch, dependent_launch.cuh), and waits for it before reading
+// the block counts.
 
 // Count block c covers place blocks [c * split, (c + 1) * split): it counts
 // its slots per expert and per place block, and writes its totals and, for

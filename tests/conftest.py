@@ -37,6 +37,9 @@ KERNEL_PATHS = {
                                     shrink_chunks_below=math.inf,
                                     padding_bulk_min_chunk_bytes=512, padding_zero_whole_rows=1,
                                     padding_zero_stage_bytes=2048),
+    # every call with tokens padding-heavy, its padding rows zeroed by
+    # expand_zero_padding_rows beside the copy kernel (16-byte rows, sm_90+)
+    "zero-kernel": ExpandTuning(padding_share_registers=0.0, zero_kernel_from_bytes=0),
 }
 
 

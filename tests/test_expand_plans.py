@@ -423,3 +423,103 @@ def test_tuning_rejects_values_the_kernels_cannot_take(change, message):
 def test_tuning_is_frozen():
     with pytest.raises(dataclasses.FrozenInstanceError):
         DEFAULT_TUNING.unroll = 2
+
+
+# -- padding rows by a kernel of their own (expand_zero_padding_rows) -------------------
+
+ZERO_KERNEL = dataclasses.replace(DEFAULT_TUNING, zero_kernel_from_bytes=0)
+
+
+def test_the_c_struct_has_the_host_fields_in_order():
+    import re
+    from pathlib import Path
+
+    source = (Path(plan_module.__file__).parents[2] / "kernels_cu" / "expand.cu").read_text()
+    body = re.search(r"struct ExpandArgs \{(.*?)\};", source, re.S).group(1)
+    names = re.findall(r"(\w+);", re.sub(r"//[^\n]*", "", body))
+    assert tuple(names) == EXPAND_ARGS.names
+
+
+def test_the_zero_kernel_path_reaches_the_gpu_tests_shapes(fake_h200):
+    """conftest's "zero-kernel" path: small tight test shapes take it too."""
+    from conftest import KERNEL_PATHS
+
+    tuning = KERNEL_PATHS["zero-kernel"]
+    for num_tokens, hidden in ((5, 16), (5, 2048), (4096, 7168)):
+        launch = _launch_for(num_tokens, hidden, tuning=tuning)
+        assert launch.zero_launch is not None and launch.grid_x == num_tokens
+    assert _launch_for(0, 2048, tuning=tuning).zero_launch is None
+
+
+def test_the_zero_kernel_is_off_by_default(fake_h200):
+    problem = ExpandProblem(32, 7168, 8, 14848, "bfloat16")
+    assert ExpandPlan(problem, 2, 0, DEFAULT_TUNING).kernel(16).zero_launch is None
+
+
+@pytest.mark.parametrize(("num_tokens", "hidden", "item_bytes", "num_expanded", "rows", "sf"), [
+    (32, 7168, 2, 14848, 1, {}),          # kimi-k2-small-e128: 14 KiB rows, 1 a block
+    (32, 3072, 2, 14848, 2, {}),          # qwen3-30b-small: 6 KiB rows
+    (32, 3072, 1, 14848, 5, {"sf_columns": 6, "sf_dtype": "int32", "num_per_channels": 128,
+                             "sf_col_major": True}),  # fp8 rows, packed SF, pad columns
+    (512, 7168, 2, 16385, 1, {"sf_columns": 56, "sf_dtype": "float32",
+                              "num_per_channels": 128}),  # the register copy kernel
+])
+def test_padding_heavy_calls_may_zero_by_a_second_kernel(fake_h200, num_tokens, hidden,
+                                                          item_bytes, num_expanded, rows, sf):
+    problem = ExpandProblem(num_tokens, hidden, 8, num_expanded,
+                            "bfloat16" if item_bytes == 2 else "float8_e4m3fn", **sf)
+    plan = ExpandPlan(problem, item_bytes, 0, ZERO_KERNEL)
+    copy = plan.kernel(16)
+    zero = copy.zero_launch
+    # the copy kernel: token blocks only, letting the zero kernel start; a bulk
+    # kernel's stage is its copy chunk (no zero-fill blocks to size it for)
+    assert copy.grid_x == num_tokens and copy.name.endswith("_overlapped")
+    assert copy.name in ("expand_to_fused_bulk_overlapped", "expand_to_fused_v16_overlapped")
+    if copy.name.startswith("expand_to_fused_bulk"):
+        assert copy.shared_bytes == copy.constant("vecs_per_thread") * 32 * 16
+    assert zero.handle == "expand_zero_padding_rows" and zero.threads == ZERO_KERNEL.threads
+    assert zero.constant("rows_per_zero_block") == rows
+    # its blocks cover every data row and the column-major SF's pad columns
+    assert zero.grid == (-(-plan.zero_rows_end // rows), 1, 1)
+    assert plan.zero_rows_end == (align_up(num_expanded, 4) if sf.get("sf_col_major")
+                                  else num_expanded)
+    for field in ("num_tokens", "num_expanded", "first_zero_row", "zero_padding", "sf_ld"):
+        assert zero.constant(field) == copy.constant(field)
+
+
+@pytest.mark.parametrize(("change", "why"), [
+    ({"num_tokens": 0}, "no copy kernel to overlap"),
+    ({"num_expanded": 384}, "not padding-heavy"),  # 1/3 of the rows padding
+])
+def test_the_zero_kernel_needs_a_padding_heavy_call_with_tokens(fake_h200, change, why):
+    shape = {"num_tokens": 32, "hidden": 7168, "top_k": 8, "num_expanded": 14848, **change}
+    problem = ExpandProblem(x_dtype="bfloat16", **shape)
+    launch = ExpandPlan(problem, 2, 0, ZERO_KERNEL).kernel(16)
+    assert launch.zero_launch is None, why
+    assert not launch.name.endswith("_overlapped")
+
+
+def test_the_zero_kernel_needs_16_byte_rows_sm90_and_zero_padding(fake_h200, monkeypatch):
+    problem = ExpandProblem(32, 7168, 8, 14848, "bfloat16")
+    assert ExpandPlan(problem, 2, 0, ZERO_KERNEL).kernel(8).zero_launch is None
+    assert ExpandPlan(problem, 2, 0, ZERO_KERNEL, zero_padding=False).kernel(16).zero_launch \
+        is None
+    monkeypatch.setitem(launch_module._device_traits, 0, DeviceTraits(132, 8, 232448))
+    assert ExpandPlan(problem, 2, 0, ZERO_KERNEL).kernel(16).zero_launch is None
+
+
+def test_a_call_launches_the_zero_kernel_right_after_the_copies(fake_h200, monkeypatch):
+    launches = []
+    monkeypatch.setattr(plan_module.driver, "launchKernel",
+                        lambda handle, *args: launches.append(("plain", handle, args)))
+    monkeypatch.setattr(plan_module, "launch_overlapping_previous",
+                        lambda handle, *args: launches.append(("overlapping", handle, args)))
+    problem = ExpandProblem(32, 7168, 8, 14848, "bfloat16")
+    plan = ExpandPlan(problem, 2, 0, ZERO_KERNEL)
+    plan.launch(7, 0x1000, 0x2000, 0x3000, 0x4000, 0, 0)
+    assert [(kind, handle) for kind, handle, _ in launches] == [
+        ("plain", plan.kernel(16).handle), ("overlapping", "expand_zero_padding_rows")]
+    zero = plan.kernel(16).zero_launch
+    assert launches[1][2] == (zero.grid_x, zero.threads, 0, 7, zero.args.params_address)
+    pointers = EXPAND_ARGS.pointer_packer.unpack_from(zero.args.buffer)
+    assert pointers == (0x1000, 0x2000, 0x3000, 0x4000, 0, 0)

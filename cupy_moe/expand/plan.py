@@ -11,7 +11,13 @@ from __future__ import annotations
 from cupy.cuda import driver
 
 from ..runtime.bounded_cache import BoundedCache
-from ..runtime.launch import ArgBlock, ArgStruct, device_traits, function_handle
+from ..runtime.launch import (
+    ArgBlock,
+    ArgStruct,
+    device_traits,
+    function_handle,
+    launch_overlapping_previous,
+)
 from ..runtime.sizes import ceil_div
 from .rules import ExpandProblem
 from .tuning import ExpandTuning
@@ -40,15 +46,18 @@ def kernel_defines(sf_mode: int, tuning: ExpandTuning) -> tuple[tuple[str, int],
 
 
 class ExpandLaunch:
-    """One kernel launch: handle, grid, block size, shared memory, argument block."""
+    """One kernel launch: handle, grid, block size, shared memory, argument block;
+    ``zero_launch``: the padding rows' kernel that overlaps it (or None)."""
 
     __slots__ = ("args", "grid_x", "grid_y", "grid_z", "handle", "name", "shared_bytes",
-                 "threads")
+                 "threads", "zero_launch")
 
     def __init__(self, name: str, handle: int, grid: tuple[int, int, int], threads: int,
-                 shared_bytes: int, args: ArgBlock) -> None:
+                 shared_bytes: int, args: ArgBlock,
+                 zero_launch: ExpandLaunch | None = None) -> None:
         self.name, self.handle, (self.grid_x, self.grid_y, self.grid_z) = name, handle, grid
         self.threads, self.shared_bytes, self.args = threads, shared_bytes, args
+        self.zero_launch = zero_launch
 
     @property
     def grid(self) -> tuple[int, int, int]:
@@ -126,6 +135,12 @@ class ExpandPlan:
         padding_share = (1 - problem.num_tokens * problem.top_k / problem.num_expanded
                          if problem.num_expanded else 0.0)
         padding_heavy = padding_share >= tuning.padding_share_registers
+        # padding rows by a kernel of their own beside the copies (16-byte rows
+        # and output, sm_90+, a copy kernel to overlap: expand.cu's
+        # expand_zero_padding_rows)
+        zero_bytes = (problem.num_expanded - num_tokens * problem.top_k) * self.row_bytes
+        zero_kernel = (vec_bytes == 16 and major >= 9 and padding_heavy and num_tokens > 0
+                       and self.zero_padding and zero_bytes >= tuning.zero_kernel_from_bytes)
         if (vec_bytes == 16 and major >= 9 and problem.top_k <= BULK_THREADS
                 and not (padding_heavy and not shrink)):
             # chunks per row: enough to stay under the maximum size, at most
@@ -144,7 +159,7 @@ class ExpandPlan:
                               or (padding_heavy and tuning.padding_zero_whole_rows))
                 stage_bytes = lane_vecs * BULK_THREADS * 16
                 zero_rows = tuning.zero_rows_bulk_whole if whole_rows else tuning.zero_rows_bulk
-                if whole_rows and padding_heavy:
+                if whole_rows and padding_heavy and not zero_kernel:
                     # zero-fill blocks store their rows in pieces of the whole
                     # stage: make it large enough for memset-speed bulk stores
                     stage_bytes = max(stage_bytes, min(
@@ -154,7 +169,7 @@ class ExpandPlan:
                 return self._launch(
                     "expand_to_fused_bulk_zero_rows" if whole_rows else "expand_to_fused_bulk",
                     vec_bytes, BULK_THREADS, lane_vecs, problem.top_k, stage_bytes, zero_rows,
-                    zero_whole_rows=whole_rows)
+                    zero_whole_rows=whole_rows, zero_kernel=zero_kernel)
         if shrink:
             vecs_per_thread = 1
             chunks = ceil_div(n_vec, threads)
@@ -165,12 +180,18 @@ class ExpandPlan:
         zero_rows = min(32, max(int(tuning.zero_rows_registers),
                                 ceil_div(int(tuning.zero_block_bytes_registers), chunk_bytes)))
         return self._launch(f"expand_to_fused_v{vec_bytes}", vec_bytes, threads, vecs_per_thread,
-                            1 if split else problem.top_k, 0, zero_rows)
+                            1 if split else problem.top_k, 0, zero_rows, zero_kernel=zero_kernel)
 
     def _launch(self, kernel: str, vec_bytes: int, threads: int, vecs_per_thread: int,
                 slots_per_block: int, shared_bytes: int, rows_per_zero_block: int,
-                zero_whole_rows: bool = False) -> ExpandLaunch:
+                zero_whole_rows: bool = False, zero_kernel: bool = False) -> ExpandLaunch:
+        """The copy kernel's launch; with ``zero_kernel``, its *_overlapped twin
+        (token blocks only, letting the next kernel start at once) and the
+        padding rows left to expand_zero_padding_rows, which overlaps it."""
         problem = self.problem
+        if zero_kernel:
+            kernel = ("expand_to_fused_bulk_overlapped" if kernel.startswith("expand_to_fused_bulk")
+                      else f"{kernel}_overlapped")
         chunk_bytes = threads * vecs_per_thread * vec_bytes
         chunks = ceil_div(self.row_bytes, chunk_bytes)
         if chunks > MAX_GRID_Y:
@@ -181,17 +202,31 @@ class ExpandPlan:
         # zero-fill blocks are numbered across the z planes (the kernel's
         # rows_to_zero); whole-row ones across the y planes too
         planes = ceil_div(problem.top_k, slots_per_block)
-        zero_blocks = ceil_div(self.zero_rows_end - self.first_zero_row, rows_per_zero_block)
+        zero_blocks = 0 if zero_kernel else ceil_div(self.zero_rows_end - self.first_zero_row,
+                                                     rows_per_zero_block)
         spread = planes * chunks if zero_whole_rows else planes
         grid = (problem.num_tokens + ceil_div(zero_blocks, spread), chunks, planes)
-        constants = EXPAND_ARGS.constants(
+        fields = dict(
             row_bytes=self.row_bytes, num_tokens=problem.num_tokens, top_k=problem.top_k,
             num_expanded=problem.num_expanded, sf_columns=problem.sf_columns,
             sf_ld=problem.sf_leading_dim, rows_per_zero_block=int(rows_per_zero_block),
             vecs_per_thread=int(vecs_per_thread), slots_per_block=int(slots_per_block),
             zero_padding=int(self.zero_padding), first_zero_row=self.first_zero_row)
+        zero_launch = self._zero_launch(fields) if zero_kernel else None
         return ExpandLaunch(kernel, handle, grid, threads, shared_bytes,
-                            ArgBlock(EXPAND_ARGS, constants))
+                            ArgBlock(EXPAND_ARGS, EXPAND_ARGS.constants(**fields)), zero_launch)
+
+    def _zero_launch(self, fields: dict[str, int]) -> ExpandLaunch:
+        """expand_zero_padding_rows: blocks of ``tuning.threads`` threads, each
+        whole rows of about ``zero_block_bytes_registers`` (1 .. 32 rows)."""
+        tuning = self.tuning
+        rows = min(32, max(1, int(tuning.zero_block_bytes_registers) // self.row_bytes))
+        blocks = ceil_div(self.zero_rows_end - self.first_zero_row, rows)
+        handle = function_handle(SOURCE, kernel_defines(self.sf_mode, tuning), self.device,
+                                 "expand_zero_padding_rows")
+        constants = EXPAND_ARGS.constants(**{**fields, "rows_per_zero_block": rows})
+        return ExpandLaunch("expand_zero_padding_rows", handle, (blocks, 1, 1),
+                            int(tuning.threads), 0, ArgBlock(EXPAND_ARGS, constants))
 
     def launch(self, stream: int, x: int, token_topk_to_pos: int, pos_to_expert: int,
                out: int, x_sf: int, out_sf: int) -> None:
@@ -206,6 +241,13 @@ class ExpandPlan:
         driver.launchKernel(kernel.handle, kernel.grid_x, kernel.grid_y, kernel.grid_z,
                             kernel.threads, 1, 1, kernel.shared_bytes, stream,
                             block.params_address, 0)
+        zero = kernel.zero_launch
+        if zero is not None:  # right after the copy kernel, which lets it start
+            block = zero.args
+            _pack_pointers(block.buffer, 0, x, token_topk_to_pos, pos_to_expert, out, x_sf,
+                           out_sf)
+            launch_overlapping_previous(zero.handle, zero.grid_x, zero.threads, 0, stream,
+                                        block.params_address)
 
 
 _plans = BoundedCache()

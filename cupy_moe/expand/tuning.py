@@ -9,6 +9,7 @@ sweeps behind each); experiments make their own with
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, fields
 
 __all__ = ["ExpandTuning", "DEFAULT_TUNING"]
@@ -53,6 +54,14 @@ class ExpandTuning:
     ``padding_zero_stage_bytes`` at least (at most 16 KiB and the row; 1 KiB
     copy chunks would otherwise make them 1 KiB stores, far below memset
     speed). benchmarks/NOTES.md has the sweep behind these.
+
+    ``zero_kernel_from_bytes``: padding-heavy calls with at least this many
+    bytes of padding rows (16-byte rows, sm_90+, T > 0) zero them by a second
+    kernel of ``threads``-thread blocks (whole rows, about
+    ``zero_block_bytes_registers`` a block) that overlaps the copy kernel
+    (programmatic dependent launch); the copy kernel (its ``*_overlapped``
+    twin) then has no zero-fill blocks. Off (infinite) until measured on a
+    GPU: benchmarks/NOTES.md, ninth session.
     """
 
     # register kernel
@@ -76,6 +85,7 @@ class ExpandTuning:
     padding_zero_whole_rows: int = 0
     padding_zero_stage_bytes: int = 16 * 1024
     padding_zero_rows_bulk_whole: int = 1
+    zero_kernel_from_bytes: float = math.inf
 
     def __post_init__(self) -> None:
         for field in fields(self):
