@@ -25,26 +25,33 @@
 //   by shuffles and stores that block's scale factor. SwiGLU finds each
 //   chunk's row (and its maps and weight) per chunk.
 // swiglu_quantize_fp8_*_rows: the same conditions and H % 1024 == 0; the
-//   same chunks, lanes and groups, but row-major: warp w takes segment w, the
-//   output columns [1024 p, 1024 p + 1024) of row w / passes (p = w %
-//   passes, passes = H / 1024). The row's maps and weight are read once per
-//   warp, a padding row's segment stores zeros without loading h, and every
-//   address is the row's base plus 32-bit offsets: SwiGLU is bound by
-//   instruction issue, and this spends ~5 fewer an element on indexing
-//   (Kimi-K2, I = 2048: 75 -> 79% of the copy). Where segments would be part
-//   filled (Qwen3's I = 768: 3 of 4 chunks a lane) the per-warp work of the
-//   scales is spread over fewer elements and *_vec is faster (67 vs 59%).
+//   same chunks, lanes and groups, but row-major: segment s is the output
+//   columns [1024 p, 1024 p + 1024) of row s / passes (p = s % passes,
+//   passes = H / 1024), and warp w takes segment w. The row's maps and weight
+//   are read once per segment, a padding row's segment stores zeros without
+//   loading h, and every address is the row's base plus 32-bit offsets:
+//   SwiGLU is bound by instruction issue, and this spends ~5 fewer an element
+//   on indexing (Kimi-K2, I = 2048: 75 -> 79% of the copy). Where segments
+//   would be part filled (Qwen3's I = 768: 3 of 4 chunks a lane) the per-warp
+//   work of the scales is spread over fewer elements and *_vec is faster (67
+//   vs 59%). Compiled with QUANTIZE_ROWS_SEGMENTS=2 (not yet measured on a
+//   GPU), warp w takes segments 2w and 2w + 1 and issues the second's loads
+//   before the first's arithmetic, to hide their latency (the one-segment
+//   kernel's top stall is the first use of the loaded data) at the cost of
+//   both segments' data in registers; the last warp's second segment may be
+//   past the end (an odd count): the warp skips it.
 // *_any: every H and alignment. A lane takes 32 consecutive columns of one
 //   row (element accesses), npc / 32 lanes one block; a row is lanes_per_row
 //   = S * npc / 32 lanes, the grid's lanes row after row (a warp may end one
 //   row and start the next). The group's first lane stores the scale factor.
 //
 // A row is found by a multiply-shift with a host-computed magic number (no
-// division): *_vec divides a block index by S, *_rows a warp index by
-// passes, *_any a lane index by lanes_per_row, all below 2^31. Packed UE8M0 scale factors are stored as
-// bytes (byte b % 4 of word b / 4; the last block of a row also zeroes the
-// missing blocks' bytes of its word), so no block needs another's. Row R-1's
-// scale factors also zero the column-major SF's pad columns R .. sf_ld.
+// division): *_vec divides a block index by S, *_rows a segment index by
+// passes, *_any a lane index by lanes_per_row, all below 2^31. Packed UE8M0
+// scale factors are stored as bytes (byte b % 4 of word b / 4; the last
+// block of a row also zeroes the missing blocks' bytes of its word), so no
+// block needs another's. Row R-1's scale factors also zero the column-major
+// SF's pad columns R .. sf_ld.
 // *_bf16 / *_f32: the input dtype. Offsets are 64-bit; nothing is written
 // outside the outputs.
 
@@ -67,6 +74,16 @@
 #define QUANT_ROWS_BOUNDS __launch_bounds__(QUANT_MAX_THREADS)
 #endif
 #define QUANT_FULL_MASK 0xFFFFFFFFu
+
+// Segments a warp of the *_rows kernels takes: 1, or 2 with the second's
+// loads issued before the first's arithmetic (cupy_moe/quantize/
+// launch_shape.py, QuantizeTuning.rows_segments).
+#ifndef QUANTIZE_ROWS_SEGMENTS
+#define QUANTIZE_ROWS_SEGMENTS 1
+#endif
+#if QUANTIZE_ROWS_SEGMENTS != 1 && QUANTIZE_ROWS_SEGMENTS != 2
+#error "QUANTIZE_ROWS_SEGMENTS must be 1 or 2"
+#endif
 
 #define SF_ROW_MAJOR_F32 0
 #define SF_COL_MAJOR_F32 1
@@ -356,51 +373,84 @@ __device__ __forceinline__ void quantize_vec_body(const QuantizeArgs& a) {
     store_scale_factor(a, row, static_cast<int>(block - row * a.sf_blocks), sf, row_padding);
 }
 
-// swiglu_quantize_fp8_*_rows: warp w, segment p = w % passes of row w / passes.
-template <typename In>
-__device__ __forceinline__ void swiglu_rows_body(const QuantizeArgs& a) {
-    constexpr int LOADS = VecLayout<In>::LOADS, CHUNK = VecLayout<In>::CHUNK;
-    constexpr int SEGMENT_CHUNKS = 32 * LOADS;  // 1024 columns
-    const int lane = threadIdx.x & 31;
-    const unsigned warp = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-    const unsigned row32 = magic_divide(warp, a.pass_magic, a.pass_shift);
-    if (row32 >= a.num_rows) return;  // the grid's last warps (whole warps: no shuffle waits)
-    const i64 row = row32;
-    const int row_chunks = a.hidden >> VecLayout<In>::CHUNK_LOG2;
-    const int segment_first = static_cast<int>(warp - row32 * a.passes) * SEGMENT_CHUNKS;
-    const int first = segment_first + lane;  // the lane's chunk at k = 0, in the row
-    const int group_log2 = a.group_log2 + (5 - VecLayout<In>::CHUNK_LOG2);
-    const int group = 1 << group_log2;
-    const int in_group = lane & (group - 1);
-    // instruction in_group's block, whose scale factor this lane stores (in_group <
-    // LOADS); a group's chunks are all below the row's end or all past it
-    // (row_chunks is a multiple of the group)
-    const int sf_chunk = segment_first + 32 * in_group + (lane & ~(group - 1));
-    const bool stores_sf = in_group < LOADS && sf_chunk < row_chunks;
-    unsigned char* const out_row = a.out + row * a.hidden;
+// swiglu_quantize_fp8_*_rows: segment s (a warp's 1024 columns) is segment
+// p = s % passes of row s / passes; a warp takes QUANTIZE_ROWS_SEGMENTS of
+// them. The pieces of one segment first, then the one- and two-segment
+// bodies.
 
-    // the row's maps (all lanes read the same words: one transaction each)
-    const bool weighted = a.topk_weights != nullptr;
-    const int expert = a.pos_to_expert != nullptr ? __ldg(a.pos_to_expert + row) : 0;
-    const int slot = weighted ? __ldg(a.pos_to_token_topk + row) : 0;
-    if (expert < 0 || (weighted && (slot < 0 || slot >= a.num_weights))) {
-        // a padding row: zero codes and scale factors, what the arithmetic
-        // gives for zero words, without reading h
+// One segment, as a lane sees it: the row and its maps (warp-uniform) and
+// the lane's chunks.
+struct RowsSegment {
+    i64 row;
+    unsigned char* out_row;
+    int segment_first;  // the segment's first chunk, in the row
+    int first;          // the lane's chunk at k = 0, in the row
+    int sf_chunk;       // instruction in_group's block, whose scale factor the lane stores
+    bool stores_sf;     // ... if in_group < LOADS and the block is in the row
+    int group_log2;     // log2(npc / CHUNK): lanes a block in one instruction
+    bool weighted;      // topk_weights given
+    int expert;         // the row's maps: pos_to_expert (0 without)
+    int slot;           // and topk_weights slot (with weights; else 0)
+};
+
+// Segment `segment`, of row row32 (< num_rows), and the row's maps (all lanes
+// read the same words: one transaction each).
+template <typename In>
+__device__ __forceinline__ RowsSegment rows_segment(const QuantizeArgs& a, unsigned segment,
+                                                   unsigned row32, int lane, int row_chunks) {
+    constexpr int SEGMENT_CHUNKS = 32 * VecLayout<In>::LOADS;  // 1024 columns
+    RowsSegment s;
+    s.row = row32;
+    const int segment_first = static_cast<int>(segment - row32 * a.passes) * SEGMENT_CHUNKS;
+    s.segment_first = segment_first;
+    s.first = segment_first + lane;
+    s.group_log2 = a.group_log2 + (5 - VecLayout<In>::CHUNK_LOG2);
+    const int group = 1 << s.group_log2;
+    const int in_group = lane & (group - 1);
+    // a group's chunks are all below the row's end or all past it (row_chunks
+    // is a multiple of the group)
+    s.sf_chunk = segment_first + 32 * in_group + (lane & ~(group - 1));
+    s.stores_sf = in_group < VecLayout<In>::LOADS && s.sf_chunk < row_chunks;
+    s.out_row = a.out + s.row * a.hidden;
+    s.weighted = a.topk_weights != nullptr;
+    s.expert = a.pos_to_expert != nullptr ? __ldg(a.pos_to_expert + s.row) : 0;
+    s.slot = s.weighted ? __ldg(a.pos_to_token_topk + s.row) : 0;
+    return s;
+}
+
+// Whether the segment's row is padding (pos_to_expert < 0, or with weights a
+// slot outside [0, T*K)): zero codes and scale factors, h never read.
+__device__ __forceinline__ bool rows_padding(const QuantizeArgs& a, const RowsSegment& s) {
+    return s.expert < 0 || (s.weighted && (s.slot < 0 || s.slot >= a.num_weights));
+}
+
+// A padding segment: zero codes and scale factors, what the arithmetic gives
+// for zero words, without reading h.
+template <typename In>
+__device__ __forceinline__ void rows_store_zeros(const QuantizeArgs& a, const RowsSegment& s,
+                                                 int row_chunks) {
 #pragma unroll
-        for (int k = 0; k < LOADS; ++k)
-            if (first + 32 * k < row_chunks) store_zero_codes<In>(out_row, first + 32 * k);
-        if (stores_sf) store_scale_factor(a, row, sf_chunk >> group_log2, 0.0f, true);
-        return;
-    }
+    for (int k = 0; k < VecLayout<In>::LOADS; ++k)
+        if (s.first + 32 * k < row_chunks) store_zero_codes<In>(s.out_row, s.first + 32 * k);
+    if (s.stores_sf) store_scale_factor(a, s.row, s.sf_chunk >> s.group_log2, 0.0f, true);
+}
+
+// A live segment's loads: the lane's gate and up chunks, then the row's
+// weight (both in flight together; x * 1 is x: without weights, the bits of
+// no multiply). Returns the weight.
+template <typename In>
+__device__ __forceinline__ float rows_load(const QuantizeArgs& a, const RowsSegment& s,
+                                           int row_chunks,
+                                           unsigned (&raw)[2][VecLayout<In>::LOADS][4]) {
+    constexpr int LOADS = VecLayout<In>::LOADS;
     // h's row holds 2 * row_chunks chunks: gate, then up
-    const uint4* gate = reinterpret_cast<const uint4*>(a.x) + row * (2 * row_chunks) + first;
+    const uint4* gate = reinterpret_cast<const uint4*>(a.x) + s.row * (2 * row_chunks) + s.first;
     const uint4* up = gate + row_chunks;
-    unsigned raw[2][LOADS][4];  // [gate, up][chunk][word]
 #pragma unroll
     for (int k = 0; k < LOADS; ++k)
 #pragma unroll
         for (int w = 0; w < 4; ++w) raw[0][k][w] = raw[1][k][w] = 0u;
-    if (segment_first + SEGMENT_CHUNKS <= row_chunks) {  // the whole segment: no tests
+    if (s.segment_first + 32 * LOADS <= row_chunks) {  // the whole segment: no tests
 #pragma unroll
         for (int k = 0; k < LOADS; ++k) {
             unpack_chunk(load_once(gate + 32 * k), raw[0][k]);
@@ -409,24 +459,102 @@ __device__ __forceinline__ void swiglu_rows_body(const QuantizeArgs& a) {
     } else {
 #pragma unroll
         for (int k = 0; k < LOADS; ++k)
-            if (first + 32 * k < row_chunks) {
+            if (s.first + 32 * k < row_chunks) {
                 unpack_chunk(load_once(gate + 32 * k), raw[0][k]);
                 unpack_chunk(load_once(up + 32 * k), raw[1][k]);
             }
     }
-    // the weight after the data: both in flight together (x * 1 is x: without
-    // weights, the bits of no multiply)
-    const float row_weight = weighted ? __ldg(a.topk_weights + slot) : 1.0f;
-    float weight[LOADS];
+    return s.weighted ? __ldg(a.topk_weights + s.slot) : 1.0f;
+}
+
+// The arithmetic's arrays. The kernel body declares them, beside raw, and
+// hands them to rows_quantize: so the one-segment kernel compiles to the
+// SASS it had as one function (arrays declared in rows_quantize, promoted to
+// registers apart from raw, moved its register allocation).
+template <typename In> struct RowsScratch {
+    float weight[VecLayout<In>::LOADS];
+    float v[VecLayout<In>::LOADS][VecLayout<In>::CHUNK];
+    float amax[VecLayout<In>::LOADS];
+    float scale[VecLayout<In>::LOADS];
+};
+
+// A live segment's values, scales and stores. Every lane calls it (shuffles).
+template <typename In>
+__device__ __forceinline__ void rows_quantize(const QuantizeArgs& a, const RowsSegment& s,
+                                              int lane, int row_chunks,
+                                              const unsigned (&raw)[2][VecLayout<In>::LOADS][4],
+                                              float row_weight, RowsScratch<In>& t) {
+    constexpr int LOADS = VecLayout<In>::LOADS;
 #pragma unroll
-    for (int k = 0; k < LOADS; ++k) weight[k] = row_weight;
-    float v[LOADS][CHUNK], amax[LOADS], scale[LOADS];
-    chunk_values<In, true>(raw, weight, v, amax);
-    const float sf = group_scales<LOADS>(amax, lane, group, a.round_sf != 0, scale);
+    for (int k = 0; k < LOADS; ++k) t.weight[k] = row_weight;
+    chunk_values<In, true>(raw, t.weight, t.v, t.amax);
+    const float sf = group_scales<LOADS>(t.amax, lane, 1 << s.group_log2, a.round_sf != 0,
+                                         t.scale);
 #pragma unroll
     for (int k = 0; k < LOADS; ++k)
-        if (first + 32 * k < row_chunks) store_codes<In>(out_row, first + 32 * k, v[k], scale[k]);
-    if (stores_sf) store_scale_factor(a, row, sf_chunk >> group_log2, sf, false);
+        if (s.first + 32 * k < row_chunks)
+            store_codes<In>(s.out_row, s.first + 32 * k, t.v[k], t.scale[k]);
+    if (s.stores_sf) store_scale_factor(a, s.row, s.sf_chunk >> s.group_log2, sf, false);
+}
+
+// QUANTIZE_ROWS_SEGMENTS == 1: warp w, segment w.
+template <typename In>
+__device__ __forceinline__ void swiglu_rows_one_segment(const QuantizeArgs& a) {
+    const int lane = threadIdx.x & 31;
+    const unsigned warp = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    const unsigned row32 = magic_divide(warp, a.pass_magic, a.pass_shift);
+    if (row32 >= a.num_rows) return;  // the grid's last warps (whole warps: no shuffle waits)
+    const int row_chunks = a.hidden >> VecLayout<In>::CHUNK_LOG2;
+    const RowsSegment s = rows_segment<In>(a, warp, row32, lane, row_chunks);
+    // rows_padding's test, written out: a branch on each part, as this
+    // kernel had it (a call's bool compiles to other code)
+    if (s.expert < 0 || (s.weighted && (s.slot < 0 || s.slot >= a.num_weights))) {
+        rows_store_zeros<In>(a, s, row_chunks);
+        return;
+    }
+    unsigned raw[2][VecLayout<In>::LOADS][4];  // [gate, up][chunk][word]
+    const float row_weight = rows_load<In>(a, s, row_chunks, raw);
+    RowsScratch<In> scratch;
+    rows_quantize<In>(a, s, lane, row_chunks, raw, row_weight, scratch);
+}
+
+// QUANTIZE_ROWS_SEGMENTS == 2: warp w, segments 2w and 2w + 1, software-
+// pipelined: the second's maps and loads are issued before the first's
+// arithmetic, so that their latency hides behind it (the first use of loaded
+// data is the one-segment kernel's top stall). Whether a segment is past the
+// grid's end (the second of the last warp, for an odd count) or a padding
+// row is warp-uniform: a warp skips a segment's shuffles on every lane.
+template <typename In>
+__device__ __forceinline__ void swiglu_rows_two_segments(const QuantizeArgs& a) {
+    const int lane = threadIdx.x & 31;
+    const unsigned warp = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    // below 2^27 (the magic number's range is 2^31): the host keeps the grid's
+    // lanes below 2^31
+    const unsigned segment = 2 * warp;
+    const unsigned row_a = magic_divide(segment, a.pass_magic, a.pass_shift);
+    if (row_a >= a.num_rows) return;  // the grid's last warps (whole warps: no shuffle waits)
+    const unsigned row_b = magic_divide(segment + 1, a.pass_magic, a.pass_shift);
+    const bool has_b = row_b < a.num_rows;
+    const int row_chunks = a.hidden >> VecLayout<In>::CHUNK_LOG2;
+    // both rows' maps, then both segments' loads: all in flight together
+    const RowsSegment sa = rows_segment<In>(a, segment, row_a, lane, row_chunks);
+    // without a second segment sb is a copy of sa, never used
+    const RowsSegment sb = has_b ? rows_segment<In>(a, segment + 1, row_b, lane, row_chunks) : sa;
+    const bool padding_a = rows_padding(a, sa), padding_b = rows_padding(a, sb);
+    unsigned raw_a[2][VecLayout<In>::LOADS][4], raw_b[2][VecLayout<In>::LOADS][4];
+    float weight_a = 1.0f, weight_b = 1.0f;
+    if (!padding_a) weight_a = rows_load<In>(a, sa, row_chunks, raw_a);
+    if (has_b && !padding_b) weight_b = rows_load<In>(a, sb, row_chunks, raw_b);
+    RowsScratch<In> scratch;  // one for both: the segments' arithmetic runs one after the other
+    if (padding_a)
+        rows_store_zeros<In>(a, sa, row_chunks);
+    else
+        rows_quantize<In>(a, sa, lane, row_chunks, raw_a, weight_a, scratch);
+    if (!has_b) return;
+    if (padding_b)
+        rows_store_zeros<In>(a, sb, row_chunks);
+    else
+        rows_quantize<In>(a, sb, lane, row_chunks, raw_b, weight_b, scratch);
 }
 
 // ---------------------------------------------------------------------------
@@ -516,7 +644,10 @@ __device__ __forceinline__ void quantize_any_body(const QuantizeArgs& a) {
     }                                                                                        \
     extern "C" __global__ void QUANT_ROWS_BOUNDS                                              \
     swiglu_quantize_fp8_##IN_NAME##_rows(const QuantizeArgs a) {                             \
-        swiglu_rows_body<IN_TYPE>(a);                                                        \
+        if constexpr (QUANTIZE_ROWS_SEGMENTS == 2)                                           \
+            swiglu_rows_two_segments<IN_TYPE>(a);                                            \
+        else                                                                                 \
+            swiglu_rows_one_segment<IN_TYPE>(a);                                             \
     }                                                                                        \
     extern "C" __global__ void __launch_bounds__(QUANT_MAX_THREADS)                          \
     swiglu_quantize_fp8_##IN_NAME##_any(const QuantizeArgs a) {                              \

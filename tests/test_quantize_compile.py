@@ -21,11 +21,14 @@ SELFTESTS = ["quantize_selftest_reciprocal", "quantize_selftest_e4m3",
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
-@pytest.mark.parametrize(("software_e4m3", "rows_min_blocks"), [(False, 0), (True, 0), (False, 5)],
-                         ids=["e4m3-default", "e4m3-software", "rows-min-blocks-5"])
-def test_every_quantize_variant_compiles(arch, software_e4m3, rows_min_blocks):
+@pytest.mark.parametrize(("software_e4m3", "rows_min_blocks", "rows_segments"), [
+    (False, 0, 1), (True, 0, 1), (False, 5, 1), (False, 0, 2), (False, 3, 2)],
+    ids=["e4m3-default", "e4m3-software", "rows-min-blocks-5", "rows-segments-2",
+         "rows-segments-2-min-blocks-3"])
+def test_every_quantize_variant_compiles(arch, software_e4m3, rows_min_blocks, rows_segments):
     nvrtc_or_skip()
-    tuning = QuantizeTuning(software_e4m3=software_e4m3, rows_min_blocks=rows_min_blocks)
+    tuning = QuantizeTuning(software_e4m3=software_e4m3, rows_min_blocks=rows_min_blocks,
+                            rows_segments=rows_segments)
     cubin = compile_for_arch("quantize.cu", tuning.defines(), arch)
     assert cubin[:4] == b"\x7fELF"
     for name in KERNELS + SELFTESTS:
@@ -66,7 +69,8 @@ def test_argument_struct_matches_the_host_packing(arch):
     c_fields = [(d.replace("*", " * ").split()[-1], _c_field_type(d)) for d in declarations]
     host_types = {"Q": "ptr", "q": "i64", "i": "i32"}
     host_fields = list(zip(gpu.QUANTIZE_ARGS.names,
-                           [host_types[c] for c in gpu.QUANTIZE_ARGS.packer.format if c in "Qqi"]))
+                           [host_types[c] for c in gpu.QUANTIZE_ARGS.packer.format if c in "Qqi"],
+                           strict=True))
     assert c_fields == host_fields
     program_source = ('#include "quantize.cu"\n'
                       f'static_assert(sizeof(QuantizeArgs) == {gpu.QUANTIZE_ARGS.size}, '

@@ -65,7 +65,8 @@ def emulate_grid(num_rows: int, hidden: int, npc: int, multiprocessors: int = 13
     assert shape.rows == (swiglu and hidden % SEGMENT_COLUMNS == 0)
     if vector and shape.rows:
         return (shape, *_emulate_swiglu_rows(shape, num_rows, hidden, npc, chunk, blocks * threads,
-                                             written, sf_stores, packed_bytes))
+                                             tuning.rows_segments, written, sf_stores,
+                                             packed_bytes))
     if vector:
         loads = LANE_COLUMNS // chunk
         group_log2 = shape.group_log2 + {8: 2, 4: 3}[chunk]  # + log2(32 / chunk)
@@ -118,10 +119,12 @@ def emulate_grid(num_rows: int, hidden: int, npc: int, multiprocessors: int = 13
     return shape, written, sf_stores, packed_bytes
 
 
-def _emulate_swiglu_rows(shape, num_rows, hidden, npc, chunk, lanes, written, sf_stores,
-                         packed_bytes):
-    """swiglu_rows_body of quantize.cu: warp w, segment w % passes of row w // passes
-    (every segment whole: H % 1024 == 0)."""
+def _emulate_swiglu_rows(shape, num_rows, hidden, npc, chunk, lanes, segments, written,
+                         sf_stores, packed_bytes):
+    """swiglu_rows_one_segment / _two_segments of quantize.cu: warp w, segments
+    segments * w + j (j < segments), segment s being segment s % passes of row
+    s // passes (every segment whole: H % 1024 == 0). A segment past the last
+    row ends the warp: nothing of it, nor of the segments after it."""
     loads = LANE_COLUMNS // chunk
     group_log2 = shape.group_log2 + {8: 2, 4: 3}[chunk]
     group = 1 << group_log2
@@ -129,12 +132,8 @@ def _emulate_swiglu_rows(shape, num_rows, hidden, npc, chunk, lanes, written, sf
     row_chunks = hidden // chunk
     blocks_per_row = hidden // npc
     assert shape.passes * SEGMENT_COLUMNS >= hidden > (shape.passes - 1) * SEGMENT_COLUMNS
-    for warp in range(lanes // 32):
-        row = (warp * shape.pass_magic) >> shape.pass_shift
-        assert row == warp // shape.passes
-        if row >= num_rows:
-            continue
-        segment_first = (warp - row * shape.passes) * 32 * loads
+
+    def segment_lanes(row, segment_first):
         for lane in range(32):
             first = segment_first + lane
             for k in range(loads):
@@ -149,6 +148,18 @@ def _emulate_swiglu_rows(shape, num_rows, hidden, npc, chunk, lanes, written, sf
             if in_group < loads and sf_chunk < row_chunks:
                 _count_sf_store(sf_stores, packed_bytes, row, sf_chunk >> group_log2, num_rows,
                                 blocks_per_row)
+
+    warps = lanes // 32
+    assert num_rows * shape.passes <= segments * warps  # every segment has a warp
+    for warp in range(warps):
+        for j in range(segments):
+            segment = segments * warp + j
+            assert segment < 2**31  # the magic number's range
+            row = (segment * shape.pass_magic) >> shape.pass_shift
+            assert row == segment // shape.passes
+            if row >= num_rows:
+                break  # past the end, the rest of the warp too (warp-uniform: shuffles and all)
+            segment_lanes(row, (segment - row * shape.passes) * 32 * loads)
     return written, sf_stores, packed_bytes
 
 
@@ -165,17 +176,22 @@ def test_every_column_and_scale_factor_is_written_once(num_rows, hidden, npc):
     assert (shape.vec_blocks > 0) == (hidden % npc == 0)
 
 
-@pytest.mark.parametrize("swiglu", [False, True], ids=["quantize", "swiglu"])
+@pytest.mark.parametrize(("swiglu", "rows_segments"), [(False, 1), (True, 1), (True, 2)],
+                         ids=["quantize", "swiglu", "swiglu-2-segments"])
 @pytest.mark.parametrize("chunk", [8, 4], ids=["bf16", "f32"])
 @pytest.mark.parametrize(("num_rows", "hidden", "npc"), [
     *[(r, h, npc) for npc in (32, 128) for r, h in (
         (1, 128), (3, 128), (5, 384), (2, 768), (7, 1024), (3, 1152), (1, 7168), (9, 2048),
         (33, 256), (2, 3072), (3, 2176))],
     (2, 160, 32), (5, 32, 32), (3, 96, 32), (2, 1056, 32)])  # H % 128 != 0: npc 32 only
-def test_the_coalesced_kernel_writes_everything_once(num_rows, hidden, npc, chunk, swiglu):
-    shape, written, sf_stores, packed_bytes = emulate_grid(num_rows, hidden, npc, vector=True,
-                                                           chunk=chunk, swiglu=swiglu)
-    assert shape.vec_blocks * shape.vec_threads >= num_rows * hidden // LANE_COLUMNS
+def test_the_coalesced_kernel_writes_everything_once(num_rows, hidden, npc, chunk, swiglu,
+                                                     rows_segments):
+    tuning = QuantizeTuning(rows_segments=rows_segments)
+    shape, written, sf_stores, packed_bytes = emulate_grid(num_rows, hidden, npc, tuning=tuning,
+                                                           vector=True, chunk=chunk,
+                                                           swiglu=swiglu)
+    segments = rows_segments if shape.rows else 1
+    assert shape.vec_blocks * shape.vec_threads * segments >= num_rows * hidden // LANE_COLUMNS
     assert (written == 1).all()
     assert (sf_stores == 1).all()
     assert (packed_bytes == 1).all()
@@ -238,6 +254,10 @@ def test_too_many_warps_for_one_launch():
     ({"rows_min_blocks": 33}, "QuantizeTuning.rows_min_blocks must be an int in 0 .. 32; got 33"),
     ({"rows_min_blocks": True},
      "QuantizeTuning.rows_min_blocks must be an int in 0 .. 32; got True"),
+    ({"rows_segments": 3}, "QuantizeTuning.rows_segments must be 1 or 2; got 3"),
+    ({"rows_segments": 0}, "QuantizeTuning.rows_segments must be 1 or 2; got 0"),
+    ({"rows_segments": True}, "QuantizeTuning.rows_segments must be 1 or 2; got True"),
+    ({"rows_segments": 2.0}, "QuantizeTuning.rows_segments must be 1 or 2; got 2.0"),
 ])
 def test_bad_tunings(kwargs, message):
     with pytest.raises(ValueError, match=re.escape(message)):
@@ -249,9 +269,27 @@ def test_bad_tunings(kwargs, message):
 
 def test_tuning_defines():
     assert QuantizeTuning().defines() == (("QUANTIZE_SOFTWARE_E4M3", 0),
-                                          ("QUANTIZE_ROWS_MIN_BLOCKS", 0))
-    assert QuantizeTuning(software_e4m3=True, rows_min_blocks=5).defines() == (
-        ("QUANTIZE_SOFTWARE_E4M3", 1), ("QUANTIZE_ROWS_MIN_BLOCKS", 5))
+                                          ("QUANTIZE_ROWS_MIN_BLOCKS", 0),
+                                          ("QUANTIZE_ROWS_SEGMENTS", 1))
+    assert QuantizeTuning(software_e4m3=True, rows_min_blocks=5, rows_segments=2).defines() == (
+        ("QUANTIZE_SOFTWARE_E4M3", 1), ("QUANTIZE_ROWS_MIN_BLOCKS", 5),
+        ("QUANTIZE_ROWS_SEGMENTS", 2))
+
+
+def test_two_segments_a_warp_halve_only_the_rows_grid():
+    two = QuantizeTuning(rows_segments=2)
+    # Kimi-K2 prefill: 65536 segments, 32768 warps of 256-thread blocks
+    kimi, kimi_two = (launch_shape(4096 * 8, 2048, 128, 132, tuning, swiglu=True)
+                      for tuning in (DEFAULT_TUNING, two))
+    assert kimi_two.vec_blocks == kimi.vec_blocks // 2 == 4096 * 8 * 2 // 2 // 8
+    assert kimi_two._replace(vec_blocks=kimi.vec_blocks) == kimi  # nothing else changes
+    # an odd count of segments (7 rows of 1024 columns): 4 warps, in 64-thread blocks
+    odd = launch_shape(7, 1024, 128, 132, two, swiglu=True)
+    assert (odd.vec_threads, odd.vec_blocks, odd.passes) == (64, 2, 1)
+    # *_vec (I = 768) and quantize_fp8's grids are not *_rows: as they were
+    for hidden, swiglu in ((768, True), (2048, False)):
+        assert (launch_shape(4096, hidden, 128, 132, two, swiglu=swiglu)
+                == launch_shape(4096, hidden, 128, 132, swiglu=swiglu))
 
 
 # -- the host side of a launch, without a GPU -------------------------------------------
@@ -304,6 +342,25 @@ def test_a_plan_packs_what_the_kernel_reads(monkeypatch, swiglu):
     assert launches[-1][1] == shape.blocks and launches[-1][4] == shape.threads
     plan.launch(7, 0x1000, 0x2008, 0x3000, 0, 0, 0)
     assert launches[-1][0] == f"{op}_bf16_any"
+
+
+def test_a_two_segment_plan_compiles_and_launches_its_variant(monkeypatch):
+    from cupy_moe.quantize.rules import QuantizeProblem
+
+    gpu, launches = _fake_device(monkeypatch)
+    compiled = []
+    monkeypatch.setattr(gpu, "function_handle",
+                        lambda source, defines, device, name: compiled.append(defines) or name)
+    problem = QuantizeProblem(num_rows=9, hidden=7168, in_dtype="bfloat16", num_per_channels=128,
+                              round_sf=True, packed_ue8m0=True, col_major=True, swiglu=True,
+                              num_weights=24, has_pos_to_expert=True)
+    tuning = QuantizeTuning(rows_segments=2)
+    gpu.QuantizePlan(problem, 0, tuning).launch(7, 0x1000, 0x2000, 0x3000, 0x4000, 0x5000, 0x6000)
+    assert compiled == [tuning.defines()] * 2  # both kernels of the plan: the variant's module
+    handle, grid_x, _, _, threads = launches[0][:5]
+    # 9 rows x 7 segments = 63: 32 warps (the last one's second segment past
+    # the end), 2 a 64-thread block
+    assert handle == "swiglu_quantize_fp8_bf16_rows" and (grid_x, threads) == (16, 64)
 
 
 def test_plan_kernels_by_dtype_width_and_layout(monkeypatch):
