@@ -4,13 +4,19 @@
 # expand config sweep on decode plans; every log to $OUT/gpu_speed.log and a
 # short summary at the end.
 #
-#   bash benchmarks/gpu_speed.sh [--combine] [--swiglu] [--expand-decode]
-#                                [--ncu LABEL KERNEL_REGEX]...
+#   bash benchmarks/gpu_speed.sh [--combine] [--swiglu] [--expand-decode] [--padding]
+#                                [--seed] [--ncu LABEL KERNEL_REGEX]...
 #
 # --combine: benchmarks/sweep_combine.py (vectors a thread, slot batch, warps).
 # --swiglu: benchmarks/sweep_swiglu.py (block size, the *_rows register budget).
 # --expand-decode: benchmarks/sweep_kernel_config.py on the decode plans
 #   (graph-replay µs per config).
+# --padding: benchmarks/sweep_kernel_config.py on the padding-heavy plans the
+#   seed's kernel beats (results/expand_seed_h200.md), JSON to
+#   $OUT/sweep_padding.json.
+# --seed: benchmarks/bench_expand_seed.py (the seed's TileLang kernel beside
+#   ours on every plan workload; needs the .peers/ bundle carried and
+#   .peers/seed/ holding the PR text), JSON and Markdown to $OUT/seed.*.
 # --ncu LABEL REGEX: ncu --set full on the 3rd launch matching REGEX of
 #   benchmarks/profile_op.py LABEL, summarised by ncu_top_sass.py.
 set -u
@@ -22,12 +28,14 @@ LOG=$OUT/gpu_speed.log
 : > "$LOG"
 summary=()
 section() { printf '\n===== %s =====\n' "$1" | tee -a "$LOG"; }
-combine=0 swiglu=0 expand_decode=0 profiles=()
+combine=0 swiglu=0 expand_decode=0 padding=0 seed=0 profiles=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --combine) combine=1 ;;
     --swiglu) swiglu=1 ;;
     --expand-decode) expand_decode=1 ;;
+    --padding) padding=1 ;;
+    --seed) seed=1 ;;
     --ncu) profiles+=("$2|$3"); shift 2 ;;
     *) echo "unknown option $1" >&2; exit 2 ;;
   esac
@@ -67,6 +75,27 @@ if [ $expand_decode -eq 1 ]; then
     kimi-k2-decode-e384-plan qwen3-30b-decode-e128-plan kimi-k2-decode-e384-plan-sf-packed \
     2>> "$LOG" | tee -a "$LOG"
   summary+=("sweep_kernel_config decode rc=${PIPESTATUS[0]} [$(( $(date +%s) - start ))s]")
+fi
+
+if [ $padding -eq 1 ]; then
+  start=$(date +%s)
+  section "expand config sweep, padding-heavy plans"
+  timeout 240 python3 benchmarks/sweep_kernel_config.py --plans --rounds 2 \
+    --json "$OUT/sweep_padding.json" --only kimi-k2-small-e128-plan kimi-k2-small-e384-plan \
+    kimi-k2-small-e48-ep8-plan kimi-k2-medium-e48-ep8-plan qwen3-30b-small-e128-plan \
+    qwen3-30b-medium-e32-ep8-plan kimi-k2-small-e256-plan-sf-packed \
+    qwen3-30b-medium-e128-plan-sf-row-major 2>> "$LOG" | tee -a "$LOG"
+  summary+=("sweep_kernel_config padding rc=${PIPESTATUS[0]} [$(( $(date +%s) - start ))s]")
+fi
+
+if [ $seed -eq 1 ]; then
+  start=$(date +%s)
+  section "expand beside the seed's TileLang kernel"
+  ( source benchmarks/peer_setup.sh >> "$LOG" 2>&1
+    timeout 200 python3 benchmarks/bench_expand_seed.py --max-seconds 150 \
+      --out "$OUT/seed.json" --md "$OUT/seed.md" >> "$LOG" 2>&1 )
+  summary+=("bench_expand_seed rc=$? [$(( $(date +%s) - start ))s]")
+  [ -f "$OUT/seed.md" ] && grep '^| ' "$OUT/seed.md"
 fi
 
 echo
