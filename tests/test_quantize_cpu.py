@@ -445,3 +445,14 @@ def test_empty_inputs_give_empty_outputs():
         assert codes.shape == (0, 300) and sf.shape == (0, 1 if packed else 3)
         codes_t, sf_t = quantize(torch.zeros((0, 300), dtype=torch.bfloat16), layout, 128)
         assert tuple(codes_t.shape) == (0, 300) and tuple(sf_t.shape) == (0, 1 if packed else 3)
+
+
+def test_nan_inputs_give_their_code_without_a_runtime_warning():
+    import warnings
+
+    values = np.array([np.nan, -np.nan, np.inf, -np.inf, 1.0], dtype=np.float32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # NumPy's "invalid value encountered in cast"
+        codes = encode_e4m3(values)
+        cupy_moe.quantize_fp8(np.array([[np.nan, 1.0]], dtype=np.float32), num_per_channels=32)
+    assert codes.tolist() == [0x7F, 0x7F, 0x7E, 0xFE, 0x38]

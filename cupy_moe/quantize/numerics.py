@@ -160,9 +160,9 @@ def block_scales(amax: np.ndarray, *, round_sf: bool) -> tuple[np.ndarray, np.nd
 def encode_e4m3(values: np.ndarray) -> np.ndarray:
     """float32 -> float8_e4m3fn bytes (uint8): clamped to [-448, 448], rounded
     to nearest even (ml_dtypes' conversion), every NaN to the code 0x7F."""
-    with np.errstate(all="ignore"):
+    with np.errstate(all="ignore"):  # NaN inputs are expected: no RuntimeWarning for them
         clamped = np.clip(np.asarray(values, dtype=_F32), -E4M3_MAX, E4M3_MAX)  # NaN stays
-    codes = clamped.astype(ml_dtypes.float8_e4m3fn).view(np.uint8)
+        codes = clamped.astype(ml_dtypes.float8_e4m3fn).view(np.uint8)
     return np.where((codes & 0x7F) == 0x7F, np.uint8(E4M3_NAN), codes)
 
 
