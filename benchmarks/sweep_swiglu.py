@@ -26,8 +26,7 @@ import numpy as np
 import torch  # noqa: F401  (runner._to_torch reads sys.modules["torch"])
 
 from cupy_moe.harness import runner
-from cupy_moe.harness.inputs import workload_inputs
-from cupy_moe.harness.manifest import load_workloads
+from cupy_moe.harness.ab_sweep import pick_workloads, sweep_table
 from cupy_moe.harness.timing import GpuTimer
 from cupy_moe.quantize.api import run_with_tuning
 from cupy_moe.quantize.launch_shape import QuantizeTuning
@@ -55,44 +54,24 @@ DEFAULT_LABELS = ["swiglu-kimi-k2-prefill-e384-plan-col-major",
                   "swiglu-kimi-k2-decode-e384-plan-col-major"]
 
 
+def run_tuning(w, inputs: dict, tuning: QuantizeTuning, outs: tuple | None) -> tuple:
+    """The workload's op under ``tuning`` (into ``outs`` when given)."""
+    op = functools.partial(run_with_tuning, tuning, w.op)
+    if outs is None:
+        return runner._call_newer(w, op, inputs)
+    return runner._call_newer(w, op, inputs, out=outs[0], out_sf=outs[1])
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--iters", type=int, default=30)
     parser.add_argument("--only", nargs="*", metavar="LABEL", default=DEFAULT_LABELS)
     args = parser.parse_args()
-    workloads = {w.label: w for op in ("swiglu_quantize_fp8", "quantize_fp8")
-                 for w in load_workloads(op)}
-    unknown = sorted(set(args.only) - set(workloads))
-    if unknown:
-        parser.error(f"--only: unknown quantize workload(s) {', '.join(unknown)}")
+    workloads = pick_workloads(["swiglu_quantize_fp8", "quantize_fp8"], args.only,
+                               parser.error)
     timer = GpuTimer()
-    copy_tbps = timer.copy_tbps()
-    rng = np.random.default_rng()
-    print(f"copy {copy_tbps:.2f} TB/s; GPU us (% of copy) per tuning")
-    print("| tuning | " + " | ".join(args.only) + " |")
-    print("|---" * (len(args.only) + 1) + "|")
-    cells: dict[str, list[str]] = {}
-    for label in args.only:
-        w = workloads[label]
-        host = workload_inputs(w, rng)
-        expected = runner.reference_outputs(w, host)
-        inputs = {name: runner._to_torch(array) for name, array in host.items()}
-        names = runner.output_names(w)
-        for name, tuning in TUNINGS:
-            op = functools.partial(run_with_tuning, tuning, w.op)
-            outs = runner._call_newer(w, op, inputs)
-            problem = runner._mismatch(outs, expected, runner._torch_to_host, names)
-            if problem:
-                cells.setdefault(name, []).append(f"MISMATCH {problem}")
-                continue
-            call = functools.partial(runner._call_newer, w, op, inputs, out=outs[0],
-                                     out_sf=outs[1])
-            us = timer.median_us(call, args.iters)
-            cells.setdefault(name, []).append(
-                f"{us:.1f} ({w.bytes / us / 1e6 / copy_tbps * 100:.1f}%)")
-        print(label, "done", file=sys.stderr, flush=True)
-    for name, row in cells.items():
-        print(f"| {name} | " + " | ".join(row) + " |")
+    print("\n".join(sweep_table(workloads, TUNINGS, run_tuning, timer, timer.copy_tbps(),
+                                args.iters, "tuning", np.random.default_rng())))
     return 0
 
 

@@ -412,6 +412,7 @@ def test_sf_op_fast_path_keys_zero_padding(expand_fast_paths):
     ({"split_slots_below": "1"}, r"split_slots_below must be a number >= 0; got '1'"),
     ({"padding_zero_whole_rows": 2}, r"padding_zero_whole_rows must be 0 or 1; got 2"),
     ({"padding_zero_rows_bulk_whole": 0}, r"padding_zero_rows_bulk_whole must be in 1 \.\. 32"),
+    ({"zero_kernel_from_bytes": -1.0}, r"zero_kernel_from_bytes must be a number >= 0; got -1\.0"),
     ({"padding_zero_stage_bytes": 1000},
      r"padding_zero_stage_bytes must be a multiple of 16 \(bulk stores\); got 1000"),
 ])

@@ -32,6 +32,7 @@ from cupy_moe.layer import (
     tolerance,
 )
 
+from .report import write_result_files
 from .runner import resolve_backend, versions
 from .timing import GpuTimer, eager_us, torch_graph_us
 
@@ -340,13 +341,5 @@ def write_plot(result: dict[str, Any], path: str) -> None:
 
 def write_outputs(result: dict[str, Any], json_path: str | None, markdown_path: str | None,
                   plot_path: str | None) -> None:
-    import json
-    if json_path:
-        with open(json_path, "w") as f:
-            json.dump(result, f, indent=1)
-            f.write("\n")
-    if markdown_path:
-        with open(markdown_path, "w") as f:
-            f.write("\n".join(table_lines(result)) + "\n")
-    if plot_path:
-        write_plot(result, plot_path)
+    """Each of the JSON, the Markdown table and the plot whose path is given."""
+    write_result_files(result, json_path, markdown_path, plot_path, table_lines, write_plot)

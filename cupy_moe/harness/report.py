@@ -7,9 +7,11 @@ table, a bar chart (matplotlib, the ``plot`` extra), and the files they go to.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
-__all__ = ["can_plot", "summary_lines", "table_lines", "write_outputs", "write_plot"]
+__all__ = ["can_plot", "summary_lines", "table_lines", "write_outputs", "write_plot",
+           "write_result_files"]
 
 # The table's short name of each op; an op not named here shows in full.
 _OP_SHORT = {"expand_to_fused": "expand", "expand_to_fused_with_sf": "with_sf",
@@ -133,12 +135,22 @@ def write_outputs(result: dict[str, Any], json_path: str | None, markdown_path: 
                   plot_path: str | None) -> None:
     """Writes each of the JSON, the Markdown (summary and table) and the plot
     whose path is given."""
+    write_result_files(result, json_path, markdown_path, plot_path,
+                       lambda r: summary_lines(r) + [""] + table_lines(r), write_plot)
+
+
+def write_result_files(result: dict[str, Any], json_path: str | None,
+                       markdown_path: str | None, plot_path: str | None,
+                       markdown_lines: Callable[[dict[str, Any]], list[str]],
+                       plot: Callable[[dict[str, Any], str], None]) -> None:
+    """Each of ``result`` as JSON, ``markdown_lines(result)`` and ``plot(result,
+    path)`` whose path is given (the bench's and the layer bench's outputs)."""
     if json_path:
         with open(json_path, "w") as f:
             json.dump(result, f, indent=1)
             f.write("\n")
     if markdown_path:
         with open(markdown_path, "w") as f:
-            f.write("\n".join(summary_lines(result) + [""] + table_lines(result)) + "\n")
+            f.write("\n".join(markdown_lines(result)) + "\n")
     if plot_path:
-        write_plot(result, plot_path)
+        plot(result, plot_path)
