@@ -42,6 +42,9 @@ from cupy_moe.mapping import worst_case_rows
 REGISTERS_ONLY = dataclasses.replace(DEFAULT_TUNING, bulk_min_blocks=math.inf)
 BULK_ALWAYS = dataclasses.replace(DEFAULT_TUNING, bulk_min_blocks=0.0,
                                   padding_share_registers=math.inf)
+# the bulk kernel with zero-fill blocks of whole rows by 16-byte stores
+BULK_ZERO_PLAIN = dataclasses.replace(BULK_ALWAYS, bulk_whole_row_zero_from=0,
+                                      bulk_zero_rows_plain=1)
 # every call with tokens padding-heavy, its padding rows by expand_zero_padding_rows
 ZERO_KERNEL = dataclasses.replace(DEFAULT_TUNING, padding_share_registers=0.0,
                                   zero_kernel_from_bytes=0)
@@ -186,6 +189,8 @@ def main() -> int:
     # (16400) take the whole-row zero-fill kernel
     cases += run_cases(rng, REGISTERS_ONLY if registers_only else BULK_ALWAYS,
                        (16, 2064, 7168, 16400), ((5, 3, 17), (0, 8, 6), (33, 9, 301)))
+    cases += run_cases(rng, REGISTERS_ONLY if registers_only else BULK_ZERO_PLAIN,
+                       (16, 2064, 7168), ((5, 3, 17), (0, 8, 6), (33, 9, 301)))
     # padding rows by expand_zero_padding_rows beside the copy kernel (16-byte
     # rows, sm_90+; the register kernel's zero-fill blocks under initcheck)
     cases += run_cases(rng, REGISTERS_ONLY if registers_only else ZERO_KERNEL,

@@ -91,6 +91,35 @@ CONFIGS: list[tuple[str, ExpandTuning]] = [
     # copies (expand_zero_padding_rows; not yet measured)
     ("padding: zero kernel", _tuned(zero_kernel_from_bytes=0)),
     ("padding: zero kernel from 16 MB", _tuned(zero_kernel_from_bytes=16e6)),
+    # padding-heavy plans on the register kernel laid out as the seed's
+    # kernel is (one block a token or a padding row, few threads, whole rows,
+    # all K slots): chunks never shrink, slots never split; each zero-fill
+    # block one row (two in the last but one)
+    *((f"rows: {threads} threads, whole rows, {rows} a zero-fill block",
+       _tuned(threads=threads, unroll=unroll, shrink_chunks_below=0.0, split_slots_below=0.0,
+              zero_rows_registers=rows, zero_block_bytes_registers=0))
+      for threads, unroll, rows in ((64, 16, 1), (128, 8, 1), (32, 16, 1), (64, 16, 2))),
+    ("rows: 64 threads, whole rows, slots split",
+     _tuned(threads=64, unroll=16, shrink_chunks_below=0.0, zero_rows_registers=1,
+            zero_block_bytes_registers=0)),
+    # the bulk kernel's whole-row zero-fill blocks by 16-byte stores (no
+    # stage: the launch keeps the copy chunk's shared memory)
+    ("bulk: whole-row zero-fill by 16-byte stores", _tuned(bulk_zero_rows_plain=1)),
+    ("bulk: 16-byte whole-row zero-fill on every row length",
+     _tuned(bulk_zero_rows_plain=1, bulk_whole_row_zero_from=0)),
+    ("bulk: 16-byte whole-row zero-fill, padding-heavy plans on the bulk kernel",
+     _tuned(bulk_zero_rows_plain=1, bulk_whole_row_zero_from=0,
+            padding_share_registers=math.inf)),
+    # the padding rows' own kernel in 64-thread blocks of one row, beside the
+    # bulk kernel's copies
+    ("padding: zero kernel, 64 threads a row",
+     _tuned(zero_kernel_from_bytes=0, threads=64, unroll=16, zero_block_bytes_registers=0)),
+    # every plan padding-heavy (EP plans are, with their slots dropped, though
+    # their shapes do not say so): the zero kernel beside the copies
+    ("every plan: zero kernel", _tuned(zero_kernel_from_bytes=0, padding_share_registers=0.0)),
+    ("every plan: zero kernel, 64 threads a row",
+     _tuned(zero_kernel_from_bytes=0, padding_share_registers=0.0, threads=64, unroll=16,
+            zero_block_bytes_registers=0)),
 ]
 assert len({name for name, _ in CONFIGS}) == len(CONFIGS), "config names must differ"
 
@@ -214,6 +243,9 @@ def main() -> int:
     parser.add_argument("--iters", type=int, default=20)
     parser.add_argument("--only", nargs="*", metavar="LABEL", help="workload labels (default: all)")
     parser.add_argument("--json", metavar="PATH")
+    parser.add_argument("--configs", nargs="*", metavar="TEXT",
+                        help="only the configs whose name contains one of these (the default "
+                             "always runs)")
     parser.add_argument("--plans", action="store_true",
                         help="the real-plan workloads (padding-heavy) instead of the tightly "
                              "packed ones")
@@ -226,10 +258,14 @@ def main() -> int:
     if unknown:
         parser.error(f"--only: unknown workload label(s) {', '.join(unknown)}")
     workloads = [w for w in every if not args.only or w.label in args.only]
+    configs = [(name, tuning) for index, (name, tuning) in enumerate(CONFIGS)
+               if index == 0 or not args.configs or any(text in name for text in args.configs)]
+    if len(configs) == 1 and args.configs:
+        parser.error(f"--configs: no config name contains any of {args.configs}")
     timer = GpuTimer()
     copy_tbps = timer.copy_tbps()
     rng = np.random.default_rng()
-    cells: dict[str, dict[str, list | str]] = {name: {} for name, _ in CONFIGS}
+    cells: dict[str, dict[str, list | str]] = {name: {} for name, _ in configs}
     for w in workloads:
         host = workload_inputs(w, rng)
         inputs = {name: _to_torch(a) for name, a in host.items()}
@@ -237,7 +273,7 @@ def main() -> int:
         outs = _run(w, DEFAULT_TUNING, inputs)
         pointers = _pointers(inputs, outs)
         for round_index in range(args.rounds):
-            for name, tuning in CONFIGS:
+            for name, tuning in configs:
                 if isinstance(cells[name].get(w.label), str):
                     continue  # already failed
                 problem = _check(w, tuning, inputs, expected, outs) if round_index == 0 else None
@@ -265,7 +301,7 @@ def main() -> int:
             json.dump({"copy_tbps": copy_tbps, "rounds": args.rounds, "units": units,
                        "default_tuning": _json_fields(dataclasses.asdict(DEFAULT_TUNING)),
                        "config_changes": {name: _json_fields(_changes(tuning))
-                                          for name, tuning in CONFIGS},
+                                          for name, tuning in configs},
                        "cells": cells}, f, indent=1)
     return 0
 

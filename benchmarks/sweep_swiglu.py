@@ -34,7 +34,8 @@ from cupy_moe.quantize.launch_shape import QuantizeTuning
 TUNINGS = [("default", QuantizeTuning()),
            *((f"rows_min_blocks={blocks}", QuantizeTuning(rows_min_blocks=blocks))
              for blocks in (5, 6)),
-           ("threads=128", QuantizeTuning(threads=128)),
+           *((f"threads={threads}", QuantizeTuning(threads=threads)) for threads in (64, 128, 192)),
+           ("threads=128, rows_min_blocks=8", QuantizeTuning(threads=128, rows_min_blocks=8)),
            ("threads=128, rows_min_blocks=10", QuantizeTuning(threads=128, rows_min_blocks=10)),
            # Two segments a warp (NVRTC 13, sm_90, bf16 input): 128 registers,
            # no spills, 16 warps an SM (the second segment's 32 data registers
@@ -66,11 +67,16 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--iters", type=int, default=30)
     parser.add_argument("--only", nargs="*", metavar="LABEL", default=DEFAULT_LABELS)
+    parser.add_argument("--tunings", nargs="*", metavar="TEXT",
+                        help="only the tunings whose label contains one of these (the default "
+                             "always runs)")
     args = parser.parse_args()
+    tunings = [(label, tuning) for index, (label, tuning) in enumerate(TUNINGS)
+               if index == 0 or not args.tunings or any(text in label for text in args.tunings)]
     workloads = pick_workloads(["swiglu_quantize_fp8", "quantize_fp8"], args.only,
                                parser.error)
     timer = GpuTimer()
-    print("\n".join(sweep_table(workloads, TUNINGS, run_tuning, timer, timer.copy_tbps(),
+    print("\n".join(sweep_table(workloads, tunings, run_tuning, timer, timer.copy_tbps(),
                                 args.iters, "tuning", np.random.default_rng())))
     return 0
 

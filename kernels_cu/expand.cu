@@ -263,7 +263,10 @@ DEFINE_EXPAND_KERNEL(1)
 //   ZERO_ROWS    a block zeroes its rows whole (every chunk), by bulk stores
 //                from a zeroed stage, and their scale factors; blocks numbered
 //                across the y and z planes, so there are gridDim.y times fewer.
-enum BulkZeroFill { ZERO_CHUNKS, ZERO_ROWS };
+//   ZERO_ROWS_PLAIN  as ZERO_ROWS, but by 16-byte stores, the warp's lanes
+//                across each row: no stage, so the launch's shared memory is
+//                the copy chunk's and more blocks fit an SM.
+enum BulkZeroFill { ZERO_CHUNKS, ZERO_ROWS, ZERO_ROWS_PLAIN };
 
 template <BulkZeroFill ZERO_FILL, bool OVERLAPPED = false>
 __device__ __forceinline__ void expand_to_fused_bulk_body(const ExpandArgs& a) {
@@ -333,7 +336,12 @@ __device__ __forceinline__ void expand_to_fused_bulk_body(const ExpandArgs& a) {
     const i64 data_left = a.num_expanded - rows.first_row;
     const unsigned data_rows = data_left >= 32 ? rows.mask
                              : data_left <= 0 ? 0u : rows.mask & ((1u << data_left) - 1u);
-    if (data_rows != 0) {
+    if (ZERO_FILL == ZERO_ROWS_PLAIN) {
+        for (unsigned mask = data_rows; mask != 0; mask &= mask - 1) {
+            uint4* row = reinterpret_cast<uint4*>(a.out) + (rows.first_row + __ffs(mask) - 1) * n_vec;
+            for (i64 i = lane; i < n_vec; i += BULK_THREADS) store_once(row + i, make_uint4(0, 0, 0, 0));
+        }
+    } else if (data_rows != 0) {
         // The whole dynamic stage, which the host may make larger than a copy
         // chunk (padding-heavy plans: few, large bulk stores of zeros run at
         // memset speed, 1 KiB ones do not)
@@ -365,6 +373,11 @@ expand_to_fused_bulk_zero_rows(const ExpandArgs a) {
     expand_to_fused_bulk_body<ZERO_ROWS>(a);
 }
 
+extern "C" __global__ void __launch_bounds__(BULK_THREADS)
+expand_to_fused_bulk_zero_rows_plain(const ExpandArgs a) {
+    expand_to_fused_bulk_body<ZERO_ROWS_PLAIN>(a);
+}
+
 // token blocks only: no zero-fill layout to choose
 extern "C" __global__ void __launch_bounds__(BULK_THREADS)
 expand_to_fused_bulk_overlapped(const ExpandArgs a) {
@@ -382,9 +395,12 @@ expand_to_fused_bulk_overlapped(const ExpandArgs a) {
 // kernel's one-warp blocks. Block b takes the rows_per_zero_block rows from
 // first_zero_row + b * rows_per_zero_block on, as a zero-fill block of the
 // copy kernel would (rows_to_zero: padding rows, every row when T == 0, the
-// column-major SF's pad columns), and their scale factors. Before it exits it
-// waits for the copy kernel, so that the stream's next kernel, which waits
-// for this one, never starts before both are done.
+// column-major SF's pad columns), and their scale factors. Its last block
+// waits for the copy kernel before it exits, so that the stream's next
+// kernel, which waits for this one, never starts before both are done. Only
+// the last: a block that waits keeps its SM slot until the copy kernel ends,
+// and when every block waited, the first wave of zero-fill blocks sat idle
+// through the copies instead of making room for the next.
 extern "C" __global__ void __launch_bounds__(EXPAND_THREADS)
 expand_zero_padding_rows(const ExpandArgs a) {
     const ZeroRows rows = rows_to_zero(a, blockIdx.x);  // each warp: the same ballot
@@ -398,7 +414,7 @@ expand_zero_padding_rows(const ExpandArgs a) {
             store_once(row + i, make_uint4(0, 0, 0, 0));
     }
     zero_sf_rows(a, rows, EXPAND_THREADS);
-    wait_for_previous_kernel();
+    if (blockIdx.x == gridDim.x - 1) wait_for_previous_kernel();
 }
 
 // ---------------------------------------------------------------------------

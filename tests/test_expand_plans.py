@@ -162,6 +162,20 @@ def test_padding_heavy_zero_fill_stage(fake_h200, num_tokens, hidden, num_expand
     assert launch.shared_bytes == launch.constant("vecs_per_thread") * 32 * 16
 
 
+def test_plain_store_zero_rows_keep_the_copy_chunks_stage(fake_h200):
+    # kimi-k2-small, 128 experts: whole-row zero-fill blocks by 16-byte stores,
+    # so the launch's stage stays the 1 KiB copy chunk
+    problem = ExpandProblem(32, 7168, 8, 14848, "bfloat16")
+    tuning = dataclasses.replace(DEFAULT_TUNING, bulk_zero_rows_plain=1)
+    launch = ExpandPlan(problem, 2, 0, tuning).kernel(16)
+    assert (launch.handle, launch.shared_bytes) == ("expand_to_fused_bulk_zero_rows_plain", 1024)
+    assert launch.constant("rows_per_zero_block") == 1
+    # column-chunk zero-fill (short rows) has no stage to spare: unchanged
+    problem = ExpandProblem(32, 3072, 8, 14848, "bfloat16")
+    launch = ExpandPlan(problem, 2, 0, tuning).kernel(16)
+    assert (launch.handle, launch.shared_bytes) == ("expand_to_fused_bulk", 1024)
+
+
 def test_padding_heavy_short_rows_take_column_chunks_unless_asked(fake_h200):
     # qwen3-30b-small: 6 KiB rows (below bulk_whole_row_zero_from)
     problem = ExpandProblem(32, 3072, 8, 14848, "bfloat16")
@@ -411,6 +425,8 @@ def test_sf_op_fast_path_keys_zero_padding(expand_fast_paths):
     ({"bulk_target_blocks": -1.0}, r"bulk_target_blocks must be a number >= 0; got -1\.0"),
     ({"split_slots_below": "1"}, r"split_slots_below must be a number >= 0; got '1'"),
     ({"padding_zero_whole_rows": 2}, r"padding_zero_whole_rows must be 0 or 1; got 2"),
+    ({"bulk_zero_rows_plain": True}, r"bulk_zero_rows_plain must be a number >= 0; got True"),
+    ({"bulk_zero_rows_plain": 3}, r"bulk_zero_rows_plain must be 0 or 1; got 3"),
     ({"padding_zero_rows_bulk_whole": 0}, r"padding_zero_rows_bulk_whole must be in 1 \.\. 32"),
     ({"zero_kernel_from_bytes": -1.0}, r"zero_kernel_from_bytes must be a number >= 0; got -1\.0"),
     ({"padding_zero_stage_bytes": 1000},

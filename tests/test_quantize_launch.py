@@ -172,7 +172,8 @@ def test_every_column_and_scale_factor_is_written_once(num_rows, hidden, npc):
     assert (written == 1).all()
     assert (sf_stores == 1).all()
     assert (packed_bytes == 1).all()
-    assert shape.threads in (64, 256) and shape.blocks >= 1
+    assert shape.threads in (DEFAULT_TUNING.small_threads, DEFAULT_TUNING.threads)
+    assert shape.blocks >= 1
     assert (shape.vec_blocks > 0) == (hidden % npc == 0)
 
 
@@ -198,14 +199,15 @@ def test_the_coalesced_kernel_writes_everything_once(num_rows, hidden, npc, chun
 
 
 def test_many_rows_with_both_block_sizes():
-    # more warps than the small-block threshold: full 256-thread blocks
+    # more warps than the small-block threshold: full blocks
+    full = DEFAULT_TUNING.threads
     shape, written, sf_stores, _ = emulate_grid(300, 130, 32, multiprocessors=2)
-    assert shape.threads == 256
+    assert shape.threads == full
     assert (written == 1).all() and (sf_stores == 1).all()
     shape, written, _, _ = emulate_grid(300, 130, 32, multiprocessors=132)
     assert shape.threads == 64 and (written == 1).all()
     shape, written, sf_stores, _ = emulate_grid(400, 256, 32, multiprocessors=2, vector=True)
-    assert shape.vec_threads == 256 and (written == 1).all() and (sf_stores == 1).all()
+    assert shape.vec_threads == full and (written == 1).all() and (sf_stores == 1).all()
 
 
 def test_no_rows_launch_nothing():
@@ -216,17 +218,19 @@ def test_decode_and_prefill_shapes():
     decode = launch_shape(1, 7168, 128, 132)
     assert decode.lanes_per_row == 224 and decode.threads == 64 and decode.blocks == 4
     assert (decode.vec_threads, decode.vec_blocks) == (64, 4)
+    full = DEFAULT_TUNING.threads  # 128: a block of 4 warps
     prefill = launch_shape(8192, 7168, 128, 132)
-    assert prefill.threads == 256 and prefill.blocks == 8192 * 224 // 256
+    assert prefill.threads == full and prefill.blocks == 8192 * 224 // full
     assert prefill.vec_blocks == prefill.blocks  # 32 columns a lane either way
     qwen = launch_shape(8192 * 8, 768, 128, 132)  # swiglu rows: T * K, I = 768
-    assert qwen.lanes_per_row == 24 and qwen.vec_blocks == 8192 * 8 * 24 // 256
+    assert qwen.lanes_per_row == 24 and qwen.vec_blocks == 8192 * 8 * 24 // full
     assert launch_shape(5, 200, 128, 132).vec_blocks == 0  # a partial block: *_any only
     # swiglu, I % 1024 == 0: *_rows, a warp a 1024-column segment of a row
     kimi = launch_shape(4096 * 8, 2048, 128, 132, swiglu=True)
-    assert kimi.rows and kimi.passes == 2 and kimi.vec_blocks == 4096 * 8 * 2 // 8
+    assert kimi.rows and kimi.passes == 2 and kimi.vec_blocks == 4096 * 8 * 2 // (full // 32)
     decode = launch_shape(1024, 2048, 128, 132, swiglu=True)
-    assert decode.rows and (decode.vec_threads, decode.vec_blocks) == (64, 1024)
+    # (2048 warps: at least 2 full blocks an SM, so full blocks)
+    assert decode.rows and (decode.vec_threads, decode.vec_blocks) == (full, 2048 * 32 // full)
     # I = 768: *_vec (segments would be three quarters filled)
     qwen_swiglu = launch_shape(8192 * 8, 768, 128, 132, swiglu=True)
     assert not qwen_swiglu.rows and qwen_swiglu.vec_blocks == qwen.vec_blocks
@@ -278,10 +282,11 @@ def test_tuning_defines():
 
 def test_two_segments_a_warp_halve_only_the_rows_grid():
     two = QuantizeTuning(rows_segments=2)
-    # Kimi-K2 prefill: 65536 segments, 32768 warps of 256-thread blocks
+    # Kimi-K2 prefill: 65536 segments, 32768 warps of full blocks
     kimi, kimi_two = (launch_shape(4096 * 8, 2048, 128, 132, tuning, swiglu=True)
                       for tuning in (DEFAULT_TUNING, two))
-    assert kimi_two.vec_blocks == kimi.vec_blocks // 2 == 4096 * 8 * 2 // 2 // 8
+    warps_a_block = DEFAULT_TUNING.threads // 32
+    assert kimi_two.vec_blocks == kimi.vec_blocks // 2 == 4096 * 8 * 2 // 2 // warps_a_block
     assert kimi_two._replace(vec_blocks=kimi.vec_blocks) == kimi  # nothing else changes
     # an odd count of segments (7 rows of 1024 columns): 4 warps, in 64-thread blocks
     odd = launch_shape(7, 1024, 128, 132, two, swiglu=True)

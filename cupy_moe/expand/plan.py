@@ -159,14 +159,18 @@ class ExpandPlan:
                               or (padding_heavy and tuning.padding_zero_whole_rows))
                 stage_bytes = lane_vecs * BULK_THREADS * 16
                 zero_rows = tuning.zero_rows_bulk_whole if whole_rows else tuning.zero_rows_bulk
+                plain = whole_rows and tuning.bulk_zero_rows_plain
                 if whole_rows and padding_heavy and not zero_kernel:
-                    # zero-fill blocks store their rows in pieces of the whole
-                    # stage: make it large enough for memset-speed bulk stores
-                    stage_bytes = max(stage_bytes, min(
-                        int(tuning.padding_zero_stage_bytes), BULK_SHARED_LIMIT,
-                        ceil_div(self.row_bytes, 16) * 16))
                     zero_rows = tuning.padding_zero_rows_bulk_whole
+                    if not plain:
+                        # zero-fill blocks store their rows in pieces of the
+                        # whole stage: make it large enough for memset-speed
+                        # bulk stores
+                        stage_bytes = max(stage_bytes, min(
+                            int(tuning.padding_zero_stage_bytes), BULK_SHARED_LIMIT,
+                            ceil_div(self.row_bytes, 16) * 16))
                 return self._launch(
+                    "expand_to_fused_bulk_zero_rows_plain" if plain else
                     "expand_to_fused_bulk_zero_rows" if whole_rows else "expand_to_fused_bulk",
                     vec_bytes, BULK_THREADS, lane_vecs, problem.top_k, stage_bytes, zero_rows,
                     zero_whole_rows=whole_rows, zero_kernel=zero_kernel)

@@ -55,6 +55,12 @@ class ExpandTuning:
     copy chunks would otherwise make them 1 KiB stores, far below memset
     speed). benchmarks/NOTES.md has the sweep behind these.
 
+    ``bulk_zero_rows_plain`` (0 or 1): the bulk kernel's zero-fill blocks of
+    whole rows store zeros with 16-byte stores, the warp's lanes across each
+    row, instead of bulk stores from a zeroed stage; the launch then asks for
+    only the copy chunk's shared memory (more blocks an SM). Off until
+    measured on a GPU.
+
     ``zero_kernel_from_bytes``: padding-heavy calls with at least this many
     bytes of padding rows (16-byte rows, sm_90+, T > 0) zero them by a second
     kernel of ``threads``-thread blocks (whole rows, about
@@ -85,6 +91,7 @@ class ExpandTuning:
     padding_zero_whole_rows: int = 0
     padding_zero_stage_bytes: int = 16 * 1024
     padding_zero_rows_bulk_whole: int = 1
+    bulk_zero_rows_plain: int = 0
     zero_kernel_from_bytes: float = math.inf
 
     def __post_init__(self) -> None:
@@ -103,9 +110,10 @@ class ExpandTuning:
             if not 1 <= getattr(self, name) <= 32:  # one warp ballot covers a block's rows
                 raise ValueError(f"ExpandTuning.{name} must be in 1 .. 32; "
                                  f"got {getattr(self, name)}")
-        if self.padding_zero_whole_rows not in (0, 1):
-            raise ValueError(f"ExpandTuning.padding_zero_whole_rows must be 0 or 1; "
-                             f"got {self.padding_zero_whole_rows!r}")
+        for name in ("padding_zero_whole_rows", "bulk_zero_rows_plain"):
+            if getattr(self, name) not in (0, 1):
+                raise ValueError(f"ExpandTuning.{name} must be 0 or 1; "
+                                 f"got {getattr(self, name)!r}")
         if self.padding_zero_stage_bytes % 16:
             raise ValueError(f"ExpandTuning.padding_zero_stage_bytes must be a multiple of 16 "
                              f"(bulk stores); got {self.padding_zero_stage_bytes!r}")

@@ -49,21 +49,25 @@ class QuantizeTuning:
 
     ``threads`` per block when the grid has at least ``full_blocks_from``
     blocks of that size per SM, else ``small_threads`` (decode: more, smaller
-    blocks spread a few rows' warps over more SMs). ``software_e4m3``
+    blocks spread a few rows' warps over more SMs). 128 against 256: SwiGLU
+    prefill and medium shapes +0.7 to +3.9 points of the copy bandwidth,
+    quantize_fp8 unchanged (benchmarks/NOTES.md, tenth session). ``software_e4m3``
     compiles the integer e4m3 rounding on sm_89+ too, in place of the
     hardware conversion (the GPU tests check that both give the same codes).
     ``rows_min_blocks`` (0: the compiler's choice) asks the compiler to fit
     that many blocks of the SwiGLU ``*_rows`` kernel on an SM: fewer registers
     a thread, more warps in flight (5 gives 46 registers with a few spills,
-    against 63; not yet measured). ``rows_segments`` (1 or 2) is how many
+    against 63: within a point of the default on the GPU; 6 lost 4-14). ``rows_segments`` (1 or 2) is how many
     consecutive segments a warp of ``*_rows`` takes: with 2 it issues the
     second's loads before the first's arithmetic, to hide their latency (with
     one segment a warp, the top stall is the first use of the loaded data),
     and holds both segments' data in registers (128 registers for bf16 input
-    without ``rows_min_blocks``, against 63). Not yet measured on a GPU.
+    without ``rows_min_blocks``, against 63). Measured: 11-16 points below
+    one segment a warp on Kimi-K2 and DeepSeek-V3 shapes (16 warps an SM do
+    not hide what 32 do).
     """
 
-    threads: int = 256
+    threads: int = 128
     small_threads: int = 64
     full_blocks_from: float = 2.0
     software_e4m3: bool = False
