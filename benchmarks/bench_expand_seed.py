@@ -336,6 +336,24 @@ def check_ours(w, targs: dict[str, Any], expected_dev: tuple) -> tuple[Callable,
     return timed, problem
 
 
+def time_variant(w, name: str, targs: dict[str, Any], expected_dev: tuple, timer, iters: int,
+                 hide_host: bool) -> float | str:
+    """GPU µs of our op under the sweep config ``name`` (into outputs poisoned
+    and checked first), or the mismatch text."""
+    from sweep_kernel_config import CONFIGS, _run
+
+    from cupy_moe.harness import runner
+
+    tuning = dict(CONFIGS)[name]
+    outs = _run(w, tuning, targs)
+    poison(outs)
+    problem = device_mismatch(as_tuple(_run(w, tuning, targs, outs)), expected_dev,
+                              runner.output_names(w))
+    if problem:
+        return f"mismatch: {problem}"
+    return timer.median_us(lambda: _run(w, tuning, targs, outs), iters, hide_host=hide_host)
+
+
 def check_seed(op, w, args: tuple, expected_dev: tuple) -> tuple[Callable, str | None, bool]:
     """The seed op on ``args`` (compiled already): its outputs of a call
     poisoned and freed, then a call checked. Returns the timed call, the
@@ -410,9 +428,10 @@ class SeedRunner:
 
 
 def bench_workload(w, seeds: SeedRunner, timer, iters: int, copy_tbps: float, rng,
-                   hide_host: bool) -> dict[str, Any]:
+                   hide_host: bool, variants: Sequence[str] = ()) -> dict[str, Any]:
     """One workload's record: both ops checked, then timed, beside the copy
-    + memset floor of the same run."""
+    + memset floor of the same run; ``variants``: sweep_kernel_config.py's
+    configs (by name) of our op, each checked and timed alike."""
     from cupy_moe.harness import runner
     from cupy_moe.harness.inputs import workload_inputs
 
@@ -440,6 +459,8 @@ def bench_workload(w, seeds: SeedRunner, timer, iters: int, copy_tbps: float, rn
 
     if ours is not None:
         record["ours_us"] = timer.median_us(ours, iters, hide_host=hide_host)
+    record["variants"] = {name: time_variant(w, name, targs, expected_dev, timer, iters,
+                                             hide_host) for name in variants}
     if seed is not None:
         record["seed_us"] = timer.median_us(seed, iters, hide_host=hide_host)
     copy_bytes, zero_bytes = (int(n) for n in runner.split_bytes(w, host))
@@ -463,7 +484,8 @@ def new_record(w) -> dict[str, Any]:
             "memset_zero_us": None, "floor_us": None,
             "ours_pct_copy_memset": None, "seed_pct_copy_memset": None,
             "ours_check": None, "ours_error": None, "seed_check": None, "seed_poisoned": None,
-            "seed_first_call_s": None, "seed_error": None, "status": "not run"}
+            "seed_first_call_s": None, "seed_error": None, "status": "not run",
+            "variants": {}}
 
 
 def fill_ratios(record: dict[str, Any], copy_tbps: float) -> None:
@@ -571,8 +593,28 @@ LEGEND = ("seed/ours: seed µs / ours µs (above 1: ours faster). % copy: the ro
           "The seed's op allocates its outputs per call (host work only).")
 
 
+def variant_lines(records: Sequence[dict[str, Any]]) -> list[str]:
+    """seed µs over each variant's µs (above 1: the variant faster), a row a
+    record; none when no variant ran."""
+    names = list(dict.fromkeys(name for r in records for name in r.get("variants", {})))
+    if not names:
+        return []
+    lines = ["Variants of ours (sweep_kernel_config.py configs): seed µs / variant µs", "",
+             "| workload | default | " + " | ".join(names) + " |",
+             "|" + "---|" * (len(names) + 2)]
+    for r in records:
+        cells = [r["label"], _fmt(r["seed_over_ours"], ".2f")]
+        for name in names:
+            value = r.get("variants", {}).get(name)
+            cells.append(_short(value, 40) if isinstance(value, str) else
+                         _fmt(r["seed_us"] / value if value and r["seed_us"] else None, ".2f"))
+        lines.append("| " + " | ".join(cells) + " |")
+    return ["", *lines]
+
+
 def markdown_text(header: str, records: Sequence[dict[str, Any]]) -> str:
-    return "\n".join([header, "", *table_lines(records), "", LEGEND]) + "\n"
+    return "\n".join([header, "", *table_lines(records), "", LEGEND,
+                      *variant_lines(records)]) + "\n"
 
 
 def write_outputs(records: list[dict[str, Any]], header: str, json_path: str | None,
@@ -606,6 +648,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--label", action="append", help="a plan workload (repeatable)")
     parser.add_argument("--iters", type=int, default=30)
+    parser.add_argument("--variant", action="append", default=[], metavar="CONFIG",
+                        help="also time our op under this sweep_kernel_config.py config "
+                             "(by its name; repeatable)")
     parser.add_argument("--max-seconds", type=float, default=240.0,
                         help="skip the workloads left after this many seconds")
     parser.add_argument("--hide-host", action="store_true",
@@ -639,8 +684,13 @@ def run(args: argparse.Namespace, diff_path: Path, seed_classes: tuple[type, typ
     import numpy as np
     import torch
 
+    from sweep_kernel_config import CONFIGS
+
     from cupy_moe.harness.timing import GpuTimer
 
+    unknown = sorted(set(args.variant) - {name for name, _ in CONFIGS})
+    if unknown:
+        raise SystemExit(f"--variant: no sweep_kernel_config.py config named {unknown}")
     workloads = plan_workloads(args.label)
     timer = GpuTimer()
     copy_tbps = timer.copy_tbps()
@@ -661,7 +711,7 @@ def run(args: argparse.Namespace, diff_path: Path, seed_classes: tuple[type, typ
         print(f"[{index}/{len(workloads)}] {w.label} ({elapsed:.1f} s)", flush=True)
         try:
             record = bench_workload(w, seeds, timer, args.iters, copy_tbps, rng,
-                                    args.hide_host)
+                                    args.hide_host, args.variant)
         except Exception as exc:  # noqa: BLE001 - one workload's failure ends only it
             record = new_record(w)
             record["status"] = f"error: {error_text(exc)}"

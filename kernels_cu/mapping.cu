@@ -231,6 +231,9 @@ __device__ __forceinline__ void place_block(const MappingArgs& a) {
             running += count;
         }
         if (Cooperative) a.block_counts[static_cast<long long>(blockIdx.x) * experts + j] = running;
+        // a grid of one block (decode): its total is every expert's total,
+        // and no block comes before it; no second pass over the ids
+        if (!Cooperative && gridDim.x == 1) tokens[j] = running;
     }
 
     // every expert's slots, and those of the earlier blocks: sums (in shared
@@ -250,7 +253,7 @@ __device__ __forceinline__ void place_block(const MappingArgs& a) {
             if (total) atomicAdd(&tokens[j], total);
         }
     } else if (a.self_counting) {
-        for (long long slot0 = threadIdx.x; slot0 < a.num_slots;
+        for (long long slot0 = gridDim.x == 1 ? a.num_slots : threadIdx.x; slot0 < a.num_slots;
              slot0 += static_cast<long long>(blockDim.x) * LOAD_BATCH) {
             int e[LOAD_BATCH];
 #pragma unroll
