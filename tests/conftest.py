@@ -28,7 +28,8 @@ KERNEL_PATHS = {
     # whole-row zero-fill blocks on every row length, rows cut into 512-byte
     # chunks so that even short test rows span several y planes
     "bulk-zero-rows": ExpandTuning(bulk_min_blocks=0.0, padding_share_registers=math.inf,
-                                   bulk_whole_row_zero_from=0, bulk_min_chunk_bytes=512),
+                                   bulk_whole_row_zero_from=0, bulk_min_chunk_bytes=512,
+                                   bulk_zero_rows_plain=0),
     "registers": ExpandTuning(bulk_min_blocks=math.inf),
     # every shape padding-heavy and on the bulk kernel (chunks always shrink):
     # zero-fill blocks of whole rows in 2 KiB bulk stores of a stage larger
@@ -36,7 +37,7 @@ KERNEL_PATHS = {
     "bulk-zero-stage": ExpandTuning(bulk_min_blocks=0.0, padding_share_registers=0.0,
                                     shrink_chunks_below=math.inf,
                                     padding_bulk_min_chunk_bytes=512, padding_zero_whole_rows=1,
-                                    padding_zero_stage_bytes=2048),
+                                    padding_zero_stage_bytes=2048, bulk_zero_rows_plain=0),
     # the bulk kernel on every call, zero-fill blocks of whole rows on every
     # row length by 16-byte stores (no stage), 512-byte copy chunks
     "bulk-zero-plain": ExpandTuning(bulk_min_blocks=0.0, padding_share_registers=math.inf,
@@ -44,7 +45,8 @@ KERNEL_PATHS = {
                                     bulk_zero_rows_plain=1),
     # every call with tokens padding-heavy, its padding rows zeroed by
     # expand_zero_padding_rows beside the copy kernel (16-byte rows, sm_90+)
-    "zero-kernel": ExpandTuning(padding_share_registers=0.0, zero_kernel_from_bytes=0),
+    "zero-kernel": ExpandTuning(padding_share_registers=0.0, zero_kernel_from_bytes=0,
+                                zero_kernel_beside_registers=1),
 }
 
 

@@ -46,6 +46,13 @@ def fake_h200(monkeypatch):
                         lambda source, defines, device, name: name)
 
 
+# The ninth session's bulk zero-fill: bulk stores from a stage for rows of
+# 8 KiB and more, column chunks below, no zero kernel (what the tests of those
+# mechanisms pin; the defaults moved to 16-byte stores of whole rows)
+STAGED = dataclasses.replace(DEFAULT_TUNING, bulk_whole_row_zero_from=8192,
+                             bulk_zero_rows_plain=0, zero_kernel_from_bytes=math.inf)
+
+
 def _launch_for(num_tokens, hidden, item_bytes=2, vec_bytes=16, top_k=8,
                 tuning=DEFAULT_TUNING, zero_padding=True, **sf):
     problem = ExpandProblem(num_tokens, hidden, top_k, num_tokens * top_k,
@@ -64,9 +71,8 @@ def _launch_for(num_tokens, hidden, item_bytes=2, vec_bytes=16, top_k=8,
 ])
 def test_bulk_kernel_chunks_for_the_batch(fake_h200, num_tokens, hidden, chunk_bytes, chunks):
     launch = _launch_for(num_tokens, hidden)
-    # rows of 8 KiB and more: zero-fill blocks of whole rows
-    assert launch.handle == ("expand_to_fused_bulk_zero_rows" if hidden * 2 >= 8192
-                             else "expand_to_fused_bulk")
+    # every row length: zero-fill blocks of whole rows, by 16-byte stores
+    assert launch.handle == "expand_to_fused_bulk_zero_rows_plain"
     assert (launch.threads, launch.shared_bytes, launch.grid[1]) == (32, chunk_bytes, chunks)
     assert launch.constant("vecs_per_thread") == chunk_bytes // 16 // 32
     assert launch.constant("slots_per_block") == 8
@@ -88,7 +94,9 @@ def test_register_kernel_elsewhere(fake_h200, monkeypatch, num_tokens, hidden, v
     assert (launch.threads, launch.shared_bytes) == (DEFAULT_TUNING.threads, 0)
 
 
-FORCE_BULK = ExpandTuning(bulk_min_blocks=0.0, padding_share_registers=math.inf)
+# (zero-fill blocks of a column chunk: the bulk kernel's first layout)
+FORCE_BULK = ExpandTuning(bulk_min_blocks=0.0, padding_share_registers=math.inf,
+                          bulk_whole_row_zero_from=math.inf)
 FORCE_REGISTERS = ExpandTuning(bulk_min_blocks=math.inf)
 
 
@@ -122,15 +130,16 @@ def test_the_zero_stage_kernel_path_reaches_small_batches(fake_h200):
     # kimi-k2-medium on a 128-expert plan (75% padding): the register kernel,
     # 16 KiB chunks, 1 row each; its tightly packed twin keeps the bulk kernel
     (512, 7168, 16384, "expand_to_fused_v16", 1, 2),
-    (512, 7168, 4096, "expand_to_fused_bulk_zero_rows", 4, 2),
+    (512, 7168, 4096, "expand_to_fused_bulk_zero_rows_plain", 4, 2),
     # qwen3-30b-medium, 384 experts (92% padding): register, 6 KiB rows
     (512, 3072, 49152, "expand_to_fused_v16", 1, 3),
     # qwen3-30b-small, 128 experts: too few tokens for unshrunk register
-    # chunks, so the bulk kernel with chunks down to 1 KiB (192 blocks >= 132);
-    # with 2 KiB (96 blocks) it would be the register kernel
-    (32, 3072, 14848, "expand_to_fused_bulk", 6, 4),
+    # chunks, so the bulk kernel with chunks down to 1 KiB (192 blocks >= 132;
+    # with 2 KiB, 96 blocks, it would be the register kernel), its 90 MB of
+    # padding rows by the zero kernel beside it
+    (32, 3072, 14848, "expand_to_fused_bulk_overlapped", 6, 2),
     # kimi-k2-prefill on a 384-expert plan: 33% padding, the bulk kernel
-    (4096, 7168, 49152, "expand_to_fused_bulk_zero_rows", 1, 2),
+    (4096, 7168, 49152, "expand_to_fused_bulk_zero_rows_plain", 1, 2),
 ])
 def test_padding_heavy_plans(fake_h200, num_tokens, hidden, num_expanded, handle, chunks,
                              zero_rows):
@@ -152,12 +161,12 @@ def test_padding_heavy_plans(fake_h200, num_tokens, hidden, num_expanded, handle
 def test_padding_heavy_zero_fill_stage(fake_h200, num_tokens, hidden, num_expanded, stage_bytes,
                                        zero_rows):
     problem = ExpandProblem(num_tokens, hidden, 8, num_expanded, "bfloat16")
-    launch = ExpandPlan(problem, 2, 0, DEFAULT_TUNING).kernel(16)
+    launch = ExpandPlan(problem, 2, 0, STAGED).kernel(16)
     assert launch.handle == "expand_to_fused_bulk_zero_rows"
     assert launch.shared_bytes == stage_bytes
     assert launch.constant("rows_per_zero_block") == zero_rows
     # a stage of the copy chunk only when asked
-    tuning = dataclasses.replace(DEFAULT_TUNING, padding_zero_stage_bytes=0)
+    tuning = dataclasses.replace(STAGED, padding_zero_stage_bytes=0)
     launch = ExpandPlan(problem, 2, 0, tuning).kernel(16)
     assert launch.shared_bytes == launch.constant("vecs_per_thread") * 32 * 16
 
@@ -166,7 +175,7 @@ def test_plain_store_zero_rows_keep_the_copy_chunks_stage(fake_h200):
     # kimi-k2-small, 128 experts: whole-row zero-fill blocks by 16-byte stores,
     # so the launch's stage stays the 1 KiB copy chunk
     problem = ExpandProblem(32, 7168, 8, 14848, "bfloat16")
-    tuning = dataclasses.replace(DEFAULT_TUNING, bulk_zero_rows_plain=1)
+    tuning = dataclasses.replace(STAGED, bulk_zero_rows_plain=1)
     launch = ExpandPlan(problem, 2, 0, tuning).kernel(16)
     assert (launch.handle, launch.shared_bytes) == ("expand_to_fused_bulk_zero_rows_plain", 1024)
     assert launch.constant("rows_per_zero_block") == 1
@@ -179,9 +188,9 @@ def test_plain_store_zero_rows_keep_the_copy_chunks_stage(fake_h200):
 def test_padding_heavy_short_rows_take_column_chunks_unless_asked(fake_h200):
     # qwen3-30b-small: 6 KiB rows (below bulk_whole_row_zero_from)
     problem = ExpandProblem(32, 3072, 8, 14848, "bfloat16")
-    launch = ExpandPlan(problem, 2, 0, DEFAULT_TUNING).kernel(16)
+    launch = ExpandPlan(problem, 2, 0, STAGED).kernel(16)
     assert (launch.handle, launch.shared_bytes) == ("expand_to_fused_bulk", 1024)
-    tuning = dataclasses.replace(DEFAULT_TUNING, padding_zero_whole_rows=1)
+    tuning = dataclasses.replace(STAGED, padding_zero_whole_rows=1)
     launch = ExpandPlan(problem, 2, 0, tuning).kernel(16)
     assert (launch.handle, launch.shared_bytes) == ("expand_to_fused_bulk_zero_rows", 6144)
     assert launch.constant("rows_per_zero_block") == 1
@@ -211,8 +220,9 @@ def test_register_zero_fill_blocks_zero_about_16_kib(fake_h200, monkeypatch, num
     # column-major SF: the pad columns count, align(18, 4) = 20 rows; rows of
     # 1 KiB: 16-row blocks, 2 of them
     (1, 1024, 18, True, (1 + 1, 1, 8)),
-    # qwen3-30b-medium, bulk kernel, 3 chunks: 4096 rows in 4-row blocks of a chunk
-    (512, 3072, 4096, False, (512 + 1024, 3, 1)),
+    # qwen3-30b-medium, bulk kernel, 3 chunks: 4096 rows in 2-row blocks of
+    # whole rows, numbered across the y planes: 683 columns (1 block idle)
+    (512, 3072, 4096, False, (512 + 683, 3, 1)),
     # kimi-k2-prefill, 14 KiB rows: 32768 rows in 2-row blocks of whole rows
     (4096, 7168, 32768, False, (4096 + 16384, 1, 1)),
     # kimi-k2-medium, 4 chunks: 2048 whole-row blocks, numbered across the y planes
@@ -232,7 +242,7 @@ def test_zero_fill_blocks_span_the_slot_planes(fake_h200, num_tokens, hidden, nu
     zero_rows = align_up(num_expanded, 4) if col_major else num_expanded
     # every row is some zero-fill block's, and no whole column of blocks is idle
     columns = grid[0] - num_tokens
-    planes = grid[2] * (grid[1] if launch.handle.endswith("_zero_rows") else 1)
+    planes = grid[2] * (grid[1] if "_zero_rows" in launch.handle else 1)
     assert columns * planes * rows >= zero_rows > (columns - 1) * planes * rows
 
 
@@ -241,7 +251,7 @@ def test_whole_row_zero_fill_tuning_reaches_short_rows(fake_h200):
     # of 5 tokens take the whole-row zero-fill kernel, cut into 4 chunks
     tuning = ExpandTuning(bulk_min_blocks=0.0, padding_share_registers=math.inf,
                           bulk_whole_row_zero_from=0,
-                          bulk_min_chunk_bytes=512)
+                          bulk_min_chunk_bytes=512, bulk_zero_rows_plain=0)
     launch = _launch_for(5, 1024, tuning=tuning)
     assert launch.handle == "expand_to_fused_bulk_zero_rows"
     assert (launch.shared_bytes, launch.grid[1]) == (512, 4)
@@ -259,8 +269,8 @@ def test_plans_are_cached_per_tuning(fake_h200):
 # -- zero_padding=False: zero-fill blocks only where the pad columns need them ------
 
 WHOLE_ROW_ZERO_FILL = ExpandTuning(bulk_min_blocks=0.0, padding_share_registers=math.inf,
-                          bulk_whole_row_zero_from=0,
-                                   bulk_min_chunk_bytes=512)
+                                   bulk_whole_row_zero_from=0, bulk_min_chunk_bytes=512,
+                                   bulk_zero_rows_plain=0)
 
 
 def _zero_fill_columns(launch, num_tokens):
@@ -269,8 +279,8 @@ def _zero_fill_columns(launch, num_tokens):
 
 @pytest.mark.parametrize(("num_tokens", "hidden", "handle"), [
     (1, 7168, "expand_to_fused_v16"),                # decode: slots split over 8 planes
-    (512, 3072, "expand_to_fused_bulk"),             # zero-fill blocks of a column chunk
-    (4096, 7168, "expand_to_fused_bulk_zero_rows"),  # zero-fill blocks of whole rows
+    (512, 3072, "expand_to_fused_bulk_zero_rows_plain"),   # zero-fill blocks of whole rows
+    (4096, 7168, "expand_to_fused_bulk_zero_rows_plain"),
 ])
 @pytest.mark.parametrize("sf", [{}, {"sf_columns": 2}], ids=["no-sf", "row-major-sf"])
 def test_leaving_padding_rows_launches_the_token_blocks_alone(fake_h200, num_tokens, hidden,
@@ -294,8 +304,10 @@ def test_leaving_padding_rows_launches_the_token_blocks_alone(fake_h200, num_tok
     (WHOLE_ROW_ZERO_FILL, "expand_to_fused_bulk_zero_rows"),
     (dataclasses.replace(WHOLE_ROW_ZERO_FILL, zero_rows_bulk_whole=1),
      "expand_to_fused_bulk_zero_rows"),
+    (dataclasses.replace(WHOLE_ROW_ZERO_FILL, bulk_zero_rows_plain=1),
+     "expand_to_fused_bulk_zero_rows_plain"),
 ], ids=["registers", "registers-1-row", "bulk", "bulk-1-row", "bulk-zero-rows",
-        "bulk-zero-rows-1-row"])
+        "bulk-zero-rows-1-row", "bulk-zero-rows-plain"])
 @pytest.mark.parametrize("num_expanded", [16, 17, 18, 19])
 def test_leaving_padding_rows_keeps_blocks_for_the_col_major_pad_columns(
         fake_h200, tuning, handle, num_expanded):
@@ -310,7 +322,7 @@ def test_leaving_padding_rows_keeps_blocks_for_the_col_major_pad_columns(
     assert launch.constant("zero_padding") == 0
     pad_columns = align_up(num_expanded, 4) - num_expanded
     columns = _zero_fill_columns(launch, 3)
-    planes = launch.grid[2] * (launch.grid[1] if handle.endswith("_zero_rows") else 1)
+    planes = launch.grid[2] * (launch.grid[1] if "_zero_rows" in handle else 1)
     rows = launch.constant("rows_per_zero_block")
     assert columns * planes * rows >= pad_columns > (columns - 1) * planes * rows
 
@@ -444,7 +456,8 @@ def test_tuning_is_frozen():
 
 # -- padding rows by a kernel of their own (expand_zero_padding_rows) -------------------
 
-ZERO_KERNEL = dataclasses.replace(DEFAULT_TUNING, zero_kernel_from_bytes=0)
+ZERO_KERNEL = dataclasses.replace(DEFAULT_TUNING, zero_kernel_from_bytes=0,
+                                  zero_kernel_beside_registers=1)
 
 
 def test_the_c_struct_has_the_host_fields_in_order():
@@ -468,9 +481,19 @@ def test_the_zero_kernel_path_reaches_the_gpu_tests_shapes(fake_h200):
     assert _launch_for(0, 2048, tuning=tuning).zero_launch is None
 
 
-def test_the_zero_kernel_is_off_by_default(fake_h200):
-    problem = ExpandProblem(32, 7168, 8, 14848, "bfloat16")
-    assert ExpandPlan(problem, 2, 0, DEFAULT_TUNING).kernel(16).zero_launch is None
+@pytest.mark.parametrize(("num_tokens", "hidden", "num_expanded", "zero_kernel"), [
+    (32, 7168, 14848, True),   # kimi-k2-small-e128: 209 MB of padding, bulk copies
+    (32, 3072, 14848, True),   # qwen3-30b-small-e128: 90 MB
+    (32, 3072, 3072, False),   # qwen3-30b-small EP8: 17 MB, below 64 MB
+    (512, 7168, 16384, False),  # kimi-k2-medium-e128: the register kernel copies
+])
+def test_the_zero_kernel_by_default(fake_h200, num_tokens, hidden, num_expanded, zero_kernel):
+    problem = ExpandProblem(num_tokens, hidden, 8, num_expanded, "bfloat16")
+    launch = ExpandPlan(problem, 2, 0, DEFAULT_TUNING).kernel(16)
+    assert (launch.zero_launch is not None) == zero_kernel
+    assert launch.name == ("expand_to_fused_bulk_overlapped" if zero_kernel else
+                           "expand_to_fused_v16" if num_tokens == 512 else
+                           "expand_to_fused_bulk_zero_rows_plain")
 
 
 @pytest.mark.parametrize(("num_tokens", "hidden", "item_bytes", "num_expanded", "rows", "sf"), [

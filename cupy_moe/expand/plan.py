@@ -140,7 +140,8 @@ class ExpandPlan:
         # expand_zero_padding_rows)
         zero_bytes = (problem.num_expanded - num_tokens * problem.top_k) * self.row_bytes
         zero_kernel = (vec_bytes == 16 and major >= 9 and padding_heavy and num_tokens > 0
-                       and self.zero_padding and zero_bytes >= tuning.zero_kernel_from_bytes)
+                       and self.zero_padding and zero_bytes >= tuning.zero_kernel_from_bytes
+                       and (shrink or tuning.zero_kernel_beside_registers))
         if (vec_bytes == 16 and major >= 9 and problem.top_k <= BULK_THREADS
                 and not (padding_heavy and not shrink)):
             # chunks per row: enough to stay under the maximum size, at most

@@ -37,9 +37,12 @@ class ExpandTuning:
     that give ``bulk_target_blocks`` blocks. Rows of at least
     ``bulk_whole_row_zero_from`` bytes are zero-filled by blocks of
     ``zero_rows_bulk_whole`` whole rows, shorter ones by blocks of
-    ``zero_rows_bulk`` rows' column chunk (whole rows won on Kimi-K2's 14 KiB
-    rows and lost on 6-7 KiB ones). A zero-fill block writes its rows one
-    after another: few rows keep it from being the launch's longest block.
+    ``zero_rows_bulk`` rows' column chunk (default 0: whole rows on every
+    row length; with bulk stores from a stage, whole rows had won on Kimi-K2's
+    14 KiB rows and lost on 6-7 KiB ones, with 16-byte stores,
+    ``bulk_zero_rows_plain``, they win on both). A zero-fill block writes its
+    rows one after another: few rows keep it from being the launch's longest
+    block.
 
     Padding-heavy plans (real plans at small and medium batches): when at
     least ``padding_share_registers`` of the output rows must be padding (by
@@ -58,16 +61,22 @@ class ExpandTuning:
     ``bulk_zero_rows_plain`` (0 or 1): the bulk kernel's zero-fill blocks of
     whole rows store zeros with 16-byte stores, the warp's lanes across each
     row, instead of bulk stores from a zeroed stage; the launch then asks for
-    only the copy chunk's shared memory (more blocks an SM). Off until
-    measured on a GPU.
+    only the copy chunk's shared memory (more blocks an SM). With whole rows
+    on every row length (``bulk_whole_row_zero_from`` 0) it beat the staged
+    and column-chunk zero-fill on the EP8 and fp8 plans by 2-4% and lost
+    nowhere by more than the run-to-run spread (benchmarks/NOTES.md, tenth
+    session).
 
     ``zero_kernel_from_bytes``: padding-heavy calls with at least this many
     bytes of padding rows (16-byte rows, sm_90+, T > 0) zero them by a second
     kernel of ``threads``-thread blocks (whole rows, about
     ``zero_block_bytes_registers`` a block) that overlaps the copy kernel
     (programmatic dependent launch); the copy kernel (its ``*_overlapped``
-    twin) then has no zero-fill blocks. Off (infinite) until measured on a
-    GPU: benchmarks/NOTES.md, ninth session.
+    twin) then has no zero-fill blocks. Only beside the bulk kernel's copies
+    unless ``zero_kernel_beside_registers`` is 1: where the register kernel
+    copies (medium batches), its own zero-fill blocks did as well or better.
+    64 MB: the small-batch plans of 90-340 MB of padding gained 2-4% (Kimi-K2,
+    Qwen3, Kimi-K2 fp8), the 19-47 MB ones (EP8, Qwen3 fp8) lost.
     """
 
     # register kernel
@@ -82,7 +91,7 @@ class ExpandTuning:
     bulk_target_blocks: float = 12.0
     bulk_min_chunk_bytes: int = 2 * 1024
     bulk_max_chunk_bytes: int = 16 * 1024
-    bulk_whole_row_zero_from: float = 8 * 1024
+    bulk_whole_row_zero_from: float = 0.0
     zero_rows_bulk: int = 4
     zero_rows_bulk_whole: int = 2
     # padding-heavy plans
@@ -91,8 +100,9 @@ class ExpandTuning:
     padding_zero_whole_rows: int = 0
     padding_zero_stage_bytes: int = 16 * 1024
     padding_zero_rows_bulk_whole: int = 1
-    bulk_zero_rows_plain: int = 0
-    zero_kernel_from_bytes: float = math.inf
+    bulk_zero_rows_plain: int = 1
+    zero_kernel_from_bytes: float = 64e6
+    zero_kernel_beside_registers: int = 0
 
     def __post_init__(self) -> None:
         for field in fields(self):
@@ -110,7 +120,8 @@ class ExpandTuning:
             if not 1 <= getattr(self, name) <= 32:  # one warp ballot covers a block's rows
                 raise ValueError(f"ExpandTuning.{name} must be in 1 .. 32; "
                                  f"got {getattr(self, name)}")
-        for name in ("padding_zero_whole_rows", "bulk_zero_rows_plain"):
+        for name in ("padding_zero_whole_rows", "bulk_zero_rows_plain",
+                     "zero_kernel_beside_registers"):
             if getattr(self, name) not in (0, 1):
                 raise ValueError(f"ExpandTuning.{name} must be 0 or 1; "
                                  f"got {getattr(self, name)!r}")
