@@ -58,11 +58,16 @@ def _tuned(**changes) -> ExpandTuning:
 
 # (name, tuning); the first is the default. Block counts are multiples of the
 # SM count; row lengths in bytes.
+# the ninth session's bulk zero-fill: bulk stores from a stage for rows of
+# 8 KiB and more (a 16 KiB stage on padding-heavy plans), column chunks below,
+# no zero kernel
+STAGED = dict(bulk_whole_row_zero_from=8 * 1024, bulk_zero_rows_plain=0,
+              zero_kernel_from_bytes=math.inf)
+
 CONFIGS: list[tuple[str, ExpandTuning]] = [
     ("default", DEFAULT_TUNING),
     ("bulk zero-fill by column chunks on every row length",
      _tuned(bulk_whole_row_zero_from=math.inf)),
-    ("bulk zero-fill of whole rows on every row length", _tuned(bulk_whole_row_zero_from=0)),
     ("1 whole row per bulk zero-fill block", _tuned(zero_rows_bulk_whole=1)),
     ("3 whole rows per bulk zero-fill block", _tuned(zero_rows_bulk_whole=3)),
     ("bulk target 8 x SMs blocks", _tuned(bulk_target_blocks=8.0)),
@@ -75,51 +80,42 @@ CONFIGS: list[tuple[str, ExpandTuning]] = [
     # zero-fill blocks of more rows: fewer, longer blocks on padding-heavy plans
     *((f"{rows} rows per register zero-fill block", _tuned(zero_rows_registers=rows))
       for rows in (4, 8, 16)),
-    *((f"{rows} rows' chunks per bulk zero-fill block", _tuned(zero_rows_bulk=rows))
-      for rows in (8, 16)),
+    *((f"{rows} rows' chunks per bulk zero-fill block",
+       _tuned(zero_rows_bulk=rows, bulk_whole_row_zero_from=math.inf)) for rows in (8, 16)),
     *((f"{rows} whole rows per bulk zero-fill block", _tuned(zero_rows_bulk_whole=rows))
       for rows in (4, 8)),
-    # padding-heavy plans: the bulk kernel's zero-fill blocks of whole rows
-    # (default: 1 row a block, a 16 KiB stage)
-    ("padding: stage of the copy chunk, 2 rows a block",
-     _tuned(padding_zero_stage_bytes=0, padding_zero_rows_bulk_whole=2)),
-    ("padding: whole rows on every row length", _tuned(padding_zero_whole_rows=1)),
-    *((f"padding: stage {kib} KiB", _tuned(padding_zero_stage_bytes=kib * 1024))
-      for kib in (4, 8)),
+    # the ninth session's staged zero-fill, and its padding-heavy settings
+    # (default there: 1 row a block, a 16 KiB stage)
+    ("staged: the ninth session's bulk zero-fill", _tuned(**STAGED)),
+    ("staged padding: stage of the copy chunk, 2 rows a block",
+     _tuned(**STAGED, padding_zero_stage_bytes=0, padding_zero_rows_bulk_whole=2)),
+    ("staged padding: whole rows on every row length",
+     _tuned(**STAGED, padding_zero_whole_rows=1)),
+    *((f"staged padding: stage {kib} KiB",
+       _tuned(**STAGED, padding_zero_stage_bytes=kib * 1024)) for kib in (4, 8)),
     ("padding: 2 rows a block", _tuned(padding_zero_rows_bulk_whole=2)),
+    ("padding-heavy plans on the bulk kernel too", _tuned(padding_share_registers=math.inf)),
     # padding-heavy plans' padding rows by a kernel of their own beside the
-    # copies (expand_zero_padding_rows; not yet measured)
+    # copies (expand_zero_padding_rows; default: beside the bulk kernel, from
+    # 64 MB of padding rows)
+    ("no zero kernel", _tuned(zero_kernel_from_bytes=math.inf)),
     ("padding: zero kernel", _tuned(zero_kernel_from_bytes=0)),
-    ("padding: zero kernel from 16 MB", _tuned(zero_kernel_from_bytes=16e6)),
-    # padding-heavy plans on the register kernel laid out as the seed's
-    # kernel is (one block a token or a padding row, few threads, whole rows,
-    # all K slots): chunks never shrink, slots never split; each zero-fill
-    # block one row (two in the last but one)
-    *((f"rows: {threads} threads, whole rows, {rows} a zero-fill block",
-       _tuned(threads=threads, unroll=unroll, shrink_chunks_below=0.0, split_slots_below=0.0,
-              zero_rows_registers=rows, zero_block_bytes_registers=0))
-      for threads, unroll, rows in ((64, 16, 1), (128, 8, 1), (32, 16, 1), (64, 16, 2))),
-    ("rows: 64 threads, whole rows, slots split",
-     _tuned(threads=64, unroll=16, shrink_chunks_below=0.0, zero_rows_registers=1,
-            zero_block_bytes_registers=0)),
-    # the bulk kernel's whole-row zero-fill blocks by 16-byte stores (no
-    # stage: the launch keeps the copy chunk's shared memory)
-    ("bulk: whole-row zero-fill by 16-byte stores", _tuned(bulk_zero_rows_plain=1)),
-    ("bulk: 16-byte whole-row zero-fill on every row length",
-     _tuned(bulk_zero_rows_plain=1, bulk_whole_row_zero_from=0)),
-    ("bulk: 16-byte whole-row zero-fill, padding-heavy plans on the bulk kernel",
-     _tuned(bulk_zero_rows_plain=1, bulk_whole_row_zero_from=0,
-            padding_share_registers=math.inf)),
-    # the padding rows' own kernel in 64-thread blocks of one row, beside the
-    # bulk kernel's copies
+    ("padding: zero kernel beside the register kernel too",
+     _tuned(zero_kernel_from_bytes=0, zero_kernel_beside_registers=1)),
     ("padding: zero kernel, 64 threads a row",
      _tuned(zero_kernel_from_bytes=0, threads=64, unroll=16, zero_block_bytes_registers=0)),
     # every plan padding-heavy (EP plans are, with their slots dropped, though
     # their shapes do not say so): the zero kernel beside the copies
-    ("every plan: zero kernel", _tuned(zero_kernel_from_bytes=0, padding_share_registers=0.0)),
-    ("every plan: zero kernel, 64 threads a row",
-     _tuned(zero_kernel_from_bytes=0, padding_share_registers=0.0, threads=64, unroll=16,
-            zero_block_bytes_registers=0)),
+    ("every plan: zero kernel", _tuned(zero_kernel_from_bytes=0, padding_share_registers=0.0,
+                                       zero_kernel_beside_registers=1)),
+    # padding-heavy plans on the register kernel laid out as the seed's
+    # kernel is (one block a token or a padding row, few threads, whole rows,
+    # all K slots): chunks never shrink, slots never split; each zero-fill
+    # block one row (two in the last)
+    *((f"rows: {threads} threads, whole rows, {rows} a zero-fill block",
+       _tuned(threads=threads, unroll=unroll, shrink_chunks_below=0.0, split_slots_below=0.0,
+              zero_rows_registers=rows, zero_block_bytes_registers=0))
+      for threads, unroll, rows in ((64, 16, 1), (128, 8, 1), (32, 16, 1), (64, 16, 2))),
 ]
 assert len({name for name, _ in CONFIGS}) == len(CONFIGS), "config names must differ"
 
