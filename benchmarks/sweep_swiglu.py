@@ -10,10 +10,8 @@ same-run copy bandwidth over the workload's roofline bytes. The first tuning
 is the default. Why these: the ``*_rows`` kernel is bound by instruction
 issue at 46% occupancy (63 registers; benchmarks/NOTES.md, ninth session);
 ``rows_min_blocks=5`` compiles it to 46 registers (40 warps an SM) with a few
-spills. Its top stall is the first use of the loaded data: ``rows_segments=2``
-(two segments a warp, the second's loads issued before the first's
-arithmetic) hides that latency inside a warp instead, at the cost of both
-segments' data in registers.
+spills. (Two segments a warp lost 11-16 points and were removed:
+benchmarks/NOTES.md, tenth session; results/sweep_swiglu_h200.md.)
 """
 
 from __future__ import annotations
@@ -33,21 +31,10 @@ from cupy_moe.quantize.launch_shape import QuantizeTuning
 
 TUNINGS = [("default", QuantizeTuning()),
            *((f"rows_min_blocks={blocks}", QuantizeTuning(rows_min_blocks=blocks))
-             for blocks in (5, 6)),
-           *((f"threads={threads}", QuantizeTuning(threads=threads)) for threads in (64, 128, 192)),
-           ("threads=128, rows_min_blocks=8", QuantizeTuning(threads=128, rows_min_blocks=8)),
-           ("threads=128, rows_min_blocks=10", QuantizeTuning(threads=128, rows_min_blocks=10)),
-           # Two segments a warp (NVRTC 13, sm_90, bf16 input): 128 registers,
-           # no spills, 16 warps an SM (the second segment's 32 data registers
-           # live through the first's arithmetic). rows_min_blocks=3: 80
-           # registers, 24 warps, 26 spill stores (few of them loaded data),
-           # 4% more instructions; 4: 64 registers, 32 warps (as one segment a
-           # warp has), 64 spill stores and 6% more instructions, which an
-           # issue-bound kernel pays for. f32 input holds twice the data: 167
-           # registers, spills at every budget.
-           ("rows_segments=2", QuantizeTuning(rows_segments=2)),
-           *((f"rows_segments=2, rows_min_blocks={blocks}",
-              QuantizeTuning(rows_segments=2, rows_min_blocks=blocks)) for blocks in (3, 4))]
+             for blocks in (5, 6, 8, 10)),
+           # the default's 128 against the other block sizes (256 was the
+           # default before the tenth session)
+           *((f"threads={threads}", QuantizeTuning(threads=threads)) for threads in (64, 192, 256))]
 DEFAULT_LABELS = ["swiglu-kimi-k2-prefill-e384-plan-col-major",
                   "swiglu-kimi-k2-medium-e384-plan-col-major",
                   "swiglu-dsv3-ep8-prefill-8k-plan-col-major",

@@ -34,12 +34,7 @@
 //   on indexing (Kimi-K2, I = 2048: 75 -> 79% of the copy). Where segments
 //   would be part filled (Qwen3's I = 768: 3 of 4 chunks a lane) the per-warp
 //   work of the scales is spread over fewer elements and *_vec is faster (67
-//   vs 59%). Compiled with QUANTIZE_ROWS_SEGMENTS=2 (not yet measured on a
-//   GPU), warp w takes segments 2w and 2w + 1 and issues the second's loads
-//   before the first's arithmetic, to hide their latency (the one-segment
-//   kernel's top stall is the first use of the loaded data) at the cost of
-//   both segments' data in registers; the last warp's second segment may be
-//   past the end (an odd count): the warp skips it.
+//   vs 59%).
 // *_any: every H and alignment. A lane takes 32 consecutive columns of one
 //   row (element accesses), npc / 32 lanes one block; a row is lanes_per_row
 //   = S * npc / 32 lanes, the grid's lanes row after row (a warp may end one
@@ -74,16 +69,6 @@
 #define QUANT_ROWS_BOUNDS __launch_bounds__(QUANT_MAX_THREADS)
 #endif
 #define QUANT_FULL_MASK 0xFFFFFFFFu
-
-// Segments a warp of the *_rows kernels takes: 1, or 2 with the second's
-// loads issued before the first's arithmetic (cupy_moe/quantize/
-// launch_shape.py, QuantizeTuning.rows_segments).
-#ifndef QUANTIZE_ROWS_SEGMENTS
-#define QUANTIZE_ROWS_SEGMENTS 1
-#endif
-#if QUANTIZE_ROWS_SEGMENTS != 1 && QUANTIZE_ROWS_SEGMENTS != 2
-#error "QUANTIZE_ROWS_SEGMENTS must be 1 or 2"
-#endif
 
 #define SF_ROW_MAJOR_F32 0
 #define SF_COL_MAJOR_F32 1
@@ -374,9 +359,10 @@ __device__ __forceinline__ void quantize_vec_body(const QuantizeArgs& a) {
 }
 
 // swiglu_quantize_fp8_*_rows: segment s (a warp's 1024 columns) is segment
-// p = s % passes of row s / passes; a warp takes QUANTIZE_ROWS_SEGMENTS of
-// them. The pieces of one segment first, then the one- and two-segment
-// bodies.
+// p = s % passes of row s / passes; warp w takes segment w. The pieces of a
+// segment first, then the body. (Two segments a warp, the second's loads
+// issued before the first's arithmetic, lost 11-16 points of the copy
+// bandwidth on the GPU: benchmarks/NOTES.md, tenth session.)
 
 // One segment, as a lane sees it: the row and its maps (warp-uniform) and
 // the lane's chunks.
@@ -416,12 +402,6 @@ __device__ __forceinline__ RowsSegment rows_segment(const QuantizeArgs& a, unsig
     s.expert = a.pos_to_expert != nullptr ? __ldg(a.pos_to_expert + s.row) : 0;
     s.slot = s.weighted ? __ldg(a.pos_to_token_topk + s.row) : 0;
     return s;
-}
-
-// Whether the segment's row is padding (pos_to_expert < 0, or with weights a
-// slot outside [0, T*K)): zero codes and scale factors, h never read.
-__device__ __forceinline__ bool rows_padding(const QuantizeArgs& a, const RowsSegment& s) {
-    return s.expert < 0 || (s.weighted && (s.slot < 0 || s.slot >= a.num_weights));
 }
 
 // A padding segment: zero codes and scale factors, what the arithmetic gives
@@ -497,7 +477,6 @@ __device__ __forceinline__ void rows_quantize(const QuantizeArgs& a, const RowsS
     if (s.stores_sf) store_scale_factor(a, s.row, s.sf_chunk >> s.group_log2, sf, false);
 }
 
-// QUANTIZE_ROWS_SEGMENTS == 1: warp w, segment w.
 template <typename In>
 __device__ __forceinline__ void swiglu_rows_one_segment(const QuantizeArgs& a) {
     const int lane = threadIdx.x & 31;
@@ -506,8 +485,8 @@ __device__ __forceinline__ void swiglu_rows_one_segment(const QuantizeArgs& a) {
     if (row32 >= a.num_rows) return;  // the grid's last warps (whole warps: no shuffle waits)
     const int row_chunks = a.hidden >> VecLayout<In>::CHUNK_LOG2;
     const RowsSegment s = rows_segment<In>(a, warp, row32, lane, row_chunks);
-    // rows_padding's test, written out: a branch on each part, as this
-    // kernel had it (a call's bool compiles to other code)
+    // a padding row (pos_to_expert < 0, or with weights a slot outside
+    // [0, T*K)): zero codes and scale factors, h never read
     if (s.expert < 0 || (s.weighted && (s.slot < 0 || s.slot >= a.num_weights))) {
         rows_store_zeros<In>(a, s, row_chunks);
         return;
@@ -516,45 +495,6 @@ __device__ __forceinline__ void swiglu_rows_one_segment(const QuantizeArgs& a) {
     const float row_weight = rows_load<In>(a, s, row_chunks, raw);
     RowsScratch<In> scratch;
     rows_quantize<In>(a, s, lane, row_chunks, raw, row_weight, scratch);
-}
-
-// QUANTIZE_ROWS_SEGMENTS == 2: warp w, segments 2w and 2w + 1, software-
-// pipelined: the second's maps and loads are issued before the first's
-// arithmetic, so that their latency hides behind it (the first use of loaded
-// data is the one-segment kernel's top stall). Whether a segment is past the
-// grid's end (the second of the last warp, for an odd count) or a padding
-// row is warp-uniform: a warp skips a segment's shuffles on every lane.
-template <typename In>
-__device__ __forceinline__ void swiglu_rows_two_segments(const QuantizeArgs& a) {
-    const int lane = threadIdx.x & 31;
-    const unsigned warp = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-    // below 2^27 (the magic number's range is 2^31): the host keeps the grid's
-    // lanes below 2^31
-    const unsigned segment = 2 * warp;
-    const unsigned row_a = magic_divide(segment, a.pass_magic, a.pass_shift);
-    if (row_a >= a.num_rows) return;  // the grid's last warps (whole warps: no shuffle waits)
-    const unsigned row_b = magic_divide(segment + 1, a.pass_magic, a.pass_shift);
-    const bool has_b = row_b < a.num_rows;
-    const int row_chunks = a.hidden >> VecLayout<In>::CHUNK_LOG2;
-    // both rows' maps, then both segments' loads: all in flight together
-    const RowsSegment sa = rows_segment<In>(a, segment, row_a, lane, row_chunks);
-    // without a second segment sb is a copy of sa, never used
-    const RowsSegment sb = has_b ? rows_segment<In>(a, segment + 1, row_b, lane, row_chunks) : sa;
-    const bool padding_a = rows_padding(a, sa), padding_b = rows_padding(a, sb);
-    unsigned raw_a[2][VecLayout<In>::LOADS][4], raw_b[2][VecLayout<In>::LOADS][4];
-    float weight_a = 1.0f, weight_b = 1.0f;
-    if (!padding_a) weight_a = rows_load<In>(a, sa, row_chunks, raw_a);
-    if (has_b && !padding_b) weight_b = rows_load<In>(a, sb, row_chunks, raw_b);
-    RowsScratch<In> scratch;  // one for both: the segments' arithmetic runs one after the other
-    if (padding_a)
-        rows_store_zeros<In>(a, sa, row_chunks);
-    else
-        rows_quantize<In>(a, sa, lane, row_chunks, raw_a, weight_a, scratch);
-    if (!has_b) return;
-    if (padding_b)
-        rows_store_zeros<In>(a, sb, row_chunks);
-    else
-        rows_quantize<In>(a, sb, lane, row_chunks, raw_b, weight_b, scratch);
 }
 
 // ---------------------------------------------------------------------------
@@ -644,10 +584,7 @@ __device__ __forceinline__ void quantize_any_body(const QuantizeArgs& a) {
     }                                                                                        \
     extern "C" __global__ void QUANT_ROWS_BOUNDS                                              \
     swiglu_quantize_fp8_##IN_NAME##_rows(const QuantizeArgs a) {                             \
-        if constexpr (QUANTIZE_ROWS_SEGMENTS == 2)                                           \
-            swiglu_rows_two_segments<IN_TYPE>(a);                                            \
-        else                                                                                 \
-            swiglu_rows_one_segment<IN_TYPE>(a);                                             \
+        swiglu_rows_one_segment<IN_TYPE>(a);                                                 \
     }                                                                                        \
     extern "C" __global__ void __launch_bounds__(QUANT_MAX_THREADS)                          \
     swiglu_quantize_fp8_##IN_NAME##_any(const QuantizeArgs a) {                              \

@@ -21,14 +21,12 @@ SELFTESTS = ["quantize_selftest_reciprocal", "quantize_selftest_e4m3",
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
-@pytest.mark.parametrize(("software_e4m3", "rows_min_blocks", "rows_segments"), [
-    (False, 0, 1), (True, 0, 1), (False, 5, 1), (False, 0, 2), (False, 3, 2)],
-    ids=["e4m3-default", "e4m3-software", "rows-min-blocks-5", "rows-segments-2",
-         "rows-segments-2-min-blocks-3"])
-def test_every_quantize_variant_compiles(arch, software_e4m3, rows_min_blocks, rows_segments):
+@pytest.mark.parametrize(("software_e4m3", "rows_min_blocks"), [
+    (False, 0), (True, 0), (False, 5)],
+    ids=["e4m3-default", "e4m3-software", "rows-min-blocks-5"])
+def test_every_quantize_variant_compiles(arch, software_e4m3, rows_min_blocks):
     nvrtc_or_skip()
-    tuning = QuantizeTuning(software_e4m3=software_e4m3, rows_min_blocks=rows_min_blocks,
-                            rows_segments=rows_segments)
+    tuning = QuantizeTuning(software_e4m3=software_e4m3, rows_min_blocks=rows_min_blocks)
     cubin = compile_for_arch("quantize.cu", tuning.defines(), arch)
     assert cubin[:4] == b"\x7fELF"
     for name in KERNELS + SELFTESTS:

@@ -65,8 +65,7 @@ def emulate_grid(num_rows: int, hidden: int, npc: int, multiprocessors: int = 13
     assert shape.rows == (swiglu and hidden % SEGMENT_COLUMNS == 0)
     if vector and shape.rows:
         return (shape, *_emulate_swiglu_rows(shape, num_rows, hidden, npc, chunk, blocks * threads,
-                                             tuning.rows_segments, written, sf_stores,
-                                             packed_bytes))
+                                             written, sf_stores, packed_bytes))
     if vector:
         loads = LANE_COLUMNS // chunk
         group_log2 = shape.group_log2 + {8: 2, 4: 3}[chunk]  # + log2(32 / chunk)
@@ -119,12 +118,11 @@ def emulate_grid(num_rows: int, hidden: int, npc: int, multiprocessors: int = 13
     return shape, written, sf_stores, packed_bytes
 
 
-def _emulate_swiglu_rows(shape, num_rows, hidden, npc, chunk, lanes, segments, written,
-                         sf_stores, packed_bytes):
-    """swiglu_rows_one_segment / _two_segments of quantize.cu: warp w, segments
-    segments * w + j (j < segments), segment s being segment s % passes of row
-    s // passes (every segment whole: H % 1024 == 0). A segment past the last
-    row ends the warp: nothing of it, nor of the segments after it."""
+def _emulate_swiglu_rows(shape, num_rows, hidden, npc, chunk, lanes, written, sf_stores,
+                         packed_bytes):
+    """swiglu_rows_one_segment of quantize.cu: warp w, segment w, segment s
+    being segment s % passes of row s // passes (every segment whole:
+    H % 1024 == 0). A warp past the last row does nothing."""
     loads = LANE_COLUMNS // chunk
     group_log2 = shape.group_log2 + {8: 2, 4: 3}[chunk]
     group = 1 << group_log2
@@ -150,16 +148,14 @@ def _emulate_swiglu_rows(shape, num_rows, hidden, npc, chunk, lanes, segments, w
                                 blocks_per_row)
 
     warps = lanes // 32
-    assert num_rows * shape.passes <= segments * warps  # every segment has a warp
-    for warp in range(warps):
-        for j in range(segments):
-            segment = segments * warp + j
-            assert segment < 2**31  # the magic number's range
-            row = (segment * shape.pass_magic) >> shape.pass_shift
-            assert row == segment // shape.passes
-            if row >= num_rows:
-                break  # past the end, the rest of the warp too (warp-uniform: shuffles and all)
-            segment_lanes(row, (segment - row * shape.passes) * 32 * loads)
+    assert num_rows * shape.passes <= warps  # every segment has a warp
+    for segment in range(warps):
+        assert segment < 2**31  # the magic number's range
+        row = (segment * shape.pass_magic) >> shape.pass_shift
+        assert row == segment // shape.passes
+        if row >= num_rows:
+            continue  # past the end (warp-uniform: shuffles and all)
+        segment_lanes(row, (segment - row * shape.passes) * 32 * loads)
     return written, sf_stores, packed_bytes
 
 
@@ -177,22 +173,17 @@ def test_every_column_and_scale_factor_is_written_once(num_rows, hidden, npc):
     assert (shape.vec_blocks > 0) == (hidden % npc == 0)
 
 
-@pytest.mark.parametrize(("swiglu", "rows_segments"), [(False, 1), (True, 1), (True, 2)],
-                         ids=["quantize", "swiglu", "swiglu-2-segments"])
+@pytest.mark.parametrize("swiglu", [False, True], ids=["quantize", "swiglu"])
 @pytest.mark.parametrize("chunk", [8, 4], ids=["bf16", "f32"])
 @pytest.mark.parametrize(("num_rows", "hidden", "npc"), [
     *[(r, h, npc) for npc in (32, 128) for r, h in (
         (1, 128), (3, 128), (5, 384), (2, 768), (7, 1024), (3, 1152), (1, 7168), (9, 2048),
         (33, 256), (2, 3072), (3, 2176))],
     (2, 160, 32), (5, 32, 32), (3, 96, 32), (2, 1056, 32)])  # H % 128 != 0: npc 32 only
-def test_the_coalesced_kernel_writes_everything_once(num_rows, hidden, npc, chunk, swiglu,
-                                                     rows_segments):
-    tuning = QuantizeTuning(rows_segments=rows_segments)
-    shape, written, sf_stores, packed_bytes = emulate_grid(num_rows, hidden, npc, tuning=tuning,
-                                                           vector=True, chunk=chunk,
-                                                           swiglu=swiglu)
-    segments = rows_segments if shape.rows else 1
-    assert shape.vec_blocks * shape.vec_threads * segments >= num_rows * hidden // LANE_COLUMNS
+def test_the_coalesced_kernel_writes_everything_once(num_rows, hidden, npc, chunk, swiglu):
+    shape, written, sf_stores, packed_bytes = emulate_grid(num_rows, hidden, npc, vector=True,
+                                                           chunk=chunk, swiglu=swiglu)
+    assert shape.vec_blocks * shape.vec_threads >= num_rows * hidden // LANE_COLUMNS
     assert (written == 1).all()
     assert (sf_stores == 1).all()
     assert (packed_bytes == 1).all()
@@ -258,10 +249,6 @@ def test_too_many_warps_for_one_launch():
     ({"rows_min_blocks": 33}, "QuantizeTuning.rows_min_blocks must be an int in 0 .. 32; got 33"),
     ({"rows_min_blocks": True},
      "QuantizeTuning.rows_min_blocks must be an int in 0 .. 32; got True"),
-    ({"rows_segments": 3}, "QuantizeTuning.rows_segments must be 1 or 2; got 3"),
-    ({"rows_segments": 0}, "QuantizeTuning.rows_segments must be 1 or 2; got 0"),
-    ({"rows_segments": True}, "QuantizeTuning.rows_segments must be 1 or 2; got True"),
-    ({"rows_segments": 2.0}, "QuantizeTuning.rows_segments must be 1 or 2; got 2.0"),
 ])
 def test_bad_tunings(kwargs, message):
     with pytest.raises(ValueError, match=re.escape(message)):
@@ -273,28 +260,9 @@ def test_bad_tunings(kwargs, message):
 
 def test_tuning_defines():
     assert QuantizeTuning().defines() == (("QUANTIZE_SOFTWARE_E4M3", 0),
-                                          ("QUANTIZE_ROWS_MIN_BLOCKS", 0),
-                                          ("QUANTIZE_ROWS_SEGMENTS", 1))
-    assert QuantizeTuning(software_e4m3=True, rows_min_blocks=5, rows_segments=2).defines() == (
-        ("QUANTIZE_SOFTWARE_E4M3", 1), ("QUANTIZE_ROWS_MIN_BLOCKS", 5),
-        ("QUANTIZE_ROWS_SEGMENTS", 2))
-
-
-def test_two_segments_a_warp_halve_only_the_rows_grid():
-    two = QuantizeTuning(rows_segments=2)
-    # Kimi-K2 prefill: 65536 segments, 32768 warps of full blocks
-    kimi, kimi_two = (launch_shape(4096 * 8, 2048, 128, 132, tuning, swiglu=True)
-                      for tuning in (DEFAULT_TUNING, two))
-    warps_a_block = DEFAULT_TUNING.threads // 32
-    assert kimi_two.vec_blocks == kimi.vec_blocks // 2 == 4096 * 8 * 2 // 2 // warps_a_block
-    assert kimi_two._replace(vec_blocks=kimi.vec_blocks) == kimi  # nothing else changes
-    # an odd count of segments (7 rows of 1024 columns): 4 warps, in 64-thread blocks
-    odd = launch_shape(7, 1024, 128, 132, two, swiglu=True)
-    assert (odd.vec_threads, odd.vec_blocks, odd.passes) == (64, 2, 1)
-    # *_vec (I = 768) and quantize_fp8's grids are not *_rows: as they were
-    for hidden, swiglu in ((768, True), (2048, False)):
-        assert (launch_shape(4096, hidden, 128, 132, two, swiglu=swiglu)
-                == launch_shape(4096, hidden, 128, 132, swiglu=swiglu))
+                                          ("QUANTIZE_ROWS_MIN_BLOCKS", 0))
+    assert QuantizeTuning(software_e4m3=True, rows_min_blocks=5).defines() == (
+        ("QUANTIZE_SOFTWARE_E4M3", 1), ("QUANTIZE_ROWS_MIN_BLOCKS", 5))
 
 
 # -- the host side of a launch, without a GPU -------------------------------------------
@@ -349,7 +317,7 @@ def test_a_plan_packs_what_the_kernel_reads(monkeypatch, swiglu):
     assert launches[-1][0] == f"{op}_bf16_any"
 
 
-def test_a_two_segment_plan_compiles_and_launches_its_variant(monkeypatch):
+def test_a_tuned_plan_compiles_and_launches_its_variant(monkeypatch):
     from cupy_moe.quantize.rules import QuantizeProblem
 
     gpu, launches = _fake_device(monkeypatch)
@@ -359,13 +327,12 @@ def test_a_two_segment_plan_compiles_and_launches_its_variant(monkeypatch):
     problem = QuantizeProblem(num_rows=9, hidden=7168, in_dtype="bfloat16", num_per_channels=128,
                               round_sf=True, packed_ue8m0=True, col_major=True, swiglu=True,
                               num_weights=24, has_pos_to_expert=True)
-    tuning = QuantizeTuning(rows_segments=2)
+    tuning = QuantizeTuning(rows_min_blocks=5)
     gpu.QuantizePlan(problem, 0, tuning).launch(7, 0x1000, 0x2000, 0x3000, 0x4000, 0x5000, 0x6000)
     assert compiled == [tuning.defines()] * 2  # both kernels of the plan: the variant's module
     handle, grid_x, _, _, threads = launches[0][:5]
-    # 9 rows x 7 segments = 63: 32 warps (the last one's second segment past
-    # the end), 2 a 64-thread block
-    assert handle == "swiglu_quantize_fp8_bf16_rows" and (grid_x, threads) == (16, 64)
+    # 9 rows x 7 segments = 63 warps, 2 a 64-thread block
+    assert handle == "swiglu_quantize_fp8_bf16_rows" and (grid_x, threads) == (32, 64)
 
 
 def test_plan_kernels_by_dtype_width_and_layout(monkeypatch):

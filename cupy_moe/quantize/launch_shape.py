@@ -8,9 +8,8 @@ chunk's row is its block index divided by S: ``block_magic`` /
 ``block_shift``). swiglu_quantize_fp8 with ``H % SEGMENT_COLUMNS == 0``
 takes ``*_rows`` instead, row-major: the rows are cut into
 ``SEGMENT_COLUMNS``-column segments, ``passes`` a row (a segment's row is its
-index divided by ``passes``: ``pass_magic`` / ``pass_shift``), and a warp
-takes ``QuantizeTuning.rows_segments`` consecutive segments (one by default),
-reading a segment's row's maps and weight once.
+index divided by ``passes``: ``pass_magic`` / ``pass_shift``), a warp a
+segment, reading its row's maps and weight once.
 ``*_any`` (every shape): a lane takes 32 columns of one row, ``npc / 32``
 lanes one scale-factor block, a row is ``lanes_per_row = S * npc / 32``
 lanes, the grid's lanes row after row (a warp may end one row and start the
@@ -51,20 +50,17 @@ class QuantizeTuning:
     blocks of that size per SM, else ``small_threads`` (decode: more, smaller
     blocks spread a few rows' warps over more SMs). 128 against 256: SwiGLU
     prefill and medium shapes +0.7 to +3.9 points of the copy bandwidth,
-    quantize_fp8 unchanged (benchmarks/NOTES.md, tenth session). ``software_e4m3``
-    compiles the integer e4m3 rounding on sm_89+ too, in place of the
-    hardware conversion (the GPU tests check that both give the same codes).
+    quantize_fp8 unchanged (benchmarks/NOTES.md, tenth session).
+    ``software_e4m3`` compiles the integer e4m3 rounding on sm_89+ too, in
+    place of the hardware conversion (the GPU tests check that both give the
+    same codes).
     ``rows_min_blocks`` (0: the compiler's choice) asks the compiler to fit
     that many blocks of the SwiGLU ``*_rows`` kernel on an SM: fewer registers
     a thread, more warps in flight (5 gives 46 registers with a few spills,
-    against 63: within a point of the default on the GPU; 6 lost 4-14). ``rows_segments`` (1 or 2) is how many
-    consecutive segments a warp of ``*_rows`` takes: with 2 it issues the
-    second's loads before the first's arithmetic, to hide their latency (with
-    one segment a warp, the top stall is the first use of the loaded data),
-    and holds both segments' data in registers (128 registers for bf16 input
-    without ``rows_min_blocks``, against 63). Measured: 11-16 points below
-    one segment a warp on Kimi-K2 and DeepSeek-V3 shapes (16 warps an SM do
-    not hide what 32 do).
+    against 63: within a point of the default on the GPU; 6 lost 4-14). (Two
+    segments a warp of ``*_rows``, the second's loads issued before the
+    first's arithmetic, lost 11-16 points and were removed: benchmarks/
+    NOTES.md, tenth session.)
     """
 
     threads: int = 128
@@ -72,7 +68,6 @@ class QuantizeTuning:
     full_blocks_from: float = 2.0
     software_e4m3: bool = False
     rows_min_blocks: int = 0
-    rows_segments: int = 1
 
     def __post_init__(self) -> None:
         for name in ("threads", "small_threads"):
@@ -89,10 +84,6 @@ class QuantizeTuning:
                 self.rows_min_blocks, int) or not 0 <= self.rows_min_blocks <= 32:
             raise ValueError(f"QuantizeTuning.rows_min_blocks must be an int in 0 .. 32; got "
                              f"{self.rows_min_blocks!r}")
-        if isinstance(self.rows_segments, bool) or not isinstance(
-                self.rows_segments, int) or self.rows_segments not in (1, 2):
-            raise ValueError(f"QuantizeTuning.rows_segments must be 1 or 2; got "
-                             f"{self.rows_segments!r}")
         if not isinstance(self.software_e4m3, bool):
             raise TypeError(f"QuantizeTuning.software_e4m3 must be True or False; got "
                             f"{self.software_e4m3!r}")
@@ -100,8 +91,7 @@ class QuantizeTuning:
     def defines(self) -> tuple[tuple[str, int], ...]:
         """The compile-time part (the kernel source's QUANTIZE_* macros)."""
         return (("QUANTIZE_SOFTWARE_E4M3", int(self.software_e4m3)),
-                ("QUANTIZE_ROWS_MIN_BLOCKS", int(self.rows_min_blocks)),
-                ("QUANTIZE_ROWS_SEGMENTS", int(self.rows_segments)))
+                ("QUANTIZE_ROWS_MIN_BLOCKS", int(self.rows_min_blocks)))
 
 
 DEFAULT_TUNING = QuantizeTuning()
@@ -149,9 +139,9 @@ def launch_shape(num_rows: int, hidden: int, num_per_channels: int, multiprocess
     """The grid of one call: a function of the shapes (and the SM count) only.
 
     ``swiglu``: where H is whole segments, the coalesced grid is
-    swiglu_quantize_fp8's row-major *_rows one (a warp ``tuning.rows_segments``
-    consecutive segments of the rows), else *_vec's (a warp 32 x 32 columns of
-    the chunks numbered row after row)."""
+    swiglu_quantize_fp8's row-major *_rows one (a warp a segment of a row),
+    else *_vec's (a warp 32 x 32 columns of the chunks numbered row after
+    row)."""
     lanes_per_block = num_per_channels // LANE_COLUMNS
     sf_blocks = ceil_div(hidden, num_per_channels)
     lanes_per_row = sf_blocks * lanes_per_block
@@ -164,10 +154,8 @@ def launch_shape(num_rows: int, hidden: int, num_per_channels: int, multiprocess
     rows = swiglu and hidden % SEGMENT_COLUMNS == 0
     if hidden % num_per_channels == 0:
         # a warp: 32 lanes x 32 columns of the [R, H] output, row after row,
-        # or (*_rows) rows_segments segments (the last warp's second may be
-        # past the end: it does nothing)
-        warps = (ceil_div(num_rows * passes, tuning.rows_segments) if rows
-                 else ceil_div(num_rows * hidden, 32 * LANE_COLUMNS))
+        # or (*_rows) a segment
+        warps = num_rows * passes if rows else ceil_div(num_rows * hidden, 32 * LANE_COLUMNS)
         vec_threads, vec_blocks = _grid(warps, multiprocessors, tuning)
         if vec_blocks * vec_threads > MAX_LANES:
             raise ValueError(f"{num_rows} rows of {hidden} columns are too many for one "
