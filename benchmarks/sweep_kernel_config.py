@@ -1,7 +1,7 @@
 """A/B tunings of the expand kernels on every manifest workload. GPU only.
 
     python benchmarks/sweep_kernel_config.py [--rounds R] [--iters N] [--only LABEL ...]
-                                             [--plans] [--json PATH]
+                                             [--plans] [--json PATH] [--configs TEXT ...]
 
 Each config is an ``ExpandTuning`` (cupy_moe.expand.tuning) changed from the
 default in one way; the first config is the default. Inputs are drawn once
@@ -43,6 +43,7 @@ from cupy_moe.expand.api import run_with_tuning
 from cupy_moe.expand.plan import EXPAND_ARGS, ExpandPlan, plan_for
 from cupy_moe.expand.rules import check_expand, check_expand_with_sf
 from cupy_moe.expand.tuning import DEFAULT_TUNING, ExpandTuning
+from cupy_moe.harness.ab_sweep import pick_variants
 from cupy_moe.harness.inputs import workload_inputs
 from cupy_moe.harness.manifest import Workload, load_workloads
 from cupy_moe.harness.runner import GRAPH_MAX_BYTES, reference_outputs
@@ -258,10 +259,7 @@ def main() -> int:
     if unknown:
         parser.error(f"--only: unknown workload label(s) {', '.join(unknown)}")
     workloads = [w for w in every if not args.only or w.label in args.only]
-    configs = [(name, tuning) for index, (name, tuning) in enumerate(CONFIGS)
-               if index == 0 or not args.configs or any(text in name for text in args.configs)]
-    if len(configs) == 1 and args.configs:
-        parser.error(f"--configs: no config name contains any of {args.configs}")
+    configs = pick_variants(CONFIGS, args.configs, "--configs", parser.error)
     timer = GpuTimer()
     copy_tbps = timer.copy_tbps()
     rng = np.random.default_rng()

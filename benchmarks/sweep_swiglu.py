@@ -1,6 +1,6 @@
 """A/B tunings of swiglu_quantize_fp8 (and quantize_fp8) on the manifest's workloads. GPU only.
 
-    python benchmarks/sweep_swiglu.py [--iters N] [--only LABEL ...]
+    python benchmarks/sweep_swiglu.py [--iters N] [--only LABEL ...] [--tunings TEXT ...]
 
 Each ``QuantizeTuning`` below (block size, and the register budget of the
 row-major ``*_rows`` kernel: ``rows_min_blocks``) is first checked bit-exact
@@ -24,7 +24,7 @@ import numpy as np
 import torch  # noqa: F401  (runner._to_torch reads sys.modules["torch"])
 
 from cupy_moe.harness import runner
-from cupy_moe.harness.ab_sweep import pick_workloads, sweep_table
+from cupy_moe.harness.ab_sweep import pick_variants, pick_workloads, sweep_table
 from cupy_moe.harness.timing import GpuTimer
 from cupy_moe.quantize.api import run_with_tuning
 from cupy_moe.quantize.launch_shape import QuantizeTuning
@@ -58,8 +58,7 @@ def main() -> int:
                         help="only the tunings whose label contains one of these (the default "
                              "always runs)")
     args = parser.parse_args()
-    tunings = [(label, tuning) for index, (label, tuning) in enumerate(TUNINGS)
-               if index == 0 or not args.tunings or any(text in label for text in args.tunings)]
+    tunings = pick_variants(TUNINGS, args.tunings, "--tunings", parser.error)
     workloads = pick_workloads(["swiglu_quantize_fp8", "quantize_fp8"], args.only,
                                parser.error)
     timer = GpuTimer()

@@ -63,3 +63,18 @@ def test_unknown_labels_are_named():
                                      errors.append)
     assert errors == ["--only: unknown quantize_fp8 workload(s) nope"]
     assert [w.label for w in picked] == ["quant-kimi-k2-decode-row-major"]
+
+
+def test_picked_variants_keep_the_default_first():
+    variants = [("default", 0), ("threads=64", 1), ("threads=128", 2), ("rows_min_blocks=5", 3)]
+    errors = []
+    assert ab_sweep.pick_variants(variants, ["threads="], "--tunings", errors.append) == \
+        variants[:3]
+    assert ab_sweep.pick_variants(variants, ["rows", "=64"], "--tunings", errors.append) == [
+        variants[0], variants[1], variants[3]]
+    assert ab_sweep.pick_variants(variants, None, "--tunings", errors.append) == variants
+    assert ab_sweep.pick_variants(variants, [], "--tunings", errors.append) == variants
+    assert errors == []
+    # the default alone matching is no match: named, with the option
+    ab_sweep.pick_variants(variants, ["default", "nope"], "--tunings", errors.append)
+    assert errors == ["--tunings: no variant name contains any of ['default', 'nope']"]

@@ -439,6 +439,7 @@ def test_sf_op_fast_path_keys_zero_padding(expand_fast_paths):
     ({"padding_zero_whole_rows": 2}, r"padding_zero_whole_rows must be 0 or 1; got 2"),
     ({"bulk_zero_rows_plain": True}, r"bulk_zero_rows_plain must be a number >= 0; got True"),
     ({"bulk_zero_rows_plain": 3}, r"bulk_zero_rows_plain must be 0 or 1; got 3"),
+    ({"zero_kernel_beside_registers": 2}, r"zero_kernel_beside_registers must be 0 or 1; got 2"),
     ({"padding_zero_rows_bulk_whole": 0}, r"padding_zero_rows_bulk_whole must be in 1 \.\. 32"),
     ({"zero_kernel_from_bytes": -1.0}, r"zero_kernel_from_bytes must be a number >= 0; got -1\.0"),
     ({"padding_zero_stage_bytes": 1000},

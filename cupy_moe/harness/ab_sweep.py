@@ -22,7 +22,7 @@ from . import runner
 from .inputs import workload_inputs
 from .manifest import Workload
 
-__all__ = ["RunVariant", "pick_workloads", "sweep_table"]
+__all__ = ["RunVariant", "pick_variants", "pick_workloads", "sweep_table"]
 
 # (workload, inputs as to_device made them, the variant, preallocated outputs or
 # None) -> the op's outputs, a tuple in runner.output_names order
@@ -71,3 +71,16 @@ def pick_workloads(op_names: Sequence[str], labels: Sequence[str],
     if unknown:
         error(f"--only: unknown {' / '.join(op_names)} workload(s) {', '.join(unknown)}")
     return [known[label] for label in labels if label in known]
+
+
+def pick_variants(variants: Sequence[tuple[str, Any]], texts: Sequence[str] | None,
+                  option: str, error: Callable[[str], Any]) -> list[tuple[str, Any]]:
+    """The first variant (the default: always) and those whose name contains one
+    of ``texts`` (all when ``texts`` is empty or None); ``error`` (``parser.error``)
+    is called naming ``option`` when ``texts`` match no other variant."""
+    if not texts:
+        return list(variants)
+    picked = [variants[0], *(v for v in variants[1:] if any(t in v[0] for t in texts))]
+    if len(picked) == 1:
+        error(f"{option}: no variant name contains any of {list(texts)}")
+    return picked
