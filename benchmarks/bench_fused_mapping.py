@@ -15,7 +15,8 @@ makes it importable) is timed the same way with the same X and no host sync;
 its plan is checked against ours where the two contracts agree (the rows each
 expert owns; TileKernels orders an expert's slots differently and counts
 aligned rows in ``tokens_per_expert``). ``--sweep`` also times other launch
-shapes of our kernels (kernel launches only, preallocated buffer).
+shapes of our kernels (per call in a CUDA graph of kernel launches alone,
+preallocated buffer).
 """
 
 from __future__ import annotations
@@ -62,48 +63,60 @@ def tilekernels_agrees(peer_outputs, ours) -> str:
     return "agrees"
 
 
-def sweep_shapes(device_ids, num_experts, alignment, rows, timer, iters):
-    """Kernel-only GPU time of other launch shapes: {shape text: us}."""
+def sweep_shapes(device_ids, num_experts, alignment, rows, iters):
+    """Other launch shapes of our kernels, each checked bit-identical first:
+    {shape text: us per call replaying a CUDA graph of kernel launches alone
+    (preallocated buffer)}."""
     from cupy_moe.mapping.gpu import MappingPlan
-    from cupy_moe.mapping.launch_shape import mapping_shape
+    from cupy_moe.mapping.launch_shape import WARP_PLAN_MAX_SLOTS, mapping_shape
     from cupy_moe.mapping.rules import MappingProblem
     from cupy_moe.runtime.launch import device_traits
 
     num_tokens, top_k = device_ids.shape
+    slots = num_tokens * top_k
     problem = MappingProblem(num_tokens, top_k, num_experts, alignment, rows, "int64")
     traits = device_traits(device_ids.device.index)
-    base = mapping_shape(num_tokens * top_k, num_experts, rows, traits.multiprocessors,
+    base = mapping_shape(slots, num_experts, rows, traits.multiprocessors,
                          traits.shared_bytes_optin, cooperative=traits.cooperative_launch)
     default_overlap = MappingPlan(problem, device_ids.device.index, base).overlap
+    expected = fused_mapping_numpy(device_ids.cpu().numpy(), num_experts, alignment=alignment,
+                                   num_expanded=rows)
     times = {}
-    stream = torch.cuda.current_stream().cuda_stream
-    for warps in sorted({8, 16, 32, base.warps}):
-        for blocks in sorted({max(1, base.blocks // 2), base.blocks, base.blocks * 2, 132}):
-            for mode in ("self", "counts", "overlap", "coop"):
-                if mode == "self" and num_tokens * top_k > 65536:
+    for warps in sorted({4, 8, 16, 32, base.warps}):
+        for blocks in sorted({1, max(1, base.blocks // 2), base.blocks, base.blocks * 2, 132}):
+            for mode in ("warp", "self", "counts", "overlap", "coop"):
+                if mode == "warp" and (slots > WARP_PLAN_MAX_SLOTS or warps > 8):
+                    continue
+                if mode == "self" and slots > 65536:
                     continue
                 if mode == "coop" and (blocks > traits.multiprocessors
                                        or not traits.cooperative_launch):
                     continue
-                shape = mapping_shape(num_tokens * top_k, num_experts, rows,
-                                      traits.multiprocessors, traits.shared_bytes_optin,
-                                      warps=warps, blocks=blocks)
-                shape = shape._replace(self_counting=mode == "self", cooperative=mode == "coop",
-                                       count_split=1 if mode == "coop" else shape.count_split)
+                if mode != "warp" and warps < 8:
+                    continue
+                shape = mapping_shape(slots, num_experts, rows, traits.multiprocessors,
+                                      traits.shared_bytes_optin, warps=warps, blocks=blocks,
+                                      one_warp=mode == "warp")
+                if mode != "warp":
+                    shape = shape._replace(self_counting=mode == "self",
+                                           cooperative=mode == "coop",
+                                           count_split=1 if mode == "coop"
+                                           else shape.count_split)
                 overlap = mode == "overlap"
                 plan = MappingPlan(problem, device_ids.device.index, shape, overlap)
                 buffer = torch.empty(plan.buffer_size, dtype=torch.int32, device="cuda")
-                plan.launch(stream, device_ids.data_ptr(), buffer.data_ptr())
-                expected = fused_mapping_numpy(device_ids.cpu().numpy(), num_experts,
-                                               alignment=alignment, num_expanded=rows)
+
+                def launch(plan=plan, buffer=buffer):
+                    plan.launch(torch.cuda.current_stream().cuda_stream, device_ids.data_ptr(),
+                                buffer.data_ptr())
+
+                launch()
                 if any(not np.array_equal(got.cpu().numpy(), want)
-                       for got, want in zip(plan.torch_views(buffer), expected)):
+                       for got, want in zip(plan.torch_views(buffer), expected, strict=True)):
                     raise AssertionError(f"shape {shape} gives a different plan")
                 default = shape == base and overlap == default_overlap
                 text = f"w{warps} b{blocks} {mode}{' (default)' if default else ''}"
-                times[text] = timer.median_us(
-                    lambda plan=plan, buffer=buffer: plan.launch(
-                        stream, device_ids.data_ptr(), buffer.data_ptr()), iters, hide_host=True)
+                times[text] = torch_graph_us(launch)
     return times
 
 
@@ -162,18 +175,19 @@ def main() -> int:
                 record["tilekernels_error"] = f"{type(exc).__name__}: {exc}"[:200]
                 peer_cells = ["error"] * 3 + [record["tilekernels_error"][:60]]
         if args.sweep:
-            record["sweep_gpu_us"] = sweep_shapes(device_ids, num_experts, alignment, rows,
-                                                  timer, args.iters)
+            record["sweep_graph_us"] = sweep_shapes(device_ids, num_experts, alignment, rows,
+                                                    args.iters)
         records.append(record)
         print(f"| {label} | {num_tokens} | {top_k} | {num_experts} | {alignment} | {rows} | "
               f"{record['gpu_us']:.1f} | {record['gpu_with_host_us']:.1f} | "
               f"{record['graph_us']:.2f} | {record['eager_us']:.1f} | "
               + " | ".join(peer_cells) + " |", flush=True)
     if args.sweep:
-        print("\nkernel-only GPU us by launch shape (warps per block, blocks, counting):")
+        print("\nus per call in a CUDA graph of kernel launches, by launch shape (warps per "
+              "block, blocks, counting):")
         for record in records:
-            best = min(record["sweep_gpu_us"].items(), key=lambda item: item[1])
-            cells = ", ".join(f"{k}: {v:.1f}" for k, v in record["sweep_gpu_us"].items())
+            best = min(record["sweep_graph_us"].items(), key=lambda item: item[1])
+            cells = ", ".join(f"{k}: {v:.2f}" for k, v in record["sweep_graph_us"].items())
             print(f"- {record['label']}: best {best[0]} {best[1]:.1f}; {cells}")
     if args.json:
         with open(args.json, "w") as f:

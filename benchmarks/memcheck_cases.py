@@ -102,12 +102,13 @@ def run_cases(rng, tuning: ExpandTuning, hiddens, sizes) -> int:
 
 
 def run_mapping_cases(rng) -> int:
-    """fused_mapping: one launch and two, short X, T = 0, dropped and remote
-    ids, int32 and int64, the 4096-expert limit (opt-in shared memory);
-    returns the number of calls."""
+    """fused_mapping: the one-warp plan, one launch and two, short X, T = 0,
+    dropped and remote ids, int32 and int64, the 4096-expert limit (opt-in
+    shared memory); returns the number of calls."""
     cases = 0
     for num_tokens, top_k, num_experts, alignment, short in (
-            (1, 8, 384, 128, False), (32, 8, 256, 128, True), (0, 8, 16, 64, False),
+            (1, 8, 384, 128, False), (4, 8, 4096, 200, True), (3, 10, 50, 1, False),
+            (32, 8, 256, 128, True), (0, 8, 16, 64, False),
             (700, 6, 100, 16, True), (4096, 8, 384, 128, False), (4100, 10, 1000, 256, True),
             (2000, 9, 4096, 64, False)):
         for dtype in (np.int32, np.int64):

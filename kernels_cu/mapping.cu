@@ -23,6 +23,8 @@
 //   cooperative:  mapping_coop_*, one cooperative launch (every block
 //                 resident): each block writes its own warps' counts per
 //                 expert, a grid barrier, then each block sums the columns.
+// A warp's worth of slots (decode) takes none of these: mapping_warp_*
+// (below) works the whole plan out in one warp's registers.
 // Each row of pos_* is written exactly once: by its slot, or as padding (the
 // tail of a segment, or past the last segment).
 // *_i32 / *_i64: the dtype of topk_ids.
@@ -35,6 +37,23 @@
 #define MAP_BATCH 4        // 32-slot steps a warp has in flight
 #define LOAD_BATCH 8       // loads a thread has in flight in a block-strided loop
 #define SUM_BATCH 16       // block counts a thread has in flight summing a column
+
+// Phase timestamps for benchmarks/profile_mapping_phases.py: compiled with
+// MAP_TRACE defined, thread 0 of each block records its SM's clock at each
+// MAP_PHASE(i) into map_trace[block][i]; otherwise MAP_PHASE is nothing.
+#ifdef MAP_TRACE
+#define MAP_TRACE_PHASES 16
+__device__ long long map_trace[1024 * MAP_TRACE_PHASES];
+#define MAP_PHASE(i)                                                                   \
+    do {                                                                               \
+        if (threadIdx.x == 0 && blockIdx.x < 1024)                                     \
+            map_trace[blockIdx.x * MAP_TRACE_PHASES + (i)] = clock64();                \
+    } while (0)
+#else
+#define MAP_PHASE(i) \
+    do {             \
+    } while (0)
+#endif
 
 // The argument block, packed field for field by cupy_moe/mapping/gpu.py.
 struct MappingArgs {
@@ -196,11 +215,13 @@ __device__ __forceinline__ void place_block(const MappingArgs& a) {
     // registers from here to the place phase: loaded first, in flight meanwhile
     const bool one_batch = a.warp_slots <= 32 * MAP_BATCH;
     int first_ids[MAP_BATCH];
+    MAP_PHASE(0);
     load_batch<Id>(a, warp_first, warp_end, lane, first_ids);
 
     for (int j = threadIdx.x; j < warps * experts; j += blockDim.x) warp_counts[j] = 0;
     for (int j = threadIdx.x; j < experts; j += blockDim.x) base[j] = tokens[j] = 0;
     __syncthreads();
+    MAP_PHASE(1);
 
     // this warp's slots per expert: the leader of each group of equal ids
     // adds the group (its own counter row: no other warp writes it)
@@ -220,6 +241,7 @@ __device__ __forceinline__ void place_block(const MappingArgs& a) {
         }
     }
     __syncthreads();
+    MAP_PHASE(2);
     // per expert: exclusive prefix over this block's warps; the block's total
     // is what a cooperative grid's other blocks sum
     for (int j = threadIdx.x; j < experts; j += blockDim.x) {
@@ -240,7 +262,9 @@ __device__ __forceinline__ void place_block(const MappingArgs& a) {
     // atomics; sums do not depend on their order) of the ids themselves or of
     // the block counts, each load independent of the others
     if (Cooperative) {
+        MAP_PHASE(3);
         grid_barrier();
+        MAP_PHASE(4);
         // the column of each expert, cut into `parts` interleaved runs of
         // SUM_BATCH blocks when the block has threads to spare
         const int blocks = gridDim.x, block = blockIdx.x;
@@ -283,7 +307,7 @@ __device__ __forceinline__ void place_block(const MappingArgs& a) {
         }
     }
     __syncthreads();
-
+    MAP_PHASE(5);
 
     // start: exclusive scan over experts of the aligned totals; thread t takes
     // experts [e0, e1), consecutive, so thread order is expert order
@@ -312,6 +336,7 @@ __device__ __forceinline__ void place_block(const MappingArgs& a) {
         }
         row0 += align_rows(tokens[j], a.alignment);
     }
+    MAP_PHASE(6);
     if (threadIdx.x == blockDim.x - 1) {
         total_rows = row0;
         if (blockIdx.x == 0)
@@ -358,6 +383,7 @@ __device__ __forceinline__ void place_block(const MappingArgs& a) {
         }
     }
 
+    MAP_PHASE(7);
     // padding, the tail of each segment: warp w takes a run of experts, 32 at
     // a time (a lane each finds its expert's tail: up to the next start), then
     // fills the tails that are not empty one after the other
@@ -378,6 +404,7 @@ __device__ __forceinline__ void place_block(const MappingArgs& a) {
                      __shfl_sync(0xffffffffu, end, owner), lane);
         }
     }
+    MAP_PHASE(8);
     // and every row past the last segment
     const int grid_threads = gridDim.x * blockDim.x;
     for (int p = total_rows + blockIdx.x * blockDim.x + threadIdx.x; p < x; p += grid_threads) {
@@ -385,6 +412,7 @@ __device__ __forceinline__ void place_block(const MappingArgs& a) {
         a.pos_rows[static_cast<long long>(x) + p] = -1;
         a.pos_rows[2LL * x + p] = -1;
     }
+    MAP_PHASE(9);
 }
 
 extern "C" __global__ void __launch_bounds__(MAP_MAX_WARPS * 32)
@@ -406,4 +434,118 @@ mapping_coop_i32(const MappingArgs a) {
 extern "C" __global__ void __launch_bounds__(MAP_MAX_WARPS * 32)
 mapping_coop_i64(const MappingArgs a) {
     place_block<long long, true>(a);
+}
+
+// A warp's worth of slots (N <= 32: decode). One warp holds every slot, a
+// lane each, and works the plan out in registers: the lanes of one expert
+// find each other with a match ballot, and each group's leader sums the
+// aligned rows of the groups with smaller experts (32 shuffles; no counters
+// over all E experts, no barrier before a row is known). The experts with
+// slots go to shared memory in expert order; then every thread of the block
+// writes its expert rows and padding rows, each found by a binary search
+// over at most 32 segments. Every block does the same small warp's work (N
+// loads) and writes its own share of the expert and padding rows, so a long
+// X spreads over blocks that never wait for each other; block 0 writes the
+// slots' rows and the total.
+#define WARP_PLAN_THREADS 256
+
+// Entries of a sorted array of n <= 32 that are < key (strict) or <= key.
+template <bool Inclusive>
+__device__ __forceinline__ int rank_in(const int* sorted, int n, int key) {
+    int below = 0;
+#pragma unroll
+    for (int step = 32; step > 0; step >>= 1) {
+        if (below + step <= n) {
+            const int value = sorted[below + step - 1];
+            if (Inclusive ? value <= key : value < key) below += step;
+        }
+    }
+    return below;
+}
+
+template <typename Id>
+__device__ __forceinline__ void warp_plan_block(const MappingArgs& a) {
+    __shared__ int segment_expert[32];  // the experts with slots, ascending
+    __shared__ int segment_start[32];   // their first rows (ascending too)
+    __shared__ int segment_slots[32];   // their slots
+    __shared__ int segments, total_rows;
+    MAP_PHASE(0);
+    if (threadIdx.x < 32) {
+        const int lane = threadIdx.x;
+        const int e = routed_expert<Id>(a, lane);  // -1 past the last slot
+        const unsigned peers = __match_any_sync(0xffffffffu, e);
+        const int leader = __ffs(peers) - 1;
+        // a group's leader stands for its expert; the others add nothing
+        const int rows = e >= 0 && lane == leader ? align_rows(__popc(peers), a.alignment) : 0;
+        int start = 0, order = 0, total = 0;
+#pragma unroll
+        for (int i = 0; i < 32; ++i) {
+            const int other_rows = __shfl_sync(0xffffffffu, rows, i);
+            const int other_expert = __shfl_sync(0xffffffffu, e, i);
+            if (other_rows && other_expert < e) {
+                start += other_rows;
+                ++order;
+            }
+            total += other_rows;
+        }
+        if (rows) {
+            segment_expert[order] = e;
+            segment_start[order] = start;
+            segment_slots[order] = __popc(peers);
+        }
+        const unsigned leaders = __ballot_sync(0xffffffffu, rows != 0);
+        const int row0 = __shfl_sync(0xffffffffu, start, leader);
+        if (lane == 0) {
+            segments = __popc(leaders);
+            total_rows = total;
+        }
+        if (blockIdx.x == 0) {
+            if (lane < a.num_slots) {
+                int row = e >= 0 ? row0 + __popc(peers & ((1u << lane) - 1u)) : -1;
+                if (row >= a.num_expanded) row = -1;  // past the last row: dropped
+                a.token_topk_to_pos[lane] = row;
+                if (row >= 0) {
+                    const long long x = a.num_expanded;
+                    a.pos_rows[row] = e;
+                    a.pos_rows[x + row] = lane / a.top_k;
+                    a.pos_rows[2 * x + row] = lane;
+                }
+            }
+            if (lane == 0) a.block_counts[0] = total;  // the self-counting layout's total
+        }
+    }
+    __syncthreads();
+    MAP_PHASE(1);
+    const int n = segments, rows = total_rows, experts = a.num_experts, x = a.num_expanded;
+    const int stride = gridDim.x * blockDim.x;
+    const int first = blockIdx.x * blockDim.x + threadIdx.x;
+    for (int j = first; j < experts; j += stride) {
+        // the first expert with slots at or after j starts where j starts
+        const int seg = rank_in<false>(segment_expert, n, j);
+        const int start = seg < n ? segment_start[seg] : rows;
+        const int count = seg < n && segment_expert[seg] == j ? segment_slots[seg] : 0;
+        a.expert_rows[j] = start;
+        a.expert_rows[experts + j] = start + count;
+        a.expert_rows[2 * experts + j] = count;
+    }
+    for (int p = first; p < x; p += stride) {
+        // the last segment starting at or before p; a row past its slots is padding
+        const int seg = rank_in<true>(segment_start, n, p) - 1;
+        if (seg < 0 || p >= segment_start[seg] + segment_slots[seg]) {
+            a.pos_rows[p] = -1;
+            a.pos_rows[static_cast<long long>(x) + p] = -1;
+            a.pos_rows[2LL * x + p] = -1;
+        }
+    }
+    MAP_PHASE(2);
+}
+
+extern "C" __global__ void __launch_bounds__(WARP_PLAN_THREADS)
+mapping_warp_i32(const MappingArgs a) {
+    warp_plan_block<int>(a);
+}
+
+extern "C" __global__ void __launch_bounds__(WARP_PLAN_THREADS)
+mapping_warp_i64(const MappingArgs a) {
+    warp_plan_block<long long>(a);
 }

@@ -74,7 +74,8 @@ def test_thousand_random_plans_are_bit_identical(kind):
 
 
 def test_every_launch_shape_gives_the_same_plan():
-    """All three counting modes (self-counting, block counts, cooperative),
+    """All three counting modes of the general kernels (self-counting, block
+    counts, cooperative), whatever the slots,
     any warps per block and blocks (more or fewer than the slots need, more
     than the GPU's SMs but for a cooperative launch): the plan does not
     move."""
@@ -98,7 +99,7 @@ def test_every_launch_shape_gives_the_same_plan():
             blocks = min(blocks, traits.multiprocessors)
         shape = mapping_shape(topk_ids.size, num_experts, x, traits.multiprocessors,
                               traits.shared_bytes_optin, warps=int(rng.integers(1, 9)) * 4 - 3,
-                              blocks=blocks)
+                              blocks=blocks, one_warp=False)
         shape = shape._replace(self_counting=mode == "self", cooperative=mode == "cooperative",
                                count_split=1 if mode == "cooperative" else shape.count_split)
         plan = MappingPlan(problem, device, shape, overlap=bool(rng.integers(0, 2)))
@@ -113,6 +114,51 @@ def test_every_launch_shape_gives_the_same_plan():
                 raise AssertionError(f"case {case}: {shape}, T={topk_ids.shape[0]} "
                                      f"K={topk_ids.shape[1]} E={num_experts} A={alignment} "
                                      f"X={x}: {error}") from None
+
+
+def test_the_one_warp_plan_on_random_small_plans():
+    """Up to 32 slots (decode): the one-warp kernel, any warps and blocks
+    (blocks that each write a share of the rows, more than the SMs too),
+    bit-identical on poisoned buffers."""
+    from cupy_moe.mapping.gpu import MappingPlan
+    from cupy_moe.runtime.launch import current_device, device_traits
+
+    rng = np.random.default_rng()
+    device = current_device()
+    traits = device_traits(device)
+    stream = cupy.cuda.get_current_stream().ptr
+    cases = 0
+    while cases < 500:
+        topk_ids, num_experts, alignment, num_expanded = random_case(
+            rng, max_tokens=32, max_experts=int(rng.choice([8, 384, 4096])))
+        if topk_ids.size > 32:
+            continue
+        cases += 1
+        x = num_expanded if num_expanded is not None else worst_case_rows(
+            topk_ids.size, num_experts, alignment)
+        if cases % 5 == 0:
+            x = int(rng.integers(0, 70000))  # long tails of padding, or too few rows
+        problem = MappingProblem(topk_ids.shape[0], topk_ids.shape[1], num_experts, alignment, x,
+                                 str(topk_ids.dtype))
+        default = cases % 2 == 0
+        shape = mapping_shape(topk_ids.size, num_experts, x, traits.multiprocessors,
+                              traits.shared_bytes_optin,
+                              warps=None if default else int(rng.integers(1, 9)),
+                              blocks=None if default else int(rng.integers(1, 300)))
+        assert shape.one_warp
+        plan = MappingPlan(problem, device, shape)
+        buffer = cupy.full(plan.buffer_size, 0x5A5A5A5A, dtype=cupy.int32)
+        plan.launch(stream, cupy.asarray(topk_ids).data.ptr, buffer.data.ptr)
+        expected = fused_mapping_numpy(topk_ids, num_experts, alignment=alignment, num_expanded=x)
+        total = int(np.sum(-(-expected.tokens_per_expert.astype(np.int64) // alignment))
+                    * alignment)
+        for name, got, want in [*zip(FIELDS, plan.views(buffer), expected, strict=True),
+                                ("total rows", buffer[plan.total_index:], np.int32([total]))]:
+            try:
+                assert_bits_equal(cupy.asnumpy(got), want, name)
+            except AssertionError as error:
+                raise AssertionError(f"case {cases}: {shape}, ids {topk_ids.tolist()} "
+                                     f"E={num_experts} A={alignment} X={x}: {error}") from None
 
 
 @pytest.mark.parametrize("kind", ["cupy", pytest.param("torch", marks=needs_torch_cuda)])
@@ -143,7 +189,7 @@ def test_trim_and_validate_agree_with_the_cpu(kind):
 
 
 @needs_torch_cuda
-@pytest.mark.parametrize("num_tokens", [256, 2048])  # one launch; two, overlapping
+@pytest.mark.parametrize("num_tokens", [2, 256, 2048])  # one warp; one launch; cooperative
 def test_graph_capture_replays_with_new_ids_and_the_fast_path_is_taken(monkeypatch,
                                                                         num_tokens):
     rng = np.random.default_rng()

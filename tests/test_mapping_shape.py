@@ -9,6 +9,7 @@ from cupy_moe.mapping.launch_shape import (
     MAX_WARPS,
     MIN_WARPS,
     SELF_COUNT_MAX_SLOTS,
+    WARP_PLAN_MAX_SLOTS,
     MappingShape,
     mapping_shape,
     max_warps_for,
@@ -18,8 +19,11 @@ H200 = {"multiprocessors": 132, "shared_bytes_optin": 232448}
 
 
 @pytest.mark.parametrize(("slots", "experts", "rows", "expected"), [
-    # decode: one block, one launch
-    (8, 384, 1024, MappingShape(8, 1, 32, True, 4 * 11 * 384)),
+    # decode: the one-warp plan, a block for each 256 padding rows (or experts)
+    (8, 384, 1024, MappingShape(8, 4, 32, True, 0, one_warp=True)),
+    (32, 4096, 100, MappingShape(8, 16, 32, True, 0, one_warp=True)),
+    (1, 1, 1, MappingShape(8, 1, 32, True, 0, one_warp=True)),
+    (8, 8, 10**6, MappingShape(8, 132, 32, True, 0, one_warp=True)),
     # few slots, many padding rows: blocks for the padding
     (256, 256, 32768, MappingShape(8, 8, 32, True, 4 * 11 * 256)),
     # medium and prefill: block counts first (two launches), a 32-slot step
@@ -67,7 +71,8 @@ def test_overrides_and_their_errors():
 
 @pytest.mark.parametrize(("slots", "experts", "rows", "expected"), [
     # few slots: self-counting whatever the GPU can do
-    (8, 384, 1024, MappingShape(8, 1, 32, True, 4 * 11 * 384)),
+    (8, 384, 1024, MappingShape(8, 4, 32, True, 0, one_warp=True)),
+    (33, 384, 1024, MappingShape(8, 1, 32, True, 4 * 11 * 384)),
     # more: one cooperative launch, no count blocks
     (32768, 128, 49024, MappingShape(16, 64, 32, False, 4 * 19 * 128, 1, True)),
     (32768, 384, 81536, MappingShape(16, 64, 32, False, 4 * 19 * 384, 1, True)),
@@ -88,4 +93,18 @@ def test_a_cooperative_launch_keeps_every_block_resident():
 def test_experts_that_do_not_fit_shared_memory_are_refused():
     assert max_warps_for(4096, 48 * 1024) < 1
     with pytest.raises(ValueError, match="4096 experts do not fit the 49152 bytes"):
-        mapping_shape(10, 4096, 100, 132, 48 * 1024)
+        mapping_shape(33, 4096, 100, 132, 48 * 1024)
+    # the one-warp plan keeps no counter per expert
+    assert mapping_shape(32, 4096, 100, 132, 48 * 1024).one_warp
+
+
+def test_the_one_warp_plan_and_its_errors():
+    assert not mapping_shape(8, 384, 1024, **H200, one_warp=False).one_warp
+    shape = mapping_shape(WARP_PLAN_MAX_SLOTS, 384, 1024, **H200, warps=2, blocks=300)
+    assert (shape.warps, shape.blocks, shape.one_warp, shape.self_counting) == (2, 300, True, True)
+    with pytest.raises(ValueError, match="the one-warp plan takes at most 32 slots; got 33"):
+        mapping_shape(33, 384, 1024, **H200, one_warp=True)
+    with pytest.raises(ValueError, match=r"warps must be in 1\.\.8 for the one-warp plan; got 9"):
+        mapping_shape(8, 384, 1024, **H200, warps=9)
+    with pytest.raises(ValueError, match="blocks must be >= 1; got 0"):
+        mapping_shape(8, 384, 1024, **H200, blocks=0)

@@ -77,8 +77,8 @@ class MappingPlan:
         self.split_sizes = (slots, rows, rows, rows, experts, experts, experts,
                             block_counts + 1)
         suffix = "i64" if problem.id_dtype == "int64" else "i32"
-        place = function_handle(SOURCE, (), device,
-                                f"mapping_{'coop' if shape.cooperative else 'place'}_{suffix}")
+        kernel = "warp" if shape.one_warp else "coop" if shape.cooperative else "place"
+        place = function_handle(SOURCE, (), device, f"mapping_{kernel}_{suffix}")
         if shape.shared_bytes > SHARED_BYTES_DEFAULT:
             driver.funcSetAttribute(place, driver.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                                     shape.shared_bytes)

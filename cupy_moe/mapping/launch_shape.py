@@ -24,6 +24,9 @@ BLOCK_COUNT_READS = 24576   # block counts (int32) one place block sums, at most
 STATIC_SHARED_BYTES = 1024  # the place kernel's static shared memory, rounded up
 COUNT_BLOCKS = 8            # count blocks aimed at: a place block sums a column of them
 COUNT_SHARED_INTS = 12288   # a count block's counters: place blocks it covers x E
+WARP_PLAN_MAX_SLOTS = 32    # up to here one warp works the plan out (mapping_warp_*)
+WARP_PLAN_MAX_WARPS = 8     # its blocks' warps (the kernel's launch bounds)
+WARP_PLAN_ROWS_PER_THREAD = 1  # expert or padding rows a thread writes, about, at most
 
 
 class MappingShape(NamedTuple):
@@ -35,6 +38,9 @@ class MappingShape(NamedTuple):
     count_split: int = 1  # place blocks per count block (blocks is a multiple)
     cooperative: bool = False  # one cooperative launch, counts shared through a
                                # grid barrier (not with self_counting)
+    one_warp: bool = False  # a warp's worth of slots: one warp of each block works
+                            # the plan out, the blocks write the rows (no shared
+                            # counters; self_counting's buffer layout)
 
     @property
     def count_blocks(self) -> int:
@@ -54,11 +60,21 @@ def max_warps_for(num_experts: int, shared_bytes_optin: int) -> int:
 
 def mapping_shape(num_slots: int, num_experts: int, num_expanded: int, multiprocessors: int,
                   shared_bytes_optin: int, *, warps: int | None = None,
-                  blocks: int | None = None, cooperative: bool = False) -> MappingShape:
+                  blocks: int | None = None, cooperative: bool = False,
+                  one_warp: bool | None = None) -> MappingShape:
     """The launch shape of one problem; ``warps`` / ``blocks`` override the
     defaults (sweeps). ``cooperative``: the GPU can launch cooperatively, so
     too many slots for self-counting take one cooperative launch (at most a
-    block per multiprocessor) instead of count blocks and place blocks."""
+    block per multiprocessor) instead of count blocks and place blocks.
+    ``one_warp``: the one-warp plan (default: up to ``WARP_PLAN_MAX_SLOTS``
+    slots; False: the general kernels whatever the slots)."""
+    if one_warp is None:
+        one_warp = num_slots <= WARP_PLAN_MAX_SLOTS
+    elif one_warp and num_slots > WARP_PLAN_MAX_SLOTS:
+        raise ValueError(f"the one-warp plan takes at most {WARP_PLAN_MAX_SLOTS} slots; "
+                         f"got {num_slots}")
+    if one_warp:
+        return _one_warp_shape(num_experts, num_expanded, multiprocessors, warps, blocks)
     fit = max_warps_for(num_experts, shared_bytes_optin)
     if fit < 1:
         raise ValueError(f"{num_experts} experts do not fit the {shared_bytes_optin} bytes of "
@@ -89,3 +105,22 @@ def mapping_shape(num_slots: int, num_experts: int, num_expanded: int, multiproc
     warp_slots = 32 * max(1, ceil_div(warp_steps, blocks * warps))
     return MappingShape(warps, blocks, warp_slots, self_counting,
                         4 * (warps + 3) * num_experts, split, cooperative)
+
+
+def _one_warp_shape(num_experts: int, num_expanded: int, multiprocessors: int,
+                    warps: int | None, blocks: int | None) -> MappingShape:
+    """Enough blocks that a thread writes about one expert row and one padding
+    row (every block repeats the warp's few loads; blocks never wait for each
+    other), at most a block per multiprocessor."""
+    if warps is None:
+        warps = WARP_PLAN_MAX_WARPS
+    elif not 1 <= warps <= WARP_PLAN_MAX_WARPS:
+        raise ValueError(f"warps must be in 1..{WARP_PLAN_MAX_WARPS} for the one-warp plan; "
+                         f"got {warps}")
+    if blocks is None:
+        rows = max(num_experts, num_expanded)
+        blocks = min(multiprocessors,
+                     max(1, ceil_div(rows, 32 * warps * WARP_PLAN_ROWS_PER_THREAD)))
+    elif blocks < 1:
+        raise ValueError(f"blocks must be >= 1; got {blocks}")
+    return MappingShape(warps, blocks, 32, True, 0, one_warp=True)

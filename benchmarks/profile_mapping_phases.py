@@ -1,0 +1,112 @@
+"""Where ``fused_mapping``'s kernel spends its time, phase by phase: the
+kernels compiled with ``MAP_TRACE`` record each block's SM clock at every
+``MAP_PHASE`` point (kernels_cu/mapping.cu); this prints, per phase, the
+cycles since the block started (median and slowest block). GPU only.
+
+    python benchmarks/profile_mapping_phases.py [T K E ALIGNMENT ...]
+
+Shapes are given as groups of four numbers (default: the manifest's mapping
+workloads). The traced launch is the last of several back to back, as in a
+CUDA graph (ids and code warm in the caches). Phases of the general kernel:
+0 start, 1 counters zeroed, 2 warps counted, 3 block totals written, 4 past
+the grid barrier, 5 column sums, 6 expert scan, 7 slots placed, 8 segment
+tails padded, 9 end; of the one-warp kernel: 0 start, 1 the warp's plan
+shared, 2 end.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import cupy
+import numpy as np
+import torch
+
+from cupy_moe.harness.manifest import load_workloads
+from cupy_moe.mapping import worst_case_rows
+from cupy_moe.mapping.gpu import SOURCE, MappingPlan
+from cupy_moe.mapping.rules import MappingProblem
+from cupy_moe.runtime.launch import function_handle
+from cupy_moe.runtime.loader import get_module
+
+TRACE_DEFINES = (("MAP_TRACE", 1),)
+PHASES = 16        # MAP_TRACE_PHASES
+TRACED_BLOCKS = 1024
+LAUNCHES = 8       # back to back; the last is traced
+
+
+def traced_plan(problem: MappingProblem, device: int) -> MappingPlan:
+    """The default plan of ``problem`` with its kernels swapped for traced builds."""
+    plan = MappingPlan(problem, device)
+    traced = []
+    for handle, blocks, threads, shared_bytes in plan.launches:
+        name = next(n for n in kernel_names() if
+                    function_handle(SOURCE, (), device, n) == handle)
+        new = function_handle(SOURCE, TRACE_DEFINES, device, name)
+        if shared_bytes > 48 * 1024:
+            cupy.cuda.driver.funcSetAttribute(
+                new, cupy.cuda.driver.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                shared_bytes)
+        traced.append((new, blocks, threads, shared_bytes))
+    plan.launches = traced
+    return plan
+
+
+def kernel_names() -> list[str]:
+    return [f"mapping_{kind}_{suffix}" for kind in ("warp", "coop", "place", "count")
+            for suffix in ("i32", "i64")]
+
+
+def profile(num_tokens: int, top_k: int, num_experts: int, alignment: int) -> str:
+    device = torch.cuda.current_device()
+    rng = np.random.default_rng(0)
+    ids = rng.integers(0, num_experts, size=(num_tokens, top_k))
+    ids[rng.random(ids.shape) < 0.02] = -1
+    device_ids = torch.from_numpy(ids).cuda()
+    rows = worst_case_rows(ids.size, num_experts, alignment)
+    problem = MappingProblem(num_tokens, top_k, num_experts, alignment, rows, "int64")
+    plan = traced_plan(problem, device)
+    module = get_module(SOURCE, TRACE_DEFINES, device)
+    trace = cupy.ndarray((TRACED_BLOCKS, PHASES), dtype=cupy.int64,
+                         memptr=module.get_global("map_trace"))
+    buffer = torch.empty(plan.buffer_size, dtype=torch.int32, device="cuda")
+    stream = torch.cuda.current_stream().cuda_stream
+    trace.fill(-1)
+    torch.cuda.synchronize()
+    for _ in range(LAUNCHES):
+        plan.launch(stream, device_ids.data_ptr(), buffer.data_ptr())
+    torch.cuda.synchronize()
+    blocks = min(plan.shape.blocks, TRACED_BLOCKS)
+    clocks = cupy.asnumpy(trace[:blocks])
+    kernel = "warp" if plan.shape.one_warp else "coop" if plan.shape.cooperative else "place"
+    lines = [f"T={num_tokens} K={top_k} E={num_experts} A={alignment} X={rows}: {kernel}, "
+             f"{plan.shape.blocks} blocks x {plan.shape.threads} threads"]
+    recorded = [p for p in range(PHASES) if (clocks[:, p] >= 0).all()]
+    since_start = clocks[:, recorded] - clocks[:, :1]
+    rate_mhz = cupy.cuda.runtime.getDeviceProperties(device)["clockRate"] / 1e3
+    previous = 0.0
+    for column, phase in enumerate(recorded):
+        median = float(np.median(since_start[:, column]))
+        worst = float(since_start[:, column].max())
+        lines.append(f"  phase {phase}: median {median:7.0f} cycles (+{median - previous:6.0f}), "
+                     f"slowest block {worst:7.0f}; {median / rate_mhz:5.2f} us at "
+                     f"{rate_mhz:.0f} MHz")
+        previous = median
+    return "\n".join(lines)
+
+
+def main() -> int:
+    numbers = [int(v) for v in sys.argv[1:]]
+    if len(numbers) % 4:
+        print(__doc__.splitlines()[3].strip(), file=sys.stderr)
+        return 2
+    shapes = [tuple(numbers[i:i + 4]) for i in range(0, len(numbers), 4)] or [
+        (w.num_tokens, w.top_k, w.num_experts, w.alignment)
+        for w in load_workloads("fused_mapping")]
+    for shape in shapes:
+        print(profile(*shape))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
