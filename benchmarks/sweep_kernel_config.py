@@ -96,10 +96,11 @@ CONFIGS: list[tuple[str, ExpandTuning]] = [
        _tuned(**STAGED, padding_zero_stage_bytes=kib * 1024)) for kib in (4, 8)),
     ("padding: 2 rows a block", _tuned(padding_zero_rows_bulk_whole=2)),
     ("padding-heavy plans on the bulk kernel too", _tuned(padding_share_registers=math.inf)),
-    # Qwen3's 3 KiB fp8 rows at T = 32: 1 KiB chunks make 96 copy blocks, too
-    # few for the bulk kernel, so the register kernel (instruction-bound
-    # there, NOTES.md tenth session) runs; 512-byte chunks make 192
+    # every padding-heavy bulk plan on 512-byte chunks (default: only where 1
+    # KiB chunks are too few blocks for the bulk kernel, Qwen3's fp8 rows at
+    # T = 32; elsewhere they tied, NOTES.md eleventh session), and never
     ("padding: bulk chunks >= 512 B", _tuned(padding_bulk_min_chunk_bytes=512)),
+    ("padding: bulk chunks >= 1 KiB", _tuned(padding_bulk_least_chunk_bytes=1024)),
     # padding-heavy plans' padding rows by a kernel of their own beside the
     # copies (expand_zero_padding_rows; default: beside the bulk kernel, from
     # 64 MB of padding rows)

@@ -171,6 +171,21 @@ def test_padding_heavy_zero_fill_stage(fake_h200, num_tokens, hidden, num_expand
     assert launch.shared_bytes == launch.constant("vecs_per_thread") * 32 * 16
 
 
+def test_padding_heavy_fp8_rows_take_shorter_chunks_before_the_register_kernel(fake_h200):
+    # qwen3-30b-small's fp8 rows (3 KiB) on a 128-expert plan: 1 KiB chunks
+    # make 96 copy blocks, too few for the bulk kernel; 512-byte ones 192
+    problem = ExpandProblem(32, 3072, 8, 14848, "float8_e4m3fn")
+    launch = ExpandPlan(problem, 1, 0, DEFAULT_TUNING).kernel(16)
+    assert (launch.handle, launch.grid[1], launch.shared_bytes) == (
+        "expand_to_fused_bulk_zero_rows_plain", 6, 512)
+    # without the shorter chunks: the register kernel
+    tuning = dataclasses.replace(DEFAULT_TUNING, padding_bulk_least_chunk_bytes=1024)
+    assert ExpandPlan(problem, 1, 0, tuning).kernel(16).handle == "expand_to_fused_v16"
+    # where 1 KiB chunks make enough blocks they stay (kimi-k2-small's 14 KiB rows)
+    problem = ExpandProblem(32, 7168, 8, 14848, "bfloat16")
+    assert ExpandPlan(problem, 2, 0, DEFAULT_TUNING).kernel(16).grid[1] == 14
+
+
 def test_plain_store_zero_rows_keep_the_copy_chunks_stage(fake_h200):
     # kimi-k2-small, 128 experts: whole-row zero-fill blocks by 16-byte stores,
     # so the launch's stage stays the 1 KiB copy chunk
@@ -434,6 +449,8 @@ def test_sf_op_fast_path_keys_zero_padding(expand_fast_paths):
     ({"bulk_max_chunk_bytes": 0}, r"bulk_min_chunk_bytes <= bulk_max_chunk_bytes; got 2048, 0"),
     ({"padding_bulk_min_chunk_bytes": 8},
      r"16 <= padding_bulk_min_chunk_bytes <= bulk_max_chunk_bytes; got 8, 16384"),
+    ({"padding_bulk_least_chunk_bytes": 10**5},
+     r"16 <= padding_bulk_least_chunk_bytes <= bulk_max_chunk_bytes; got 100000, 16384"),
     ({"bulk_target_blocks": -1.0}, r"bulk_target_blocks must be a number >= 0; got -1\.0"),
     ({"split_slots_below": "1"}, r"split_slots_below must be a number >= 0; got '1'"),
     ({"padding_zero_whole_rows": 2}, r"padding_zero_whole_rows must be 0 or 1; got 2"),

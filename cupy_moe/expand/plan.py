@@ -151,6 +151,10 @@ class ExpandPlan:
             min_chunk = (tuning.padding_bulk_min_chunk_bytes if padding_heavy
                          else tuning.bulk_min_chunk_bytes)
             most = max(fewest, self.row_bytes // int(min_chunk))
+            if padding_heavy and num_tokens * most < tuning.bulk_min_blocks * multiprocessors:
+                # too few copy blocks even so: shorter chunks before the
+                # register kernel (instruction-bound on padding-heavy plans)
+                most = max(fewest, self.row_bytes // int(tuning.padding_bulk_least_chunk_bytes))
             if num_tokens > 0 and num_tokens * most >= tuning.bulk_min_blocks * multiprocessors:
                 wanted = ceil_div(int(tuning.bulk_target_blocks * multiprocessors), num_tokens)
                 chunks = min(max(wanted, fewest), most)

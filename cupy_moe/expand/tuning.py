@@ -50,7 +50,10 @@ class ExpandTuning:
     its chunks need no shrinking (its 256-thread zero-fill blocks beat the
     bulk kernel's one-warp ones), and else the bulk kernel's chunks may be as
     short as ``padding_bulk_min_chunk_bytes`` (more copy blocks for few
-    tokens). There the bulk kernel's zero-fill blocks of whole rows (rows of
+    tokens), or ``padding_bulk_least_chunk_bytes`` where that still leaves
+    too few blocks for the bulk kernel (Qwen3's 3 KiB fp8 rows at 32
+    tokens: 192 blocks of 512 bytes instead of the register kernel, which is
+    instruction-bound there; shorter chunks elsewhere only tie). There the bulk kernel's zero-fill blocks of whole rows (rows of
     ``bulk_whole_row_zero_from`` bytes, or every row when
     ``padding_zero_whole_rows`` is 1) take ``padding_zero_rows_bulk_whole``
     rows each and store them in bulk stores of a shared stage of
@@ -97,6 +100,7 @@ class ExpandTuning:
     # padding-heavy plans
     padding_share_registers: float = 0.5
     padding_bulk_min_chunk_bytes: int = 1024
+    padding_bulk_least_chunk_bytes: int = 512
     padding_zero_whole_rows: int = 0
     padding_zero_stage_bytes: int = 16 * 1024
     padding_zero_rows_bulk_whole: int = 1
@@ -128,7 +132,8 @@ class ExpandTuning:
         if self.padding_zero_stage_bytes % 16:
             raise ValueError(f"ExpandTuning.padding_zero_stage_bytes must be a multiple of 16 "
                              f"(bulk stores); got {self.padding_zero_stage_bytes!r}")
-        for name in ("bulk_min_chunk_bytes", "padding_bulk_min_chunk_bytes"):
+        for name in ("bulk_min_chunk_bytes", "padding_bulk_min_chunk_bytes",
+                     "padding_bulk_least_chunk_bytes"):
             if not 16 <= getattr(self, name) <= self.bulk_max_chunk_bytes:
                 raise ValueError(f"ExpandTuning needs 16 <= {name} <= bulk_max_chunk_bytes; "
                                  f"got {getattr(self, name)}, {self.bulk_max_chunk_bytes}")
