@@ -68,7 +68,11 @@ def sweep_shapes(device_ids, num_experts, alignment, rows, iters):
     {shape text: us per call replaying a CUDA graph of kernel launches alone
     (preallocated buffer)}."""
     from cupy_moe.mapping.gpu import MappingPlan
-    from cupy_moe.mapping.launch_shape import WARP_PLAN_MAX_SLOTS, mapping_shape
+    from cupy_moe.mapping.launch_shape import (
+        COOP_MAX_WARPS,
+        WARP_PLAN_MAX_SLOTS,
+        mapping_shape,
+    )
     from cupy_moe.mapping.rules import MappingProblem
     from cupy_moe.runtime.launch import device_traits
 
@@ -89,7 +93,7 @@ def sweep_shapes(device_ids, num_experts, alignment, rows, iters):
                     continue
                 if mode == "self" and slots > 65536:
                     continue
-                if mode == "coop" and (blocks > traits.multiprocessors
+                if mode == "coop" and (blocks > traits.multiprocessors or warps > COOP_MAX_WARPS
                                        or not traits.cooperative_launch):
                     continue
                 if mode != "warp" and warps < 8:

@@ -22,7 +22,8 @@
 //                 each place block sums the columns: two launches;
 //   cooperative:  mapping_coop_*, one cooperative launch (every block
 //                 resident): each block writes its own warps' counts per
-//                 expert, a grid barrier, then each block sums the columns.
+//                 expert (uint16), a grid barrier, then each block sums the
+//                 columns, 8 experts a 16-byte load.
 // A warp's worth of slots (decode) takes none of these: mapping_warp_*
 // (below) works the whole plan out in one warp's registers.
 // Each row of pos_* is written exactly once: by its slot, or as padding (the
@@ -37,6 +38,8 @@
 #define MAP_BATCH 4        // 32-slot steps a warp has in flight
 #define LOAD_BATCH 8       // loads a thread has in flight in a block-strided loop
 #define SUM_BATCH 16       // block counts a thread has in flight summing a column
+#define COOP_MAX_WARPS 16  // warps of a cooperative block, at most (its registers)
+#define SUM_VECS 8         // 16-byte loads (8 uint16 block counts) a thread has in flight
 
 // Phase timestamps for benchmarks/profile_mapping_phases.py: compiled with
 // MAP_TRACE defined, thread 0 of each block records its SM's clock at each
@@ -63,7 +66,8 @@ struct MappingArgs {
     int* expert_rows;          // [3, E]: expert_start, expert_end, tokens_per_expert
     int* block_counts;         // block-counts mode: [count blocks, E] totals, then
                                // [place blocks, E] prefixes in their count block;
-                               // cooperative: [blocks, E] totals; then [1]: total rows
+                               // cooperative: [blocks, align(E, 8)] uint16 totals
+                               // (16-byte aligned); then [1]: total rows
     int num_slots;             // N = T * K
     int top_k;                 // K
     int num_experts;           // E
@@ -83,6 +87,13 @@ __device__ __forceinline__ int routed_expert(const MappingArgs& a, long long slo
 
 __device__ __forceinline__ int align_rows(int count, int alignment) {
     return (count + alignment - 1) / alignment * alignment;
+}
+
+// A cooperative grid's block counts: uint16 (a block has at most 65535
+// slots: the launch shape's rule), rows of align(E, 8) so that each 16-byte
+// load takes 8 experts of one block.
+__device__ __forceinline__ int padded_experts(int experts) {
+    return (experts + 7) & ~7;
 }
 
 // First slot of block b: every block owns warps * warp_slots slots.
@@ -173,11 +184,12 @@ __device__ __forceinline__ void pad_rows(const MappingArgs& a, int first, int en
     }
 }
 
-// Expert j's column of per-block counts [blocks, E]: adds the counts of
-// blocks before `block` to `earlier` and all of them to `total`. The column
-// is read in runs of SUM_BATCH blocks (loads in flight together: one latency
-// a run, the loop's only wait; a warp's loads are 32 consecutive experts,
-// coalesced); this thread takes runs first_run, first_run + run_step, ...
+// Block-counts mode: expert j's column of per-block counts [blocks, E]: adds
+// the counts of blocks before `block` to `earlier` and all of them to
+// `total`. The column is read in runs of SUM_BATCH blocks (loads in flight
+// together: one latency a run, the loop's only wait; a warp's loads are 32
+// consecutive experts, coalesced); this thread takes runs first_run,
+// first_run + run_step, ...
 __device__ __forceinline__ void sum_column(const int* counts, int experts, int j, int first_run,
                                            int run_step, int blocks, int block, int& earlier,
                                            int& total) {
@@ -252,7 +264,10 @@ __device__ __forceinline__ void place_block(const MappingArgs& a) {
             warp_counts[w * experts + j] = running;
             running += count;
         }
-        if (Cooperative) a.block_counts[static_cast<long long>(blockIdx.x) * experts + j] = running;
+        if (Cooperative)
+            reinterpret_cast<unsigned short*>(a.block_counts)[
+                static_cast<long long>(blockIdx.x) * padded_experts(experts) + j] =
+                static_cast<unsigned short>(running);
         // a grid of one block (decode): its total is every expert's total,
         // and no block comes before it; no second pass over the ids
         if (!Cooperative && gridDim.x == 1) tokens[j] = running;
@@ -262,19 +277,53 @@ __device__ __forceinline__ void place_block(const MappingArgs& a) {
     // atomics; sums do not depend on their order) of the ids themselves or of
     // the block counts, each load independent of the others
     if (Cooperative) {
+        // the pad columns of this block's row (read with the rest, never used)
+        const int padded = padded_experts(experts);
+        for (int j = experts + threadIdx.x; j < padded; j += blockDim.x)
+            reinterpret_cast<unsigned short*>(a.block_counts)[
+                static_cast<long long>(blockIdx.x) * padded + j] = 0;
         MAP_PHASE(3);
         grid_barrier();
         MAP_PHASE(4);
-        // the column of each expert, cut into `parts` interleaved runs of
-        // SUM_BATCH blocks when the block has threads to spare
-        const int blocks = gridDim.x, block = blockIdx.x;
-        const int parts = max(1, static_cast<int>(blockDim.x) / experts);
-        for (int t = threadIdx.x; t < experts * parts; t += blockDim.x) {
-            const int j = t % experts, part = t / experts;
-            int earlier = 0, total = 0;
-            sum_column(a.block_counts, experts, j, part, parts, blocks, block, earlier, total);
-            if (earlier) atomicAdd(&base[j], earlier);
-            if (total) atomicAdd(&tokens[j], total);
+        // every block's counts, 8 experts a 16-byte load: a thread takes a
+        // group of 8 experts and every parts-th block from `part` on, with
+        // SUM_VECS loads in flight (one batch on the usual shapes: every
+        // block reads the same few KiB, so a round trip is long)
+        const int blocks = gridDim.x, block = blockIdx.x, groups = padded >> 3;
+        const int parts = max(1, static_cast<int>(blockDim.x) / groups);
+        const uint4* rows = reinterpret_cast<const uint4*>(a.block_counts);
+        for (int t = threadIdx.x; t < groups * parts; t += blockDim.x) {
+            const int group = t % groups, part = t / groups;
+            int earlier[8], total[8];
+#pragma unroll
+            for (int i = 0; i < 8; ++i) earlier[i] = total[i] = 0;
+            for (int b0 = part; b0 < blocks; b0 += parts * SUM_VECS) {
+                uint4 counts[SUM_VECS];
+#pragma unroll
+                for (int u = 0; u < SUM_VECS; ++u) {
+                    const int b = b0 + u * parts;
+                    counts[u] = b < blocks ? rows[static_cast<long long>(b) * groups + group]
+                                           : make_uint4(0, 0, 0, 0);
+                }
+#pragma unroll
+                for (int u = 0; u < SUM_VECS; ++u) {
+                    const bool before = b0 + u * parts < block;
+                    const unsigned words[4] = {counts[u].x, counts[u].y, counts[u].z,
+                                               counts[u].w};
+#pragma unroll
+                    for (int i = 0; i < 8; ++i) {
+                        const int count = (words[i >> 1] >> (16 * (i & 1))) & 0xffff;
+                        total[i] += count;
+                        if (before) earlier[i] += count;
+                    }
+                }
+            }
+#pragma unroll
+            for (int i = 0; i < 8; ++i) {
+                const int j = 8 * group + i;
+                if (j < experts && earlier[i]) atomicAdd(&base[j], earlier[i]);
+                if (j < experts && total[i]) atomicAdd(&tokens[j], total[i]);
+            }
         }
     } else if (a.self_counting) {
         for (long long slot0 = gridDim.x == 1 ? a.num_slots : threadIdx.x; slot0 < a.num_slots;
@@ -340,7 +389,8 @@ __device__ __forceinline__ void place_block(const MappingArgs& a) {
     if (threadIdx.x == blockDim.x - 1) {
         total_rows = row0;
         if (blockIdx.x == 0)
-            a.block_counts[Cooperative ? static_cast<long long>(gridDim.x) * experts
+            a.block_counts[Cooperative ? static_cast<long long>(gridDim.x)
+                                         * (padded_experts(experts) / 2)
                            : a.self_counting ? 0
                            : static_cast<long long>(gridDim.x / a.count_split + gridDim.x)
                              * experts] = row0;
@@ -425,13 +475,14 @@ mapping_place_i64(const MappingArgs a) {
     place_block<long long, false>(a);
 }
 
-// Cooperative launches only (grid_barrier): at most one block per SM.
-extern "C" __global__ void __launch_bounds__(MAP_MAX_WARPS * 32)
+// Cooperative launches only (grid_barrier): at most one block per SM, of at
+// most COOP_MAX_WARPS warps.
+extern "C" __global__ void __launch_bounds__(COOP_MAX_WARPS * 32)
 mapping_coop_i32(const MappingArgs a) {
     place_block<int, true>(a);
 }
 
-extern "C" __global__ void __launch_bounds__(MAP_MAX_WARPS * 32)
+extern "C" __global__ void __launch_bounds__(COOP_MAX_WARPS * 32)
 mapping_coop_i64(const MappingArgs a) {
     place_block<long long, true>(a);
 }

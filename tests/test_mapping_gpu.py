@@ -8,7 +8,7 @@ import pytest
 
 import cupy_moe
 from cupy_moe.mapping import fused_mapping_numpy, worst_case_rows
-from cupy_moe.mapping.launch_shape import mapping_shape
+from cupy_moe.mapping.launch_shape import COOP_MAX_WARPS, mapping_shape
 from cupy_moe.mapping.rules import MappingProblem
 from gpu_cases import GPU_MARKS, cupy, needs_torch_cuda, torch
 from helpers import assert_bits_equal
@@ -97,9 +97,12 @@ def test_every_launch_shape_gives_the_same_plan():
         blocks = int(rng.integers(1, 200))
         if mode == "cooperative":
             blocks = min(blocks, traits.multiprocessors)
+        warps = int(rng.integers(1, 9)) * 4 - 3
+        if mode == "cooperative":
+            warps = min(warps, COOP_MAX_WARPS)
         shape = mapping_shape(topk_ids.size, num_experts, x, traits.multiprocessors,
-                              traits.shared_bytes_optin, warps=int(rng.integers(1, 9)) * 4 - 3,
-                              blocks=blocks, one_warp=False)
+                              traits.shared_bytes_optin, warps=warps, blocks=blocks,
+                              one_warp=False)
         shape = shape._replace(self_counting=mode == "self", cooperative=mode == "cooperative",
                                count_split=1 if mode == "cooperative" else shape.count_split)
         plan = MappingPlan(problem, device, shape, overlap=bool(rng.integers(0, 2)))
@@ -114,6 +117,20 @@ def test_every_launch_shape_gives_the_same_plan():
                 raise AssertionError(f"case {case}: {shape}, T={topk_ids.shape[0]} "
                                      f"K={topk_ids.shape[1]} E={num_experts} A={alignment} "
                                      f"X={x}: {error}") from None
+
+
+def test_a_cooperative_plan_refuses_more_warps_than_its_kernel_takes():
+    from cupy_moe.mapping.gpu import MappingPlan
+    from cupy_moe.runtime.launch import current_device, device_traits
+
+    device = current_device()
+    traits = device_traits(device)
+    problem = MappingProblem(4096, 8, 64, 16, 40000, "int64")
+    shape = mapping_shape(4096 * 8, 64, 40000, traits.multiprocessors, traits.shared_bytes_optin,
+                          warps=COOP_MAX_WARPS + 1, blocks=8)
+    with pytest.raises(ValueError, match="a cooperative launch has at most 16 warps a block; "
+                                         "got 17"):
+        MappingPlan(problem, device, shape._replace(cooperative=True, count_split=1))
 
 
 def test_the_one_warp_plan_on_random_small_plans():

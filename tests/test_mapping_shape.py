@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from cupy_moe.mapping.launch_shape import (
+    COOP_MAX_BLOCK_SLOTS,
     COUNT_SHARED_INTS,
     MAX_WARPS,
     MIN_WARPS,
@@ -88,6 +89,19 @@ def test_a_cooperative_launch_keeps_every_block_resident():
     with pytest.raises(ValueError, match=r"at most a block per multiprocessor \(132\); "
                                          r"got 133 blocks"):
         mapping_shape(32768, 384, 81536, **H200, blocks=133, cooperative=True)
+
+
+def test_a_cooperative_block_keeps_to_its_warps_and_uint16_counts():
+    with pytest.raises(ValueError, match="a cooperative launch has at most 16 warps a block; "
+                                         "got 32"):
+        mapping_shape(32768, 384, 81536, **H200, warps=32, cooperative=True)
+    # 10 million slots on 64 blocks: 156,672 a block, more than uint16 counts
+    # hold, so count blocks and place blocks instead
+    shape = mapping_shape(10**7, 384, 10**7 + 128 * 384, **H200, cooperative=True)
+    assert not shape.cooperative and shape.count_split > 1
+    assert shape.warps * shape.warp_slots > COOP_MAX_BLOCK_SLOTS
+    shape = mapping_shape(64 * COOP_MAX_BLOCK_SLOTS // 2, 384, 10**7, **H200, cooperative=True)
+    assert shape.cooperative and shape.warps * shape.warp_slots <= COOP_MAX_BLOCK_SLOTS
 
 
 def test_experts_that_do_not_fit_shared_memory_are_refused():

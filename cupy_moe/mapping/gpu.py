@@ -24,7 +24,8 @@ from ..runtime.launch import (
     function_handle,
     launch_overlapping_previous,
 )
-from .launch_shape import MappingShape, mapping_shape
+from ..runtime.sizes import align_up
+from .launch_shape import COOP_MAX_WARPS, MappingShape, mapping_shape
 from .reference import FusedMapping
 from .rules import MappingProblem, raise_mapping_error
 
@@ -44,10 +45,11 @@ class MappingPlan:
     """Launches and buffer layout of one problem on one device.
 
     One int32 buffer: token_topk_to_pos [N], the pos rows [3, X], the expert
-    rows [3, E], then the kernels' scratch: with two launches the count
-    blocks' totals [count blocks, E] and the place blocks' prefixes [blocks,
-    E], with a cooperative launch the blocks' totals [blocks, E]; then the
-    total of the rows [1].
+    rows [3, E], then, from the next 16-byte boundary, the kernels' scratch:
+    with two launches the count blocks' totals [count blocks, E] and the
+    place blocks' prefixes [blocks, E], with a cooperative launch the blocks'
+    totals as uint16 [blocks, align(E, 8)] (16-byte loads of 8 experts); then
+    the total of the rows [1].
     """
 
     __slots__ = ("args", "device", "launches", "offsets", "problem", "buffer_size",
@@ -68,14 +70,21 @@ class MappingPlan:
             overlap = traits.major >= 9
         self.overlap = overlap and not shape.self_counting and not shape.cooperative
         self.shape = shape
-        # block totals (cooperative), or count-block totals and place-block prefixes
-        block_counts = (0 if shape.self_counting else shape.blocks * experts
-                        if shape.cooperative else (shape.count_blocks + shape.blocks) * experts)
-        self.offsets = (0, slots, slots + 3 * rows, slots + 3 * rows + 3 * experts)
-        self.total_index = self.offsets[3] + block_counts
+        if shape.cooperative and shape.warps > COOP_MAX_WARPS:
+            raise ValueError(f"a cooperative launch has at most {COOP_MAX_WARPS} warps a block; "
+                             f"got {shape.warps}")
+        # block totals (cooperative: uint16, two to an int32), or count-block
+        # totals and place-block prefixes
+        block_counts = (0 if shape.self_counting else
+                        shape.blocks * align_up(experts, 8) // 2 if shape.cooperative else
+                        (shape.count_blocks + shape.blocks) * experts)
+        expert_rows = slots + 3 * rows
+        scratch = align_up(expert_rows + 3 * experts, 4)  # 16 bytes: the buffer's base is
+        self.offsets = (0, slots, expert_rows, scratch)   # at least 256-byte aligned
+        self.total_index = scratch + block_counts
         self.buffer_size = self.total_index + 1
         self.split_sizes = (slots, rows, rows, rows, experts, experts, experts,
-                            block_counts + 1)
+                            self.buffer_size - expert_rows - 3 * experts)
         suffix = "i64" if problem.id_dtype == "int64" else "i32"
         kernel = "warp" if shape.one_warp else "coop" if shape.cooperative else "place"
         place = function_handle(SOURCE, (), device, f"mapping_{kernel}_{suffix}")

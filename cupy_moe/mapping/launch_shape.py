@@ -24,6 +24,8 @@ BLOCK_COUNT_READS = 24576   # block counts (int32) one place block sums, at most
 STATIC_SHARED_BYTES = 1024  # the place kernel's static shared memory, rounded up
 COUNT_BLOCKS = 8            # count blocks aimed at: a place block sums a column of them
 COUNT_SHARED_INTS = 12288   # a count block's counters: place blocks it covers x E
+COOP_MAX_WARPS = 16         # a cooperative block's warps, at most (the kernel's launch bounds)
+COOP_MAX_BLOCK_SLOTS = 65535  # a cooperative block's slots, at most (uint16 block counts)
 WARP_PLAN_MAX_SLOTS = 32    # up to here one warp works the plan out (mapping_warp_*)
 WARP_PLAN_MAX_WARPS = 8     # its blocks' warps (the kernel's launch bounds)
 WARP_PLAN_ROWS_PER_THREAD = 1  # expert or padding rows a thread writes, about, at most
@@ -67,7 +69,10 @@ def mapping_shape(num_slots: int, num_experts: int, num_expanded: int, multiproc
     too many slots for self-counting take one cooperative launch (at most a
     block per multiprocessor) instead of count blocks and place blocks.
     ``one_warp``: the one-warp plan (default: up to ``WARP_PLAN_MAX_SLOTS``
-    slots; False: the general kernels whatever the slots)."""
+    slots; False: the general kernels whatever the slots). A cooperative
+    launch keeps its blocks to ``COOP_MAX_WARPS`` warps (fewer than asked
+    for when ``warps`` is not given) and ``COOP_MAX_BLOCK_SLOTS`` slots; where
+    the slots need more, count blocks and place blocks run instead."""
     if one_warp is None:
         one_warp = num_slots <= WARP_PLAN_MAX_SLOTS
     elif one_warp and num_slots > WARP_PLAN_MAX_SLOTS:
@@ -80,6 +85,7 @@ def mapping_shape(num_slots: int, num_experts: int, num_expanded: int, multiproc
         raise ValueError(f"{num_experts} experts do not fit the {shared_bytes_optin} bytes of "
                          "shared memory a block of this GPU may have")
     warp_steps = ceil_div(num_slots, 32)
+    explicit_warps = warps is not None
     if warps is None:
         warps = min(fit, max(MIN_WARPS, min(DEFAULT_MAX_WARPS,
                                             ceil_div(warp_steps, STEPS_PER_WARP))))
@@ -87,6 +93,11 @@ def mapping_shape(num_slots: int, num_experts: int, num_expanded: int, multiproc
         raise ValueError(f"warps must be in 1..{fit} for {num_experts} experts; got {warps}")
     self_counting = num_slots <= SELF_COUNT_MAX_SLOTS
     cooperative = cooperative and not self_counting
+    if cooperative and warps > COOP_MAX_WARPS:
+        if explicit_warps:
+            raise ValueError(f"a cooperative launch has at most {COOP_MAX_WARPS} warps a block; "
+                             f"got {warps}")
+        warps = COOP_MAX_WARPS
     if blocks is None:
         blocks = max(1, ceil_div(warp_steps, warps * STEPS_PER_WARP),
                      ceil_div(num_expanded, 32 * warps * FILL_ROWS_PER_THREAD))
@@ -103,6 +114,10 @@ def mapping_shape(num_slots: int, num_experts: int, num_expanded: int, multiproc
         split = max(1, min(ceil_div(blocks, COUNT_BLOCKS), COUNT_SHARED_INTS // num_experts))
         blocks = max(split, blocks // split * split)  # warp_slots below covers the rest
     warp_slots = 32 * max(1, ceil_div(warp_steps, blocks * warps))
+    if cooperative and warps * warp_slots > COOP_MAX_BLOCK_SLOTS:
+        return mapping_shape(num_slots, num_experts, num_expanded, multiprocessors,
+                             shared_bytes_optin, warps=warps if explicit_warps else None,
+                             blocks=blocks, cooperative=False, one_warp=False)
     return MappingShape(warps, blocks, warp_slots, self_counting,
                         4 * (warps + 3) * num_experts, split, cooperative)
 
