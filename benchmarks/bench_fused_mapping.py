@@ -87,7 +87,8 @@ def sweep_shapes(device_ids, num_experts, alignment, rows, iters):
                                    num_expanded=rows)
     times = {}
     for warps in sorted({4, 8, 16, 32, base.warps}):
-        for blocks in sorted({1, max(1, base.blocks // 2), base.blocks, base.blocks * 2, 132}):
+        for blocks in sorted({1, max(1, base.blocks // 2), base.blocks, base.blocks * 2,
+                              min(base.blocks * 4, 132), 132}):
             for mode in ("warp", "self", "counts", "overlap", "coop"):
                 if mode == "warp" and (slots > WARP_PLAN_MAX_SLOTS or warps > 8):
                     continue
