@@ -285,24 +285,22 @@ __device__ __forceinline__ void place_block(const MappingArgs& a) {
         MAP_PHASE(3);
         grid_barrier();
         MAP_PHASE(4);
-        // every block's counts, 8 experts a 16-byte load: `parts` consecutive
-        // lanes of a warp take a group of 8 experts, lane `part` every
-        // parts-th block from `part` on with SUM_VECS loads in flight (every
-        // block reads the same few KiB: a round trip is long), then the lanes
-        // sum their partial sums by shuffles (no shared atomics: 8 experts'
-        // counters under 32 lanes each were slower than the loads) and the
-        // group's first lane writes them
+        // every block's counts, 8 experts a 16-byte load: a thread takes a
+        // group of 8 experts and every parts-th block from `part` on, with
+        // SUM_VECS loads in flight (one batch on the default shapes, whose
+        // blocks x E keep to 2048 x warps: every block reads the same few
+        // KiB, so a round trip is long); consecutive lanes take consecutive
+        // groups (coalesced: lanes of one group summing by shuffles instead
+        // read 32 rows at once and measured slower, NOTES.md eleventh session)
         const int blocks = gridDim.x, block = blockIdx.x, groups = padded >> 3;
-        int parts = 1;  // a power of two, at most 32 and the threads a group may have
-        while (parts < 32 && 2 * parts * groups <= static_cast<int>(blockDim.x)) parts *= 2;
-        const int tasks = (groups * parts + 31) & ~31;  // whole warps: the shuffles
+        const int parts = max(1, static_cast<int>(blockDim.x) / groups);
         const uint4* rows = reinterpret_cast<const uint4*>(a.block_counts);
-        for (int t = threadIdx.x; t < tasks; t += blockDim.x) {
-            const int group = t / parts, part = t % parts;
+        for (int t = threadIdx.x; t < groups * parts; t += blockDim.x) {
+            const int group = t % groups, part = t / groups;
             int earlier[8], total[8];
 #pragma unroll
             for (int i = 0; i < 8; ++i) earlier[i] = total[i] = 0;
-            for (int b0 = group < groups ? part : blocks; b0 < blocks; b0 += parts * SUM_VECS) {
+            for (int b0 = part; b0 < blocks; b0 += parts * SUM_VECS) {
                 uint4 counts[SUM_VECS];
 #pragma unroll
                 for (int u = 0; u < SUM_VECS; ++u) {
@@ -323,22 +321,11 @@ __device__ __forceinline__ void place_block(const MappingArgs& a) {
                     }
                 }
             }
-            for (int width = parts >> 1; width > 0; width >>= 1) {
 #pragma unroll
-                for (int i = 0; i < 8; ++i) {
-                    earlier[i] += __shfl_xor_sync(0xffffffffu, earlier[i], width);
-                    total[i] += __shfl_xor_sync(0xffffffffu, total[i], width);
-                }
-            }
-            if (part == 0 && group < groups) {
-#pragma unroll
-                for (int i = 0; i < 8; ++i) {
-                    const int j = 8 * group + i;
-                    if (j < experts) {
-                        base[j] = earlier[i];
-                        tokens[j] = total[i];
-                    }
-                }
+            for (int i = 0; i < 8; ++i) {
+                const int j = 8 * group + i;
+                if (j < experts && earlier[i]) atomicAdd(&base[j], earlier[i]);
+                if (j < experts && total[i]) atomicAdd(&tokens[j], total[i]);
             }
         }
     } else if (a.self_counting) {

@@ -6,6 +6,7 @@ import pytest
 
 from cupy_moe.mapping.launch_shape import (
     COOP_MAX_BLOCK_SLOTS,
+    COOP_MIN_SLOTS,
     COUNT_SHARED_INTS,
     MAX_WARPS,
     MIN_WARPS,
@@ -25,11 +26,13 @@ H200 = {"multiprocessors": 132, "shared_bytes_optin": 232448}
     (32, 4096, 100, MappingShape(8, 16, 32, True, 0, one_warp=True)),
     (1, 1, 1, MappingShape(8, 1, 32, True, 0, one_warp=True)),
     (8, 8, 10**6, MappingShape(8, 132, 32, True, 0, one_warp=True)),
-    # few slots, many padding rows: blocks for the padding
-    (256, 256, 32768, MappingShape(8, 8, 32, True, 4 * 11 * 256)),
-    # medium and prefill: block counts first (two launches), a 32-slot step
-    # per warp, 16 warps a block; blocks capped by the counts a block sums
-    (4096, 256, 36608, MappingShape(16, 8, 32, False, 4 * 19 * 256)),
+    # few slots, many padding rows: blocks for the padding (~4 rows a thread)
+    (256, 256, 32768, MappingShape(8, 32, 32, True, 4 * 11 * 256)),
+    # medium: block counts first (two launches), blocks of 8 warps, as many
+    # as the padding wants (36, a multiple of the 5 a count block covers)
+    (4096, 256, 36608, MappingShape(8, 35, 32, False, 4 * 11 * 256, 5)),
+    # prefill without a cooperative launch: a 32-slot step per warp, 16
+    # warps a block; blocks capped by the counts a block sums
     # (8 count blocks, each covering 8 place blocks)
     (32768, 384, 81536, MappingShape(16, 64, 32, False, 4 * 19 * 384, 8)),
     (65536, 384, 114304, MappingShape(16, 64, 64, False, 4 * 19 * 384, 8)),
@@ -74,13 +77,27 @@ def test_overrides_and_their_errors():
     # few slots: self-counting whatever the GPU can do
     (8, 384, 1024, MappingShape(8, 4, 32, True, 0, one_warp=True)),
     (33, 384, 1024, MappingShape(8, 1, 32, True, 4 * 11 * 384)),
-    # more: one cooperative launch, no count blocks
-    (32768, 128, 49024, MappingShape(16, 64, 32, False, 4 * 19 * 128, 1, True)),
+    # medium: two launches still
+    (4096, 256, 36608, MappingShape(8, 35, 32, False, 4 * 11 * 256, 5)),
+    # more: one cooperative launch, no count blocks; blocks a power of two
+    # up to 24576 // E, 8 warps where blocks x E <= 16384 (the column sums
+    # in one batch of loads), else 16
+    (32768, 128, 49024, MappingShape(8, 128, 32, False, 4 * 11 * 128, 1, True)),
+    (32768, 256, 65280, MappingShape(8, 64, 64, False, 4 * 11 * 256, 1, True)),
     (32768, 384, 81536, MappingShape(16, 64, 32, False, 4 * 19 * 384, 1, True)),
     (65536, 384, 114304, MappingShape(16, 64, 64, False, 4 * 19 * 384, 1, True)),
 ])
 def test_cooperative_shapes(slots, experts, rows, expected):
     assert mapping_shape(slots, experts, rows, **H200, cooperative=True) == expected
+
+
+def test_cooperative_from_just_above_the_medium_slots():
+    assert not mapping_shape(COOP_MIN_SLOTS, 256, 40000, **H200, cooperative=True).cooperative
+    shape = mapping_shape(COOP_MIN_SLOTS + 1, 256, 40000, **H200, cooperative=True)
+    assert shape.cooperative and shape.warps == 8
+    # a given grid picks its warps by the same rule
+    assert mapping_shape(32768, 384, 81536, **H200, blocks=32, cooperative=True).warps == 8
+    assert mapping_shape(32768, 384, 81536, **H200, blocks=64, cooperative=True).warps == 16
 
 
 def test_a_cooperative_launch_keeps_every_block_resident():

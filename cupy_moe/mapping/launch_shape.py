@@ -4,8 +4,11 @@ tested without a GPU).
 Every warp owns ``warp_slots`` consecutive slots; a place block keeps one
 int32 counter per (warp, expert) and three per expert in shared memory. The
 defaults aim at one 32-slot step per warp, enough blocks that none
-writes more than ~16 padding rows per thread, and one launch while the slots
-are few enough for every block to count them all itself.
+writes more than ~4 padding rows per thread, and one launch while the slots
+are few enough for every block to count them all itself. Medium batches
+take count blocks and place blocks of 8 warps; prefill one cooperative
+launch whose grid follows from E (benchmarks/NOTES.md, eleventh session:
+the launch-shape sweep per call in a CUDA graph).
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from ..runtime.sizes import ceil_div
 STEPS_PER_WARP = 1          # 32-slot steps a warp aims at (more blocks beat longer warps)
 MIN_WARPS, MAX_WARPS = 8, 32
 DEFAULT_MAX_WARPS = 16      # more warps per block: a longer per-expert scan over them
-FILL_ROWS_PER_THREAD = 16   # padding rows a thread writes, about, at most
+FILL_ROWS_PER_THREAD = 4    # padding rows a thread writes, about, at most
 SELF_COUNT_MAX_SLOTS = 2048  # up to here every place block counts all slots: one launch
                             # (shared-memory atomics, a slot each: slow beyond)
 BLOCK_COUNT_READS = 24576   # block counts (int32) one place block sums, at most
@@ -26,6 +29,10 @@ COUNT_BLOCKS = 8            # count blocks aimed at: a place block sums a column
 COUNT_SHARED_INTS = 12288   # a count block's counters: place blocks it covers x E
 COOP_MAX_WARPS = 16         # a cooperative block's warps, at most (the kernel's launch bounds)
 COOP_MAX_BLOCK_SLOTS = 65535  # a cooperative block's slots, at most (uint16 block counts)
+COOP_MIN_SLOTS = 8192       # cooperative above this; two launches of 8-warp blocks up to it
+MEDIUM_WARPS = 8            # the two launches' warps there (sweep: 8 beat 16 at 4096 slots)
+COOP_COUNT_READS = 24576    # block counts (uint16) a cooperative block sums, at most
+COOP_SUM_READS_PER_WARP = 2048  # blocks x E a warp's lanes sum in one batch of loads
 WARP_PLAN_MAX_SLOTS = 32    # up to here one warp works the plan out (mapping_warp_*)
 WARP_PLAN_MAX_WARPS = 8     # its blocks' warps (the kernel's launch bounds)
 WARP_PLAN_ROWS_PER_THREAD = 1  # expert or padding rows a thread writes, about, at most
@@ -92,13 +99,22 @@ def mapping_shape(num_slots: int, num_experts: int, num_expanded: int, multiproc
     elif not 1 <= warps <= fit:
         raise ValueError(f"warps must be in 1..{fit} for {num_experts} experts; got {warps}")
     self_counting = num_slots <= SELF_COUNT_MAX_SLOTS
-    cooperative = cooperative and not self_counting
+    cooperative = cooperative and num_slots > COOP_MIN_SLOTS
+    if not explicit_warps and not self_counting:
+        if cooperative:
+            warps = min(fit, _cooperative_warps(
+                blocks or _cooperative_blocks(warp_steps, num_experts, multiprocessors),
+                num_experts))
+        elif num_slots <= COOP_MIN_SLOTS:
+            warps = min(fit, MEDIUM_WARPS)
     if cooperative and warps > COOP_MAX_WARPS:
         if explicit_warps:
             raise ValueError(f"a cooperative launch has at most {COOP_MAX_WARPS} warps a block; "
                              f"got {warps}")
         warps = COOP_MAX_WARPS
-    if blocks is None:
+    if blocks is None and cooperative and not explicit_warps:
+        blocks = _cooperative_blocks(warp_steps, num_experts, multiprocessors)
+    elif blocks is None:
         blocks = max(1, ceil_div(warp_steps, warps * STEPS_PER_WARP),
                      ceil_div(num_expanded, 32 * warps * FILL_ROWS_PER_THREAD))
         blocks = min(blocks, multiprocessors)
@@ -139,3 +155,22 @@ def _one_warp_shape(num_experts: int, num_expanded: int, multiprocessors: int,
     elif blocks < 1:
         raise ValueError(f"blocks must be >= 1; got {blocks}")
     return MappingShape(warps, blocks, 32, True, 0, one_warp=True)
+
+
+def _cooperative_blocks(warp_steps: int, num_experts: int, multiprocessors: int) -> int:
+    """A cooperative grid: a 32-slot step for each warp of 8-warp blocks, at
+    most a block per multiprocessor and ``COOP_COUNT_READS // E`` blocks
+    (after the grid barrier every block reads every block's E counts),
+    rounded down to a power of two (so that blocks x E meets the one-batch
+    bound of :func:`_cooperative_warps` at 8 or 16 warps: 128 blocks at E =
+    128, 64 at 256 and 384; 132 at E = 128 measured 12% slower)."""
+    wanted = max(1, min(multiprocessors, ceil_div(warp_steps, MEDIUM_WARPS),
+                        COOP_COUNT_READS // num_experts))
+    return 1 << (wanted.bit_length() - 1)
+
+
+def _cooperative_warps(blocks: int, num_experts: int) -> int:
+    """8 warps where their lanes sum every block's counts in one batch of
+    loads (blocks x E <= 2048 x 8), else 16."""
+    return MEDIUM_WARPS if blocks * num_experts <= COOP_SUM_READS_PER_WARP * MEDIUM_WARPS \
+        else COOP_MAX_WARPS
