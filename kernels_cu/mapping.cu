@@ -67,7 +67,7 @@ struct MappingArgs {
     int* block_counts;         // block-counts mode: [count blocks, E] totals, then
                                // [place blocks, E] prefixes in their count block;
                                // cooperative: [blocks, align(E, 8)] uint16 totals
-                               // (128-byte aligned); then [1]: total rows
+                               // (16-byte aligned); then [1]: total rows
     int num_slots;             // N = T * K
     int top_k;                 // K
     int num_experts;           // E

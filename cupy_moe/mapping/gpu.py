@@ -45,7 +45,7 @@ class MappingPlan:
     """Launches and buffer layout of one problem on one device.
 
     One int32 buffer: token_topk_to_pos [N], the pos rows [3, X], the expert
-    rows [3, E], then, from the next 128-byte boundary, the kernels' scratch:
+    rows [3, E], then, from the next 16-byte boundary, the kernels' scratch:
     with two launches the count blocks' totals [count blocks, E] and the
     place blocks' prefixes [blocks, E], with a cooperative launch the blocks'
     totals as uint16 [blocks, align(E, 8)] (16-byte loads of 8 experts); then
@@ -79,10 +79,8 @@ class MappingPlan:
                         shape.blocks * align_up(experts, 8) // 2 if shape.cooperative else
                         (shape.count_blocks + shape.blocks) * experts)
         expert_rows = slots + 3 * rows
-        # a cache line (the base is 256-byte aligned): the blocks' counts fill
-        # whole 32-byte sectors (16-byte loads need 16)
-        scratch = align_up(expert_rows + 3 * experts, 32)
-        self.offsets = (0, slots, expert_rows, scratch)
+        scratch = align_up(expert_rows + 3 * experts, 4)  # 16 bytes: the buffer's base is
+        self.offsets = (0, slots, expert_rows, scratch)   # at least 256-byte aligned
         self.total_index = scratch + block_counts
         self.buffer_size = self.total_index + 1
         self.split_sizes = (slots, rows, rows, rows, experts, experts, experts,
