@@ -479,13 +479,23 @@ mapping_place_i64(const MappingArgs a) {
 }
 
 // Cooperative launches only (grid_barrier): at most one block per SM, of at
-// most COOP_MAX_WARPS warps.
-extern "C" __global__ void __launch_bounds__(COOP_MAX_WARPS * 32)
+// most COOP_MAX_WARPS warps. MAP_COOP_ONE_BLOCK_PER_SM=1 tells the compiler
+// so (launch bounds' minimum of 1 block an SM): it may then keep all
+// SUM_VECS loads of the column sums in flight (93 registers; without it,
+// 57, and the loads go two at a time, each pair after the last was used:
+// NVRTC 13, sm_90). A variant until measured (MappingShape.one_block_per_sm).
+#if MAP_COOP_ONE_BLOCK_PER_SM
+#define COOP_LAUNCH_BOUNDS __launch_bounds__(COOP_MAX_WARPS * 32, 1)
+#else
+#define COOP_LAUNCH_BOUNDS __launch_bounds__(COOP_MAX_WARPS * 32)
+#endif
+
+extern "C" __global__ void COOP_LAUNCH_BOUNDS
 mapping_coop_i32(const MappingArgs a) {
     place_block<int, true>(a);
 }
 
-extern "C" __global__ void __launch_bounds__(COOP_MAX_WARPS * 32)
+extern "C" __global__ void COOP_LAUNCH_BOUNDS
 mapping_coop_i64(const MappingArgs a) {
     place_block<long long, true>(a);
 }

@@ -139,3 +139,30 @@ def test_the_one_warp_plan_and_its_errors():
         mapping_shape(8, 384, 1024, **H200, warps=9)
     with pytest.raises(ValueError, match="blocks must be >= 1; got 0"):
         mapping_shape(8, 384, 1024, **H200, blocks=0)
+
+
+def test_the_plan_builds_the_one_block_per_sm_variant_only_when_asked(monkeypatch):
+    """MappingPlan (host bookkeeping, no GPU): the cooperative kernel comes
+    from the default build unless the shape asks for one block an SM; the
+    buffer layout does not move."""
+    pytest.importorskip("cupy")
+    from cupy_moe.mapping import gpu
+    from cupy_moe.mapping.rules import MappingProblem
+    from cupy_moe.runtime import launch
+    from cupy_moe.runtime.launch import DeviceTraits
+
+    monkeypatch.setitem(launch._device_traits, 0, DeviceTraits(132, 9, 232448, True))
+    requested = []
+    monkeypatch.setattr(gpu, "function_handle",
+                        lambda source, defines, device, name: requested.append((defines, name))
+                        or len(requested))
+    monkeypatch.setattr(gpu.driver, "funcSetAttribute", lambda *args: None)
+    problem = MappingProblem(4096, 8, 384, 128, 81536, "int64")
+    shape = mapping_shape(32768, 384, 81536, **H200, cooperative=True)
+    plain = gpu.MappingPlan(problem, 0, shape)
+    wide = gpu.MappingPlan(problem, 0, shape._replace(one_block_per_sm=True))
+    assert requested == [((), "mapping_coop_i64"),
+                         ((("MAP_COOP_ONE_BLOCK_PER_SM", 1),), "mapping_coop_i64")]
+    assert (plain.offsets, plain.buffer_size) == (wide.offsets, wide.buffer_size)
+    # the scratch starts on a 16-byte boundary (the column sums' 16-byte loads)
+    assert plain.offsets[3] % 4 == 0

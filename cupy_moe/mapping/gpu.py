@@ -86,8 +86,11 @@ class MappingPlan:
         self.split_sizes = (slots, rows, rows, rows, experts, experts, experts,
                             self.buffer_size - expert_rows - 3 * experts)
         suffix = "i64" if problem.id_dtype == "int64" else "i32"
+        if shape.one_block_per_sm and not shape.cooperative:
+            raise ValueError("one_block_per_sm is for a cooperative launch only")
         kernel = "warp" if shape.one_warp else "coop" if shape.cooperative else "place"
-        place = function_handle(SOURCE, (), device, f"mapping_{kernel}_{suffix}")
+        defines = (("MAP_COOP_ONE_BLOCK_PER_SM", 1),) if shape.one_block_per_sm else ()
+        place = function_handle(SOURCE, defines, device, f"mapping_{kernel}_{suffix}")
         if shape.shared_bytes > SHARED_BYTES_DEFAULT:
             driver.funcSetAttribute(place, driver.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                                     shape.shared_bytes)
