@@ -209,7 +209,8 @@ def test_trim_and_validate_agree_with_the_cpu(kind):
 
 
 @needs_torch_cuda
-@pytest.mark.parametrize("num_tokens", [2, 256, 2048])  # one warp; one launch; cooperative
+# one warp; one launch; count and place kernels overlapping; cooperative
+@pytest.mark.parametrize("num_tokens", [2, 256, 512, 2048])
 def test_graph_capture_replays_with_new_ids_and_the_fast_path_is_taken(monkeypatch,
                                                                         num_tokens):
     rng = np.random.default_rng()
