@@ -3,10 +3,11 @@ kernels compiled with ``MAP_TRACE`` record each block's SM clock at every
 ``MAP_PHASE`` point (kernels_cu/mapping.cu); this prints, per phase, the
 cycles since the block started (median and slowest block). GPU only.
 
-    python benchmarks/profile_mapping_phases.py [T K E ALIGNMENT ...]
+    python benchmarks/profile_mapping_phases.py [--batched] [T K E ALIGNMENT ...]
 
 Shapes are given as groups of four numbers (default: the manifest's mapping
-workloads). The traced launch is the last of several back to back, as in a
+workloads); ``--batched`` traces the kernels built with batched loads
+(``MappingShape.batched_loads``). The traced launch is the last of several back to back, as in a
 CUDA graph (ids and code warm in the caches). Phases of the general kernel:
 0 start, 1 counters zeroed, 2 warps counted, 3 block totals written, 4 past
 the grid barrier, 5 column sums, 6 expert scan, 7 slots placed, 8 segment
@@ -35,29 +36,33 @@ TRACED_BLOCKS = 1024
 LAUNCHES = 8       # back to back; the last is traced
 
 
-def traced_plan(problem: MappingProblem, device: int) -> MappingPlan:
-    """The default plan of ``problem`` with its kernels swapped for traced builds."""
+def traced_plan(problem: MappingProblem, device: int,
+                batched: bool) -> tuple[MappingPlan, tuple]:
+    """The default plan of ``problem`` (``batched``: built with batched loads)
+    with its kernels swapped for traced builds."""
     plan = MappingPlan(problem, device)
+    if batched:
+        plan = MappingPlan(problem, device, plan.shape._replace(batched_loads=True))
+    shape = plan.shape
+    suffix = "i64" if problem.id_dtype == "int64" else "i32"
+    kernel = "warp" if shape.one_warp else "coop" if shape.cooperative else "place"
+    names = ([] if shape.self_counting or shape.cooperative else [f"mapping_count_{suffix}"]) \
+        + [f"mapping_{kernel}_{suffix}"]
+    defines = TRACE_DEFINES + ((("MAP_BATCHED_LOADS", 1),) if batched else ())
     traced = []
-    for handle, blocks, threads, shared_bytes in plan.launches:
-        name = next(n for n in kernel_names() if
-                    function_handle(SOURCE, (), device, n) == handle)
-        new = function_handle(SOURCE, TRACE_DEFINES, device, name)
+    for name, (_, blocks, threads, shared_bytes) in zip(names, plan.launches, strict=True):
+        handle = function_handle(SOURCE, defines, device, name)
         if shared_bytes > 48 * 1024:
             cupy.cuda.driver.funcSetAttribute(
-                new, cupy.cuda.driver.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                handle, cupy.cuda.driver.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                 shared_bytes)
-        traced.append((new, blocks, threads, shared_bytes))
+        traced.append((handle, blocks, threads, shared_bytes))
     plan.launches = traced
-    return plan
+    return plan, defines
 
 
-def kernel_names() -> list[str]:
-    return [f"mapping_{kind}_{suffix}" for kind in ("warp", "coop", "place", "count")
-            for suffix in ("i32", "i64")]
-
-
-def profile(num_tokens: int, top_k: int, num_experts: int, alignment: int) -> str:
+def profile(num_tokens: int, top_k: int, num_experts: int, alignment: int,
+            batched: bool = False) -> str:
     device = torch.cuda.current_device()
     rng = np.random.default_rng(0)
     ids = rng.integers(0, num_experts, size=(num_tokens, top_k))
@@ -65,8 +70,8 @@ def profile(num_tokens: int, top_k: int, num_experts: int, alignment: int) -> st
     device_ids = torch.from_numpy(ids).cuda()
     rows = worst_case_rows(ids.size, num_experts, alignment)
     problem = MappingProblem(num_tokens, top_k, num_experts, alignment, rows, "int64")
-    plan = traced_plan(problem, device)
-    module = get_module(SOURCE, TRACE_DEFINES, device)
+    plan, defines = traced_plan(problem, device, batched)
+    module = get_module(SOURCE, defines, device)
     trace = cupy.ndarray((TRACED_BLOCKS, PHASES), dtype=cupy.int64,
                          memptr=module.get_global("map_trace"))
     buffer = torch.empty(plan.buffer_size, dtype=torch.int32, device="cuda")
@@ -79,7 +84,8 @@ def profile(num_tokens: int, top_k: int, num_experts: int, alignment: int) -> st
     blocks = min(plan.shape.blocks, TRACED_BLOCKS)
     clocks = cupy.asnumpy(trace[:blocks])
     kernel = "warp" if plan.shape.one_warp else "coop" if plan.shape.cooperative else "place"
-    lines = [f"T={num_tokens} K={top_k} E={num_experts} A={alignment} X={rows}: {kernel}, "
+    lines = [f"T={num_tokens} K={top_k} E={num_experts} A={alignment} X={rows}: {kernel}"
+             f"{' (batched loads)' if batched else ''}, "
              f"{plan.shape.blocks} blocks x {plan.shape.threads} threads"]
     recorded = [p for p in range(PHASES) if (clocks[:, p] >= 0).all()]
     since_start = clocks[:, recorded] - clocks[:, :1]
@@ -96,15 +102,17 @@ def profile(num_tokens: int, top_k: int, num_experts: int, alignment: int) -> st
 
 
 def main() -> int:
-    numbers = [int(v) for v in sys.argv[1:]]
+    batched = "--batched" in sys.argv[1:]
+    numbers = [int(v) for v in sys.argv[1:] if v != "--batched"]
     if len(numbers) % 4:
-        print(__doc__.splitlines()[3].strip(), file=sys.stderr)
+        usage = next(line for line in __doc__.splitlines() if "python benchmarks" in line)
+        print("usage: " + usage.strip(), file=sys.stderr)
         return 2
     shapes = [tuple(numbers[i:i + 4]) for i in range(0, len(numbers), 4)] or [
         (w.num_tokens, w.top_k, w.num_experts, w.alignment)
         for w in load_workloads("fused_mapping")]
     for shape in shapes:
-        print(profile(*shape))
+        print(profile(*shape, batched=batched))
     return 0
 
 

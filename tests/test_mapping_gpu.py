@@ -105,7 +105,7 @@ def test_every_launch_shape_gives_the_same_plan():
                               one_warp=False)
         shape = shape._replace(self_counting=mode == "self", cooperative=mode == "cooperative",
                                count_split=1 if mode == "cooperative" else shape.count_split,
-                               one_block_per_sm=mode == "cooperative" and case % 2 == 0)
+                               batched_loads=case % 2 == 0)
         plan = MappingPlan(problem, device, shape, overlap=bool(rng.integers(0, 2)))
         buffer = cupy.full(plan.buffer_size, 0x5A5A5A5A, dtype=cupy.int32)
         ids = cupy.asarray(topk_ids)
@@ -132,8 +132,6 @@ def test_a_cooperative_plan_refuses_more_warps_than_its_kernel_takes():
     with pytest.raises(ValueError, match="a cooperative launch has at most 16 warps a block; "
                                          "got 17"):
         MappingPlan(problem, device, shape._replace(cooperative=True, count_split=1))
-    with pytest.raises(ValueError, match="one_block_per_sm is for a cooperative launch only"):
-        MappingPlan(problem, device, shape._replace(warps=8, one_block_per_sm=True))
 
 
 def test_the_one_warp_plan_on_random_small_plans():

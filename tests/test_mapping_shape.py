@@ -141,10 +141,10 @@ def test_the_one_warp_plan_and_its_errors():
         mapping_shape(8, 384, 1024, **H200, blocks=0)
 
 
-def test_the_plan_builds_the_one_block_per_sm_variant_only_when_asked(monkeypatch):
-    """MappingPlan (host bookkeeping, no GPU): the cooperative kernel comes
-    from the default build unless the shape asks for one block an SM; the
-    buffer layout does not move."""
+def test_the_plan_builds_the_batched_loads_variant_only_when_asked(monkeypatch):
+    """MappingPlan (host bookkeeping, no GPU): the kernels come from the
+    default build unless the shape asks for batched loads; the buffer layout
+    does not move."""
     pytest.importorskip("cupy")
     from cupy_moe.mapping import gpu
     from cupy_moe.mapping.rules import MappingProblem
@@ -160,9 +160,14 @@ def test_the_plan_builds_the_one_block_per_sm_variant_only_when_asked(monkeypatc
     problem = MappingProblem(4096, 8, 384, 128, 81536, "int64")
     shape = mapping_shape(32768, 384, 81536, **H200, cooperative=True)
     plain = gpu.MappingPlan(problem, 0, shape)
-    wide = gpu.MappingPlan(problem, 0, shape._replace(one_block_per_sm=True))
-    assert requested == [((), "mapping_coop_i64"),
-                         ((("MAP_COOP_ONE_BLOCK_PER_SM", 1),), "mapping_coop_i64")]
+    wide = gpu.MappingPlan(problem, 0, shape._replace(batched_loads=True))
+    batched = (("MAP_BATCHED_LOADS", 1),)
+    assert requested == [((), "mapping_coop_i64"), (batched, "mapping_coop_i64")]
     assert (plain.offsets, plain.buffer_size) == (wide.offsets, wide.buffer_size)
+    # two launches: both kernels from the same build
+    requested.clear()
+    shape = mapping_shape(32768, 384, 81536, **H200)
+    gpu.MappingPlan(problem, 0, shape._replace(batched_loads=True))
+    assert requested == [(batched, "mapping_place_i64"), (batched, "mapping_count_i64")]
     # the scratch starts on a 16-byte boundary (the column sums' 16-byte loads)
     assert plain.offsets[3] % 4 == 0

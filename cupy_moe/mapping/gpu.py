@@ -86,16 +86,15 @@ class MappingPlan:
         self.split_sizes = (slots, rows, rows, rows, experts, experts, experts,
                             self.buffer_size - expert_rows - 3 * experts)
         suffix = "i64" if problem.id_dtype == "int64" else "i32"
-        if shape.one_block_per_sm and not shape.cooperative:
-            raise ValueError("one_block_per_sm is for a cooperative launch only")
         kernel = "warp" if shape.one_warp else "coop" if shape.cooperative else "place"
-        defines = (("MAP_COOP_ONE_BLOCK_PER_SM", 1),) if shape.one_block_per_sm else ()
+        defines = (("MAP_BATCHED_LOADS", 1),) if shape.batched_loads else ()
         place = function_handle(SOURCE, defines, device, f"mapping_{kernel}_{suffix}")
         if shape.shared_bytes > SHARED_BYTES_DEFAULT:
             driver.funcSetAttribute(place, driver.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                                     shape.shared_bytes)
         self.launches = [] if shape.self_counting or shape.cooperative else [
-            (function_handle(SOURCE, (), device, f"mapping_count_{suffix}"), shape.count_blocks,
+            (function_handle(SOURCE, defines, device, f"mapping_count_{suffix}"),
+             shape.count_blocks,
              shape.threads, 4 * shape.count_split * experts)]
         self.launches.append((place, shape.blocks, shape.threads, shape.shared_bytes))
         self.args = ArgBlock(MAPPING_ARGS, MAPPING_ARGS.constants(

@@ -50,9 +50,10 @@ class MappingShape(NamedTuple):
     one_warp: bool = False  # a warp's worth of slots: one warp of each block works
                             # the plan out, the blocks write the rows (no shared
                             # counters; self_counting's buffer layout)
-    one_block_per_sm: bool = False  # cooperative only: the kernel built for one block
-                                    # an SM (more registers: every column-sum load in
-                                    # flight); a variant until measured
+    batched_loads: bool = False  # the kernels built with MAP_BATCHED_LOADS: every
+                                 # batch of loads issued before any is used (the
+                                 # cooperative kernel for one block an SM); a
+                                 # variant until measured
 
     @property
     def count_blocks(self) -> int:
