@@ -25,7 +25,7 @@ import torch
 
 from cupy_moe.harness.manifest import load_workloads
 from cupy_moe.mapping import worst_case_rows
-from cupy_moe.mapping.gpu import SOURCE, MappingPlan
+from cupy_moe.mapping.gpu import SOURCE, MappingPlan, kernel_defines, kernel_names
 from cupy_moe.mapping.rules import MappingProblem
 from cupy_moe.runtime.launch import function_handle
 from cupy_moe.runtime.loader import get_module
@@ -43,12 +43,8 @@ def traced_plan(problem: MappingProblem, device: int,
     plan = MappingPlan(problem, device)
     if batched:
         plan = MappingPlan(problem, device, plan.shape._replace(batched_loads=True))
-    shape = plan.shape
-    suffix = "i64" if problem.id_dtype == "int64" else "i32"
-    kernel = "warp" if shape.one_warp else "coop" if shape.cooperative else "place"
-    names = ([] if shape.self_counting or shape.cooperative else [f"mapping_count_{suffix}"]) \
-        + [f"mapping_{kernel}_{suffix}"]
-    defines = TRACE_DEFINES + ((("MAP_BATCHED_LOADS", 1),) if batched else ())
+    names = kernel_names(plan.shape, problem.id_dtype)
+    defines = TRACE_DEFINES + kernel_defines(plan.shape)
     traced = []
     for name, (_, blocks, threads, shared_bytes) in zip(names, plan.launches, strict=True):
         handle = function_handle(SOURCE, defines, device, name)
@@ -83,7 +79,7 @@ def profile(num_tokens: int, top_k: int, num_experts: int, alignment: int,
     torch.cuda.synchronize()
     blocks = min(plan.shape.blocks, TRACED_BLOCKS)
     clocks = cupy.asnumpy(trace[:blocks])
-    kernel = "warp" if plan.shape.one_warp else "coop" if plan.shape.cooperative else "place"
+    kernel = kernel_names(plan.shape, problem.id_dtype)[-1].split("_")[1]  # warp, coop, place
     lines = [f"T={num_tokens} K={top_k} E={num_experts} A={alignment} X={rows}: {kernel}"
              f"{' (batched loads)' if batched else ''}, "
              f"{plan.shape.blocks} blocks x {plan.shape.threads} threads"]

@@ -41,6 +41,20 @@ MAPPING_ARGS = ArgStruct(
 _pack_pointers = MAPPING_ARGS.pointer_packer.pack_into
 
 
+def kernel_names(shape: MappingShape, id_dtype: str) -> list[str]:
+    """The kernels of mapping.cu a plan launches, in launch order (the count
+    kernel first where there are two)."""
+    suffix = "i64" if id_dtype == "int64" else "i32"
+    kernel = "warp" if shape.one_warp else "coop" if shape.cooperative else "place"
+    count = [] if shape.self_counting or shape.cooperative else [f"mapping_count_{suffix}"]
+    return count + [f"mapping_{kernel}_{suffix}"]
+
+
+def kernel_defines(shape: MappingShape) -> tuple[tuple[str, int], ...]:
+    """The build of mapping.cu a plan's kernels come from."""
+    return (("MAP_BATCHED_LOADS", 1),) if shape.batched_loads else ()
+
+
 class MappingPlan:
     """Launches and buffer layout of one problem on one device.
 
@@ -85,16 +99,13 @@ class MappingPlan:
         self.buffer_size = self.total_index + 1
         self.split_sizes = (slots, rows, rows, rows, experts, experts, experts,
                             self.buffer_size - expert_rows - 3 * experts)
-        suffix = "i64" if problem.id_dtype == "int64" else "i32"
-        kernel = "warp" if shape.one_warp else "coop" if shape.cooperative else "place"
-        defines = (("MAP_BATCHED_LOADS", 1),) if shape.batched_loads else ()
-        place = function_handle(SOURCE, defines, device, f"mapping_{kernel}_{suffix}")
+        names, defines = kernel_names(shape, problem.id_dtype), kernel_defines(shape)
+        place = function_handle(SOURCE, defines, device, names[-1])
         if shape.shared_bytes > SHARED_BYTES_DEFAULT:
             driver.funcSetAttribute(place, driver.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                                     shape.shared_bytes)
-        self.launches = [] if shape.self_counting or shape.cooperative else [
-            (function_handle(SOURCE, defines, device, f"mapping_count_{suffix}"),
-             shape.count_blocks,
+        self.launches = [] if len(names) == 1 else [
+            (function_handle(SOURCE, defines, device, names[0]), shape.count_blocks,
              shape.threads, 4 * shape.count_split * experts)]
         self.launches.append((place, shape.blocks, shape.threads, shape.shared_bytes))
         self.args = ArgBlock(MAPPING_ARGS, MAPPING_ARGS.constants(

@@ -104,20 +104,18 @@ def mapping_shape(num_slots: int, num_experts: int, num_expanded: int, multiproc
         raise ValueError(f"warps must be in 1..{fit} for {num_experts} experts; got {warps}")
     self_counting = num_slots <= SELF_COUNT_MAX_SLOTS
     cooperative = cooperative and num_slots > COOP_MIN_SLOTS
-    if not explicit_warps and not self_counting:
-        if cooperative:
-            warps = min(fit, _cooperative_warps(
-                blocks or _cooperative_blocks(warp_steps, num_experts, multiprocessors),
-                num_experts))
-        elif num_slots <= COOP_MIN_SLOTS:
-            warps = min(fit, MEDIUM_WARPS)
-    if cooperative and warps > COOP_MAX_WARPS:
-        if explicit_warps:
-            raise ValueError(f"a cooperative launch has at most {COOP_MAX_WARPS} warps a block; "
-                             f"got {warps}")
-        warps = COOP_MAX_WARPS
-    if blocks is None and cooperative and not explicit_warps:
-        blocks = _cooperative_blocks(warp_steps, num_experts, multiprocessors)
+    coop_blocks = None  # a cooperative grid's default, where its warps follow from it
+    if cooperative and not explicit_warps:
+        coop_blocks = (blocks if blocks is not None
+                       else _cooperative_blocks(warp_steps, num_experts, multiprocessors))
+        warps = min(fit, _cooperative_warps(coop_blocks, num_experts))
+    elif not explicit_warps and not self_counting and num_slots <= COOP_MIN_SLOTS:
+        warps = min(fit, MEDIUM_WARPS)
+    if cooperative and warps > COOP_MAX_WARPS:  # only given warps can be more
+        raise ValueError(f"a cooperative launch has at most {COOP_MAX_WARPS} warps a block; "
+                         f"got {warps}")
+    if blocks is None and coop_blocks is not None:
+        blocks = coop_blocks
     elif blocks is None:
         blocks = max(1, ceil_div(warp_steps, warps * STEPS_PER_WARP),
                      ceil_div(num_expanded, 32 * warps * FILL_ROWS_PER_THREAD))
