@@ -16,8 +16,7 @@ its plan is checked against ours where the two contracts agree (the rows each
 expert owns; TileKernels orders an expert's slots differently and counts
 aligned rows in ``tokens_per_expert``). ``--sweep`` also times other launch
 shapes of our kernels (per call in a CUDA graph of kernel launches alone,
-preallocated buffer); modes ending in "+b" are the kernels built with
-batched loads (``MappingShape.batched_loads``).
+preallocated buffer).
 """
 
 from __future__ import annotations
@@ -90,10 +89,7 @@ def sweep_shapes(device_ids, num_experts, alignment, rows, iters):
     for warps in sorted({4, 8, 16, 32, base.warps}):
         for blocks in sorted({1, max(1, base.blocks // 2), base.blocks, base.blocks * 2,
                               min(base.blocks * 4, 132), 132}):
-            for variant in ("warp", "self", "counts", "overlap", "coop", "warp+b", "self+b",
-                            "overlap+b", "coop+b"):
-                batched = variant.endswith("+b")
-                mode = variant.removesuffix("+b")
+            for mode in ("warp", "self", "counts", "overlap", "coop"):
                 if mode == "warp" and (slots > WARP_PLAN_MAX_SLOTS or warps > 8):
                     continue
                 if mode == "self" and slots > 65536:
@@ -111,7 +107,6 @@ def sweep_shapes(device_ids, num_experts, alignment, rows, iters):
                                            cooperative=mode == "coop",
                                            count_split=1 if mode == "coop"
                                            else shape.count_split)
-                shape = shape._replace(batched_loads=batched)
                 overlap = mode == "overlap"
                 plan = MappingPlan(problem, device_ids.device.index, shape, overlap)
                 buffer = torch.empty(plan.buffer_size, dtype=torch.int32, device="cuda")
@@ -125,7 +120,7 @@ def sweep_shapes(device_ids, num_experts, alignment, rows, iters):
                        for got, want in zip(plan.torch_views(buffer), expected, strict=True)):
                     raise AssertionError(f"shape {shape} gives a different plan")
                 default = shape == base and overlap == default_overlap
-                text = f"w{warps} b{blocks} {variant}{' (default)' if default else ''}"
+                text = f"w{warps} b{blocks} {mode}{' (default)' if default else ''}"
                 times[text] = torch_graph_us(launch)
     return times
 

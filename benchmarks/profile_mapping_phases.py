@@ -3,11 +3,10 @@ kernels compiled with ``MAP_TRACE`` record each block's SM clock at every
 ``MAP_PHASE`` point (kernels_cu/mapping.cu); this prints, per phase, the
 cycles since the block started (median and slowest block). GPU only.
 
-    python benchmarks/profile_mapping_phases.py [--batched] [T K E ALIGNMENT ...]
+    python benchmarks/profile_mapping_phases.py [T K E ALIGNMENT ...]
 
 Shapes are given as groups of four numbers (default: the manifest's mapping
-workloads); ``--batched`` traces the kernels built with batched loads
-(``MappingShape.batched_loads``). The traced launch is the last of several back to back, as in a
+workloads). The traced launch is the last of several back to back, as in a
 CUDA graph (ids and code warm in the caches). Phases of the general kernel:
 0 start, 1 counters zeroed, 2 warps counted, 3 block totals written, 4 past
 the grid barrier, 5 column sums, 6 expert scan, 7 slots placed, 8 segment
@@ -25,7 +24,7 @@ import torch
 
 from cupy_moe.harness.manifest import load_workloads
 from cupy_moe.mapping import worst_case_rows
-from cupy_moe.mapping.gpu import SOURCE, MappingPlan, kernel_defines, kernel_names
+from cupy_moe.mapping.gpu import SOURCE, MappingPlan, kernel_names
 from cupy_moe.mapping.rules import MappingProblem
 from cupy_moe.runtime.launch import function_handle
 from cupy_moe.runtime.loader import get_module
@@ -36,15 +35,12 @@ TRACED_BLOCKS = 1024
 LAUNCHES = 8       # back to back; the last is traced
 
 
-def traced_plan(problem: MappingProblem, device: int,
-                batched: bool) -> tuple[MappingPlan, tuple]:
-    """The default plan of ``problem`` (``batched``: built with batched loads)
-    with its kernels swapped for traced builds."""
+def traced_plan(problem: MappingProblem, device: int) -> tuple[MappingPlan, tuple]:
+    """The default plan of ``problem`` with its kernels swapped for traced
+    builds."""
     plan = MappingPlan(problem, device)
-    if batched:
-        plan = MappingPlan(problem, device, plan.shape._replace(batched_loads=True))
     names = kernel_names(plan.shape, problem.id_dtype)
-    defines = TRACE_DEFINES + kernel_defines(plan.shape)
+    defines = TRACE_DEFINES
     traced = []
     for name, (_, blocks, threads, shared_bytes) in zip(names, plan.launches, strict=True):
         handle = function_handle(SOURCE, defines, device, name)
@@ -57,8 +53,7 @@ def traced_plan(problem: MappingProblem, device: int,
     return plan, defines
 
 
-def profile(num_tokens: int, top_k: int, num_experts: int, alignment: int,
-            batched: bool = False) -> str:
+def profile(num_tokens: int, top_k: int, num_experts: int, alignment: int) -> str:
     device = torch.cuda.current_device()
     rng = np.random.default_rng(0)
     ids = rng.integers(0, num_experts, size=(num_tokens, top_k))
@@ -66,7 +61,7 @@ def profile(num_tokens: int, top_k: int, num_experts: int, alignment: int,
     device_ids = torch.from_numpy(ids).cuda()
     rows = worst_case_rows(ids.size, num_experts, alignment)
     problem = MappingProblem(num_tokens, top_k, num_experts, alignment, rows, "int64")
-    plan, defines = traced_plan(problem, device, batched)
+    plan, defines = traced_plan(problem, device)
     module = get_module(SOURCE, defines, device)
     trace = cupy.ndarray((TRACED_BLOCKS, PHASES), dtype=cupy.int64,
                          memptr=module.get_global("map_trace"))
@@ -80,8 +75,7 @@ def profile(num_tokens: int, top_k: int, num_experts: int, alignment: int,
     blocks = min(plan.shape.blocks, TRACED_BLOCKS)
     clocks = cupy.asnumpy(trace[:blocks])
     kernel = kernel_names(plan.shape, problem.id_dtype)[-1].split("_")[1]  # warp, coop, place
-    lines = [f"T={num_tokens} K={top_k} E={num_experts} A={alignment} X={rows}: {kernel}"
-             f"{' (batched loads)' if batched else ''}, "
+    lines = [f"T={num_tokens} K={top_k} E={num_experts} A={alignment} X={rows}: {kernel}, "
              f"{plan.shape.blocks} blocks x {plan.shape.threads} threads"]
     recorded = [p for p in range(PHASES) if (clocks[:, p] >= 0).all()]
     since_start = clocks[:, recorded] - clocks[:, :1]
@@ -98,8 +92,10 @@ def profile(num_tokens: int, top_k: int, num_experts: int, alignment: int,
 
 
 def main() -> int:
-    batched = "--batched" in sys.argv[1:]
-    numbers = [int(v) for v in sys.argv[1:] if v != "--batched"]
+    try:
+        numbers = [int(v) for v in sys.argv[1:]]
+    except ValueError:
+        numbers = [0]  # not four numbers a shape: the usage
     if len(numbers) % 4:
         usage = next(line for line in __doc__.splitlines() if "python benchmarks" in line)
         print("usage: " + usage.strip(), file=sys.stderr)
@@ -108,7 +104,7 @@ def main() -> int:
         (w.num_tokens, w.top_k, w.num_experts, w.alignment)
         for w in load_workloads("fused_mapping")]
     for shape in shapes:
-        print(profile(*shape, batched=batched))
+        print(profile(*shape))
     return 0
 
 

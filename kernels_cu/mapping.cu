@@ -41,15 +41,6 @@
 #define COOP_MAX_WARPS 16  // warps of a cooperative block, at most (its registers)
 #define SUM_VECS 8         // 16-byte loads (8 uint16 block counts) a thread has in flight
 
-// MAP_BATCHED_LOADS=1 (a variant until measured: MappingShape.batched_loads)
-// has every batch of loads issued before any is used: the ids of a warp's
-// steps and of a count block's batch loaded raw before their checks (the
-// default build issues each after the last one's check: a branch per id),
-// and the cooperative kernel built for one block an SM (below).
-#ifndef MAP_BATCHED_LOADS
-#define MAP_BATCHED_LOADS 0
-#endif
-
 // Phase timestamps for benchmarks/profile_mapping_phases.py: compiled with
 // MAP_TRACE defined, thread 0 of each block records its SM's clock at each
 // MAP_PHASE(i) into map_trace[block][i]; otherwise MAP_PHASE is nothing.
@@ -100,6 +91,23 @@ __device__ __forceinline__ int expert_of(const MappingArgs& a, Id id) {
     return id >= 0 && id < a.num_experts ? static_cast<int>(id) : -1;
 }
 
+// The experts of N slots first + u * stride (u < N; -1 at or past `end`):
+// every raw id is loaded before any is checked, so that the N loads are in
+// flight together (checking each as it came put a branch, and so a round
+// trip, before the next load: NVRTC 13, sm_90).
+template <typename Id, int N>
+__device__ __forceinline__ void load_experts(const MappingArgs& a, long long first,
+                                             long long stride, long long end, int (&e)[N]) {
+    Id id[N];
+#pragma unroll
+    for (int u = 0; u < N; ++u) {
+        const long long slot = first + static_cast<long long>(u) * stride;
+        id[u] = slot < end ? static_cast<const Id*>(a.topk_ids)[slot] : Id(-1);
+    }
+#pragma unroll
+    for (int u = 0; u < N; ++u) e[u] = expert_of<Id>(a, id[u]);
+}
+
 __device__ __forceinline__ int align_rows(int count, int alignment) {
     return (count + alignment - 1) / alignment * alignment;
 }
@@ -140,22 +148,7 @@ __device__ __forceinline__ void count_block(const MappingArgs& a) {
     for (long long slot0 = first + threadIdx.x; slot0 < last;
          slot0 += static_cast<long long>(blockDim.x) * LOAD_BATCH) {
         int e[LOAD_BATCH];
-#if MAP_BATCHED_LOADS
-        Id id[LOAD_BATCH];
-#pragma unroll
-        for (int u = 0; u < LOAD_BATCH; ++u) {
-            const long long slot = slot0 + static_cast<long long>(u) * blockDim.x;
-            id[u] = slot < last ? static_cast<const Id*>(a.topk_ids)[slot] : Id(-1);
-        }
-#pragma unroll
-        for (int u = 0; u < LOAD_BATCH; ++u) e[u] = expert_of<Id>(a, id[u]);
-#else
-#pragma unroll
-        for (int u = 0; u < LOAD_BATCH; ++u) {
-            const long long slot = slot0 + static_cast<long long>(u) * blockDim.x;
-            e[u] = slot < last ? routed_expert<Id>(a, slot) : -1;
-        }
-#endif
+        load_experts<Id>(a, slot0, blockDim.x, last, e);
 #pragma unroll
         for (int u = 0; u < LOAD_BATCH; ++u) {
             if (e[u] < 0) continue;
@@ -192,22 +185,7 @@ mapping_count_i64(const MappingArgs a) {
 template <typename Id>
 __device__ __forceinline__ void load_batch(const MappingArgs& a, long long step_slot,
                                            long long warp_end, int lane, int (&e)[MAP_BATCH]) {
-#if MAP_BATCHED_LOADS
-    Id id[MAP_BATCH];  // raw first: every load issued before any is used
-#pragma unroll
-    for (int u = 0; u < MAP_BATCH; ++u) {
-        const long long slot = step_slot + 32LL * u + lane;
-        id[u] = slot < warp_end ? static_cast<const Id*>(a.topk_ids)[slot] : Id(-1);
-    }
-#pragma unroll
-    for (int u = 0; u < MAP_BATCH; ++u) e[u] = expert_of<Id>(a, id[u]);
-#else
-#pragma unroll
-    for (int u = 0; u < MAP_BATCH; ++u) {
-        const long long slot = step_slot + 32LL * u + lane;
-        e[u] = slot < warp_end ? routed_expert<Id>(a, slot) : -1;
-    }
-#endif
+    load_experts<Id>(a, step_slot + lane, 32, warp_end, e);
 }
 
 // Padding rows -1 in all three pos rows, for p in [first, end) with the
@@ -369,20 +347,7 @@ __device__ __forceinline__ void place_block(const MappingArgs& a) {
         for (long long slot0 = gridDim.x == 1 ? a.num_slots : threadIdx.x; slot0 < a.num_slots;
              slot0 += static_cast<long long>(blockDim.x) * LOAD_BATCH) {
             int e[LOAD_BATCH];
-#if MAP_BATCHED_LOADS
-            Id id[LOAD_BATCH];
-#pragma unroll
-            for (int u = 0; u < LOAD_BATCH; ++u) {
-                const long long slot = slot0 + static_cast<long long>(u) * blockDim.x;
-                id[u] = slot < a.num_slots ? static_cast<const Id*>(a.topk_ids)[slot] : Id(-1);
-            }
-#pragma unroll
-            for (int u = 0; u < LOAD_BATCH; ++u) e[u] = expert_of<Id>(a, id[u]);
-#else
-#pragma unroll
-            for (int u = 0; u < LOAD_BATCH; ++u)
-                e[u] = routed_expert<Id>(a, slot0 + static_cast<long long>(u) * blockDim.x);
-#endif
+            load_experts<Id>(a, slot0, blockDim.x, a.num_slots, e);
 #pragma unroll
             for (int u = 0; u < LOAD_BATCH; ++u) {
                 if (e[u] < 0) continue;
@@ -527,16 +492,12 @@ mapping_place_i64(const MappingArgs a) {
 }
 
 // Cooperative launches only (grid_barrier): at most one block per SM, of at
-// most COOP_MAX_WARPS warps. MAP_BATCHED_LOADS tells the compiler so
-// (launch bounds' minimum of 1 block an SM): it may then keep all SUM_VECS
-// loads of the column sums in flight (93 registers; without it, 57, and the
-// loads go two at a time, each pair after the last was used: NVRTC 13,
-// sm_90).
-#if MAP_BATCHED_LOADS
+// most COOP_MAX_WARPS warps. The launch bounds tell the compiler so (a
+// minimum of 1 block an SM): it then keeps all SUM_VECS loads of the column
+// sums in flight (95 registers; with the compiler aiming at two blocks an SM,
+// 57, and the loads went two at a time, each pair after the last was used:
+// NVRTC 13, sm_90).
 #define COOP_LAUNCH_BOUNDS __launch_bounds__(COOP_MAX_WARPS * 32, 1)
-#else
-#define COOP_LAUNCH_BOUNDS __launch_bounds__(COOP_MAX_WARPS * 32)
-#endif
 
 extern "C" __global__ void COOP_LAUNCH_BOUNDS
 mapping_coop_i32(const MappingArgs a) {

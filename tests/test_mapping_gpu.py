@@ -104,8 +104,7 @@ def test_every_launch_shape_gives_the_same_plan():
                               traits.shared_bytes_optin, warps=warps, blocks=blocks,
                               one_warp=False)
         shape = shape._replace(self_counting=mode == "self", cooperative=mode == "cooperative",
-                               count_split=1 if mode == "cooperative" else shape.count_split,
-                               batched_loads=case % 2 == 0)
+                               count_split=1 if mode == "cooperative" else shape.count_split)
         plan = MappingPlan(problem, device, shape, overlap=bool(rng.integers(0, 2)))
         buffer = cupy.full(plan.buffer_size, 0x5A5A5A5A, dtype=cupy.int32)
         ids = cupy.asarray(topk_ids)

@@ -80,12 +80,11 @@ def test_overrides_and_their_errors():
     # medium: two launches still
     (4096, 256, 36608, MappingShape(8, 35, 32, False, 4 * 11 * 256, 5)),
     # more: one cooperative launch, no count blocks; blocks a power of two
-    # up to 24576 // E, 8 warps where blocks x E <= 16384 (the column sums
-    # in one batch of loads), else 16
+    # up to 24576 // E, 8 warps
     (32768, 128, 49024, MappingShape(8, 128, 32, False, 4 * 11 * 128, 1, True)),
     (32768, 256, 65280, MappingShape(8, 64, 64, False, 4 * 11 * 256, 1, True)),
-    (32768, 384, 81536, MappingShape(16, 64, 32, False, 4 * 19 * 384, 1, True)),
-    (65536, 384, 114304, MappingShape(16, 64, 64, False, 4 * 19 * 384, 1, True)),
+    (32768, 384, 81536, MappingShape(8, 64, 64, False, 4 * 11 * 384, 1, True)),
+    (65536, 384, 114304, MappingShape(8, 64, 128, False, 4 * 11 * 384, 1, True)),
 ])
 def test_cooperative_shapes(slots, experts, rows, expected):
     assert mapping_shape(slots, experts, rows, **H200, cooperative=True) == expected
@@ -95,9 +94,9 @@ def test_cooperative_from_just_above_the_medium_slots():
     assert not mapping_shape(COOP_MIN_SLOTS, 256, 40000, **H200, cooperative=True).cooperative
     shape = mapping_shape(COOP_MIN_SLOTS + 1, 256, 40000, **H200, cooperative=True)
     assert shape.cooperative and shape.warps == 8
-    # a given grid picks its warps by the same rule
+    # a given grid too
     assert mapping_shape(32768, 384, 81536, **H200, blocks=32, cooperative=True).warps == 8
-    assert mapping_shape(32768, 384, 81536, **H200, blocks=64, cooperative=True).warps == 16
+    assert mapping_shape(32768, 384, 81536, **H200, blocks=132, cooperative=True).warps == 8
 
 
 def test_a_cooperative_launch_keeps_every_block_resident():
@@ -141,10 +140,11 @@ def test_the_one_warp_plan_and_its_errors():
         mapping_shape(8, 384, 1024, **H200, blocks=0)
 
 
-def test_the_plan_builds_the_batched_loads_variant_only_when_asked(monkeypatch):
-    """MappingPlan (host bookkeeping, no GPU): the kernels come from the
-    default build unless the shape asks for batched loads; the buffer layout
-    does not move."""
+def test_the_plan_names_its_kernels_and_aligns_its_scratch(monkeypatch):
+    """MappingPlan (host bookkeeping, no GPU): one cooperative kernel, or the
+    place and count kernels (the place kernel's handle first: its shared
+    memory is set), from the one build; the scratch starts on a 16-byte
+    boundary (the column sums' 16-byte loads)."""
     pytest.importorskip("cupy")
     from cupy_moe.mapping import gpu
     from cupy_moe.mapping.rules import MappingProblem
@@ -159,15 +159,9 @@ def test_the_plan_builds_the_batched_loads_variant_only_when_asked(monkeypatch):
     monkeypatch.setattr(gpu.driver, "funcSetAttribute", lambda *args: None)
     problem = MappingProblem(4096, 8, 384, 128, 81536, "int64")
     shape = mapping_shape(32768, 384, 81536, **H200, cooperative=True)
-    plain = gpu.MappingPlan(problem, 0, shape)
-    wide = gpu.MappingPlan(problem, 0, shape._replace(batched_loads=True))
-    batched = (("MAP_BATCHED_LOADS", 1),)
-    assert requested == [((), "mapping_coop_i64"), (batched, "mapping_coop_i64")]
-    assert (plain.offsets, plain.buffer_size) == (wide.offsets, wide.buffer_size)
-    # two launches: both kernels from the same build
+    plan = gpu.MappingPlan(problem, 0, shape)
+    assert requested == [((), "mapping_coop_i64")]
     requested.clear()
-    shape = mapping_shape(32768, 384, 81536, **H200)
-    gpu.MappingPlan(problem, 0, shape._replace(batched_loads=True))
-    assert requested == [(batched, "mapping_place_i64"), (batched, "mapping_count_i64")]
-    # the scratch starts on a 16-byte boundary (the column sums' 16-byte loads)
-    assert plain.offsets[3] % 4 == 0
+    gpu.MappingPlan(problem, 0, mapping_shape(32768, 384, 81536, **H200))
+    assert requested == [((), "mapping_place_i64"), ((), "mapping_count_i64")]
+    assert plan.offsets[3] % 4 == 0

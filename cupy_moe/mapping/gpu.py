@@ -50,11 +50,6 @@ def kernel_names(shape: MappingShape, id_dtype: str) -> list[str]:
     return count + [f"mapping_{kernel}_{suffix}"]
 
 
-def kernel_defines(shape: MappingShape) -> tuple[tuple[str, int], ...]:
-    """The build of mapping.cu a plan's kernels come from."""
-    return (("MAP_BATCHED_LOADS", 1),) if shape.batched_loads else ()
-
-
 class MappingPlan:
     """Launches and buffer layout of one problem on one device.
 
@@ -99,7 +94,7 @@ class MappingPlan:
         self.buffer_size = self.total_index + 1
         self.split_sizes = (slots, rows, rows, rows, experts, experts, experts,
                             self.buffer_size - expert_rows - 3 * experts)
-        names, defines = kernel_names(shape, problem.id_dtype), kernel_defines(shape)
+        names, defines = kernel_names(shape, problem.id_dtype), ()
         place = function_handle(SOURCE, defines, device, names[-1])
         if shape.shared_bytes > SHARED_BYTES_DEFAULT:
             driver.funcSetAttribute(place, driver.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,

@@ -7,8 +7,9 @@ defaults aim at one 32-slot step per warp, enough blocks that none
 writes more than ~4 padding rows per thread, and one launch while the slots
 are few enough for every block to count them all itself. Medium batches
 take count blocks and place blocks of 8 warps; prefill one cooperative
-launch whose grid follows from E (benchmarks/NOTES.md, eleventh session:
-the launch-shape sweep per call in a CUDA graph).
+launch of 8-warp blocks whose grid follows from E (benchmarks/NOTES.md,
+eleventh and twelfth sessions: the launch-shape sweep per call in a CUDA
+graph).
 """
 
 from __future__ import annotations
@@ -32,7 +33,6 @@ COOP_MAX_BLOCK_SLOTS = 65535  # a cooperative block's slots, at most (uint16 blo
 COOP_MIN_SLOTS = 8192       # cooperative above this; two launches of 8-warp blocks up to it
 MEDIUM_WARPS = 8            # the two launches' warps there (sweep: 8 beat 16 at 4096 slots)
 COOP_COUNT_READS = 24576    # block counts (uint16) a cooperative block sums, at most
-COOP_SUM_READS_PER_WARP = 2048  # blocks x E a warp's lanes sum in one batch of loads
 WARP_PLAN_MAX_SLOTS = 32    # up to here one warp works the plan out (mapping_warp_*)
 WARP_PLAN_MAX_WARPS = 8     # its blocks' warps (the kernel's launch bounds)
 WARP_PLAN_ROWS_PER_THREAD = 1  # expert or padding rows a thread writes, about, at most
@@ -50,10 +50,6 @@ class MappingShape(NamedTuple):
     one_warp: bool = False  # a warp's worth of slots: one warp of each block works
                             # the plan out, the blocks write the rows (no shared
                             # counters; self_counting's buffer layout)
-    batched_loads: bool = False  # the kernels built with MAP_BATCHED_LOADS: every
-                                 # batch of loads issued before any is used (the
-                                 # cooperative kernel for one block an SM); a
-                                 # variant until measured
 
     @property
     def count_blocks(self) -> int:
@@ -108,7 +104,9 @@ def mapping_shape(num_slots: int, num_experts: int, num_expanded: int, multiproc
     if cooperative and not explicit_warps:
         coop_blocks = (blocks if blocks is not None
                        else _cooperative_blocks(warp_steps, num_experts, multiprocessors))
-        warps = min(fit, _cooperative_warps(coop_blocks, num_experts))
+        # 8 warps: with every batch of loads in flight, 8-warp blocks beat 16
+        # on every prefill shape of the sweep (NOTES.md, twelfth session)
+        warps = min(fit, MEDIUM_WARPS)
     elif not explicit_warps and not self_counting and num_slots <= COOP_MIN_SLOTS:
         warps = min(fit, MEDIUM_WARPS)
     if cooperative and warps > COOP_MAX_WARPS:  # only given warps can be more
@@ -163,16 +161,8 @@ def _cooperative_blocks(warp_steps: int, num_experts: int, multiprocessors: int)
     """A cooperative grid: a 32-slot step for each warp of 8-warp blocks, at
     most a block per multiprocessor and ``COOP_COUNT_READS // E`` blocks
     (after the grid barrier every block reads every block's E counts),
-    rounded down to a power of two (so that blocks x E meets the one-batch
-    bound of :func:`_cooperative_warps` at 8 or 16 warps: 128 blocks at E =
-    128, 64 at 256 and 384; 132 at E = 128 measured 12% slower)."""
+    rounded down to a power of two (128 blocks at E = 128, 64 at 256 and
+    384; 132 at E = 128 measured 12% slower, 128 at E = 256 and 384 1-9%)."""
     wanted = max(1, min(multiprocessors, ceil_div(warp_steps, MEDIUM_WARPS),
                         COOP_COUNT_READS // num_experts))
     return 1 << (wanted.bit_length() - 1)
-
-
-def _cooperative_warps(blocks: int, num_experts: int) -> int:
-    """8 warps where their lanes sum every block's counts in one batch of
-    loads (blocks x E <= 2048 x 8), else 16."""
-    return MEDIUM_WARPS if blocks * num_experts <= COOP_SUM_READS_PER_WARP * MEDIUM_WARPS \
-        else COOP_MAX_WARPS
