@@ -1,0 +1,85 @@
+"""Where swiglu_quantize_fp8's decode time goes: the op per call in a CUDA
+graph on a decode plan, beside variants that each take one part away. GPU
+only.
+
+    python benchmarks/profile_swiglu_decode.py [LABEL ...]
+
+(default: the manifest's swiglu decode workloads). Variants, all with the
+workload's shapes and SF layout unless named:
+  plan          the workload as the bench times it
+  no weights    topk_weights and pos_to_token_topk left out (one load less
+                on a live row's chain)
+  all padding   pos_to_expert all -1: only the zero codes and scale factors
+                (no h loads, no arithmetic)
+  live rows     only the plan's live rows (X = their count): the chain of a
+                live row without the padding rows' stores
+  zero out      torch's zero_ of the same output bytes (y and its SF): the
+                store floor
+  quantize      quantize_fp8 of the live rows' activations ([rows, I]): the
+                arithmetic without SwiGLU's maps and exp
+Results are timings only; the tests check the values.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+import torch
+
+import cupy_moe
+from cupy_moe.harness import runner
+from cupy_moe.harness.inputs import workload_inputs
+from cupy_moe.harness.manifest import load_workloads
+from cupy_moe.harness.timing import torch_graph_us
+
+
+def variants(w, host: dict[str, np.ndarray]) -> dict[str, object]:
+    dev = {name: runner._to_torch(array) for name, array in host.items()}
+    options = dict(num_per_channels=w.num_per_channels, round_sf=w.round_sf,
+                   packed_ue8m0=w.packed_ue8m0,
+                   use_tma_aligned_col_major_sf=w.use_tma_aligned_col_major_sf)
+
+    def op(h, pos_to_expert, weights=True):
+        extra = (dict(topk_weights=dev["topk_weights"], pos_to_token_topk=dev["pos_to_token_topk"])
+                 if weights else {})
+        y, y_sf = cupy_moe.swiglu_quantize_fp8(h, pos_to_expert=pos_to_expert, **extra, **options)
+        return lambda: cupy_moe.swiglu_quantize_fp8(h, pos_to_expert=pos_to_expert, out=y,
+                                                    out_sf=y_sf, **extra, **options)
+
+    live = np.flatnonzero(host["pos_to_expert"] >= 0)
+    h_live = dev["h"][torch.from_numpy(live).to(dev['h'].device)].contiguous()
+    y, y_sf = cupy_moe.swiglu_quantize_fp8(dev["h"], pos_to_expert=dev["pos_to_expert"],
+                                           **options)
+    act = h_live[:, : h_live.shape[1] // 2].contiguous()
+    q, q_sf = cupy_moe.quantize_fp8(act, **options)
+    return {
+        "plan": op(dev["h"], dev["pos_to_expert"]),
+        "no weights": op(dev["h"], dev["pos_to_expert"], weights=False),
+        "all padding": op(dev["h"], torch.full_like(dev["pos_to_expert"], -1)),
+        "live rows": op(h_live, dev["pos_to_expert"][torch.from_numpy(live).to(dev['h'].device)],
+                        weights=False),
+        "zero out": lambda: (y.zero_(), y_sf.zero_()),
+        "quantize": lambda: cupy_moe.quantize_fp8(act, out=q, out_sf=q_sf, **options),
+    }
+
+
+def main() -> int:
+    labels = sys.argv[1:]
+    workloads = [w for w in load_workloads("swiglu_quantize_fp8")
+                 if (w.label in labels if labels else "-decode-" in w.label)]
+    if not workloads:
+        print(f"no such workloads: {labels}", file=sys.stderr)
+        return 2
+    for w in workloads:
+        host = workload_inputs(w, np.random.default_rng(0))
+        rows = int((host["pos_to_expert"] >= 0).sum())
+        print(f"{w.label}: X={host['h'].shape[0]} I={host['h'].shape[1] // 2} "
+              f"live rows={rows}; us per call in a CUDA graph")
+        for name, fn in variants(w, host).items():
+            print(f"  {name:12s} {torch_graph_us(fn):6.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
