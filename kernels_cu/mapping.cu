@@ -26,8 +26,9 @@
 //                 columns, 8 experts a 16-byte load.
 // A warp's worth of slots (decode) takes none of these: mapping_warp_*
 // (below) works the whole plan out in one warp's registers.
-// Each row of pos_* is written exactly once: by its slot, or as padding (the
-// tail of a segment, or past the last segment).
+// Each row of pos_* is written by its slot, or as padding (the tail of a
+// segment, or past the last segment); the cooperative kernel instead writes
+// every row -1 before its grid barrier and the slots' rows after it.
 // *_i32 / *_i64: the dtype of topk_ids.
 
 #include "dependent_launch.cuh"
@@ -39,7 +40,7 @@
 #define LOAD_BATCH 8       // loads a thread has in flight in a block-strided loop
 #define SUM_BATCH 16       // block counts a thread has in flight summing a column
 #define COOP_MAX_WARPS 16  // warps of a cooperative block, at most (its registers)
-#define SUM_VECS 8         // 16-byte loads (8 uint16 block counts) a thread has in flight
+#define SUM_VECS 16        // 16-byte loads (8 uint16 block counts) a thread has in flight
 
 // Phase timestamps for benchmarks/profile_mapping_phases.py: compiled with
 // MAP_TRACE defined, thread 0 of each block records its SM's clock at each
@@ -244,6 +245,20 @@ __device__ __forceinline__ void place_block(const MappingArgs& a) {
     int first_ids[MAP_BATCH];
     MAP_PHASE(0);
     load_batch<Id>(a, warp_first, warp_end, lane, first_ids);
+    // the grid barrier's generation, read while the ids are in flight
+    const unsigned generation = Cooperative ? grid_barrier_generation() : 0u;
+    if (Cooperative) {
+        // Every pos row -1 now, while the ids are in flight and the grid
+        // waits at the barrier, instead of the padding rows at the end: the
+        // slots' rows, written after the barrier (which orders the two
+        // writes), overwrite theirs.
+        const int x = a.num_expanded, grid_threads = gridDim.x * blockDim.x;
+        for (int p = blockIdx.x * blockDim.x + threadIdx.x; p < x; p += grid_threads) {
+            a.pos_rows[p] = -1;
+            a.pos_rows[static_cast<long long>(x) + p] = -1;
+            a.pos_rows[2LL * x + p] = -1;
+        }
+    }
 
     for (int j = threadIdx.x; j < warps * experts; j += blockDim.x) warp_counts[j] = 0;
     for (int j = threadIdx.x; j < experts; j += blockDim.x) base[j] = tokens[j] = 0;
@@ -298,7 +313,7 @@ __device__ __forceinline__ void place_block(const MappingArgs& a) {
             reinterpret_cast<unsigned short*>(a.block_counts)[
                 static_cast<long long>(blockIdx.x) * padded + j] = 0;
         MAP_PHASE(3);
-        grid_barrier();
+        grid_barrier_wait(generation);
         MAP_PHASE(4);
         // every block's counts, 8 experts a 16-byte load: a thread takes a
         // group of 8 experts and every parts-th block from `part` on, with
@@ -316,16 +331,21 @@ __device__ __forceinline__ void place_block(const MappingArgs& a) {
 #pragma unroll
             for (int i = 0; i < 8; ++i) earlier[i] = total[i] = 0;
             for (int b0 = part; b0 < blocks; b0 += parts * SUM_VECS) {
+                // block b reads the rows from its own on, wrapping around:
+                // the blocks' loads spread over every row's cache lines
+                // instead of all asking for row 0's first
                 uint4 counts[SUM_VECS];
+                int row[SUM_VECS];
 #pragma unroll
                 for (int u = 0; u < SUM_VECS; ++u) {
                     const int b = b0 + u * parts;
-                    counts[u] = b < blocks ? rows[static_cast<long long>(b) * groups + group]
+                    row[u] = b + block < blocks ? b + block : b + block - blocks;
+                    counts[u] = b < blocks ? rows[static_cast<long long>(row[u]) * groups + group]
                                            : make_uint4(0, 0, 0, 0);
                 }
 #pragma unroll
                 for (int u = 0; u < SUM_VECS; ++u) {
-                    const bool before = b0 + u * parts < block;
+                    const bool before = b0 + u * parts < blocks && row[u] < block;
                     const unsigned words[4] = {counts[u].x, counts[u].y, counts[u].z,
                                                counts[u].w};
 #pragma unroll
@@ -450,6 +470,7 @@ __device__ __forceinline__ void place_block(const MappingArgs& a) {
     }
 
     MAP_PHASE(7);
+    if (Cooperative) return;  // padding rows written before the barrier
     // padding, the tail of each segment: warp w takes a run of experts, 32 at
     // a time (a lane each finds its expert's tail: up to the next start), then
     // fills the tails that are not empty one after the other
