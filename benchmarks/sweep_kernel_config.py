@@ -75,9 +75,6 @@ CONFIGS: list[tuple[str, ExpandTuning]] = [
     ("bulk target 16 x SMs blocks", _tuned(bulk_target_blocks=16.0)),
     ("bulk chunks >= 1 KiB", _tuned(bulk_min_chunk_bytes=1024)),
     ("register kernel only (no bulk copies)", _tuned(bulk_min_blocks=math.inf)),
-    # a register token block's slot positions one at a time in its store loop
-    # (the kernel before the twelfth session; default: the first 8 up front)
-    ("register positions in the store loop", _tuned(held_slots=0)),
     # register zero-fill blocks sized by rows alone (before the ~16 KiB floor):
     # decode's graph time went 1.41 -> 1.65 us across that change
     ("register zero-fill blocks by rows only", _tuned(zero_block_bytes_registers=0)),

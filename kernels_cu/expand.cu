@@ -62,12 +62,6 @@
 #ifndef EXPAND_UNROLL
 #define EXPAND_UNROLL 4
 #endif
-// Slot positions a token block of the register kernel loads up front (the
-// rest, K > this, one at a time in the store loop). 0 keeps them all in the
-// loop (the kernel as it was before).
-#ifndef EXPAND_HELD_SLOTS
-#define EXPAND_HELD_SLOTS 8
-#endif
 
 static_assert(EXPAND_THREADS % 32 == 0, "blocks are whole warps (the zero-fill ballots)");
 
@@ -188,14 +182,6 @@ __device__ __forceinline__ void expand_to_fused_body(const ExpandArgs& a) {
         const bool moves_sf = blockIdx.y == 0 && threadIdx.x < a.sf_columns;
         const unsigned int first_word = moves_sf ? a.x_sf[t * a.sf_columns + threadIdx.x] : 0u;
 #endif
-        // The group's first EXPAND_HELD_SLOTS positions, loaded together
-        // (predicated loads, no branch between them) beside the row: a load
-        // inside the store loop put an L1 round trip before each slot's
-        // stores.
-        int held_pos[EXPAND_HELD_SLOTS > 0 ? EXPAND_HELD_SLOTS : 1];
-#pragma unroll
-        for (int j = 0; j < EXPAND_HELD_SLOTS; ++j)
-            held_pos[j] = k_begin + j < k_end ? __ldg(slots + k_begin + j) : -1;
         const Vec* src = reinterpret_cast<const Vec*>(a.x) + t * n_vec;
         Vec held[EXPAND_UNROLL];
 #pragma unroll
@@ -203,30 +189,26 @@ __device__ __forceinline__ void expand_to_fused_body(const ExpandArgs& a) {
             i64 idx = vec_begin + u * EXPAND_THREADS + threadIdx.x;
             if (u < vecs_per_thread && idx < n_vec) held[u] = load_once(src + idx);
         }
-        auto store_slot = [&](int p) {
-            if (p < 0 || p >= a.num_expanded) return;  // dropped, or malformed
+        for (int k = k_begin; k < k_end; ++k) {
+            const int p = __ldg(slots + k);
+            if (p < 0 || p >= a.num_expanded) continue;  // dropped, or malformed
             Vec* dst = reinterpret_cast<Vec*>(a.out) + static_cast<i64>(p) * n_vec;
 #pragma unroll
             for (int u = 0; u < EXPAND_UNROLL; ++u) {
                 i64 idx = vec_begin + u * EXPAND_THREADS + threadIdx.x;
                 if (u < vecs_per_thread && idx < n_vec) store_once(dst + idx, held[u]);
             }
-        };
-#pragma unroll
-        for (int j = 0; j < EXPAND_HELD_SLOTS; ++j) store_slot(held_pos[j]);
-        for (int k = k_begin + EXPAND_HELD_SLOTS; k < k_end; ++k) store_slot(__ldg(slots + k));
+        }
 #if CUPY_MOE_SF_MODE != SF_NONE
         if (moves_sf) {
             for (int s = threadIdx.x; s < a.sf_columns; s += EXPAND_THREADS) {
                 const unsigned int word = s == threadIdx.x ? first_word
                                                            : a.x_sf[t * a.sf_columns + s];
-                auto store_sf_slot = [&](int p) {
-                    if (p >= 0 && p < a.num_expanded) store_sf_row(a.out_sf, a, p, s, word);
-                };
-#pragma unroll
-                for (int j = 0; j < EXPAND_HELD_SLOTS; ++j) store_sf_slot(held_pos[j]);
-                for (int k = k_begin + EXPAND_HELD_SLOTS; k < k_end; ++k)
-                    store_sf_slot(__ldg(slots + k));
+                for (int k = k_begin; k < k_end; ++k) {
+                    const int p = __ldg(slots + k);
+                    if (p < 0 || p >= a.num_expanded) continue;
+                    store_sf_row(a.out_sf, a, p, s, word);
+                }
             }
         }
 #endif

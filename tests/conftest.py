@@ -30,9 +30,7 @@ KERNEL_PATHS = {
     "bulk-zero-rows": ExpandTuning(bulk_min_blocks=0.0, padding_share_registers=math.inf,
                                    bulk_whole_row_zero_from=0, bulk_min_chunk_bytes=512,
                                    bulk_zero_rows_plain=0),
-    # (held_slots=2: a token block's first two positions loaded up front, the
-    # rest in the store loop, so that tests with K > 2 take both)
-    "registers": ExpandTuning(bulk_min_blocks=math.inf, held_slots=2),
+    "registers": ExpandTuning(bulk_min_blocks=math.inf),
     # every shape padding-heavy and on the bulk kernel (chunks always shrink):
     # zero-fill blocks of whole rows in 2 KiB bulk stores of a stage larger
     # than the 512-byte copy chunks

@@ -446,7 +446,6 @@ def test_sf_op_fast_path_keys_zero_padding(expand_fast_paths):
     ({"zero_rows_bulk_whole": 33}, r"zero_rows_bulk_whole must be in 1 \.\. 32; got 33"),
     ({"threads": 100}, r"threads must be whole warps in 32 \.\. 1024 .*got 100"),
     ({"unroll": 0}, r"unroll must be in 1 \.\. 16; got 0"),
-    ({"held_slots": 17}, r"held_slots must be in 0 \.\. 16; got 17"),
     ({"bulk_max_chunk_bytes": 0}, r"bulk_min_chunk_bytes <= bulk_max_chunk_bytes; got 2048, 0"),
     ({"padding_bulk_min_chunk_bytes": 8},
      r"16 <= padding_bulk_min_chunk_bytes <= bulk_max_chunk_bytes; got 8, 16384"),

@@ -23,10 +23,7 @@ class ExpandTuning:
 
     Register kernel (every GPU; decode and small batches, unaligned rows):
     ``threads`` per block, each holding up to ``unroll`` accesses of a row
-    chunk (both compiled in); a token block loads its first ``held_slots``
-    slot positions together with the row, the rest one at a time in the
-    store loop (compiled in; 0: all in the loop, the kernel before the
-    twelfth session). Below ``shrink_chunks_below`` token chunks,
+    chunk (both compiled in). Below ``shrink_chunks_below`` token chunks,
     chunks shrink to one access per thread; below ``split_slots_below``, each
     block takes one slot, so that more SMs share the stores.
     ``zero_rows_registers``: output rows per zero-fill block, at least; more
@@ -88,7 +85,6 @@ class ExpandTuning:
     # register kernel
     threads: int = 256
     unroll: int = 4
-    held_slots: int = 8
     shrink_chunks_below: float = 2.0
     split_slots_below: float = 1.0
     zero_rows_registers: int = 2
@@ -123,9 +119,6 @@ class ExpandTuning:
                              f"zero-fill ballots); got {self.threads}")
         if not 1 <= self.unroll <= 16:
             raise ValueError(f"ExpandTuning.unroll must be in 1 .. 16; got {self.unroll}")
-        if not 0 <= self.held_slots <= 16:
-            raise ValueError(f"ExpandTuning.held_slots must be in 0 .. 16; got "
-                             f"{self.held_slots}")
         for name in ("zero_rows_registers", "zero_rows_bulk", "zero_rows_bulk_whole",
                      "padding_zero_rows_bulk_whole"):
             if not 1 <= getattr(self, name) <= 32:  # one warp ballot covers a block's rows
@@ -147,8 +140,7 @@ class ExpandTuning:
 
     def defines(self) -> tuple[tuple[str, int], ...]:
         """The compile-time part (the kernel source's EXPAND_* macros)."""
-        return (("EXPAND_THREADS", int(self.threads)), ("EXPAND_UNROLL", int(self.unroll)),
-                ("EXPAND_HELD_SLOTS", int(self.held_slots)))
+        return (("EXPAND_THREADS", int(self.threads)), ("EXPAND_UNROLL", int(self.unroll)))
 
 
 DEFAULT_TUNING = ExpandTuning()
