@@ -3,10 +3,11 @@ kernels compiled with ``MAP_TRACE`` record each block's SM clock at every
 ``MAP_PHASE`` point (kernels_cu/mapping.cu); this prints, per phase, the
 cycles since the block started (median and slowest block). GPU only.
 
-    python benchmarks/profile_mapping_phases.py [T K E ALIGNMENT ...]
+    python benchmarks/profile_mapping_phases.py [-D NAME=VALUE ...] [T K E ALIGNMENT ...]
 
 Shapes are given as groups of four numbers (default: the manifest's mapping
-workloads). The traced launch is the last of several back to back, as in a
+workloads); ``-D`` adds a define to the traced build (a variant of the
+kernel source, e.g. ``-D MAP_RED_BARRIER=1``). The traced launch is the last of several back to back, as in a
 CUDA graph (ids and code warm in the caches). Phases of the general kernel:
 0 start, 1 counters zeroed (the cooperative kernel: and every pos row -1),
 2 warps counted, 3 block totals written, 4 past the grid barrier, 5 column
@@ -36,12 +37,13 @@ TRACED_BLOCKS = 1024
 LAUNCHES = 8       # back to back; the last is traced
 
 
-def traced_plan(problem: MappingProblem, device: int) -> tuple[MappingPlan, tuple]:
+def traced_plan(problem: MappingProblem, device: int,
+                extra_defines: tuple = ()) -> tuple[MappingPlan, tuple]:
     """The default plan of ``problem`` with its kernels swapped for traced
-    builds."""
+    builds (with ``extra_defines`` too)."""
     plan = MappingPlan(problem, device)
     names = kernel_names(plan.shape, problem.id_dtype)
-    defines = TRACE_DEFINES
+    defines = TRACE_DEFINES + tuple(extra_defines)
     traced = []
     for name, (_, blocks, threads, shared_bytes) in zip(names, plan.launches, strict=True):
         handle = function_handle(SOURCE, defines, device, name)
@@ -54,7 +56,8 @@ def traced_plan(problem: MappingProblem, device: int) -> tuple[MappingPlan, tupl
     return plan, defines
 
 
-def profile(num_tokens: int, top_k: int, num_experts: int, alignment: int) -> str:
+def profile(num_tokens: int, top_k: int, num_experts: int, alignment: int,
+            extra_defines: tuple = ()) -> str:
     device = torch.cuda.current_device()
     rng = np.random.default_rng(0)
     ids = rng.integers(0, num_experts, size=(num_tokens, top_k))
@@ -62,7 +65,7 @@ def profile(num_tokens: int, top_k: int, num_experts: int, alignment: int) -> st
     device_ids = torch.from_numpy(ids).cuda()
     rows = worst_case_rows(ids.size, num_experts, alignment)
     problem = MappingProblem(num_tokens, top_k, num_experts, alignment, rows, "int64")
-    plan, defines = traced_plan(problem, device)
+    plan, defines = traced_plan(problem, device, extra_defines)
     module = get_module(SOURCE, defines, device)
     trace = cupy.ndarray((TRACED_BLOCKS, PHASES), dtype=cupy.int64,
                          memptr=module.get_global("map_trace"))
@@ -76,8 +79,10 @@ def profile(num_tokens: int, top_k: int, num_experts: int, alignment: int) -> st
     blocks = min(plan.shape.blocks, TRACED_BLOCKS)
     clocks = cupy.asnumpy(trace[:blocks])
     kernel = kernel_names(plan.shape, problem.id_dtype)[-1].split("_")[1]  # warp, coop, place
+    built = " ".join(f"{name}={value}" for name, value in extra_defines)
     lines = [f"T={num_tokens} K={top_k} E={num_experts} A={alignment} X={rows}: {kernel}, "
-             f"{plan.shape.blocks} blocks x {plan.shape.threads} threads"]
+             f"{plan.shape.blocks} blocks x {plan.shape.threads} threads"
+             + (f" [{built}]" if built else "")]
     recorded = [p for p in range(PHASES) if (clocks[:, p] >= 0).all()]
     since_start = clocks[:, recorded] - clocks[:, :1]
     rate_mhz = cupy.cuda.runtime.getDeviceProperties(device)["clockRate"] / 1e3
@@ -93,8 +98,13 @@ def profile(num_tokens: int, top_k: int, num_experts: int, alignment: int) -> st
 
 
 def main() -> int:
+    args, extra_defines = sys.argv[1:], []
+    while len(args) >= 2 and args[0] == "-D" and "=" in args[1]:
+        name, value = args[1].split("=", 1)
+        extra_defines.append((name, int(value)))
+        args = args[2:]
     try:
-        numbers = [int(v) for v in sys.argv[1:]]
+        numbers = [int(v) for v in args]
     except ValueError:
         numbers = [0]  # not four numbers a shape: the usage
     if len(numbers) % 4:
@@ -105,7 +115,7 @@ def main() -> int:
         (w.num_tokens, w.top_k, w.num_experts, w.alignment)
         for w in load_workloads("fused_mapping")]
     for shape in shapes:
-        print(profile(*shape))
+        print(profile(*shape, tuple(extra_defines)))
     return 0
 
 

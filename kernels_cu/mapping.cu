@@ -40,7 +40,26 @@
 #define LOAD_BATCH 8       // loads a thread has in flight in a block-strided loop
 #define SUM_BATCH 16       // block counts a thread has in flight summing a column
 #define COOP_MAX_WARPS 16  // warps of a cooperative block, at most (its registers)
-#define SUM_VECS 16        // 16-byte loads (8 uint16 block counts) a thread has in flight
+#ifndef SUM_VECS
+#define SUM_VECS 8         // 16-byte loads (8 uint16 block counts) a thread has in flight
+#endif
+
+// Variants of the cooperative kernel, compiled in for side-by-side phase
+// traces (benchmarks/profile_mapping_phases.py -D NAME=1) until measured:
+//   MAP_EARLY_FILL    every pos row -1 before the grid barrier, the slots'
+//                     rows overwriting theirs after it (no padding phase)
+//   MAP_ROTATED_SUMS  block b reads the block counts from its own row on
+//   MAP_RED_BARRIER   the barrier arrives by a reduction, its generation
+//                     read while the ids load
+#ifndef MAP_EARLY_FILL
+#define MAP_EARLY_FILL 0
+#endif
+#ifndef MAP_ROTATED_SUMS
+#define MAP_ROTATED_SUMS 0
+#endif
+#ifndef MAP_RED_BARRIER
+#define MAP_RED_BARRIER 0
+#endif
 
 // Phase timestamps for benchmarks/profile_mapping_phases.py: compiled with
 // MAP_TRACE defined, thread 0 of each block records its SM's clock at each
@@ -246,8 +265,8 @@ __device__ __forceinline__ void place_block(const MappingArgs& a) {
     MAP_PHASE(0);
     load_batch<Id>(a, warp_first, warp_end, lane, first_ids);
     // the grid barrier's generation, read while the ids are in flight
-    const unsigned generation = Cooperative ? grid_barrier_generation() : 0u;
-    if (Cooperative) {
+    const unsigned generation = Cooperative && MAP_RED_BARRIER ? grid_barrier_generation() : 0u;
+    if (Cooperative && MAP_EARLY_FILL) {
         // Every pos row -1 now, while the ids are in flight and the grid
         // waits at the barrier, instead of the padding rows at the end: the
         // slots' rows, written after the barrier (which orders the two
@@ -313,7 +332,10 @@ __device__ __forceinline__ void place_block(const MappingArgs& a) {
             reinterpret_cast<unsigned short*>(a.block_counts)[
                 static_cast<long long>(blockIdx.x) * padded + j] = 0;
         MAP_PHASE(3);
-        grid_barrier_wait(generation);
+        if (MAP_RED_BARRIER)
+            grid_barrier_wait(generation);
+        else
+            grid_barrier();
         MAP_PHASE(4);
         // every block's counts, 8 experts a 16-byte load: a thread takes a
         // group of 8 experts and every parts-th block from `part` on, with
@@ -335,6 +357,7 @@ __device__ __forceinline__ void place_block(const MappingArgs& a) {
                 // the blocks' loads spread over every row's cache lines
                 // instead of all asking for row 0's first
                 uint4 counts[SUM_VECS];
+#if MAP_ROTATED_SUMS
                 int row[SUM_VECS];
 #pragma unroll
                 for (int u = 0; u < SUM_VECS; ++u) {
@@ -343,9 +366,21 @@ __device__ __forceinline__ void place_block(const MappingArgs& a) {
                     counts[u] = b < blocks ? rows[static_cast<long long>(row[u]) * groups + group]
                                            : make_uint4(0, 0, 0, 0);
                 }
+#else
 #pragma unroll
                 for (int u = 0; u < SUM_VECS; ++u) {
+                    const int b = b0 + u * parts;
+                    counts[u] = b < blocks ? rows[static_cast<long long>(b) * groups + group]
+                                           : make_uint4(0, 0, 0, 0);
+                }
+#endif
+#pragma unroll
+                for (int u = 0; u < SUM_VECS; ++u) {
+#if MAP_ROTATED_SUMS
                     const bool before = b0 + u * parts < blocks && row[u] < block;
+#else
+                    const bool before = b0 + u * parts < block;
+#endif
                     const unsigned words[4] = {counts[u].x, counts[u].y, counts[u].z,
                                                counts[u].w};
 #pragma unroll
@@ -470,7 +505,7 @@ __device__ __forceinline__ void place_block(const MappingArgs& a) {
     }
 
     MAP_PHASE(7);
-    if (Cooperative) return;  // padding rows written before the barrier
+    if (Cooperative && MAP_EARLY_FILL) return;  // padding rows written before the barrier
     // padding, the tail of each segment: warp w takes a run of experts, 32 at
     // a time (a lane each finds its expert's tail: up to the next start), then
     // fills the tails that are not empty one after the other

@@ -24,6 +24,10 @@
 //   instruction j's block (one division pair per lane), hands it to the group
 //   by shuffles and stores that block's scale factor. SwiGLU finds each
 //   chunk's row (and its maps and weight) per chunk.
+// swiglu_quantize_fp8_*_vec1: *_vec with one chunk a lane (8 bf16 or 4
+//   float32 columns, LOADS = 1), for calls with few live rows (decode): a
+//   live row's warps are then the kernel's critical path, and a lane's
+//   arithmetic over 32 columns most of it.
 // swiglu_quantize_fp8_*_rows: the same conditions and H % 1024 == 0; the
 //   same chunks, lanes and groups, but row-major: segment s is the output
 //   columns [1024 p, 1024 p + 1024) of row s / passes (p = s % passes,
@@ -177,13 +181,11 @@ __device__ __forceinline__ void unpack_chunk(const uint4& v, unsigned (&words)[4
 // The values of LOADS chunks (x, or swiglu of gate and up times the chunk's
 // row's weight) and each chunk's amax (fmaxf ignores NaN, as np.fmax). A dead
 // chunk's words are 0: it gives +0 (silu(0) * 0 * w is +0).
-template <typename In, bool SWIGLU>
+template <typename In, bool SWIGLU, int LOADS = VecLayout<In>::LOADS>
 __device__ __forceinline__ void chunk_values(
-        const unsigned (&raw)[2][VecLayout<In>::LOADS][4],
-        const float (&weight)[VecLayout<In>::LOADS],
-        float (&v)[VecLayout<In>::LOADS][VecLayout<In>::CHUNK],
-        float (&amax)[VecLayout<In>::LOADS]) {
-    constexpr int LOADS = VecLayout<In>::LOADS, CHUNK = VecLayout<In>::CHUNK;
+        const unsigned (&raw)[2][LOADS][4], const float (&weight)[LOADS],
+        float (&v)[LOADS][VecLayout<In>::CHUNK], float (&amax)[LOADS]) {
+    constexpr int CHUNK = VecLayout<In>::CHUNK;
 #pragma unroll
     for (int k = 0; k < LOADS; ++k) {
 #pragma unroll
@@ -252,10 +254,12 @@ __device__ __forceinline__ void store_zero_codes(unsigned char* out, i64 index) 
     }
 }
 
-// *_vec: chunks numbered row after row (both ops).
-template <typename In, bool SWIGLU>
+// *_vec: chunks numbered row after row (both ops); LOADS chunks a lane
+// (*_vec1, swiglu at decode: one; a group holds at least one block, so
+// LOADS <= lanes a block).
+template <typename In, bool SWIGLU, int LOADS = VecLayout<In>::LOADS>
 __device__ __forceinline__ void quantize_vec_body(const QuantizeArgs& a) {
-    constexpr int LOADS = VecLayout<In>::LOADS, CHUNK = VecLayout<In>::CHUNK;
+    constexpr int CHUNK = VecLayout<In>::CHUNK;
     const int lane = threadIdx.x & 31;
     const unsigned warp = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     const i64 row_chunks = a.hidden / CHUNK;
@@ -341,7 +345,7 @@ __device__ __forceinline__ void quantize_vec_body(const QuantizeArgs& a) {
     for (int k = 0; k < LOADS; ++k)
         weight[k] = weighted && !padding[k] ? __ldg(a.topk_weights + slot[k]) : 1.0f;
     float v[LOADS][CHUNK], amax[LOADS], scale[LOADS];
-    chunk_values<In, SWIGLU>(raw, weight, v, amax);
+    chunk_values<In, SWIGLU, LOADS>(raw, weight, v, amax);
     const float sf = group_scales<LOADS>(amax, lane, group, a.round_sf != 0, scale);
 #pragma unroll
     for (int k = 0; k < LOADS; ++k)
@@ -585,6 +589,10 @@ __device__ __forceinline__ void quantize_any_body(const QuantizeArgs& a) {
     extern "C" __global__ void QUANT_ROWS_BOUNDS                                              \
     swiglu_quantize_fp8_##IN_NAME##_rows(const QuantizeArgs a) {                             \
         swiglu_rows_one_segment<IN_TYPE>(a);                                                 \
+    }                                                                                        \
+    extern "C" __global__ void __launch_bounds__(QUANT_MAX_THREADS)                          \
+    swiglu_quantize_fp8_##IN_NAME##_vec1(const QuantizeArgs a) {                             \
+        quantize_vec_body<IN_TYPE, true, 1>(a);                                              \
     }                                                                                        \
     extern "C" __global__ void __launch_bounds__(QUANT_MAX_THREADS)                          \
     swiglu_quantize_fp8_##IN_NAME##_any(const QuantizeArgs a) {                              \

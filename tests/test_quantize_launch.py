@@ -49,25 +49,28 @@ def _count_sf_store(counts, packed_bytes, row, block, num_rows, blocks_per_row):
 
 def emulate_grid(num_rows: int, hidden: int, npc: int, multiprocessors: int = 132,
                  tuning: QuantizeTuning = DEFAULT_TUNING, *, vector: bool = False,
-                 chunk: int = 8, swiglu: bool = False):
+                 chunk: int = 8, swiglu: bool = False, narrow: bool = False):
     """What every lane of a kernel's grid does, computed as the kernel computes
     it: how often each output column, each scale factor and each byte of the
     packed SF buffer (pad columns included) is written. ``vector``: the *_vec
     kernel, whose input chunks hold ``chunk`` columns (8: bf16, 4: float32);
-    with ``swiglu`` and whole 1024-column segments, swiglu's *_rows."""
-    shape = launch_shape(num_rows, hidden, npc, multiprocessors, tuning, swiglu=swiglu)
+    with ``swiglu`` and whole 1024-column segments, swiglu's *_rows; with
+    ``swiglu`` and ``narrow``, its *_vec1 (one chunk a lane)."""
+    shape = launch_shape(num_rows, hidden, npc, multiprocessors, tuning, swiglu=swiglu,
+                         narrow_columns=chunk if narrow else 0)
     blocks_per_row = -(-hidden // npc)
     ld = -(-num_rows // 4) * 4
     written = np.zeros((num_rows, hidden), dtype=np.int64)
     sf_stores = np.zeros((num_rows, blocks_per_row), dtype=np.int64)
     packed_bytes = np.zeros((-(-blocks_per_row // 4), ld, 4), dtype=np.int64)
     blocks, threads = shape.grid(vector)
-    assert shape.rows == (swiglu and hidden % SEGMENT_COLUMNS == 0)
+    assert shape.rows == (swiglu and not narrow and hidden % SEGMENT_COLUMNS == 0)
+    assert shape.narrow == (swiglu and narrow)
     if vector and shape.rows:
         return (shape, *_emulate_swiglu_rows(shape, num_rows, hidden, npc, chunk, blocks * threads,
                                              written, sf_stores, packed_bytes))
     if vector:
-        loads = LANE_COLUMNS // chunk
+        loads = 1 if shape.narrow else LANE_COLUMNS // chunk
         group_log2 = shape.group_log2 + {8: 2, 4: 3}[chunk]  # + log2(32 / chunk)
         group = 1 << group_log2
         assert group == npc // chunk and group >= loads
@@ -189,6 +192,20 @@ def test_the_coalesced_kernel_writes_everything_once(num_rows, hidden, npc, chun
     assert (packed_bytes == 1).all()
 
 
+@pytest.mark.parametrize("chunk", [8, 4], ids=["bf16", "f32"])
+@pytest.mark.parametrize(("num_rows", "hidden", "npc"), [
+    *[(r, h, npc) for npc in (32, 128) for r, h in (
+        (1, 128), (3, 128), (5, 384), (2, 768), (7, 1024), (9, 2048), (33, 256), (3, 2176))],
+    (2, 160, 32), (5, 32, 32), (3, 96, 32)])
+def test_the_one_chunk_a_lane_kernel_writes_everything_once(num_rows, hidden, npc, chunk):
+    shape, written, sf_stores, packed_bytes = emulate_grid(
+        num_rows, hidden, npc, vector=True, chunk=chunk, swiglu=True, narrow=True)
+    assert not shape.rows and shape.vec_blocks * shape.vec_threads >= num_rows * hidden // chunk
+    assert (written == 1).all()
+    assert (sf_stores == 1).all()
+    assert (packed_bytes == 1).all()
+
+
 def test_many_rows_with_both_block_sizes():
     # more warps than the small-block threshold: full blocks
     full = DEFAULT_TUNING.threads
@@ -226,6 +243,11 @@ def test_decode_and_prefill_shapes():
     qwen_swiglu = launch_shape(8192 * 8, 768, 128, 132, swiglu=True)
     assert not qwen_swiglu.rows and qwen_swiglu.vec_blocks == qwen.vec_blocks
     assert not launch_shape(9, 2048, 128, 132).rows  # quantize_fp8: never
+    # swiglu at decode (few live rows): *_vec1, a lane one 16-byte chunk of bf16
+    narrow = launch_shape(1024, 2048, 128, 132, swiglu=True, narrow_columns=8)
+    assert narrow.narrow and not narrow.rows
+    assert narrow.vec_blocks * narrow.vec_threads == 1024 * 2048 // 8
+    assert not launch_shape(9, 2048, 128, 132, narrow_columns=8).narrow  # quantize_fp8: never
 
 
 def test_too_many_warps_for_one_launch():
@@ -288,7 +310,8 @@ def test_a_plan_packs_what_the_kernel_reads(monkeypatch, swiglu):
     problem = QuantizeProblem(num_rows=9, hidden=7168, in_dtype="bfloat16", num_per_channels=128,
                               round_sf=True, packed_ue8m0=True, col_major=True, swiglu=swiglu,
                               num_weights=24 if swiglu else -1, has_pos_to_expert=swiglu)
-    plan = gpu.QuantizePlan(problem, 0, DEFAULT_TUNING)
+    # (narrow_live_rows=0: 9 live rows would take *_vec1, the test below)
+    plan = gpu.QuantizePlan(problem, 0, QuantizeTuning(narrow_live_rows=0))
     plan.launch(7, 0x1000, 0x2000, 0x3000, 0x4000, 0x5000, 0x6000)
     op = "swiglu_quantize_fp8" if swiglu else "quantize_fp8"
     handle, grid_x, grid_y, grid_z, threads, _, _, shared, stream, _, _ = launches[0]
@@ -317,6 +340,37 @@ def test_a_plan_packs_what_the_kernel_reads(monkeypatch, swiglu):
     assert launches[-1][0] == f"{op}_bf16_any"
 
 
+@pytest.mark.parametrize(("num_rows", "num_weights", "dtype", "kernel"), [
+    (1024, 8, "bfloat16", "vec1"),       # decode: T * K = 8 live rows at most
+    (1024, 8, "float32", "vec1"),
+    (9, 1000, "bfloat16", "vec1"),       # X = 9 rows, however many slots
+    (1024, 512, "bfloat16", "rows"),     # 512 live rows, at most
+    (1024, -1, "bfloat16", "rows"),      # no weights: any of the X rows may be live
+    (64, -1, "bfloat16", "vec1"),
+])
+def test_swiglu_takes_one_chunk_a_lane_where_few_rows_are_live(monkeypatch, num_rows,
+                                                                num_weights, dtype, kernel):
+    from cupy_moe.quantize.rules import QuantizeProblem
+
+    gpu, launches = _fake_device(monkeypatch)
+    problem = QuantizeProblem(num_rows=num_rows, hidden=2048, in_dtype=dtype,
+                              num_per_channels=128, round_sf=False, packed_ue8m0=False,
+                              col_major=True, swiglu=True, num_weights=num_weights,
+                              has_pos_to_expert=True)
+    plan = gpu.QuantizePlan(problem, 0, DEFAULT_TUNING)
+    plan.launch(7, 0x1000, 0x2000, 0x3000, 0x4000, 0x5000, 0x6000)
+    suffix = "f32" if dtype == "float32" else "bf16"
+    assert launches[0][0] == f"swiglu_quantize_fp8_{suffix}_{kernel}"
+    chunk = 4 if dtype == "float32" else 8
+    if kernel == "vec1":  # a lane a 16-byte chunk: 4x (bf16) or 8x (float32) the warps
+        assert launches[0][1] * launches[0][4] == num_rows * 2048 // chunk
+
+
+def test_narrow_live_rows_must_be_a_count():
+    with pytest.raises(ValueError, match=r"narrow_live_rows must be an int >= 0; got -1"):
+        QuantizeTuning(narrow_live_rows=-1)
+
+
 def test_a_tuned_plan_compiles_and_launches_its_variant(monkeypatch):
     from cupy_moe.quantize.rules import QuantizeProblem
 
@@ -327,7 +381,7 @@ def test_a_tuned_plan_compiles_and_launches_its_variant(monkeypatch):
     problem = QuantizeProblem(num_rows=9, hidden=7168, in_dtype="bfloat16", num_per_channels=128,
                               round_sf=True, packed_ue8m0=True, col_major=True, swiglu=True,
                               num_weights=24, has_pos_to_expert=True)
-    tuning = QuantizeTuning(rows_min_blocks=5)
+    tuning = QuantizeTuning(rows_min_blocks=5, narrow_live_rows=0)
     gpu.QuantizePlan(problem, 0, tuning).launch(7, 0x1000, 0x2000, 0x3000, 0x4000, 0x5000, 0x6000)
     assert compiled == [tuning.defines()] * 2  # both kernels of the plan: the variant's module
     handle, grid_x, _, _, threads = launches[0][:5]

@@ -43,12 +43,14 @@ QUANTIZE_ARGS = ArgStruct(
 _pack_pointers = QUANTIZE_ARGS.pointer_packer.pack_into
 
 
-def kernel_name(problem: QuantizeProblem, vector: bool, rows: bool = False) -> str:
-    """The kernel: coalesced (``vector``; swiglu's row-major one with ``rows``) or
-    element accesses."""
+def kernel_name(problem: QuantizeProblem, vector: bool, rows: bool = False,
+                narrow: bool = False) -> str:
+    """The kernel: coalesced (``vector``; swiglu's row-major one with ``rows``,
+    its one-chunk-a-lane one with ``narrow``) or element accesses."""
     op = "swiglu_quantize_fp8" if problem.swiglu else "quantize_fp8"
     dtype = "f32" if problem.in_dtype == "float32" else "bf16"
-    return f"{op}_{dtype}_{('rows' if rows else 'vec') if vector else 'any'}"
+    coalesced = "rows" if rows else "vec1" if narrow else "vec"
+    return f"{op}_{dtype}_{coalesced if vector else 'any'}"
 
 
 def sf_layout(problem: QuantizeProblem) -> int:
@@ -67,14 +69,19 @@ class QuantizePlan:
 
     def __init__(self, problem: QuantizeProblem, device: int, tuning: QuantizeTuning) -> None:
         self.problem, self.device = problem, device
-        self.shape: QuantizeShape = launch_shape(problem.num_rows, problem.hidden,
-                                                 problem.num_per_channels,
-                                                 device_traits(device).multiprocessors, tuning,
-                                                 swiglu=problem.swiglu)
+        # live rows, at most: T * K with weights (the rest are padding), else X
+        live_rows = (min(problem.num_rows, problem.num_weights) if problem.num_weights >= 0
+                     else problem.num_rows)
+        narrow = problem.swiglu and live_rows <= tuning.narrow_live_rows
+        self.shape: QuantizeShape = launch_shape(
+            problem.num_rows, problem.hidden, problem.num_per_channels,
+            device_traits(device).multiprocessors, tuning, swiglu=problem.swiglu,
+            narrow_columns=(4 if problem.in_dtype == "float32" else 8) if narrow else 0)
         defines = tuning.defines()
         self.handles = {vector: function_handle(SOURCE, defines, device,
                                                 kernel_name(problem, vector,
-                                                            vector and self.shape.rows))
+                                                            vector and self.shape.rows,
+                                                            vector and self.shape.narrow))
                         for vector in (True, False)}
         shape = self.shape
         self.args = ArgBlock(QUANTIZE_ARGS, QUANTIZE_ARGS.constants(

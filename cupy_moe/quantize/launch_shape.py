@@ -51,6 +51,12 @@ class QuantizeTuning:
     blocks spread a few rows' warps over more SMs). 128 against 256: SwiGLU
     prefill and medium shapes +0.7 to +3.9 points of the copy bandwidth,
     quantize_fp8 unchanged (benchmarks/NOTES.md, tenth session).
+    ``narrow_live_rows``: swiglu_quantize_fp8 calls with at most this many
+    live rows (known from the shapes alone: at most T * K where weights are
+    given, else X) take ``*_vec1``, one 16-byte chunk a lane (8 bf16 or 4
+    float32 columns) instead of 32 columns: at decode a live row's warps are
+    the kernel's critical path, and a lane's arithmetic is most of it
+    (benchmarks/NOTES.md, twelfth session). 0: never.
     ``software_e4m3`` compiles the integer e4m3 rounding on sm_89+ too, in
     place of the hardware conversion (the GPU tests check that both give the
     same codes).
@@ -68,6 +74,7 @@ class QuantizeTuning:
     full_blocks_from: float = 2.0
     software_e4m3: bool = False
     rows_min_blocks: int = 0
+    narrow_live_rows: int = 64
 
     def __post_init__(self) -> None:
         for name in ("threads", "small_threads"):
@@ -84,6 +91,10 @@ class QuantizeTuning:
                 self.rows_min_blocks, int) or not 0 <= self.rows_min_blocks <= 32:
             raise ValueError(f"QuantizeTuning.rows_min_blocks must be an int in 0 .. 32; got "
                              f"{self.rows_min_blocks!r}")
+        if isinstance(self.narrow_live_rows, bool) or not isinstance(
+                self.narrow_live_rows, int) or self.narrow_live_rows < 0:
+            raise ValueError(f"QuantizeTuning.narrow_live_rows must be an int >= 0; got "
+                             f"{self.narrow_live_rows!r}")
         if not isinstance(self.software_e4m3, bool):
             raise TypeError(f"QuantizeTuning.software_e4m3 must be True or False; got "
                             f"{self.software_e4m3!r}")
@@ -109,6 +120,7 @@ class QuantizeShape(NamedTuple):
     block_magic: int      # quantize *_vec: row of block b = (b * block_magic) >> block_shift
     block_shift: int
     rows: bool            # the coalesced kernel is swiglu's *_rows (else *_vec)
+    narrow: bool          # ... or swiglu's *_vec1 (one 16-byte chunk a lane)
     passes: int           # *_rows: segments of SEGMENT_COLUMNS a row
     pass_magic: int       # *_rows: row of segment s = (s * pass_magic) >> pass_shift
     pass_shift: int
@@ -135,13 +147,14 @@ def division_magic(divisor: int) -> tuple[int, int]:
 
 def launch_shape(num_rows: int, hidden: int, num_per_channels: int, multiprocessors: int,
                  tuning: QuantizeTuning = DEFAULT_TUNING, *,
-                 swiglu: bool = False) -> QuantizeShape:
+                 swiglu: bool = False, narrow_columns: int = 0) -> QuantizeShape:
     """The grid of one call: a function of the shapes (and the SM count) only.
 
     ``swiglu``: where H is whole segments, the coalesced grid is
     swiglu_quantize_fp8's row-major *_rows one (a warp a segment of a row),
     else *_vec's (a warp 32 x 32 columns of the chunks numbered row after
-    row)."""
+    row). ``narrow_columns`` (swiglu, > 0): *_vec1's grid instead, a lane
+    that many columns (one 16-byte chunk of the input dtype)."""
     lanes_per_block = num_per_channels // LANE_COLUMNS
     sf_blocks = ceil_div(hidden, num_per_channels)
     lanes_per_row = sf_blocks * lanes_per_block
@@ -151,11 +164,13 @@ def launch_shape(num_rows: int, hidden: int, num_per_channels: int, multiprocess
                          f"(at most {MAX_LANES} lanes of {LANE_COLUMNS} columns)")
     vec_threads = vec_blocks = 0
     passes = max(1, ceil_div(hidden, SEGMENT_COLUMNS))
-    rows = swiglu and hidden % SEGMENT_COLUMNS == 0
+    narrow = swiglu and narrow_columns > 0
+    rows = swiglu and not narrow and hidden % SEGMENT_COLUMNS == 0
     if hidden % num_per_channels == 0:
         # a warp: 32 lanes x 32 columns of the [R, H] output, row after row,
-        # or (*_rows) a segment
-        warps = num_rows * passes if rows else ceil_div(num_rows * hidden, 32 * LANE_COLUMNS)
+        # or (*_rows) a segment, or (*_vec1) 32 lanes x narrow_columns
+        lane_columns = narrow_columns if narrow else LANE_COLUMNS
+        warps = num_rows * passes if rows else ceil_div(num_rows * hidden, 32 * lane_columns)
         vec_threads, vec_blocks = _grid(warps, multiprocessors, tuning)
         if vec_blocks * vec_threads > MAX_LANES:
             raise ValueError(f"{num_rows} rows of {hidden} columns are too many for one "
@@ -165,7 +180,7 @@ def launch_shape(num_rows: int, hidden: int, num_per_channels: int, multiprocess
     pass_magic, pass_shift = division_magic(passes)
     return QuantizeShape(threads, blocks, vec_threads, vec_blocks, lanes_per_row,
                          lanes_per_block.bit_length() - 1, row_magic, row_shift, block_magic,
-                         block_shift, rows, passes, pass_magic, pass_shift)
+                         block_shift, rows, narrow, passes, pass_magic, pass_shift)
 
 
 def _grid(warps: int, multiprocessors: int, tuning: QuantizeTuning) -> tuple[int, int]:
