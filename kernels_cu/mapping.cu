@@ -26,9 +26,8 @@
 //                 columns, 8 experts a 16-byte load.
 // A warp's worth of slots (decode) takes none of these: mapping_warp_*
 // (below) works the whole plan out in one warp's registers.
-// Each row of pos_* is written by its slot, or as padding (the tail of a
-// segment, or past the last segment); the cooperative kernel instead writes
-// every row -1 before its grid barrier and the slots' rows after it.
+// Each row of pos_* is written exactly once: by its slot, or as padding (the
+// tail of a segment, or past the last segment).
 // *_i32 / *_i64: the dtype of topk_ids.
 
 #include "dependent_launch.cuh"
@@ -42,23 +41,6 @@
 #define COOP_MAX_WARPS 16  // warps of a cooperative block, at most (its registers)
 #ifndef SUM_VECS
 #define SUM_VECS 8         // 16-byte loads (8 uint16 block counts) a thread has in flight
-#endif
-
-// Variants of the cooperative kernel, compiled in for side-by-side phase
-// traces (benchmarks/profile_mapping_phases.py -D NAME=1) until measured:
-//   MAP_EARLY_FILL    every pos row -1 before the grid barrier, the slots'
-//                     rows overwriting theirs after it (no padding phase)
-//   MAP_ROTATED_SUMS  block b reads the block counts from its own row on
-//   MAP_RED_BARRIER   the barrier arrives by a reduction, its generation
-//                     read while the ids load
-#ifndef MAP_EARLY_FILL
-#define MAP_EARLY_FILL 0
-#endif
-#ifndef MAP_ROTATED_SUMS
-#define MAP_ROTATED_SUMS 0
-#endif
-#ifndef MAP_RED_BARRIER
-#define MAP_RED_BARRIER 0
 #endif
 
 // Phase timestamps for benchmarks/profile_mapping_phases.py: compiled with
@@ -264,20 +246,6 @@ __device__ __forceinline__ void place_block(const MappingArgs& a) {
     int first_ids[MAP_BATCH];
     MAP_PHASE(0);
     load_batch<Id>(a, warp_first, warp_end, lane, first_ids);
-    // the grid barrier's generation, read while the ids are in flight
-    const unsigned generation = Cooperative && MAP_RED_BARRIER ? grid_barrier_generation() : 0u;
-    if (Cooperative && MAP_EARLY_FILL) {
-        // Every pos row -1 now, while the ids are in flight and the grid
-        // waits at the barrier, instead of the padding rows at the end: the
-        // slots' rows, written after the barrier (which orders the two
-        // writes), overwrite theirs.
-        const int x = a.num_expanded, grid_threads = gridDim.x * blockDim.x;
-        for (int p = blockIdx.x * blockDim.x + threadIdx.x; p < x; p += grid_threads) {
-            a.pos_rows[p] = -1;
-            a.pos_rows[static_cast<long long>(x) + p] = -1;
-            a.pos_rows[2LL * x + p] = -1;
-        }
-    }
 
     for (int j = threadIdx.x; j < warps * experts; j += blockDim.x) warp_counts[j] = 0;
     for (int j = threadIdx.x; j < experts; j += blockDim.x) base[j] = tokens[j] = 0;
@@ -332,10 +300,7 @@ __device__ __forceinline__ void place_block(const MappingArgs& a) {
             reinterpret_cast<unsigned short*>(a.block_counts)[
                 static_cast<long long>(blockIdx.x) * padded + j] = 0;
         MAP_PHASE(3);
-        if (MAP_RED_BARRIER)
-            grid_barrier_wait(generation);
-        else
-            grid_barrier();
+        grid_barrier();
         MAP_PHASE(4);
         // every block's counts, 8 experts a 16-byte load: a thread takes a
         // group of 8 experts and every parts-th block from `part` on, with
@@ -353,34 +318,16 @@ __device__ __forceinline__ void place_block(const MappingArgs& a) {
 #pragma unroll
             for (int i = 0; i < 8; ++i) earlier[i] = total[i] = 0;
             for (int b0 = part; b0 < blocks; b0 += parts * SUM_VECS) {
-                // block b reads the rows from its own on, wrapping around:
-                // the blocks' loads spread over every row's cache lines
-                // instead of all asking for row 0's first
                 uint4 counts[SUM_VECS];
-#if MAP_ROTATED_SUMS
-                int row[SUM_VECS];
-#pragma unroll
-                for (int u = 0; u < SUM_VECS; ++u) {
-                    const int b = b0 + u * parts;
-                    row[u] = b + block < blocks ? b + block : b + block - blocks;
-                    counts[u] = b < blocks ? rows[static_cast<long long>(row[u]) * groups + group]
-                                           : make_uint4(0, 0, 0, 0);
-                }
-#else
 #pragma unroll
                 for (int u = 0; u < SUM_VECS; ++u) {
                     const int b = b0 + u * parts;
                     counts[u] = b < blocks ? rows[static_cast<long long>(b) * groups + group]
                                            : make_uint4(0, 0, 0, 0);
                 }
-#endif
 #pragma unroll
                 for (int u = 0; u < SUM_VECS; ++u) {
-#if MAP_ROTATED_SUMS
-                    const bool before = b0 + u * parts < blocks && row[u] < block;
-#else
                     const bool before = b0 + u * parts < block;
-#endif
                     const unsigned words[4] = {counts[u].x, counts[u].y, counts[u].z,
                                                counts[u].w};
 #pragma unroll
@@ -505,7 +452,6 @@ __device__ __forceinline__ void place_block(const MappingArgs& a) {
     }
 
     MAP_PHASE(7);
-    if (Cooperative && MAP_EARLY_FILL) return;  // padding rows written before the barrier
     // padding, the tail of each segment: warp w takes a run of experts, 32 at
     // a time (a lane each finds its expert's tail: up to the next start), then
     // fills the tails that are not empty one after the other
