@@ -75,6 +75,9 @@ CONFIGS: list[tuple[str, ExpandTuning]] = [
     ("bulk target 16 x SMs blocks", _tuned(bulk_target_blocks=16.0)),
     ("bulk chunks >= 1 KiB", _tuned(bulk_min_chunk_bytes=1024)),
     ("register kernel only (no bulk copies)", _tuned(bulk_min_blocks=math.inf)),
+    # blocks that fit the row: 3 KiB fp8 rows are 192 16-byte accesses (a
+    # quarter of a 256-thread block idle), Kimi-K2's 14 KiB bf16 rows 896 (4 x 224)
+    *((f"register kernel: {threads} threads", _tuned(threads=threads)) for threads in (192, 224)),
     # register zero-fill blocks sized by rows alone (before the ~16 KiB floor):
     # decode's graph time went 1.41 -> 1.65 us across that change
     ("register zero-fill blocks by rows only", _tuned(zero_block_bytes_registers=0)),
