@@ -7,8 +7,8 @@ cycles since the block started (median and slowest block). GPU only.
 
 Shapes are given as groups of four numbers (default: the manifest's mapping
 workloads); ``-D`` adds a define to the traced build (a variant of the
-kernel source, e.g. ``-D SUM_VECS=16``). The traced launch is the last of several back to back, as in a
-CUDA graph (ids and code warm in the caches). Phases of the general kernel:
+kernel source, e.g. ``-D SUM_VECS=16``). The traced launch is the last of
+several back to back, as in a CUDA graph (ids and code warm in the caches). Phases of the general kernel:
 0 start, 1 counters zeroed, 2 warps counted, 3 block totals written, 4 past
 the grid barrier, 5 column sums, 6 expert scan, 7 slots placed, 8 segment
 tails padded, 9 end; of the one-warp kernel: 0 start, 1 the warp's plan
