@@ -165,3 +165,46 @@ def test_the_plan_names_its_kernels_and_aligns_its_scratch(monkeypatch):
     gpu.MappingPlan(problem, 0, mapping_shape(32768, 384, 81536, **H200))
     assert requested == [((), "mapping_place_i64"), ((), "mapping_count_i64")]
     assert plan.offsets[3] % 4 == 0
+
+
+def test_a_cluster_plan_shares_the_block_counts_through_shared_memory(monkeypatch):
+    """MappingPlan (host bookkeeping, no GPU) for the cluster variant of the
+    cooperative kernel: its kernel, the counts' copy in its shared memory, one
+    cooperative launch in clusters; and the grids it refuses."""
+    pytest.importorskip("cupy")
+    from cupy_moe.mapping import gpu
+    from cupy_moe.mapping.rules import MappingProblem
+    from cupy_moe.runtime import launch
+    from cupy_moe.runtime.launch import DeviceTraits
+
+    monkeypatch.setitem(launch._device_traits, 0, DeviceTraits(132, 9, 232448, True))
+    requested, shared, launched = [], [], []
+    monkeypatch.setattr(gpu, "function_handle",
+                        lambda source, defines, device, name: requested.append(name) or name)
+    monkeypatch.setattr(gpu.driver, "funcSetAttribute",
+                        lambda handle, attribute, value: shared.append((handle, value)))
+    monkeypatch.setattr(gpu, "launch_cooperative_in_clusters",
+                        lambda *args: launched.append(args))
+    problem = MappingProblem(4096, 8, 384, 128, 81536, "int64")
+    shape = mapping_shape(32768, 384, 81536, **H200, cooperative=True)
+    assert shape.blocks == 64
+    plan = gpu.MappingPlan(problem, 0, shape._replace(cluster_blocks=8))
+    assert requested == ["mapping_coop_cluster_i64"]
+    # the counters, then from a 16-byte boundary 64 rows of 384 uint16 counts
+    copy_bytes = 16 + 2 * 64 * 384
+    assert shared == [("mapping_coop_cluster_i64", shape.shared_bytes + copy_bytes)]
+    plan.launch(7, 0x1000, 0x2000)
+    handle, blocks, threads, shared_bytes, stream, _, cluster = launched[0]
+    assert (handle, blocks, threads, shared_bytes, stream, cluster) == (
+        "mapping_coop_cluster_i64", 64, shape.threads, shape.shared_bytes + copy_bytes, 7, 8)
+    for bad, why in (
+            (shape._replace(cluster_blocks=3), r"clusters of 3 blocks need a cooperative grid "
+                                               r"of a multiple of 2, 4 or 8 blocks on sm_90\+"),
+            (shape._replace(blocks=60, cluster_blocks=8), r"got 60 blocks, cooperative=True"),
+            (mapping_shape(32768, 384, 81536, **H200)._replace(cluster_blocks=8),
+             r"cooperative=False, sm_9x")):
+        with pytest.raises(ValueError, match=why):
+            gpu.MappingPlan(problem, 0, bad)
+    monkeypatch.setitem(launch._device_traits, 0, DeviceTraits(108, 8, 166912, True))
+    with pytest.raises(ValueError, match=r"on sm_90\+; got 64 blocks, cooperative=True, sm_8x"):
+        gpu.MappingPlan(problem, 0, shape._replace(cluster_blocks=8))
