@@ -7,6 +7,8 @@ only.
 (default: the manifest's swiglu decode workloads). Variants, all with the
 workload's shapes and SF layout unless named:
   plan          the workload as the bench times it
+  two chunks    the plan with two 16-byte chunks a lane (*_vec2,
+                QuantizeTuning.narrow_chunks=2) where it takes *_vec1
   no weights    topk_weights and pos_to_token_topk left out (one load less
                 on a live row's chain)
   all padding   pos_to_expert all -1: only the zero codes and scale factors
@@ -29,6 +31,8 @@ import torch
 
 import cupy_moe
 from cupy_moe.harness import runner
+from cupy_moe.quantize.api import run_with_tuning
+from cupy_moe.quantize.launch_shape import QuantizeTuning
 from cupy_moe.harness.inputs import workload_inputs
 from cupy_moe.harness.manifest import load_workloads
 from cupy_moe.harness.timing import torch_graph_us
@@ -47,6 +51,14 @@ def variants(w, host: dict[str, np.ndarray]) -> dict[str, object]:
         return lambda: cupy_moe.swiglu_quantize_fp8(h, pos_to_expert=pos_to_expert, out=y,
                                                     out_sf=y_sf, **extra, **options)
 
+    def two_chunks():
+        maps = dict(topk_weights=dev["topk_weights"], pos_to_token_topk=dev["pos_to_token_topk"],
+                    pos_to_expert=dev["pos_to_expert"])
+        tuning = QuantizeTuning(narrow_chunks=2)
+        y, y_sf = run_with_tuning(tuning, "swiglu_quantize_fp8", dev["h"], **maps, **options)
+        return lambda: run_with_tuning(tuning, "swiglu_quantize_fp8", dev["h"], **maps,
+                                       out=y, out_sf=y_sf, **options)
+
     live = np.flatnonzero(host["pos_to_expert"] >= 0)
     h_live = dev["h"][torch.from_numpy(live).to(dev['h'].device)].contiguous()
     y, y_sf = cupy_moe.swiglu_quantize_fp8(dev["h"], pos_to_expert=dev["pos_to_expert"],
@@ -55,6 +67,7 @@ def variants(w, host: dict[str, np.ndarray]) -> dict[str, object]:
     q, q_sf = cupy_moe.quantize_fp8(act, **options)
     return {
         "plan": op(dev["h"], dev["pos_to_expert"]),
+        "two chunks": two_chunks(),
         "no weights": op(dev["h"], dev["pos_to_expert"], weights=False),
         "all padding": op(dev["h"], torch.full_like(dev["pos_to_expert"], -1)),
         "live rows": op(h_live, dev["pos_to_expert"][torch.from_numpy(live).to(dev['h'].device)],

@@ -27,7 +27,8 @@
 // swiglu_quantize_fp8_*_vec1: *_vec with one chunk a lane (8 bf16 or 4
 //   float32 columns, LOADS = 1), for calls with few live rows (decode): a
 //   live row's warps are then the kernel's critical path, and a lane's
-//   arithmetic over 32 columns most of it.
+//   arithmetic over 32 columns most of it. *_vec2: two chunks a lane (half
+//   the warps for the padding rows; a variant until measured).
 // swiglu_quantize_fp8_*_rows: the same conditions and H % 1024 == 0; the
 //   same chunks, lanes and groups, but row-major: segment s is the output
 //   columns [1024 p, 1024 p + 1024) of row s / passes (p = s % passes,
@@ -593,6 +594,10 @@ __device__ __forceinline__ void quantize_any_body(const QuantizeArgs& a) {
     extern "C" __global__ void __launch_bounds__(QUANT_MAX_THREADS)                          \
     swiglu_quantize_fp8_##IN_NAME##_vec1(const QuantizeArgs a) {                             \
         quantize_vec_body<IN_TYPE, true, 1>(a);                                              \
+    }                                                                                        \
+    extern "C" __global__ void __launch_bounds__(QUANT_MAX_THREADS)                          \
+    swiglu_quantize_fp8_##IN_NAME##_vec2(const QuantizeArgs a) {                             \
+        quantize_vec_body<IN_TYPE, true, 2>(a);                                              \
     }                                                                                        \
     extern "C" __global__ void __launch_bounds__(QUANT_MAX_THREADS)                          \
     swiglu_quantize_fp8_##IN_NAME##_any(const QuantizeArgs a) {                              \

@@ -38,8 +38,9 @@ SOFTWARE = QuantizeTuning(software_e4m3=True)
 TUNINGS = [None, SOFTWARE, QuantizeTuning(threads=32, small_threads=32),
            QuantizeTuning(threads=256, small_threads=256, full_blocks_from=0.0),
            QuantizeTuning(rows_min_blocks=5),
-           # swiglu: never / always one 16-byte chunk a lane (*_vec1)
-           QuantizeTuning(narrow_live_rows=0), QuantizeTuning(narrow_live_rows=2**31)]
+           # swiglu: never / always one or two 16-byte chunks a lane (*_vec1, *_vec2)
+           QuantizeTuning(narrow_live_rows=0), QuantizeTuning(narrow_live_rows=2**31),
+           QuantizeTuning(narrow_live_rows=2**31, narrow_chunks=2)]
 CASES_PER_KIND = 600  # x 2 kinds: over a thousand per op
 
 

@@ -49,15 +49,16 @@ def _count_sf_store(counts, packed_bytes, row, block, num_rows, blocks_per_row):
 
 def emulate_grid(num_rows: int, hidden: int, npc: int, multiprocessors: int = 132,
                  tuning: QuantizeTuning = DEFAULT_TUNING, *, vector: bool = False,
-                 chunk: int = 8, swiglu: bool = False, narrow: bool = False):
+                 chunk: int = 8, swiglu: bool = False, narrow: int = 0):
     """What every lane of a kernel's grid does, computed as the kernel computes
     it: how often each output column, each scale factor and each byte of the
     packed SF buffer (pad columns included) is written. ``vector``: the *_vec
     kernel, whose input chunks hold ``chunk`` columns (8: bf16, 4: float32);
     with ``swiglu`` and whole 1024-column segments, swiglu's *_rows; with
-    ``swiglu`` and ``narrow``, its *_vec1 (one chunk a lane)."""
+    ``swiglu`` and ``narrow`` (1 or 2), its *_vec1 or *_vec2 (that many
+    chunks a lane)."""
     shape = launch_shape(num_rows, hidden, npc, multiprocessors, tuning, swiglu=swiglu,
-                         narrow_columns=chunk if narrow else 0)
+                         narrow_columns=chunk * narrow)
     blocks_per_row = -(-hidden // npc)
     ld = -(-num_rows // 4) * 4
     written = np.zeros((num_rows, hidden), dtype=np.int64)
@@ -65,12 +66,12 @@ def emulate_grid(num_rows: int, hidden: int, npc: int, multiprocessors: int = 13
     packed_bytes = np.zeros((-(-blocks_per_row // 4), ld, 4), dtype=np.int64)
     blocks, threads = shape.grid(vector)
     assert shape.rows == (swiglu and not narrow and hidden % SEGMENT_COLUMNS == 0)
-    assert shape.narrow == (swiglu and narrow)
+    assert shape.narrow == (swiglu and narrow > 0)
     if vector and shape.rows:
         return (shape, *_emulate_swiglu_rows(shape, num_rows, hidden, npc, chunk, blocks * threads,
                                              written, sf_stores, packed_bytes))
     if vector:
-        loads = 1 if shape.narrow else LANE_COLUMNS // chunk
+        loads = narrow if shape.narrow else LANE_COLUMNS // chunk
         group_log2 = shape.group_log2 + {8: 2, 4: 3}[chunk]  # + log2(32 / chunk)
         group = 1 << group_log2
         assert group == npc // chunk and group >= loads
@@ -192,15 +193,18 @@ def test_the_coalesced_kernel_writes_everything_once(num_rows, hidden, npc, chun
     assert (packed_bytes == 1).all()
 
 
+@pytest.mark.parametrize("chunks", [1, 2], ids=["vec1", "vec2"])
 @pytest.mark.parametrize("chunk", [8, 4], ids=["bf16", "f32"])
 @pytest.mark.parametrize(("num_rows", "hidden", "npc"), [
     *[(r, h, npc) for npc in (32, 128) for r, h in (
         (1, 128), (3, 128), (5, 384), (2, 768), (7, 1024), (9, 2048), (33, 256), (3, 2176))],
     (2, 160, 32), (5, 32, 32), (3, 96, 32)])
-def test_the_one_chunk_a_lane_kernel_writes_everything_once(num_rows, hidden, npc, chunk):
+def test_the_few_chunks_a_lane_kernels_write_everything_once(num_rows, hidden, npc, chunk,
+                                                             chunks):
     shape, written, sf_stores, packed_bytes = emulate_grid(
-        num_rows, hidden, npc, vector=True, chunk=chunk, swiglu=True, narrow=True)
-    assert not shape.rows and shape.vec_blocks * shape.vec_threads >= num_rows * hidden // chunk
+        num_rows, hidden, npc, vector=True, chunk=chunk, swiglu=True, narrow=chunks)
+    assert not shape.rows
+    assert shape.vec_blocks * shape.vec_threads >= num_rows * hidden // (chunk * chunks)
     assert (written == 1).all()
     assert (sf_stores == 1).all()
     assert (packed_bytes == 1).all()
@@ -369,6 +373,21 @@ def test_swiglu_takes_one_chunk_a_lane_where_few_rows_are_live(monkeypatch, num_
 def test_narrow_live_rows_must_be_a_count():
     with pytest.raises(ValueError, match=r"narrow_live_rows must be an int >= 0; got -1"):
         QuantizeTuning(narrow_live_rows=-1)
+    with pytest.raises(ValueError, match=r"narrow_chunks must be 1 or 2; got 3"):
+        QuantizeTuning(narrow_chunks=3)
+
+
+def test_two_chunks_a_lane_where_the_tuning_asks(monkeypatch):
+    from cupy_moe.quantize.rules import QuantizeProblem
+
+    gpu, launches = _fake_device(monkeypatch)
+    problem = QuantizeProblem(num_rows=1024, hidden=2048, in_dtype="bfloat16",
+                              num_per_channels=128, round_sf=False, packed_ue8m0=False,
+                              col_major=True, swiglu=True, num_weights=8, has_pos_to_expert=True)
+    plan = gpu.QuantizePlan(problem, 0, QuantizeTuning(narrow_chunks=2))
+    plan.launch(7, 0x1000, 0x2000, 0x3000, 0x4000, 0x5000, 0x6000)
+    assert launches[0][0] == "swiglu_quantize_fp8_bf16_vec2"
+    assert launches[0][1] * launches[0][4] == 1024 * 2048 // 16  # 16 columns a lane
 
 
 def test_a_tuned_plan_compiles_and_launches_its_variant(monkeypatch):

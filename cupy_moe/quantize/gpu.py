@@ -44,12 +44,13 @@ _pack_pointers = QUANTIZE_ARGS.pointer_packer.pack_into
 
 
 def kernel_name(problem: QuantizeProblem, vector: bool, rows: bool = False,
-                narrow: bool = False) -> str:
+                narrow: int = 0) -> str:
     """The kernel: coalesced (``vector``; swiglu's row-major one with ``rows``,
-    its one-chunk-a-lane one with ``narrow``) or element accesses."""
+    its ``narrow``-chunks-a-lane one with ``narrow`` 1 or 2) or element
+    accesses."""
     op = "swiglu_quantize_fp8" if problem.swiglu else "quantize_fp8"
     dtype = "f32" if problem.in_dtype == "float32" else "bf16"
-    coalesced = "rows" if rows else "vec1" if narrow else "vec"
+    coalesced = "rows" if rows else f"vec{narrow}" if narrow else "vec"
     return f"{op}_{dtype}_{coalesced if vector else 'any'}"
 
 
@@ -76,12 +77,15 @@ class QuantizePlan:
         self.shape: QuantizeShape = launch_shape(
             problem.num_rows, problem.hidden, problem.num_per_channels,
             device_traits(device).multiprocessors, tuning, swiglu=problem.swiglu,
-            narrow_columns=(4 if problem.in_dtype == "float32" else 8) if narrow else 0)
+            narrow_columns=((4 if problem.in_dtype == "float32" else 8) * tuning.narrow_chunks
+                            if narrow else 0))
         defines = tuning.defines()
         self.handles = {vector: function_handle(SOURCE, defines, device,
                                                 kernel_name(problem, vector,
                                                             vector and self.shape.rows,
-                                                            vector and self.shape.narrow))
+                                                            tuning.narrow_chunks
+                                                            if vector and self.shape.narrow
+                                                            else 0))
                         for vector in (True, False)}
         shape = self.shape
         self.args = ArgBlock(QUANTIZE_ARGS, QUANTIZE_ARGS.constants(

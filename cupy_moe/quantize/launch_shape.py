@@ -56,7 +56,10 @@ class QuantizeTuning:
     given, else X) take ``*_vec1``, one 16-byte chunk a lane (8 bf16 or 4
     float32 columns) instead of 32 columns: at decode a live row's warps are
     the kernel's critical path, and a lane's arithmetic is most of it
-    (benchmarks/NOTES.md, twelfth session). 0: never.
+    (benchmarks/NOTES.md, twelfth session). 0: never. ``narrow_chunks``
+    (1 or 2): the chunks a lane of that kernel takes (``*_vec1``,
+    ``*_vec2``; 2 halves the warps of the padding rows, a variant until
+    measured).
     ``software_e4m3`` compiles the integer e4m3 rounding on sm_89+ too, in
     place of the hardware conversion (the GPU tests check that both give the
     same codes).
@@ -75,6 +78,7 @@ class QuantizeTuning:
     software_e4m3: bool = False
     rows_min_blocks: int = 0
     narrow_live_rows: int = 64
+    narrow_chunks: int = 1
 
     def __post_init__(self) -> None:
         for name in ("threads", "small_threads"):
@@ -95,6 +99,9 @@ class QuantizeTuning:
                 self.narrow_live_rows, int) or self.narrow_live_rows < 0:
             raise ValueError(f"QuantizeTuning.narrow_live_rows must be an int >= 0; got "
                              f"{self.narrow_live_rows!r}")
+        if self.narrow_chunks not in (1, 2) or isinstance(self.narrow_chunks, bool):
+            raise ValueError(f"QuantizeTuning.narrow_chunks must be 1 or 2; got "
+                             f"{self.narrow_chunks!r}")
         if not isinstance(self.software_e4m3, bool):
             raise TypeError(f"QuantizeTuning.software_e4m3 must be True or False; got "
                             f"{self.software_e4m3!r}")
@@ -120,7 +127,7 @@ class QuantizeShape(NamedTuple):
     block_magic: int      # quantize *_vec: row of block b = (b * block_magic) >> block_shift
     block_shift: int
     rows: bool            # the coalesced kernel is swiglu's *_rows (else *_vec)
-    narrow: bool          # ... or swiglu's *_vec1 (one 16-byte chunk a lane)
+    narrow: bool          # ... or swiglu's *_vec1 / *_vec2 (one or two 16-byte chunks a lane)
     passes: int           # *_rows: segments of SEGMENT_COLUMNS a row
     pass_magic: int       # *_rows: row of segment s = (s * pass_magic) >> pass_shift
     pass_shift: int
@@ -153,8 +160,9 @@ def launch_shape(num_rows: int, hidden: int, num_per_channels: int, multiprocess
     ``swiglu``: where H is whole segments, the coalesced grid is
     swiglu_quantize_fp8's row-major *_rows one (a warp a segment of a row),
     else *_vec's (a warp 32 x 32 columns of the chunks numbered row after
-    row). ``narrow_columns`` (swiglu, > 0): *_vec1's grid instead, a lane
-    that many columns (one 16-byte chunk of the input dtype)."""
+    row). ``narrow_columns`` (swiglu, > 0): *_vec1's or *_vec2's grid
+    instead, a lane that many columns (one or two 16-byte chunks of the
+    input dtype)."""
     lanes_per_block = num_per_channels // LANE_COLUMNS
     sf_blocks = ceil_div(hidden, num_per_channels)
     lanes_per_row = sf_blocks * lanes_per_block
