@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from cupy_moe.mapping.launch_shape import (
@@ -165,6 +166,12 @@ def test_the_plan_names_its_kernels_and_aligns_its_scratch(monkeypatch):
     gpu.MappingPlan(problem, 0, mapping_shape(32768, 384, 81536, **H200))
     assert requested == [((), "mapping_place_i64"), ((), "mapping_count_i64")]
     assert plan.offsets[3] % 4 == 0
+    # the torch views (one split) are the array views (seven slices)
+    torch = pytest.importorskip("torch")
+    buffer = np.arange(plan.buffer_size, dtype=np.int32)
+    for got, want in zip(plan.torch_views(torch.from_numpy(buffer)), plan.views(buffer),
+                         strict=True):
+        assert got.shape == want.shape and np.array_equal(got.numpy(), want)
 
 
 def test_a_cluster_plan_shares_the_block_counts_through_shared_memory(monkeypatch):

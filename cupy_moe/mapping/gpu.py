@@ -157,8 +157,9 @@ class MappingPlan:
 
     def torch_views(self, buffer: Any) -> FusedMapping:
         """The outputs, as views of ``buffer`` (a torch tensor): one split is
-        cheaper than seven slices."""
-        parts = buffer.split(self.split_sizes)
+        cheaper than seven slices, and ``split_with_sizes`` than ``split``
+        (whose Python wrapper cost ~2.6 us more a call on a CPU host)."""
+        parts = buffer.split_with_sizes(self.split_sizes)
         return FusedMapping(parts[0].view(self.problem.num_tokens, self.problem.top_k),
                             *parts[1:7])
 
