@@ -48,10 +48,14 @@ __device__ __forceinline__ void grid_barrier() {
 // nothing where the others arrived long before). Whole warps, converged.
 // The arrival orders no memory (relaxed: no fence before it); what must be
 // seen across the cluster carries its own fence (an mbarrier's init).
+// (__syncwarp first: .aligned wants the warp converged, and a branch on
+// the thread index may come just before.)
 __device__ __forceinline__ void cluster_arrive() {
+    __syncwarp();
     asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
 }
 __device__ __forceinline__ void cluster_wait() {
+    __syncwarp();
     asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
 }
 __device__ __forceinline__ unsigned cluster_rank() {
