@@ -25,8 +25,8 @@ no synchronisation; every output element is written by exactly one thread.
   ``fill_blocks_per_sm`` blocks per SM: fewer threads per byte, and each
   slot's weight and position loaded once for 4 vectors. Measured on the H200
   (benchmarks/sweep_combine.py): Kimi-K2 prefill 75% -> 98% of the copy
-  bandwidth, Qwen3 prefill 72% -> 92%, Kimi-K2 T=512 62% -> 74%; at decode the default shape stays faster (more
-  threads share the few rows: 5.8 vs 7.4 us).
+  bandwidth, Qwen3 prefill 72% -> 92%, Kimi-K2 T=512 62% -> 74%; at decode the
+  default shape stays faster (more threads share the few rows: 5.8 vs 7.4 us).
 
 The grid depends only on the call's sizes and the GPU's SM count, never on the
 data, so a CUDA graph can capture the call; results do not depend on it.

@@ -9,7 +9,6 @@ sweeps behind each); experiments make their own with
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, fields
 
 __all__ = ["ExpandTuning", "DEFAULT_TUNING"]
@@ -53,7 +52,8 @@ class ExpandTuning:
     tokens), or ``padding_bulk_least_chunk_bytes`` where that still leaves
     too few blocks for the bulk kernel (Qwen3's 3 KiB fp8 rows at 32
     tokens: 192 blocks of 512 bytes instead of the register kernel, which is
-    instruction-bound there; shorter chunks elsewhere only tie). There the bulk kernel's zero-fill blocks of whole rows (rows of
+    instruction-bound there; shorter chunks elsewhere only tie). There the
+    bulk kernel's zero-fill blocks of whole rows (rows of
     ``bulk_whole_row_zero_from`` bytes, or every row when
     ``padding_zero_whole_rows`` is 1) take ``padding_zero_rows_bulk_whole``
     rows each and store them in bulk stores of a shared stage of

@@ -168,8 +168,9 @@ def workload_inputs(workload: Workload, rng: np.random.Generator) -> dict[str, n
 
     The newer ops get one array a name of ``workload.shapes``: finite values
     (:func:`random_values`) for ``x`` and for the routed rows of ``expanded``
-    and ``h`` (their padding rows zero, as a grouped GEMM leaves them), router weights
-    (:func:`random_weights`), ``row_scale`` float32 in ``[1/4, 4]``, and the maps of the workload's plan (:func:`plan_mapping`)."""
+    and ``h`` (their padding rows zero, as a grouped GEMM leaves them), router
+    weights (:func:`random_weights`), ``row_scale`` float32 in ``[1/4, 4]``,
+    and the maps of the workload's plan (:func:`plan_mapping`)."""
     if workload.op in MAPPING_OP_NAMES:
         return {"topk_ids": random_topk_ids(rng, workload.num_tokens, workload.top_k,
                                             workload.num_experts, dtype=workload.dtype)}

@@ -83,7 +83,8 @@ class GpuTimer:
             fn()
             end.record()
         ends[-1].synchronize()
-        return statistics.median(cupy.cuda.get_elapsed_time(s, e) * 1e3 for s, e in zip(starts, ends))
+        return statistics.median(cupy.cuda.get_elapsed_time(s, e) * 1e3
+                                 for s, e in zip(starts, ends))
 
     def copy_us(self, nbytes: int, iters: int) -> float:
         """Median time of a device-to-device copy of ``nbytes`` (read, then written)."""

@@ -2,10 +2,11 @@
 
 A call's key is its scalar settings plus the description of each array
 argument (``torch_fields``, what ``describe`` wraps; None where absent):
-exactly what the rules read, so a key that was checked once stays checked. A call with a known key skips the rules and the
-planning and goes straight to the plan its first call made. Only calls whose
-tensors are all contiguous and need no grad are remembered (the full path
-copies non-contiguous inputs, and grad mode can change between calls).
+exactly what the rules read, so a key that was checked once stays checked.
+A call with a known key skips the rules and the planning and goes straight
+to the plan its first call made. Only calls whose tensors are all
+contiguous and need no grad are remembered (the full path copies
+non-contiguous inputs, and grad mode can change between calls).
 
 Keys hold shapes, so the table is a ``BoundedCache`` (at most ``MAX_PLANS``
 plans, the oldest dropped first): a dropped key's next call takes the full
