@@ -450,3 +450,20 @@ def test_torch_outputs_are_allocated_in_the_layouts(packed, col_major, num_rows)
         assert out_sf.untyped_storage().nbytes() == out_sf.shape[1] * ld * 4
     else:
         assert out_sf.is_contiguous()
+
+
+def test_a_narrow_grid_too_large_for_one_launch_takes_the_wide_one(monkeypatch):
+    """8 live rows at most, but X * I / 8 lanes past one launch's 2^31: the
+    wide grid (X * I / 32 lanes) still fits, and runs."""
+    from cupy_moe.quantize.rules import QuantizeProblem
+
+    gpu, launches = _fake_device(monkeypatch)
+    problem = QuantizeProblem(num_rows=2**21, hidden=16384, in_dtype="bfloat16",
+                              num_per_channels=128, round_sf=False, packed_ue8m0=False,
+                              col_major=True, swiglu=True, num_weights=8, has_pos_to_expert=True)
+    with pytest.raises(ValueError, match="too many for one launch"):
+        launch_shape(2**21, 16384, 128, 132, swiglu=True, narrow_columns=8)
+    plan = gpu.QuantizePlan(problem, 0, DEFAULT_TUNING)
+    assert not plan.shape.narrow and plan.shape.rows
+    plan.launch(7, 0x1000, 0x2000, 0x3000, 0x4000, 0x5000, 0x6000)
+    assert launches[0][0] == "swiglu_quantize_fp8_bf16_rows"

@@ -74,11 +74,20 @@ class QuantizePlan:
         live_rows = (min(problem.num_rows, problem.num_weights) if problem.num_weights >= 0
                      else problem.num_rows)
         narrow = problem.swiglu and live_rows <= tuning.narrow_live_rows
-        self.shape: QuantizeShape = launch_shape(
-            problem.num_rows, problem.hidden, problem.num_per_channels,
-            device_traits(device).multiprocessors, tuning, swiglu=problem.swiglu,
-            narrow_columns=((4 if problem.in_dtype == "float32" else 8) * tuning.narrow_chunks
-                            if narrow else 0))
+        columns = (4 if problem.in_dtype == "float32" else 8) * tuning.narrow_chunks
+        multiprocessors = device_traits(device).multiprocessors
+        try:
+            self.shape: QuantizeShape = launch_shape(
+                problem.num_rows, problem.hidden, problem.num_per_channels, multiprocessors,
+                tuning, swiglu=problem.swiglu, narrow_columns=columns if narrow else 0)
+        except ValueError:
+            if not narrow:
+                raise
+            # a narrow grid too large for one launch (a huge X of padding
+            # rows): the wide grid, which may fit (else the same error)
+            self.shape = launch_shape(problem.num_rows, problem.hidden,
+                                      problem.num_per_channels, multiprocessors, tuning,
+                                      swiglu=problem.swiglu)
         defines = tuning.defines()
         self.handles = {vector: function_handle(SOURCE, defines, device,
                                                 kernel_name(problem, vector,
