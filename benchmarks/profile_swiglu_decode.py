@@ -44,20 +44,20 @@ def variants(w, host: dict[str, np.ndarray]) -> dict[str, object]:
                    packed_ue8m0=w.packed_ue8m0,
                    use_tma_aligned_col_major_sf=w.use_tma_aligned_col_major_sf)
 
-    def op(h, pos_to_expert, weights=True):
-        extra = (dict(topk_weights=dev["topk_weights"], pos_to_token_topk=dev["pos_to_token_topk"])
-                 if weights else {})
-        y, y_sf = cupy_moe.swiglu_quantize_fp8(h, pos_to_expert=pos_to_expert, **extra, **options)
-        return lambda: cupy_moe.swiglu_quantize_fp8(h, pos_to_expert=pos_to_expert, out=y,
-                                                    out_sf=y_sf, **extra, **options)
-
-    def two_chunks():
-        maps = dict(topk_weights=dev["topk_weights"], pos_to_token_topk=dev["pos_to_token_topk"],
-                    pos_to_expert=dev["pos_to_expert"])
-        tuning = QuantizeTuning(narrow_chunks=2)
-        y, y_sf = run_with_tuning(tuning, "swiglu_quantize_fp8", dev["h"], **maps, **options)
-        return lambda: run_with_tuning(tuning, "swiglu_quantize_fp8", dev["h"], **maps,
-                                       out=y, out_sf=y_sf, **options)
+    def op(h, pos_to_expert, weights=True, tuning=None):
+        """One variant's call into preallocated outputs (the plan's own tuning
+        unless ``tuning`` is given)."""
+        maps = dict(pos_to_expert=pos_to_expert, **options)
+        if weights:
+            maps.update(topk_weights=dev["topk_weights"],
+                        pos_to_token_topk=dev["pos_to_token_topk"])
+        if tuning is None:
+            run = cupy_moe.swiglu_quantize_fp8
+        else:
+            def run(x, **kwargs):
+                return run_with_tuning(tuning, "swiglu_quantize_fp8", x, **kwargs)
+        y, y_sf = run(h, **maps)
+        return lambda: run(h, out=y, out_sf=y_sf, **maps)
 
     live = np.flatnonzero(host["pos_to_expert"] >= 0)
     h_live = dev["h"][torch.from_numpy(live).to(dev['h'].device)].contiguous()
@@ -67,7 +67,7 @@ def variants(w, host: dict[str, np.ndarray]) -> dict[str, object]:
     q, q_sf = cupy_moe.quantize_fp8(act, **options)
     return {
         "plan": op(dev["h"], dev["pos_to_expert"]),
-        "two chunks": two_chunks(),
+        "two chunks": op(dev["h"], dev["pos_to_expert"], tuning=QuantizeTuning(narrow_chunks=2)),
         "no weights": op(dev["h"], dev["pos_to_expert"], weights=False),
         "all padding": op(dev["h"], torch.full_like(dev["pos_to_expert"], -1)),
         "live rows": op(h_live, dev["pos_to_expert"][torch.from_numpy(live).to(dev['h'].device)],

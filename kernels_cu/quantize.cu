@@ -256,8 +256,9 @@ __device__ __forceinline__ void store_zero_codes(unsigned char* out, i64 index) 
 }
 
 // *_vec: chunks numbered row after row (both ops); LOADS chunks a lane
-// (*_vec1, swiglu at decode: one; a group holds at least one block, so
-// LOADS <= lanes a block).
+// (swiglu at decode, *_vec1 / *_vec2: one or two; every LOADS keeps to the
+// lanes of a block, 4 at least, since lane j < LOADS of a group computes
+// instruction j's scale).
 template <typename In, bool SWIGLU, int LOADS = VecLayout<In>::LOADS>
 __device__ __forceinline__ void quantize_vec_body(const QuantizeArgs& a) {
     constexpr int CHUNK = VecLayout<In>::CHUNK;

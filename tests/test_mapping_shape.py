@@ -205,13 +205,15 @@ def test_a_cluster_plan_shares_the_block_counts_through_shared_memory(monkeypatc
     assert (handle, blocks, threads, shared_bytes, stream, cluster) == (
         "mapping_coop_cluster_i64", 64, shape.threads, shape.shared_bytes + copy_bytes, 7, 8)
     for bad, why in (
-            (shape._replace(cluster_blocks=3), r"clusters of 3 blocks need a cooperative grid "
-                                               r"of a multiple of 2, 4 or 8 blocks on sm_90\+"),
-            (shape._replace(blocks=60, cluster_blocks=8), r"got 60 blocks, cooperative=True"),
+            (shape._replace(cluster_blocks=3), r"cluster_blocks must be 2, 4 or 8 and divide "
+                                               r"the blocks of a cooperative grid on sm_90\+; "
+                                               r"got cluster_blocks=3, 64 blocks"),
+            (shape._replace(blocks=60, cluster_blocks=8),
+             r"got cluster_blocks=8, 60 blocks, cooperative=True"),
             (mapping_shape(32768, 384, 81536, **H200)._replace(cluster_blocks=8),
              r"cooperative=False, sm_9x")):
         with pytest.raises(ValueError, match=why):
             gpu.MappingPlan(problem, 0, bad)
     monkeypatch.setitem(launch._device_traits, 0, DeviceTraits(108, 8, 166912, True))
-    with pytest.raises(ValueError, match=r"on sm_90\+; got 64 blocks, cooperative=True, sm_8x"):
+    with pytest.raises(ValueError, match=r"64 blocks, cooperative=True, sm_8x"):
         gpu.MappingPlan(problem, 0, shape._replace(cluster_blocks=8))

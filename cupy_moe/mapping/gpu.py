@@ -87,9 +87,10 @@ class MappingPlan:
         cluster = shape.cluster_blocks
         if cluster and not (shape.cooperative and traits.major >= 9 and cluster in (2, 4, 8)
                             and shape.blocks % cluster == 0):
-            raise ValueError(f"clusters of {cluster} blocks need a cooperative grid of a "
-                             f"multiple of 2, 4 or 8 blocks on sm_90+; got {shape.blocks} "
-                             f"blocks, cooperative={shape.cooperative}, sm_{traits.major}x")
+            raise ValueError(f"cluster_blocks must be 2, 4 or 8 and divide the blocks of a "
+                             f"cooperative grid on sm_90+; got cluster_blocks={cluster}, "
+                             f"{shape.blocks} blocks, cooperative={shape.cooperative}, "
+                             f"sm_{traits.major}x")
         # block totals (cooperative: uint16, two to an int32), or count-block
         # totals and place-block prefixes
         block_counts = (0 if shape.self_counting else
@@ -104,10 +105,9 @@ class MappingPlan:
                             self.buffer_size - expert_rows - 3 * experts)
         names, defines = kernel_names(shape, problem.id_dtype), ()
         place = function_handle(SOURCE, defines, device, names[-1])
-        # in clusters, every block's counts copied after the counters, from
-        # the next 16-byte boundary
-        shared_bytes = (shape.shared_bytes + 16 + 2 * shape.blocks * align_up(experts, 8)
-                        if cluster else shape.shared_bytes)
+        # in clusters, the block counts (the scratch's first 4 * block_counts
+        # bytes) copied after the counters, from the next 16-byte boundary
+        shared_bytes = shape.shared_bytes + (16 + 4 * block_counts if cluster else 0)
         if shared_bytes > SHARED_BYTES_DEFAULT:
             driver.funcSetAttribute(place, driver.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                                     shared_bytes)
