@@ -16,8 +16,7 @@ its plan is checked against ours where the two contracts agree (the rows each
 expert owns; TileKernels orders an expert's slots differently and counts
 aligned rows in ``tokens_per_expert``). ``--sweep`` also times other launch
 shapes of our kernels (per call in a CUDA graph of kernel launches alone,
-preallocated buffer); "coop+cN" is the cooperative kernel in clusters of N
-blocks that load the block counts once a cluster (``MappingShape.cluster_blocks``).
+preallocated buffer).
 """
 
 from __future__ import annotations
@@ -90,17 +89,13 @@ def sweep_shapes(device_ids, num_experts, alignment, rows, iters):
     for warps in sorted({4, 8, 16, 32, base.warps}):
         for blocks in sorted({1, max(1, base.blocks // 2), base.blocks, base.blocks * 2,
                               min(base.blocks * 4, 132), 132}):
-            for mode in ("warp", "self", "counts", "overlap", "coop", "coop+c4", "coop+c8"):
-                cluster = int(mode.partition("+c")[2] or 0)  # blocks a cluster (coop+cN)
-                if cluster and (traits.major < 9 or blocks % cluster):
-                    continue
+            for mode in ("warp", "self", "counts", "overlap", "coop"):
                 if mode == "warp" and (slots > WARP_PLAN_MAX_SLOTS or warps > 8):
                     continue
                 if mode == "self" and slots > 65536:
                     continue
-                if mode.startswith("coop") and (blocks > traits.multiprocessors
-                                                or warps > COOP_MAX_WARPS
-                                                or not traits.cooperative_launch):
+                if mode == "coop" and (blocks > traits.multiprocessors or warps > COOP_MAX_WARPS
+                                       or not traits.cooperative_launch):
                     continue
                 if mode != "warp" and warps < 8:
                     continue
@@ -109,10 +104,9 @@ def sweep_shapes(device_ids, num_experts, alignment, rows, iters):
                                       one_warp=mode == "warp")
                 if mode != "warp":
                     shape = shape._replace(self_counting=mode == "self",
-                                           cooperative=mode.startswith("coop"),
-                                           count_split=1 if mode.startswith("coop")
-                                           else shape.count_split,
-                                           cluster_blocks=cluster)
+                                           cooperative=mode == "coop",
+                                           count_split=1 if mode == "coop"
+                                           else shape.count_split)
                 overlap = mode == "overlap"
                 plan = MappingPlan(problem, device_ids.device.index, shape, overlap)
                 buffer = torch.empty(plan.buffer_size, dtype=torch.int32, device="cuda")

@@ -18,7 +18,7 @@
 # --mapping: benchmarks/bench_fused_mapping.py (beside TileKernels where a
 # .peers/ bundle was carried: benchmarks/peer_setup.sh), JSON to
 # $OUT/fused_mapping.json; then the prefill shapes' phase traces
-# (profile_mapping_phases.py, on sm_90+ also --cluster 8) into the log.
+# (profile_mapping_phases.py) into the log.
 #
 # Run from anywhere on the GPU machine. Outputs go to $OUT (or ./gpu_check_out
 # when OUT is unset): the bench's JSON/Markdown/PNG and the sweep's JSON where
@@ -98,17 +98,12 @@ if [ $mapping -eq 1 ]; then
       > "$OUT/mapping.tmp" 2>> "$LOG" )
   record "fused_mapping bench (rc=$?)" "[$(( $(date +%s) - start ))s]"
   cat "$OUT/mapping.tmp" | tee -a "$LOG"; rm -f "$OUT/mapping.tmp"
-  # phase traces of the prefill shapes, the default kernel and (sm_90+) the
-  # cooperative kernel in clusters of 8 (MappingShape.cluster_blocks)
+  # phase traces of the prefill shapes, the default kernel
   start=$(date +%s)
   section "fused_mapping phases"
   shapes="4096 8 128 128 4096 8 256 128 4096 8 384 128 8192 8 384 128"
   python3 benchmarks/profile_mapping_phases.py $shapes >> "$LOG" 2>&1
-  rc=$?
-  if [ "$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -n 1 | cut -d. -f1)" -ge 9 ]; then
-    python3 benchmarks/profile_mapping_phases.py --cluster 8 $shapes >> "$LOG" 2>&1 || rc=$?
-  fi
-  record "fused_mapping phases (rc=$rc)" "[$(( $(date +%s) - start ))s]"
+  record "fused_mapping phases (rc=$?)" "[$(( $(date +%s) - start ))s]"
 fi
 
 if [ $layer -eq 1 ]; then

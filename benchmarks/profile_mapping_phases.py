@@ -3,14 +3,13 @@ kernels compiled with ``MAP_TRACE`` record each block's SM clock at every
 ``MAP_PHASE`` point (kernels_cu/mapping.cu); this prints, per phase, the
 cycles since the block started (median and slowest block). GPU only.
 
-    python benchmarks/profile_mapping_phases.py [--cluster N] [-D NAME=VALUE ...] [SHAPES]
+    python benchmarks/profile_mapping_phases.py [-D NAME=VALUE ...] [SHAPES]
 
 SHAPES are groups of four numbers, T K E ALIGNMENT (default: the manifest's
-mapping workloads); ``--cluster N`` traces cooperative grids in clusters of
-N blocks (``MappingShape.cluster_blocks``); ``-D`` adds a define to the
-traced build (a variant of the kernel source, e.g. ``-D SUM_VECS=16``). The
-traced launch is the last of several back to back, as in a CUDA graph (ids
-and code warm in the caches). Phases of the general kernel:
+mapping workloads); ``-D`` adds a define to the traced build (a variant of
+the kernel source, e.g. ``-D SUM_VECS=16``). The traced launch is the last
+of several back to back, as in a CUDA graph (ids and code warm in the
+caches). Phases of the general kernel:
 0 start, 1 counters zeroed, 2 warps counted, 3 block totals written, 4 past
 the grid barrier, 5 column sums, 6 expert scan, 7 slots placed, 8 segment
 tails padded, 9 end; of the one-warp kernel: 0 start, 1 the warp's plan
@@ -38,14 +37,11 @@ TRACED_BLOCKS = 1024
 LAUNCHES = 8       # back to back; the last is traced
 
 
-def traced_plan(problem: MappingProblem, device: int, extra_defines: tuple = (),
-                cluster: int = 0) -> tuple[MappingPlan, tuple]:
-    """The default plan of ``problem`` (a cooperative one in clusters of
-    ``cluster`` blocks) with its kernels swapped for traced builds (with
-    ``extra_defines`` too)."""
+def traced_plan(problem: MappingProblem, device: int,
+                extra_defines: tuple = ()) -> tuple[MappingPlan, tuple]:
+    """The default plan of ``problem`` with its kernels swapped for traced
+    builds (with ``extra_defines`` too)."""
     plan = MappingPlan(problem, device)
-    if cluster and plan.shape.cooperative:
-        plan = MappingPlan(problem, device, plan.shape._replace(cluster_blocks=cluster))
     names = kernel_names(plan.shape, problem.id_dtype)
     defines = TRACE_DEFINES + tuple(extra_defines)
     traced = []
@@ -61,7 +57,7 @@ def traced_plan(problem: MappingProblem, device: int, extra_defines: tuple = (),
 
 
 def profile(num_tokens: int, top_k: int, num_experts: int, alignment: int,
-            extra_defines: tuple = (), cluster: int = 0) -> str:
+            extra_defines: tuple = ()) -> str:
     device = torch.cuda.current_device()
     rng = np.random.default_rng(0)
     ids = rng.integers(0, num_experts, size=(num_tokens, top_k))
@@ -69,7 +65,7 @@ def profile(num_tokens: int, top_k: int, num_experts: int, alignment: int,
     device_ids = torch.from_numpy(ids).cuda()
     rows = worst_case_rows(ids.size, num_experts, alignment)
     problem = MappingProblem(num_tokens, top_k, num_experts, alignment, rows, "int64")
-    plan, defines = traced_plan(problem, device, extra_defines, cluster)
+    plan, defines = traced_plan(problem, device, extra_defines)
     module = get_module(SOURCE, defines, device)
     trace = cupy.ndarray((TRACED_BLOCKS, PHASES), dtype=cupy.int64,
                          memptr=module.get_global("map_trace"))
@@ -83,9 +79,7 @@ def profile(num_tokens: int, top_k: int, num_experts: int, alignment: int,
     blocks = min(plan.shape.blocks, TRACED_BLOCKS)
     clocks = cupy.asnumpy(trace[:blocks])
     kernel = kernel_names(plan.shape, problem.id_dtype)[-1].split("_")[1]  # warp, coop, place
-    built = " ".join([f"{name}={value}" for name, value in extra_defines]
-                     + ([f"clusters of {plan.shape.cluster_blocks}"]
-                        if plan.shape.cluster_blocks else []))
+    built = " ".join(f"{name}={value}" for name, value in extra_defines)
     lines = [f"T={num_tokens} K={top_k} E={num_experts} A={alignment} X={rows}: {kernel}, "
              f"{plan.shape.blocks} blocks x {plan.shape.threads} threads"
              + (f" [{built}]" if built else "")]
@@ -104,13 +98,10 @@ def profile(num_tokens: int, top_k: int, num_experts: int, alignment: int,
 
 
 def main() -> int:
-    args, extra_defines, cluster = sys.argv[1:], [], 0
-    while len(args) >= 2 and (args[0] == "--cluster" or args[0] == "-D" and "=" in args[1]):
-        if args[0] == "--cluster":
-            cluster = int(args[1])
-        else:
-            name, value = args[1].split("=", 1)
-            extra_defines.append((name, int(value)))
+    args, extra_defines = sys.argv[1:], []
+    while len(args) >= 2 and args[0] == "-D" and "=" in args[1]:
+        name, value = args[1].split("=", 1)
+        extra_defines.append((name, int(value)))
         args = args[2:]
     try:
         numbers = [int(v) for v in args]
@@ -124,7 +115,7 @@ def main() -> int:
         (w.num_tokens, w.top_k, w.num_experts, w.alignment)
         for w in load_workloads("fused_mapping")]
     for shape in shapes:
-        print(profile(*shape, tuple(extra_defines), cluster))
+        print(profile(*shape, tuple(extra_defines)))
     return 0
 
 

@@ -32,21 +32,6 @@ __device__ __forceinline__ void mbarrier_expect(unsigned barrier, unsigned bytes
                  :: "r"(barrier), "r"(bytes) : "memory");
 }
 
-// Initialise mbarrier `barrier` for one arrival, visible cluster-wide (a
-// cluster's peers may complete transactions on it: multicast loads) once a
-// cluster barrier has passed.
-__device__ __forceinline__ void mbarrier_init_for_cluster(unsigned barrier) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" :: "r"(barrier));
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-}
-
-// The one arrival on mbarrier `barrier`, expecting `bytes` of transactions
-// (some may have completed already: the count may run below zero meanwhile).
-__device__ __forceinline__ void mbarrier_arrive_expect(unsigned barrier, unsigned bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;"
-                 :: "r"(barrier), "r"(bytes) : "memory");
-}
-
 // Spin until phase 0 of mbarrier `barrier` completes.
 __device__ __forceinline__ void mbarrier_wait(unsigned barrier) {
     asm volatile("{\n"
@@ -64,20 +49,6 @@ __device__ __forceinline__ void bulk_load(unsigned stage, const void* src, unsig
                  " [%0], [%1], %2, [%3], %4;"
                  :: "r"(stage), "l"(src), "r"(bytes), "r"(barrier), "l"(evict_first_policy())
                  : "memory");
-}
-
-// One bulk copy global -> shared of every block of the cluster in
-// `cta_mask`, to the same shared offset `stage` in each, completing on the
-// mbarrier at offset `barrier` in each. The source was written by generic
-// stores of other SMs (ordered before by a grid barrier): a proxy fence
-// first, so that the bulk engine's reads come after them.
-__device__ __forceinline__ void bulk_load_multicast(unsigned stage, const void* src,
-                                                    unsigned bytes, unsigned barrier,
-                                                    unsigned short cta_mask) {
-    asm volatile("fence.proxy.async.global;" ::: "memory");
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes"
-                 ".multicast::cluster [%0], [%1], %2, [%3], %4;"
-                 :: "r"(stage), "l"(src), "r"(bytes), "r"(barrier), "h"(cta_mask) : "memory");
 }
 
 // One bulk copy shared -> global, in the thread's current bulk group.

@@ -41,31 +41,3 @@ __device__ __forceinline__ void grid_barrier() {
     }
     __syncthreads();
 }
-
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-// Thread block clusters (sm_90+): every thread of every block of the
-// cluster arrives, then waits (arrive early, wait late: the barrier costs
-// nothing where the others arrived long before). Whole warps, converged.
-// The arrival orders no memory (relaxed: no fence before it); what must be
-// seen across the cluster carries its own fence (an mbarrier's init).
-// (__syncwarp first: .aligned wants the warp converged, and a branch on
-// the thread index may come just before.)
-__device__ __forceinline__ void cluster_arrive() {
-    __syncwarp();
-    asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
-}
-__device__ __forceinline__ void cluster_wait() {
-    __syncwarp();
-    asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
-}
-__device__ __forceinline__ unsigned cluster_rank() {
-    unsigned rank;
-    asm("mov.u32 %0, %%cluster_ctarank;" : "=r"(rank));
-    return rank;
-}
-__device__ __forceinline__ unsigned cluster_blocks() {
-    unsigned blocks;
-    asm("mov.u32 %0, %%cluster_nctarank;" : "=r"(blocks));
-    return blocks;
-}
-#endif

@@ -30,7 +30,6 @@
 // tail of a segment, or past the last segment).
 // *_i32 / *_i64: the dtype of topk_ids.
 
-#include "bulk_copy.cuh"
 #include "dependent_launch.cuh"
 #include "grid_barrier.cuh"
 #include "vector_access.cuh"
@@ -224,17 +223,7 @@ __device__ __forceinline__ void sum_column(const int* counts, int experts, int j
     }
 }
 
-// Cluster (cooperative launches in clusters of blocks, sm_90+: a variant
-// until measured, MappingShape.cluster_blocks): after the grid barrier each
-// block of a cluster loads 1 / C of the block counts' rows from global
-// memory, multicast to the shared memory of all C blocks of its cluster (the
-// bulk-copy engine), so that L2 serves every row once a cluster instead of
-// once a block; the column sums then read shared memory. (Every block
-// reading every row is ~4 MB of L2 reads at E = 128, 128 blocks, all of the
-// same 32 KiB: about what the sums' ~2,800 cycles take at an L2 slice's
-// rate, NOTES.md twelfth session.) The rows' copy sits after the counters in
-// dynamic shared memory, from the next 16-byte boundary.
-template <typename Id, bool Cooperative, bool Cluster = false>
+template <typename Id, bool Cooperative>
 __device__ __forceinline__ void place_block(const MappingArgs& a) {
     extern __shared__ int shared[];
     const int experts = a.num_experts, warps = blockDim.x >> 5;
@@ -257,15 +246,6 @@ __device__ __forceinline__ void place_block(const MappingArgs& a) {
     int first_ids[MAP_BATCH];
     MAP_PHASE(0);
     load_batch<Id>(a, warp_first, warp_end, lane, first_ids);
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    __shared__ __align__(8) unsigned long long rows_arrived;  // Cluster: the rows' mbarrier
-    if (Cluster) {
-        // initialised before any peer's multicast can complete on it: the
-        // cluster barrier's wait comes before the loads are issued
-        if (threadIdx.x == 0) mbarrier_init_for_cluster(shared_address(&rows_arrived));
-        cluster_arrive();
-    }
-#endif
 
     for (int j = threadIdx.x; j < warps * experts; j += blockDim.x) warp_counts[j] = 0;
     for (int j = threadIdx.x; j < experts; j += blockDim.x) base[j] = tokens[j] = 0;
@@ -332,29 +312,6 @@ __device__ __forceinline__ void place_block(const MappingArgs& a) {
         const int blocks = gridDim.x, block = blockIdx.x, groups = padded >> 3;
         const int parts = max(1, static_cast<int>(blockDim.x) / groups);
         const uint4* rows = reinterpret_cast<const uint4*>(a.block_counts);
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-        if (Cluster) {
-            // rows [r * blocks / C, (r + 1) * blocks / C) by block r of the
-            // cluster, to every block of it (blocks is a multiple of C)
-            const unsigned cluster = cluster_blocks(), rank = cluster_rank();
-            const unsigned row_bytes = static_cast<unsigned>(padded) * 2u;
-            const unsigned chunk_bytes = static_cast<unsigned>(blocks) / cluster * row_bytes;
-            unsigned char* copy = reinterpret_cast<unsigned char*>(
-                (reinterpret_cast<unsigned long long>(tokens + experts) + 15) & ~15ull);
-            const unsigned arrived = shared_address(&rows_arrived);
-            cluster_wait();  // every block's mbarrier initialised
-            if (threadIdx.x == 0) {
-                mbarrier_arrive_expect(arrived, static_cast<unsigned>(blocks) * row_bytes);
-                bulk_load_multicast(shared_address(copy) + rank * chunk_bytes,
-                                    reinterpret_cast<const unsigned char*>(a.block_counts)
-                                        + rank * chunk_bytes,
-                                    chunk_bytes, arrived,
-                                    static_cast<unsigned short>((1u << cluster) - 1u));
-            }
-            mbarrier_wait(arrived);
-            rows = reinterpret_cast<const uint4*>(copy);
-        }
-#endif
         for (int t = threadIdx.x; t < groups * parts; t += blockDim.x) {
             const int group = t % groups, part = t / groups;
             int earlier[8], total[8];
@@ -524,14 +481,6 @@ __device__ __forceinline__ void place_block(const MappingArgs& a) {
         a.pos_rows[2LL * x + p] = -1;
     }
     MAP_PHASE(9);
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    if (Cluster) {
-        // no block retires while a multicast it issued may still be writing
-        // to its peers
-        cluster_arrive();
-        cluster_wait();
-    }
-#endif
 }
 
 extern "C" __global__ void __launch_bounds__(MAP_MAX_WARPS * 32)
@@ -560,26 +509,6 @@ mapping_coop_i32(const MappingArgs a) {
 extern "C" __global__ void COOP_LAUNCH_BOUNDS
 mapping_coop_i64(const MappingArgs a) {
     place_block<long long, true>(a);
-}
-
-// The cooperative kernel launched in clusters (see place_block's Cluster):
-// sm_90 and newer only, where the host launches it.
-extern "C" __global__ void COOP_LAUNCH_BOUNDS
-mapping_coop_cluster_i32(const MappingArgs a) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    place_block<int, true, true>(a);
-#else
-    __trap();
-#endif
-}
-
-extern "C" __global__ void COOP_LAUNCH_BOUNDS
-mapping_coop_cluster_i64(const MappingArgs a) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    place_block<long long, true, true>(a);
-#else
-    __trap();
-#endif
 }
 
 // A warp's worth of slots (N <= 32: decode). One warp holds every slot, a

@@ -75,8 +75,7 @@ def test_thousand_random_plans_are_bit_identical(kind):
 
 def test_every_launch_shape_gives_the_same_plan():
     """All three counting modes of the general kernels (self-counting, block
-    counts, cooperative; on sm_90+ half the cooperative grids in clusters of
-    2, 4 or 8 blocks sharing the block counts), whatever the slots,
+    counts, cooperative), whatever the slots,
     any warps per block and blocks (more or fewer than the slots need, more
     than the GPU's SMs but for a cooperative launch): the plan does not
     move."""
@@ -98,10 +97,6 @@ def test_every_launch_shape_gives_the_same_plan():
         blocks = int(rng.integers(1, 200))
         if mode == "cooperative":
             blocks = min(blocks, traits.multiprocessors)
-        cluster = 0
-        if mode == "cooperative" and traits.major >= 9 and rng.integers(0, 2):
-            cluster = int(rng.choice([2, 4, 8]))
-            blocks = max(cluster, min(blocks, 64) // cluster * cluster)
         warps = int(rng.integers(1, 9)) * 4 - 3
         if mode == "cooperative":
             warps = min(warps, COOP_MAX_WARPS)
@@ -109,8 +104,7 @@ def test_every_launch_shape_gives_the_same_plan():
                               traits.shared_bytes_optin, warps=warps, blocks=blocks,
                               one_warp=False)
         shape = shape._replace(self_counting=mode == "self", cooperative=mode == "cooperative",
-                               count_split=1 if mode == "cooperative" else shape.count_split,
-                               cluster_blocks=cluster)
+                               count_split=1 if mode == "cooperative" else shape.count_split)
         plan = MappingPlan(problem, device, shape, overlap=bool(rng.integers(0, 2)))
         buffer = cupy.full(plan.buffer_size, 0x5A5A5A5A, dtype=cupy.int32)
         ids = cupy.asarray(topk_ids)

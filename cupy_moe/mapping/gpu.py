@@ -22,7 +22,6 @@ from ..runtime.launch import (
     OnDevice,
     device_traits,
     function_handle,
-    launch_cooperative_in_clusters,
     launch_overlapping_previous,
 )
 from ..runtime.sizes import align_up
@@ -46,8 +45,7 @@ def kernel_names(shape: MappingShape, id_dtype: str) -> list[str]:
     """The kernels of mapping.cu a plan launches, in launch order (the count
     kernel first where there are two)."""
     suffix = "i64" if id_dtype == "int64" else "i32"
-    kernel = ("warp" if shape.one_warp else "place" if not shape.cooperative
-              else "coop_cluster" if shape.cluster_blocks else "coop")
+    kernel = "warp" if shape.one_warp else "coop" if shape.cooperative else "place"
     count = [] if shape.self_counting or shape.cooperative else [f"mapping_count_{suffix}"]
     return count + [f"mapping_{kernel}_{suffix}"]
 
@@ -84,13 +82,6 @@ class MappingPlan:
         if shape.cooperative and shape.warps > COOP_MAX_WARPS:
             raise ValueError(f"a cooperative launch has at most {COOP_MAX_WARPS} warps a block; "
                              f"got {shape.warps}")
-        cluster = shape.cluster_blocks
-        if cluster and not (shape.cooperative and traits.major >= 9 and cluster in (2, 4, 8)
-                            and shape.blocks % cluster == 0):
-            raise ValueError(f"cluster_blocks must be 2, 4 or 8 and divide the blocks of a "
-                             f"cooperative grid on sm_90+; got cluster_blocks={cluster}, "
-                             f"{shape.blocks} blocks, cooperative={shape.cooperative}, "
-                             f"sm_{traits.major}x")
         # block totals (cooperative: uint16, two to an int32), or count-block
         # totals and place-block prefixes
         block_counts = (0 if shape.self_counting else
@@ -105,16 +96,13 @@ class MappingPlan:
                             self.buffer_size - expert_rows - 3 * experts)
         names, defines = kernel_names(shape, problem.id_dtype), ()
         place = function_handle(SOURCE, defines, device, names[-1])
-        # in clusters, the block counts (the scratch's first 4 * block_counts
-        # bytes) copied after the counters, from the next 16-byte boundary
-        shared_bytes = shape.shared_bytes + (16 + 4 * block_counts if cluster else 0)
-        if shared_bytes > SHARED_BYTES_DEFAULT:
+        if shape.shared_bytes > SHARED_BYTES_DEFAULT:
             driver.funcSetAttribute(place, driver.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                                    shared_bytes)
+                                    shape.shared_bytes)
         self.launches = [] if len(names) == 1 else [
             (function_handle(SOURCE, defines, device, names[0]), shape.count_blocks,
              shape.threads, 4 * shape.count_split * experts)]
-        self.launches.append((place, shape.blocks, shape.threads, shared_bytes))
+        self.launches.append((place, shape.blocks, shape.threads, shape.shared_bytes))
         self.args = ArgBlock(MAPPING_ARGS, MAPPING_ARGS.constants(
             num_slots=slots, top_k=problem.top_k, num_experts=experts,
             alignment=problem.alignment, num_expanded=rows, warp_slots=shape.warp_slots,
@@ -128,10 +116,6 @@ class MappingPlan:
         launches = self.launches
         if self.shape.cooperative:
             handle, blocks, threads, shared_bytes = launches[0]
-            if self.shape.cluster_blocks:
-                launch_cooperative_in_clusters(handle, blocks, threads, shared_bytes, stream,
-                                               block.params_address, self.shape.cluster_blocks)
-                return
             driver.launchCooperativeKernel(handle, blocks, 1, 1, threads, 1, 1, shared_bytes,
                                            stream, block.params_address)
             return

@@ -50,10 +50,6 @@ class MappingShape(NamedTuple):
     one_warp: bool = False  # a warp's worth of slots: one warp of each block works
                             # the plan out, the blocks write the rows (no shared
                             # counters; self_counting's buffer layout)
-    cluster_blocks: int = 0  # cooperative, sm_90+: clusters of this many blocks
-                             # (2, 4 or 8) load the block counts once a cluster,
-                             # multicast to its blocks' shared memory (a variant
-                             # until measured; 0: every block from L2)
 
     @property
     def count_blocks(self) -> int:

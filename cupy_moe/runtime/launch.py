@@ -19,7 +19,7 @@ from cupy.cuda import driver, runtime
 from .loader import get_module
 
 __all__ = ["ArgStruct", "ArgBlock", "function_handle", "DeviceTraits", "device_traits",
-           "OnDevice", "launch", "launch_cooperative_in_clusters", "launch_overlapping_previous"]
+           "OnDevice", "launch", "launch_overlapping_previous"]
 
 # C field types of a kernel argument struct: struct code and size (= alignment)
 _FIELD_TYPES = {"ptr": ("Q", 8), "i64": ("q", 8), "i32": ("i", 4)}
@@ -107,9 +107,8 @@ class _LaunchConfig(ctypes.Structure):
                 ("attrs", ctypes.POINTER(_LaunchAttribute)), ("num_attrs", ctypes.c_uint))
 
 
-# CU_LAUNCH_ATTRIBUTE_COOPERATIVE, _CLUSTER_DIMENSION, _PROGRAMMATIC_STREAM_SERIALIZATION
-# (cuda.h)
-_COOPERATIVE, _CLUSTER_DIMENSION, _PROGRAMMATIC_STREAM_SERIALIZATION = 2, 4, 6
+# CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION (cuda.h)
+_PROGRAMMATIC_STREAM_SERIALIZATION = 6
 
 
 class _OverlapLaunch(threading.local):
@@ -125,38 +124,8 @@ class _OverlapLaunch(threading.local):
         self.config_address = ctypes.addressof(self.config)
 
 
-class _ClusterLaunch(threading.local):
-    """cuLaunchKernelEx of a cooperative grid in clusters: a per-thread
-    config with both attributes (the cluster size set per launch)."""
-
-    def __init__(self) -> None:
-        self.attributes = (_LaunchAttribute * 2)()
-        self.attributes[0].id = _COOPERATIVE
-        self.attributes[0].value[0] = 1
-        self.attributes[1].id = _CLUSTER_DIMENSION
-        self.attributes[1].value[1] = self.attributes[1].value[2] = 1
-        self.config = _LaunchConfig(
-            attrs=ctypes.cast(self.attributes, ctypes.POINTER(_LaunchAttribute)), num_attrs=2)
-        self.config.grid[1] = self.config.grid[2] = 1
-        self.config.block[1] = self.config.block[2] = 1
-        self.config_address = ctypes.addressof(self.config)
-
-
 _overlap = None  # _OverlapLaunch, made on first use (loads the driver library)
-_clusters = None  # _ClusterLaunch, likewise
 _launch_kernel_ex = None
-
-
-def _kernel_ex():
-    """The driver's cuLaunchKernelEx (CuPy has no binding of it)."""
-    global _overlap, _clusters, _launch_kernel_ex
-    if _launch_kernel_ex is None:
-        library = ctypes.CDLL("libcuda.so.1")
-        function = library.cuLaunchKernelEx
-        function.argtypes = (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p)
-        function.restype = ctypes.c_int
-        _overlap, _clusters, _launch_kernel_ex = _OverlapLaunch(), _ClusterLaunch(), function
-    return _launch_kernel_ex
 
 
 def launch_overlapping_previous(handle: int, blocks: int, threads: int, shared_bytes: int,
@@ -166,26 +135,17 @@ def launch_overlapping_previous(handle: int, blocks: int, threads: int, shared_b
     it with ``griddepcontrol.wait`` before reading what it wrote, and the
     previous kernel lets it start with ``griddepcontrol.launch_dependents``.
     Captured into CUDA graphs as a programmatic edge."""
-    launch_kernel_ex = _kernel_ex()
+    global _overlap, _launch_kernel_ex
+    if _launch_kernel_ex is None:
+        library = ctypes.CDLL("libcuda.so.1")
+        function = library.cuLaunchKernelEx
+        function.argtypes = (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p)
+        function.restype = ctypes.c_int
+        _overlap, _launch_kernel_ex = _OverlapLaunch(), function
     config = _overlap.config
     config.grid[0], config.block[0], config.shared_bytes = blocks, threads, shared_bytes
     config.stream = stream
-    status = launch_kernel_ex(_overlap.config_address, handle, params_address, None)
-    if status:
-        driver.check_status(status)
-
-
-def launch_cooperative_in_clusters(handle: int, blocks: int, threads: int, shared_bytes: int,
-                                   stream: int, params_address: int, cluster: int) -> None:
-    """A cooperative launch (every block resident at once) whose blocks form
-    clusters of ``cluster`` consecutive blocks (sm_90+; ``blocks`` a multiple
-    of it)."""
-    launch_kernel_ex = _kernel_ex()
-    config = _clusters.config
-    config.grid[0], config.block[0], config.shared_bytes = blocks, threads, shared_bytes
-    config.stream = stream
-    _clusters.attributes[1].value[0] = cluster
-    status = launch_kernel_ex(_clusters.config_address, handle, params_address, None)
+    status = _launch_kernel_ex(_overlap.config_address, handle, params_address, None)
     if status:
         driver.check_status(status)
 
