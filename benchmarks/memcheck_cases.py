@@ -35,19 +35,25 @@ from cupy_moe import reference
 from cupy_moe.expand.api import run_with_tuning
 from cupy_moe.expand.rules import sf_columns
 from cupy_moe.expand.tuning import DEFAULT_TUNING, ExpandTuning
+from cupy_moe.quantize.api import run_with_tuning as run_quantize_with_tuning
+from cupy_moe.quantize.launch_shape import QuantizeTuning
 from cupy_moe.mapping import worst_case_rows
 
 # the register kernel on every call; the bulk-copy kernel (sm_90+, 16-byte
 # rows) on every batch size
 REGISTERS_ONLY = dataclasses.replace(DEFAULT_TUNING, bulk_min_blocks=math.inf)
 BULK_ALWAYS = dataclasses.replace(DEFAULT_TUNING, bulk_min_blocks=0.0,
-                                  padding_share_registers=math.inf)
+                                  padding_share_registers=math.inf,
+                                  medium_padding_share_registers=math.inf)
 # the bulk kernel with zero-fill blocks of whole rows by 16-byte stores
 BULK_ZERO_PLAIN = dataclasses.replace(BULK_ALWAYS, bulk_whole_row_zero_from=0,
                                       bulk_zero_rows_plain=1)
 # every call with tokens padding-heavy, its padding rows by expand_zero_padding_rows
 ZERO_KERNEL = dataclasses.replace(DEFAULT_TUNING, padding_share_registers=0.0,
                                   zero_kernel_from_bytes=0)
+
+# swiglu_quantize_fp8's *_block_rows with up to 32 rows a block
+FEW_ROW_BLOCKS = QuantizeTuning(block_rows_from_bytes=0, block_rows_blocks_per_sm=0.01)
 
 
 def bits(a: np.ndarray) -> np.ndarray:
@@ -164,7 +170,14 @@ def run_combine_quantize_cases(rng) -> int:
             want = cupy_moe.swiglu_quantize_fp8(h, pos_to_expert=pos_to_expert, **settings)
             for g, w in zip(got, want):
                 assert np.array_equal(bits(cupy.asnumpy(g)), bits(np.asarray(w)))
-            cases += 2
+            # *_block_rows, up to 32 rows a block (the last block partial)
+            got = run_quantize_with_tuning(FEW_ROW_BLOCKS, "swiglu_quantize_fp8",
+                                           cupy.asarray(h.view(np.uint16)),
+                                           pos_to_expert=cupy.asarray(pos_to_expert),
+                                           **settings)
+            for g, w in zip(got, want, strict=True):
+                assert np.array_equal(bits(cupy.asnumpy(g)), bits(np.asarray(w)))
+            cases += 3
     return cases
 
 

@@ -7,8 +7,12 @@ only.
 (default: the manifest's swiglu decode workloads). Variants, all with the
 workload's shapes and SF layout unless named:
   plan          the workload as the bench times it
-  two chunks    the plan with two 16-byte chunks a lane (*_vec2,
-                QuantizeTuning.narrow_chunks=2) where it takes *_vec1
+  vec1          the plan on *_vec1 wherever it takes a few-live-rows kernel
+                (QuantizeTuning.block_rows_from_bytes = inf)
+  block rows    ... on *_block_rows (block_rows_from_bytes = 0): a block
+                whole rows, about one block an SM
+  block rows x2 the same with about two blocks an SM
+  block rows, all padding   and with pos_to_expert all -1
   no weights    topk_weights and pos_to_token_topk left out (one load less
                 on a live row's chain)
   all padding   pos_to_expert all -1: only the zero codes and scale factors
@@ -24,7 +28,9 @@ Results are timings only; the tests check the values.
 
 from __future__ import annotations
 
+import math
 import sys
+from dataclasses import replace
 
 import numpy as np
 import torch
@@ -36,6 +42,9 @@ from cupy_moe.quantize.launch_shape import QuantizeTuning
 from cupy_moe.harness.inputs import workload_inputs
 from cupy_moe.harness.manifest import load_workloads
 from cupy_moe.harness.timing import torch_graph_us
+
+
+BLOCK_ROWS = QuantizeTuning(block_rows_from_bytes=0)
 
 
 def variants(w, host: dict[str, np.ndarray]) -> dict[str, object]:
@@ -67,7 +76,13 @@ def variants(w, host: dict[str, np.ndarray]) -> dict[str, object]:
     q, q_sf = cupy_moe.quantize_fp8(act, **options)
     return {
         "plan": op(dev["h"], dev["pos_to_expert"]),
-        "two chunks": op(dev["h"], dev["pos_to_expert"], tuning=QuantizeTuning(narrow_chunks=2)),
+        "vec1": op(dev["h"], dev["pos_to_expert"],
+                   tuning=QuantizeTuning(block_rows_from_bytes=math.inf)),
+        "block rows": op(dev["h"], dev["pos_to_expert"], tuning=BLOCK_ROWS),
+        "block rows x2": op(dev["h"], dev["pos_to_expert"],
+                            tuning=replace(BLOCK_ROWS, block_rows_blocks_per_sm=2.0)),
+        "block rows, all padding": op(dev["h"], torch.full_like(dev["pos_to_expert"], -1),
+                                      tuning=BLOCK_ROWS),
         "no weights": op(dev["h"], dev["pos_to_expert"], weights=False),
         "all padding": op(dev["h"], torch.full_like(dev["pos_to_expert"], -1)),
         "live rows": op(h_live, dev["pos_to_expert"][torch.from_numpy(live).to(dev['h'].device)],
@@ -90,7 +105,7 @@ def main() -> int:
         print(f"{w.label}: X={host['h'].shape[0]} I={host['h'].shape[1] // 2} "
               f"live rows={rows}; us per call in a CUDA graph")
         for name, fn in variants(w, host).items():
-            print(f"  {name:12s} {torch_graph_us(fn):6.2f}")
+            print(f"  {name:24s} {torch_graph_us(fn):6.2f}")
     return 0
 
 

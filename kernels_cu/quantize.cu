@@ -27,8 +27,18 @@
 // swiglu_quantize_fp8_*_vec1: *_vec with one chunk a lane (8 bf16 or 4
 //   float32 columns, LOADS = 1), for calls with few live rows (decode): a
 //   live row's warps are then the kernel's critical path, and a lane's
-//   arithmetic over 32 columns most of it. *_vec2: two chunks a lane (half
-//   the warps for the padding rows; a variant until measured).
+//   arithmetic over 32 columns most of it.
+// swiglu_quantize_fp8_*_block_rows: the same conditions, for the same calls
+//   (a variant until measured): block b takes rows [b R, b R + R) (R =
+//   block_rows <= 32) whole. Its warps read the rows' maps (lane i row i)
+//   and agree by a ballot which are live; the block's threads take each
+//   live row in turn, one 16-byte chunk a thread as in *_vec1 (a block of
+//   at least the row's chunks, up to 1024 threads), and zero the padding
+//   rows' codes (16-byte stores across the rows) and scale factors while
+//   the first live chunk's loads are in flight (or alone). So
+//   about one block an SM covers X rows of padding (*_vec1: a warp every
+//   256 or 512 columns, thousands of blocks at decode) while a live row
+//   keeps *_vec1's short per-lane chain.
 // swiglu_quantize_fp8_*_rows: the same conditions and H % 1024 == 0; the
 //   same chunks, lanes and groups, but row-major: segment s is the output
 //   columns [1024 p, 1024 p + 1024) of row s / passes (p = s % passes,
@@ -104,6 +114,7 @@ struct QuantizeArgs {
     int passes;                    // *_rows: warps per row, H / 1024
     int sf_layout;                 // SF_ROW_MAJOR_F32, SF_COL_MAJOR_F32, SF_COL_MAJOR_UE8M0
     int round_sf;                  // 1: power-of-two scale factors
+    int block_rows;                // *_block_rows: rows a block, 1 .. 32
 };
 
 __device__ __forceinline__ unsigned magic_divide(unsigned n, i64 magic, int shift) {
@@ -256,9 +267,9 @@ __device__ __forceinline__ void store_zero_codes(unsigned char* out, i64 index) 
 }
 
 // *_vec: chunks numbered row after row (both ops); LOADS chunks a lane
-// (swiglu at decode, *_vec1 / *_vec2: one or two; every LOADS keeps to the
-// lanes of a block, 4 at least, since lane j < LOADS of a group computes
-// instruction j's scale).
+// (swiglu at decode, *_vec1: one; every LOADS keeps to the lanes of a
+// block, 4 at least, since lane j < LOADS of a group computes instruction
+// j's scale).
 template <typename In, bool SWIGLU, int LOADS = VecLayout<In>::LOADS>
 __device__ __forceinline__ void quantize_vec_body(const QuantizeArgs& a) {
     constexpr int CHUNK = VecLayout<In>::CHUNK;
@@ -575,6 +586,104 @@ __device__ __forceinline__ void quantize_any_body(const QuantizeArgs& a) {
         store_scale_factor(a, row, block, sf, padding);
 }
 
+// ---------------------------------------------------------------------------
+// swiglu_quantize_fp8_*_block_rows (see the top of the file).
+
+#define QUANT_BLOCK_ROWS_MAX_THREADS 1024
+
+// Every (row, column) of a block's R rows whose row is a bit of `rows_mask`,
+// `per_row` columns a row, the block's threads across them: calls
+// visit(row, column). One division a thread; then steps of blockDim.x.
+template <typename Visit>
+__device__ __forceinline__ void for_rows_columns(unsigned rows_mask, int rows, int per_row,
+                                                 Visit visit) {
+    const int step_rows = static_cast<int>(blockDim.x) / per_row;
+    const int step_columns = static_cast<int>(blockDim.x) - step_rows * per_row;
+    int r = static_cast<int>(threadIdx.x) / per_row;
+    int c = static_cast<int>(threadIdx.x) - r * per_row;
+    while (r < rows) {
+        if ((rows_mask >> r) & 1u) visit(r, c);
+        r += step_rows;
+        c += step_columns;
+        if (c >= per_row) {
+            c -= per_row;
+            ++r;
+        }
+    }
+}
+
+template <typename In>
+__device__ __forceinline__ void swiglu_block_rows_body(const QuantizeArgs& a) {
+    constexpr int CHUNK = VecLayout<In>::CHUNK;
+    const int lane = threadIdx.x & 31;
+    const int row_chunks = a.hidden >> VecLayout<In>::CHUNK_LOG2;
+    const i64 row0 = static_cast<i64>(blockIdx.x) * a.block_rows;
+    const int rows = static_cast<int>(min(static_cast<i64>(a.block_rows), a.num_rows - row0));
+    // the rows' maps, lane i row i, in every warp (the same words: one
+    // transaction each), so that every warp knows every row without a barrier
+    const bool weighted = a.topk_weights != nullptr;
+    int slot = 0;
+    bool padding = true;
+    if (lane < rows) {
+        const int expert = a.pos_to_expert != nullptr ? __ldg(a.pos_to_expert + row0 + lane) : 0;
+        if (weighted) slot = __ldg(a.pos_to_token_topk + row0 + lane);
+        padding = expert < 0 || (weighted && (slot < 0 || slot >= a.num_weights));
+    }
+    const unsigned live = __ballot_sync(QUANT_FULL_MASK, !padding);
+    const unsigned dead = (rows == 32 ? QUANT_FULL_MASK : (1u << rows) - 1u) & ~live;
+
+    // padding rows: zero codes (H % 16 == 0 and out 16-byte aligned: the
+    // conditions of every coalesced kernel) and zero scale factors; each
+    // thread its share, once: while its first live chunk's loads are in
+    // flight, else after the live rows
+    bool zeroed = dead == 0u;
+    auto zero_padding_rows = [&]() {
+        for_rows_columns(dead, rows, a.hidden >> 4, [&](int r, int v) {
+            store_once(reinterpret_cast<uint4*>(a.out + (row0 + r) * a.hidden) + v,
+                       make_uint4(0u, 0u, 0u, 0u));
+        });
+        for_rows_columns(dead, rows, a.sf_blocks, [&](int r, int block) {
+            store_scale_factor(a, row0 + r, block, 0.0f, true);
+        });
+        zeroed = true;
+    };
+
+    // live rows first (the critical path), one after another: a thread one
+    // 16-byte chunk of the row at a time (all of it at once where the block
+    // has the row's chunks); a warp past the row's end skips, and the lanes
+    // of a partial warp past it run the arithmetic on zero words for the
+    // shuffles, storing nothing
+    const int group_log2 = a.group_log2 + (5 - VecLayout<In>::CHUNK_LOG2);
+    const int in_group = lane & ((1 << group_log2) - 1);
+    for (unsigned todo = live; todo; todo &= todo - 1) {
+        const int r = __ffs(todo) - 1;
+        const i64 row = row0 + r;
+        const int row_slot = __shfl_sync(QUANT_FULL_MASK, slot, r);
+        const uint4* gate = reinterpret_cast<const uint4*>(a.x) + row * 2 * row_chunks;
+        for (int c0 = static_cast<int>(threadIdx.x) & ~31; c0 < row_chunks;
+             c0 += static_cast<int>(blockDim.x)) {
+            const int c = c0 + lane;
+            const bool in_row = c < row_chunks;
+            unsigned raw[2][1][4] = {};
+            if (in_row) {
+                unpack_chunk(load_once(gate + c), raw[0][0]);
+                unpack_chunk(load_once(gate + row_chunks + c), raw[1][0]);
+            }
+            // after the data: both in flight together (x * 1 is x)
+            const float weight[1] = {weighted ? __ldg(a.topk_weights + row_slot) : 1.0f};
+            if (!zeroed) zero_padding_rows();
+            float v[1][CHUNK], amax[1], scale[1];
+            chunk_values<In, true, 1>(raw, weight, v, amax);
+            const float sf = group_scales<1>(amax, lane, 1 << group_log2, a.round_sf != 0,
+                                             scale);
+            if (!in_row) continue;
+            store_codes<In>(a.out, row * row_chunks + c, v[0], scale[0]);
+            if (in_group == 0) store_scale_factor(a, row, c >> group_log2, sf, false);
+        }
+    }
+    if (!zeroed) zero_padding_rows();
+}
+
 #define DEFINE_QUANTIZE_KERNELS(IN_NAME, IN_TYPE)                                            \
     extern "C" __global__ void __launch_bounds__(QUANT_MAX_THREADS)                          \
     quantize_fp8_##IN_NAME##_vec(const QuantizeArgs a) {                                     \
@@ -596,9 +705,9 @@ __device__ __forceinline__ void quantize_any_body(const QuantizeArgs& a) {
     swiglu_quantize_fp8_##IN_NAME##_vec1(const QuantizeArgs a) {                             \
         quantize_vec_body<IN_TYPE, true, 1>(a);                                              \
     }                                                                                        \
-    extern "C" __global__ void __launch_bounds__(QUANT_MAX_THREADS)                          \
-    swiglu_quantize_fp8_##IN_NAME##_vec2(const QuantizeArgs a) {                             \
-        quantize_vec_body<IN_TYPE, true, 2>(a);                                              \
+    extern "C" __global__ void __launch_bounds__(QUANT_BLOCK_ROWS_MAX_THREADS)               \
+    swiglu_quantize_fp8_##IN_NAME##_block_rows(const QuantizeArgs a) {                       \
+        swiglu_block_rows_body<IN_TYPE>(a);                                                  \
     }                                                                                        \
     extern "C" __global__ void __launch_bounds__(QUANT_MAX_THREADS)                          \
     swiglu_quantize_fp8_##IN_NAME##_any(const QuantizeArgs a) {                              \

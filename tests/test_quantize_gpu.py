@@ -10,6 +10,8 @@ The helpers here also serve test_swiglu_gpu.py.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 from gpu_cases import (
@@ -38,9 +40,13 @@ SOFTWARE = QuantizeTuning(software_e4m3=True)
 TUNINGS = [None, SOFTWARE, QuantizeTuning(threads=32, small_threads=32),
            QuantizeTuning(threads=256, small_threads=256, full_blocks_from=0.0),
            QuantizeTuning(rows_min_blocks=5),
-           # swiglu: never / always one or two 16-byte chunks a lane (*_vec1, *_vec2)
-           QuantizeTuning(narrow_live_rows=0), QuantizeTuning(narrow_live_rows=2**31),
-           QuantizeTuning(narrow_live_rows=2**31, narrow_chunks=2)]
+           # swiglu: never / always the few-live-rows kernels (*_vec1; *_block_rows,
+           # a row a block on small X, and up to 32 rows a block, the last partial)
+           QuantizeTuning(narrow_live_rows=0),
+           QuantizeTuning(narrow_live_rows=2**31, block_rows_from_bytes=math.inf),
+           QuantizeTuning(narrow_live_rows=2**31, block_rows_from_bytes=0),
+           QuantizeTuning(narrow_live_rows=2**31, block_rows_from_bytes=0,
+                          block_rows_blocks_per_sm=0.01)]
 CASES_PER_KIND = 600  # x 2 kinds: over a thousand per op
 
 

@@ -4,6 +4,7 @@ factor exactly once, as kernels_cu/quantize.cu computes its indices."""
 
 from __future__ import annotations
 
+import math
 import re
 
 import numpy as np
@@ -49,16 +50,17 @@ def _count_sf_store(counts, packed_bytes, row, block, num_rows, blocks_per_row):
 
 def emulate_grid(num_rows: int, hidden: int, npc: int, multiprocessors: int = 132,
                  tuning: QuantizeTuning = DEFAULT_TUNING, *, vector: bool = False,
-                 chunk: int = 8, swiglu: bool = False, narrow: int = 0):
+                 chunk: int = 8, swiglu: bool = False, narrow: bool = False, live=None):
     """What every lane of a kernel's grid does, computed as the kernel computes
     it: how often each output column, each scale factor and each byte of the
     packed SF buffer (pad columns included) is written. ``vector``: the *_vec
     kernel, whose input chunks hold ``chunk`` columns (8: bf16, 4: float32);
     with ``swiglu`` and whole 1024-column segments, swiglu's *_rows; with
-    ``swiglu`` and ``narrow`` (1 or 2), its *_vec1 or *_vec2 (that many
-    chunks a lane)."""
+    ``swiglu`` and ``narrow``, *_vec1 (one chunk a lane) or, from
+    ``tuning.block_rows_from_bytes`` of codes, *_block_rows (``live``: which
+    rows are live, a bool per row; default every other)."""
     shape = launch_shape(num_rows, hidden, npc, multiprocessors, tuning, swiglu=swiglu,
-                         narrow_columns=chunk * narrow)
+                         narrow_columns=chunk if narrow else 0)
     blocks_per_row = -(-hidden // npc)
     ld = -(-num_rows // 4) * 4
     written = np.zeros((num_rows, hidden), dtype=np.int64)
@@ -66,12 +68,19 @@ def emulate_grid(num_rows: int, hidden: int, npc: int, multiprocessors: int = 13
     packed_bytes = np.zeros((-(-blocks_per_row // 4), ld, 4), dtype=np.int64)
     blocks, threads = shape.grid(vector)
     assert shape.rows == (swiglu and not narrow and hidden % SEGMENT_COLUMNS == 0)
-    assert shape.narrow == (swiglu and narrow > 0)
+    assert shape.narrow == (swiglu and narrow)
+    assert (shape.block_rows > 0) == (shape.narrow and hidden % npc == 0
+                                      and num_rows * hidden >= tuning.block_rows_from_bytes)
     if vector and shape.rows:
         return (shape, *_emulate_swiglu_rows(shape, num_rows, hidden, npc, chunk, blocks * threads,
                                              written, sf_stores, packed_bytes))
+    if vector and shape.block_rows:
+        if live is None:
+            live = [r % 2 == 1 for r in range(num_rows)]
+        return (shape, *_emulate_block_rows(shape, num_rows, hidden, npc, chunk, live, written,
+                                            sf_stores, packed_bytes))
     if vector:
-        loads = narrow if shape.narrow else LANE_COLUMNS // chunk
+        loads = 1 if shape.narrow else LANE_COLUMNS // chunk
         group_log2 = shape.group_log2 + {8: 2, 4: 3}[chunk]  # + log2(32 / chunk)
         group = 1 << group_log2
         assert group == npc // chunk and group >= loads
@@ -163,6 +172,65 @@ def _emulate_swiglu_rows(shape, num_rows, hidden, npc, chunk, lanes, written, sf
     return written, sf_stores, packed_bytes
 
 
+def _emulate_block_rows(shape, num_rows, hidden, npc, chunk, live, written, sf_stores,
+                        packed_bytes):
+    """swiglu_block_rows_body of quantize.cu: block b, rows [b R, b R + R)
+    (the last block's part of them); its padding rows' 16-byte zero stores
+    and scale factors by for_rows_columns' walk (one division a thread, then
+    steps of the block), each live row's chunks a thread each, warps past
+    the row's end skipped."""
+    threads, rows_a_block = shape.vec_threads, shape.block_rows
+    assert 1 <= rows_a_block <= 32 and threads % 32 == 0 and threads <= 1024
+    group_log2 = shape.group_log2 + {8: 2, 4: 3}[chunk]
+    group = 1 << group_log2
+    assert group == npc // chunk
+    row_chunks, row_vecs, blocks_per_row = hidden // chunk, hidden // 16, hidden // npc
+    assert threads >= min(row_chunks, 1024)  # a live row in one pass where it can be
+    assert shape.vec_blocks * rows_a_block >= num_rows > (shape.vec_blocks - 1) * rows_a_block
+
+    def walk(rows, per_row, visit):  # for_rows_columns, thread by thread
+        step_rows, step_columns = threads // per_row, threads % per_row
+        for thread in range(threads):
+            r, c = divmod(thread, per_row)
+            while r < rows:
+                visit(r, c)
+                r, c = r + step_rows, c + step_columns
+                if c >= per_row:
+                    r, c = r + 1, c - per_row
+
+    for block in range(shape.vec_blocks):
+        row0 = block * rows_a_block
+        rows = min(rows_a_block, num_rows - row0)
+
+        def zero_codes(r, v, row0=row0):
+            if not live[row0 + r]:
+                written[row0 + r, 16 * v:16 * (v + 1)] += 1
+
+        def zero_sf(r, b, row0=row0):
+            if not live[row0 + r]:
+                _count_sf_store(sf_stores, packed_bytes, row0 + r, b, num_rows, blocks_per_row)
+
+        walk(rows, row_vecs, zero_codes)
+        walk(rows, blocks_per_row, zero_sf)
+        for r in range(rows):
+            if not live[row0 + r]:
+                continue
+            for warp in range(threads // 32):
+                for c0 in range(32 * warp, row_chunks, threads):
+                    for lane in range(32):
+                        c = c0 + lane
+                        # a shuffle group: all in the row or all past it
+                        first = c - lane % group
+                        assert len({b < row_chunks for b in range(first, first + group)}) == 1
+                        if c >= row_chunks:
+                            continue
+                        written[row0 + r, c * chunk:(c + 1) * chunk] += 1
+                        if lane % group == 0:
+                            _count_sf_store(sf_stores, packed_bytes, row0 + r, c >> group_log2,
+                                            num_rows, blocks_per_row)
+    return written, sf_stores, packed_bytes
+
+
 @pytest.mark.parametrize("npc", [32, 128])
 @pytest.mark.parametrize(("num_rows", "hidden"), [
     (1, 1), (1, 31), (3, 32), (5, 33), (2, 127), (7, 128), (3, 129), (1, 1000), (4, 1024),
@@ -193,21 +261,62 @@ def test_the_coalesced_kernel_writes_everything_once(num_rows, hidden, npc, chun
     assert (packed_bytes == 1).all()
 
 
-@pytest.mark.parametrize("chunks", [1, 2], ids=["vec1", "vec2"])
+BLOCK_ROWS = QuantizeTuning(block_rows_from_bytes=0)
+FEW_BLOCKS = QuantizeTuning(block_rows_from_bytes=0, block_rows_blocks_per_sm=0.01)
+
+
+@pytest.mark.parametrize("tuning", [DEFAULT_TUNING, BLOCK_ROWS, FEW_BLOCKS],
+                         ids=["vec1", "block_rows", "block_rows-32"])
 @pytest.mark.parametrize("chunk", [8, 4], ids=["bf16", "f32"])
 @pytest.mark.parametrize(("num_rows", "hidden", "npc"), [
     *[(r, h, npc) for npc in (32, 128) for r, h in (
         (1, 128), (3, 128), (5, 384), (2, 768), (7, 1024), (9, 2048), (33, 256), (3, 2176))],
-    (2, 160, 32), (5, 32, 32), (3, 96, 32)])
-def test_the_few_chunks_a_lane_kernels_write_everything_once(num_rows, hidden, npc, chunk,
-                                                             chunks):
+    (2, 160, 32), (5, 32, 32), (3, 96, 32), (70, 64, 32)])
+def test_the_few_live_rows_kernels_write_everything_once(num_rows, hidden, npc, chunk, tuning):
     shape, written, sf_stores, packed_bytes = emulate_grid(
-        num_rows, hidden, npc, vector=True, chunk=chunk, swiglu=True, narrow=chunks)
+        num_rows, hidden, npc, tuning=tuning, vector=True, chunk=chunk, swiglu=True, narrow=True)
     assert not shape.rows
-    assert shape.vec_blocks * shape.vec_threads >= num_rows * hidden // (chunk * chunks)
+    if not shape.block_rows:
+        assert shape.vec_blocks * shape.vec_threads >= num_rows * hidden // chunk
     assert (written == 1).all()
     assert (sf_stores == 1).all()
     assert (packed_bytes == 1).all()
+
+
+@pytest.mark.parametrize("live", ["none", "all", "first", "last"])
+def test_block_rows_write_everything_once_whatever_rows_are_live(live):
+    num_rows = 45  # 32 + 13: a full block and a partial one
+    pick = {"none": lambda r: False, "all": lambda r: True, "first": lambda r: r % 32 == 0,
+            "last": lambda r: r == num_rows - 1}[live]
+    shape, written, sf_stores, packed_bytes = emulate_grid(
+        num_rows, 256, 32, tuning=FEW_BLOCKS, vector=True, chunk=8, swiglu=True, narrow=True,
+        live=[pick(r) for r in range(num_rows)])
+    assert shape.block_rows == 32 and shape.vec_blocks == 2 and shape.vec_threads == 32
+    assert (written == 1).all() and (sf_stores == 1).all() and (packed_bytes == 1).all()
+
+
+def test_block_rows_grid():
+    # Kimi-K2 decode plan, X = 1024 rows of I = 2048: 8 rows a block, 128
+    # blocks, a thread a 16-byte chunk of a live row (256 of bf16, 512 of f32)
+    kimi = launch_shape(1024, 2048, 128, 132, BLOCK_ROWS, swiglu=True, narrow_columns=8)
+    assert (kimi.block_rows, kimi.vec_blocks, kimi.vec_threads) == (8, 128, 256)
+    assert launch_shape(1024, 2048, 128, 132, BLOCK_ROWS, swiglu=True,
+                        narrow_columns=4).vec_threads == 512
+    # rows of more than 1024 chunks: a live row in passes of 1024 threads
+    assert launch_shape(3, 16384, 128, 132, BLOCK_ROWS, swiglu=True,
+                        narrow_columns=8).vec_threads == 1024
+    # few rows: a row a block; many: at most 32 a block
+    assert launch_shape(9, 2048, 128, 132, BLOCK_ROWS, swiglu=True,
+                        narrow_columns=8)[3:4] == (9,)
+    huge = launch_shape(10**6, 2048, 128, 132, BLOCK_ROWS, swiglu=True, narrow_columns=8)
+    assert huge.block_rows == 32 and huge.vec_blocks == -(-10**6 // 32)
+    assert launch_shape(0, 2048, 128, 132, BLOCK_ROWS, swiglu=True,
+                        narrow_columns=8).vec_blocks == 0
+    # H % npc != 0: no coalesced kernel at all
+    assert launch_shape(4, 200, 128, 132, BLOCK_ROWS, swiglu=True,
+                        narrow_columns=8).vec_blocks == 0
+    # quantize_fp8 never takes it
+    assert not launch_shape(9, 2048, 128, 132, BLOCK_ROWS, narrow_columns=8).block_rows
 
 
 def test_many_rows_with_both_block_sizes():
@@ -247,10 +356,14 @@ def test_decode_and_prefill_shapes():
     qwen_swiglu = launch_shape(8192 * 8, 768, 128, 132, swiglu=True)
     assert not qwen_swiglu.rows and qwen_swiglu.vec_blocks == qwen.vec_blocks
     assert not launch_shape(9, 2048, 128, 132).rows  # quantize_fp8: never
-    # swiglu at decode (few live rows): *_vec1, a lane one 16-byte chunk of bf16
-    narrow = launch_shape(1024, 2048, 128, 132, swiglu=True, narrow_columns=8)
-    assert narrow.narrow and not narrow.rows
-    assert narrow.vec_blocks * narrow.vec_threads == 1024 * 2048 // 8
+    # swiglu at decode (few live rows): *_vec1, a lane one 16-byte chunk of
+    # bf16, below 1 MiB of codes (DeepSeek-V3 EP8: X = 384, I = 2048) ...
+    narrow = launch_shape(384, 2048, 128, 132, swiglu=True, narrow_columns=8)
+    assert narrow.narrow and not narrow.rows and not narrow.block_rows
+    assert narrow.vec_blocks * narrow.vec_threads == 384 * 2048 // 8
+    # ... from 1 MiB, *_block_rows (Kimi-K2: X = 1024, I = 2048)
+    kimi = launch_shape(1024, 2048, 128, 132, swiglu=True, narrow_columns=8)
+    assert kimi.narrow and (kimi.block_rows, kimi.vec_blocks, kimi.vec_threads) == (8, 128, 256)
     assert not launch_shape(9, 2048, 128, 132, narrow_columns=8).narrow  # quantize_fp8: never
 
 
@@ -335,7 +448,8 @@ def test_a_plan_packs_what_the_kernel_reads(monkeypatch, swiglu):
         "block_magic": shape.block_magic, "hidden": 7168, "sf_blocks": 56, "sf_ld": 12,
         "group_log2": 2, "lanes_per_row": 224, "row_shift": shape.row_shift,
         "block_shift": shape.block_shift, "pass_magic": shape.pass_magic,
-        "pass_shift": shape.pass_shift, "passes": 7, "sf_layout": 2, "round_sf": 1}
+        "pass_shift": shape.pass_shift, "passes": 7, "sf_layout": 2, "round_sf": 1,
+        "block_rows": 0}
     # a pointer off 16-byte alignment takes the element-access kernel, its grid
     plan.launch(7, 0x1002, 0x2000, 0x3000, 0, 0, 0)
     assert launches[-1][0] == f"{op}_bf16_any"
@@ -345,8 +459,11 @@ def test_a_plan_packs_what_the_kernel_reads(monkeypatch, swiglu):
 
 
 @pytest.mark.parametrize(("num_rows", "num_weights", "dtype", "kernel"), [
-    (1024, 8, "bfloat16", "vec1"),       # decode: T * K = 8 live rows at most
-    (1024, 8, "float32", "vec1"),
+    # decode: T * K = 8 live rows at most; 2 MiB of codes: whole rows a block
+    (1024, 8, "bfloat16", "block_rows"),
+    (1024, 8, "float32", "block_rows"),
+    (511, 8, "bfloat16", "vec1"),        # just under 1 MiB of codes
+    (512, 8, "bfloat16", "block_rows"),  # 1 MiB
     (9, 1000, "bfloat16", "vec1"),       # X = 9 rows, however many slots
     (1024, 512, "bfloat16", "rows"),     # 512 live rows, at most
     (1024, -1, "bfloat16", "rows"),      # no weights: any of the X rows may be live
@@ -368,26 +485,44 @@ def test_swiglu_takes_one_chunk_a_lane_where_few_rows_are_live(monkeypatch, num_
     chunk = 4 if dtype == "float32" else 8
     if kernel == "vec1":  # a lane a 16-byte chunk: 4x (bf16) or 8x (float32) the warps
         assert launches[0][1] * launches[0][4] == num_rows * 2048 // chunk
+    if kernel == "block_rows":  # about a block an SM, a thread a chunk of a live row
+        assert launches[0][1] == -(-num_rows // -(-num_rows // 132))
+        assert launches[0][4] == 2048 // chunk
 
 
-def test_narrow_live_rows_must_be_a_count():
+def test_narrow_tunings_are_checked():
     with pytest.raises(ValueError, match=r"narrow_live_rows must be an int >= 0; got -1"):
         QuantizeTuning(narrow_live_rows=-1)
-    with pytest.raises(ValueError, match=r"narrow_chunks must be 1 or 2; got 3"):
-        QuantizeTuning(narrow_chunks=3)
+    for bad in (-1, None, False):
+        with pytest.raises(ValueError, match=r"block_rows_from_bytes must be a number >= 0"):
+            QuantizeTuning(block_rows_from_bytes=bad)
+    for bad in (0, -1.0, True, "1"):
+        with pytest.raises(ValueError, match=r"block_rows_blocks_per_sm must be a number > 0"):
+            QuantizeTuning(block_rows_blocks_per_sm=bad)
 
 
-def test_two_chunks_a_lane_where_the_tuning_asks(monkeypatch):
+def test_block_rows_where_the_tuning_asks(monkeypatch):
     from cupy_moe.quantize.rules import QuantizeProblem
 
     gpu, launches = _fake_device(monkeypatch)
     problem = QuantizeProblem(num_rows=1024, hidden=2048, in_dtype="bfloat16",
                               num_per_channels=128, round_sf=False, packed_ue8m0=False,
                               col_major=True, swiglu=True, num_weights=8, has_pos_to_expert=True)
-    plan = gpu.QuantizePlan(problem, 0, QuantizeTuning(narrow_chunks=2))
+    plan = gpu.QuantizePlan(problem, 0, BLOCK_ROWS)
     plan.launch(7, 0x1000, 0x2000, 0x3000, 0x4000, 0x5000, 0x6000)
-    assert launches[0][0] == "swiglu_quantize_fp8_bf16_vec2"
-    assert launches[0][1] * launches[0][4] == 1024 * 2048 // 16  # 16 columns a lane
+    assert launches[0][0] == "swiglu_quantize_fp8_bf16_block_rows"
+    assert (launches[0][1], launches[0][4]) == (128, 256)  # 8 rows a block
+    fields = dict(zip(gpu.QUANTIZE_ARGS.names,
+                      gpu.QUANTIZE_ARGS.packer.unpack_from(plan.args.buffer), strict=True))
+    assert fields["block_rows"] == 8
+    # many live rows at most: the wide kernel, its block_rows field 0
+    wide = QuantizeProblem(num_rows=1024, hidden=2048, in_dtype="bfloat16", num_per_channels=128,
+                           round_sf=False, packed_ue8m0=False, col_major=True, swiglu=True,
+                           num_weights=4096, has_pos_to_expert=True)
+    plan = gpu.QuantizePlan(wide, 0, BLOCK_ROWS)
+    plan.launch(7, 0x1000, 0x2000, 0x3000, 0x4000, 0x5000, 0x6000)
+    assert launches[-1][0] == "swiglu_quantize_fp8_bf16_rows"
+    assert gpu.QUANTIZE_ARGS.packer.unpack_from(plan.args.buffer)[-1] == 0
 
 
 def test_a_tuned_plan_compiles_and_launches_its_variant(monkeypatch):
@@ -453,17 +588,25 @@ def test_torch_outputs_are_allocated_in_the_layouts(packed, col_major, num_rows)
 
 
 def test_a_narrow_grid_too_large_for_one_launch_takes_the_wide_one(monkeypatch):
-    """8 live rows at most, but X * I / 8 lanes past one launch's 2^31: the
-    wide grid (X * I / 32 lanes) still fits, and runs."""
+    """8 live rows at most, but X * I / 8 lanes past one launch's 2^31: on
+    *_vec1 (a tuning that never takes *_block_rows) the wide grid (X * I /
+    32 lanes) still fits, and runs; by default such a call takes
+    *_block_rows, whose grid is X / 32 blocks."""
     from cupy_moe.quantize.rules import QuantizeProblem
 
     gpu, launches = _fake_device(monkeypatch)
     problem = QuantizeProblem(num_rows=2**21, hidden=16384, in_dtype="bfloat16",
                               num_per_channels=128, round_sf=False, packed_ue8m0=False,
                               col_major=True, swiglu=True, num_weights=8, has_pos_to_expert=True)
+    vec1 = QuantizeTuning(block_rows_from_bytes=math.inf)
     with pytest.raises(ValueError, match="too many for one launch"):
-        launch_shape(2**21, 16384, 128, 132, swiglu=True, narrow_columns=8)
-    plan = gpu.QuantizePlan(problem, 0, DEFAULT_TUNING)
+        launch_shape(2**21, 16384, 128, 132, vec1, swiglu=True, narrow_columns=8)
+    plan = gpu.QuantizePlan(problem, 0, vec1)
     assert not plan.shape.narrow and plan.shape.rows
     plan.launch(7, 0x1000, 0x2000, 0x3000, 0x4000, 0x5000, 0x6000)
     assert launches[0][0] == "swiglu_quantize_fp8_bf16_rows"
+    plan = gpu.QuantizePlan(problem, 0, DEFAULT_TUNING)
+    assert plan.shape.narrow and plan.shape.block_rows == 32
+    plan.launch(7, 0x1000, 0x2000, 0x3000, 0x4000, 0x5000, 0x6000)
+    assert launches[-1][0] == "swiglu_quantize_fp8_bf16_block_rows"
+    assert (launches[-1][1], launches[-1][4]) == (2**21 // 32, 1024)

@@ -39,18 +39,19 @@ QUANTIZE_ARGS = ArgStruct(
     ("num_weights", "i64"), ("row_magic", "i64"), ("block_magic", "i64"),
     ("pass_magic", "i64"), ("hidden", "i32"), ("sf_blocks", "i32"), ("sf_ld", "i32"),
     ("group_log2", "i32"), ("lanes_per_row", "i32"), ("row_shift", "i32"), ("block_shift", "i32"),
-    ("pass_shift", "i32"), ("passes", "i32"), ("sf_layout", "i32"), ("round_sf", "i32"))
+    ("pass_shift", "i32"), ("passes", "i32"), ("sf_layout", "i32"), ("round_sf", "i32"),
+    ("block_rows", "i32"))
 _pack_pointers = QUANTIZE_ARGS.pointer_packer.pack_into
 
 
 def kernel_name(problem: QuantizeProblem, vector: bool, rows: bool = False,
-                narrow: int = 0) -> str:
+                narrow: str = "") -> str:
     """The kernel: coalesced (``vector``; swiglu's row-major one with ``rows``,
-    its ``narrow``-chunks-a-lane one with ``narrow`` 1 or 2) or element
-    accesses."""
+    its few-live-rows one with ``narrow``, ``"vec1"`` or ``"block_rows"``)
+    or element accesses."""
     op = "swiglu_quantize_fp8" if problem.swiglu else "quantize_fp8"
     dtype = "f32" if problem.in_dtype == "float32" else "bf16"
-    coalesced = "rows" if rows else f"vec{narrow}" if narrow else "vec"
+    coalesced = "rows" if rows else narrow or "vec"
     return f"{op}_{dtype}_{coalesced if vector else 'any'}"
 
 
@@ -74,7 +75,7 @@ class QuantizePlan:
         live_rows = (min(problem.num_rows, problem.num_weights) if problem.num_weights >= 0
                      else problem.num_rows)
         narrow = problem.swiglu and live_rows <= tuning.narrow_live_rows
-        columns = (4 if problem.in_dtype == "float32" else 8) * tuning.narrow_chunks
+        columns = 4 if problem.in_dtype == "float32" else 8  # a 16-byte chunk
         multiprocessors = device_traits(device).multiprocessors
         try:
             self.shape: QuantizeShape = launch_shape(
@@ -92,9 +93,7 @@ class QuantizePlan:
         self.handles = {vector: function_handle(SOURCE, defines, device,
                                                 kernel_name(problem, vector,
                                                             vector and self.shape.rows,
-                                                            tuning.narrow_chunks
-                                                            if vector and self.shape.narrow
-                                                            else 0))
+                                                            self.narrow_kernel(vector)))
                         for vector in (True, False)}
         shape = self.shape
         self.args = ArgBlock(QUANTIZE_ARGS, QUANTIZE_ARGS.constants(
@@ -105,7 +104,14 @@ class QuantizePlan:
             group_log2=shape.group_log2, lanes_per_row=shape.lanes_per_row,
             row_shift=shape.row_shift, block_shift=shape.block_shift,
             pass_shift=shape.pass_shift, passes=shape.passes,
-            sf_layout=sf_layout(problem), round_sf=int(problem.round_sf)))
+            sf_layout=sf_layout(problem), round_sf=int(problem.round_sf),
+            block_rows=shape.block_rows))
+
+    def narrow_kernel(self, vector: bool) -> str:
+        """The few-live-rows kernel of the coalesced launch ("" if none)."""
+        if not (vector and self.shape.narrow):
+            return ""
+        return "block_rows" if self.shape.block_rows else "vec1"
 
     def launch(self, stream: int, x: int, out: int, out_sf: int, topk_weights: int,
                pos_to_token_topk: int, pos_to_expert: int) -> None:

@@ -9,7 +9,10 @@ chunk's row is its block index divided by S: ``block_magic`` /
 takes ``*_rows`` instead, row-major: the rows are cut into
 ``SEGMENT_COLUMNS``-column segments, ``passes`` a row (a segment's row is its
 index divided by ``passes``: ``pass_magic`` / ``pass_shift``), a warp a
-segment, reading its row's maps and weight once.
+segment, reading its row's maps and weight once. swiglu_quantize_fp8 calls
+with few live rows (decode) take ``*_vec1`` (``*_vec`` with one 16-byte
+chunk a lane) or, with many padding rows, ``*_block_rows`` (a block
+``block_rows`` whole rows, a live row one chunk a thread).
 ``*_any`` (every shape): a lane takes 32 columns of one row, ``npc / 32``
 lanes one scale-factor block, a row is ``lanes_per_row = S * npc / 32``
 lanes, the grid's lanes row after row (a warp may end one row and start the
@@ -28,6 +31,8 @@ from ..runtime.sizes import ceil_div
 __all__ = [
     "DEFAULT_TUNING",
     "LANE_COLUMNS",
+    "BLOCK_ROWS_MAX_THREADS",
+    "MAX_ROWS_A_BLOCK",
     "MAX_THREADS",
     "QuantizeShape",
     "QuantizeTuning",
@@ -39,6 +44,8 @@ __all__ = [
 LANE_COLUMNS = 32      # QUANT_LANE_COLS of kernels_cu/quantize.cu
 SEGMENT_COLUMNS = 32 * LANE_COLUMNS  # swiglu *_rows: the columns of one segment
 MAX_THREADS = 256      # QUANT_MAX_THREADS: the kernels' launch bound
+BLOCK_ROWS_MAX_THREADS = 1024  # QUANT_BLOCK_ROWS_MAX_THREADS: *_block_rows' launch bound
+MAX_ROWS_A_BLOCK = 32  # *_block_rows: a block's rows (one ballot of their maps)
 MAX_LANES = 2**31 - 1  # lane indices stay below 2^31: the magic number's range
 
 
@@ -56,10 +63,17 @@ class QuantizeTuning:
     given, else X) take ``*_vec1``, one 16-byte chunk a lane (8 bf16 or 4
     float32 columns) instead of 32 columns: at decode a live row's warps are
     the kernel's critical path, and a lane's arithmetic is most of it
-    (benchmarks/NOTES.md, twelfth session). 0: never. ``narrow_chunks``
-    (1 or 2): the chunks a lane of that kernel takes (``*_vec1``,
-    ``*_vec2``; 2 halves the warps of the padding rows, a variant until
-    measured).
+    (benchmarks/NOTES.md, twelfth session). 0: never. Of those calls, the
+    ones whose codes (X * I bytes) reach ``block_rows_from_bytes`` take
+    ``*_block_rows`` instead: a block whole rows (about
+    ``block_rows_blocks_per_sm`` blocks an SM, at most ``MAX_ROWS_A_BLOCK``
+    rows a block), so that a few hundred blocks, not thousands of warps,
+    zero the padding rows. Kimi-K2's decode plan (X = 1024, I = 2048: 2 MiB)
+    3.13 -> 2.69 us a call in a graph; with 0.75 MiB (DeepSeek-V3 EP8 and
+    Qwen3 decode) *_vec1 stayed ahead by 0.1-0.2 us (benchmarks/NOTES.md,
+    thirteenth session). 0: always, ``inf``: never. (Two chunks a lane,
+    ``*_vec2``, measured 3.73 against 3.13 us on Kimi-K2's decode plan and
+    was removed.)
     ``software_e4m3`` compiles the integer e4m3 rounding on sm_89+ too, in
     place of the hardware conversion (the GPU tests check that both give the
     same codes).
@@ -78,7 +92,8 @@ class QuantizeTuning:
     software_e4m3: bool = False
     rows_min_blocks: int = 0
     narrow_live_rows: int = 64
-    narrow_chunks: int = 1
+    block_rows_from_bytes: float = float(1 << 20)
+    block_rows_blocks_per_sm: float = 1.0
 
     def __post_init__(self) -> None:
         for name in ("threads", "small_threads"):
@@ -99,9 +114,16 @@ class QuantizeTuning:
                 self.narrow_live_rows, int) or self.narrow_live_rows < 0:
             raise ValueError(f"QuantizeTuning.narrow_live_rows must be an int >= 0; got "
                              f"{self.narrow_live_rows!r}")
-        if self.narrow_chunks not in (1, 2) or isinstance(self.narrow_chunks, bool):
-            raise ValueError(f"QuantizeTuning.narrow_chunks must be 1 or 2; got "
-                             f"{self.narrow_chunks!r}")
+        if isinstance(self.block_rows_from_bytes, bool) or not isinstance(
+                self.block_rows_from_bytes, (int, float)) or not (
+                self.block_rows_from_bytes >= 0):
+            raise ValueError(f"QuantizeTuning.block_rows_from_bytes must be a number >= 0; "
+                             f"got {self.block_rows_from_bytes!r}")
+        if isinstance(self.block_rows_blocks_per_sm, bool) or not isinstance(
+                self.block_rows_blocks_per_sm, (int, float)) or not (
+                self.block_rows_blocks_per_sm > 0):
+            raise ValueError(f"QuantizeTuning.block_rows_blocks_per_sm must be a number > 0; "
+                             f"got {self.block_rows_blocks_per_sm!r}")
         if not isinstance(self.software_e4m3, bool):
             raise TypeError(f"QuantizeTuning.software_e4m3 must be True or False; got "
                             f"{self.software_e4m3!r}")
@@ -127,7 +149,8 @@ class QuantizeShape(NamedTuple):
     block_magic: int      # quantize *_vec: row of block b = (b * block_magic) >> block_shift
     block_shift: int
     rows: bool            # the coalesced kernel is swiglu's *_rows (else *_vec)
-    narrow: bool          # ... or swiglu's *_vec1 / *_vec2 (one or two 16-byte chunks a lane)
+    narrow: bool          # ... or swiglu's *_vec1 (one 16-byte chunk a lane) or *_block_rows
+    block_rows: int       # *_block_rows: rows a block (0: another kernel)
     passes: int           # *_rows: segments of SEGMENT_COLUMNS a row
     pass_magic: int       # *_rows: row of segment s = (s * pass_magic) >> pass_shift
     pass_shift: int
@@ -160,9 +183,12 @@ def launch_shape(num_rows: int, hidden: int, num_per_channels: int, multiprocess
     ``swiglu``: where H is whole segments, the coalesced grid is
     swiglu_quantize_fp8's row-major *_rows one (a warp a segment of a row),
     else *_vec's (a warp 32 x 32 columns of the chunks numbered row after
-    row). ``narrow_columns`` (swiglu, > 0): *_vec1's or *_vec2's grid
-    instead, a lane that many columns (one or two 16-byte chunks of the
-    input dtype)."""
+    row). ``narrow_columns`` (swiglu, > 0: the columns of a 16-byte chunk of
+    the input dtype): the few-live-rows grid instead, *_vec1's (a lane one
+    chunk) or, from ``tuning.block_rows_from_bytes`` of codes, *_block_rows'
+    (a block ``block_rows`` whole rows, a thread a chunk of a live row: at
+    least the row's chunks, whole warps, at most
+    ``BLOCK_ROWS_MAX_THREADS``)."""
     lanes_per_block = num_per_channels // LANE_COLUMNS
     sf_blocks = ceil_div(hidden, num_per_channels)
     lanes_per_row = sf_blocks * lanes_per_block
@@ -170,11 +196,19 @@ def launch_shape(num_rows: int, hidden: int, num_per_channels: int, multiprocess
     if blocks * threads > MAX_LANES:
         raise ValueError(f"{num_rows} rows of {hidden} columns are too many for one launch "
                          f"(at most {MAX_LANES} lanes of {LANE_COLUMNS} columns)")
-    vec_threads = vec_blocks = 0
+    vec_threads = vec_blocks = block_rows = 0
     passes = max(1, ceil_div(hidden, SEGMENT_COLUMNS))
     narrow = swiglu and narrow_columns > 0
     rows = swiglu and not narrow and hidden % SEGMENT_COLUMNS == 0
-    if hidden % num_per_channels == 0:
+    if (hidden % num_per_channels == 0 and narrow
+            and num_rows * hidden >= tuning.block_rows_from_bytes):
+        # about block_rows_blocks_per_sm blocks an SM, each its rows whole
+        wanted_blocks = max(1, int(tuning.block_rows_blocks_per_sm * multiprocessors))
+        block_rows = min(MAX_ROWS_A_BLOCK, max(1, ceil_div(num_rows, wanted_blocks)))
+        vec_blocks = ceil_div(num_rows, block_rows)
+        vec_threads = min(BLOCK_ROWS_MAX_THREADS,
+                          max(32, ceil_div(hidden // narrow_columns, 32) * 32))
+    elif hidden % num_per_channels == 0:
         # a warp: 32 lanes x 32 columns of the [R, H] output, row after row,
         # or (*_rows) a segment, or (*_vec1) 32 lanes x narrow_columns
         lane_columns = narrow_columns if narrow else LANE_COLUMNS
@@ -188,7 +222,7 @@ def launch_shape(num_rows: int, hidden: int, num_per_channels: int, multiprocess
     pass_magic, pass_shift = division_magic(passes)
     return QuantizeShape(threads, blocks, vec_threads, vec_blocks, lanes_per_row,
                          lanes_per_block.bit_length() - 1, row_magic, row_shift, block_magic,
-                         block_shift, rows, narrow, passes, pass_magic, pass_shift)
+                         block_shift, rows, narrow, block_rows, passes, pass_magic, pass_shift)
 
 
 def _grid(warps: int, multiprocessors: int, tuning: QuantizeTuning) -> tuple[int, int]:
