@@ -98,7 +98,15 @@ CONFIGS: list[tuple[str, ExpandTuning]] = [
     *((f"staged padding: stage {kib} KiB",
        _tuned(**STAGED, padding_zero_stage_bytes=kib * 1024)) for kib in (4, 8)),
     ("padding: 2 rows a block", _tuned(padding_zero_rows_bulk_whole=2)),
-    ("padding-heavy plans on the bulk kernel too", _tuned(padding_share_registers=math.inf)),
+    ("padding-heavy plans on the bulk kernel too",
+     _tuned(padding_share_registers=math.inf, medium_padding_share_registers=math.inf)),
+    # plans with a third of their rows padding by shapes (EP8 medium: X = 6144
+    # for T * K = 4096, most slots dropped; prefill at E = 256, 384) on the
+    # register kernel too (its whole-block zero-fill); the default since the
+    # thirteenth session below 128 MB of routed rows only
+    ("padding share >= 0.3: register kernel", _tuned(padding_share_registers=0.3)),
+    ("padding share >= 0.3: register kernel below 128 MB routed (before: 0.5)",
+     _tuned(medium_padding_share_registers=0.5)),
     # every padding-heavy bulk plan on 512-byte chunks (default: only where 1
     # KiB chunks are too few blocks for the bulk kernel, Qwen3's fp8 rows at
     # T = 32; elsewhere they tied, NOTES.md eleventh session), and never

@@ -24,10 +24,12 @@ KERNEL_PATHS = {
     "public": None,
     # (padding_share_registers=inf: padding-heavy shapes too)
     "bulk": ExpandTuning(bulk_min_blocks=0.0, padding_share_registers=math.inf,
+                         medium_padding_share_registers=math.inf,
                          bulk_whole_row_zero_from=math.inf),
     # whole-row zero-fill blocks on every row length, rows cut into 512-byte
     # chunks so that even short test rows span several y planes
     "bulk-zero-rows": ExpandTuning(bulk_min_blocks=0.0, padding_share_registers=math.inf,
+                                   medium_padding_share_registers=math.inf,
                                    bulk_whole_row_zero_from=0, bulk_min_chunk_bytes=512,
                                    bulk_zero_rows_plain=0),
     "registers": ExpandTuning(bulk_min_blocks=math.inf),
@@ -41,6 +43,7 @@ KERNEL_PATHS = {
     # the bulk kernel on every call, zero-fill blocks of whole rows on every
     # row length by 16-byte stores (no stage), 512-byte copy chunks
     "bulk-zero-plain": ExpandTuning(bulk_min_blocks=0.0, padding_share_registers=math.inf,
+                                    medium_padding_share_registers=math.inf,
                                     bulk_whole_row_zero_from=0, bulk_min_chunk_bytes=512,
                                     bulk_zero_rows_plain=1),
     # every call with tokens padding-heavy, its padding rows zeroed by

@@ -134,7 +134,10 @@ class ExpandPlan:
         # padding rows, at least (slots may be dropped): X - T*K of X
         padding_share = (1 - problem.num_tokens * problem.top_k / problem.num_expanded
                          if problem.num_expanded else 0.0)
-        padding_heavy = padding_share >= tuning.padding_share_registers
+        routed_bytes = num_tokens * problem.top_k * self.row_bytes
+        padding_heavy = padding_share >= (
+            tuning.padding_share_registers if routed_bytes >= tuning.medium_copy_bytes
+            else min(tuning.padding_share_registers, tuning.medium_padding_share_registers))
         # padding rows by a kernel of their own beside the copies (16-byte rows
         # and output, sm_90+, a copy kernel to overlap: expand.cu's
         # expand_zero_padding_rows)

@@ -45,7 +45,14 @@ class ExpandTuning:
 
     Padding-heavy plans (real plans at small and medium batches): when at
     least ``padding_share_registers`` of the output rows must be padding (by
-    shapes alone: X - T*K of the X rows), the register kernel runs whenever
+    shapes alone: X - T*K of the X rows; ``medium_padding_share_registers``
+    where the routed rows, T*K of them, are fewer than ``medium_copy_bytes``:
+    expert-parallel plans at medium batches, X = 6144 for T*K = 4096, whose
+    shapes do not show that most of their slots are dropped; their register
+    kernel tied or beat the seed where the bulk kernel trailed it by 3-6%,
+    while prefill plans with the same share, 200-470 MB of routed rows, lost
+    5-9% off the bulk kernel; benchmarks/NOTES.md, thirteenth session), the
+    register kernel runs whenever
     its chunks need no shrinking (its 256-thread zero-fill blocks beat the
     bulk kernel's one-warp ones), and else the bulk kernel's chunks may be as
     short as ``padding_bulk_min_chunk_bytes`` (more copy blocks for few
@@ -99,6 +106,8 @@ class ExpandTuning:
     zero_rows_bulk_whole: int = 2
     # padding-heavy plans
     padding_share_registers: float = 0.5
+    medium_padding_share_registers: float = 0.3
+    medium_copy_bytes: float = 128e6
     padding_bulk_min_chunk_bytes: int = 1024
     padding_bulk_least_chunk_bytes: int = 512
     padding_zero_whole_rows: int = 0
