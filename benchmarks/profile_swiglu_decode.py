@@ -7,8 +7,9 @@ only.
 (default: the manifest's swiglu decode workloads). Variants, all with the
 workload's shapes and SF layout unless named:
   plan          the workload as the bench times it
-  vec1          the plan on *_vec1 wherever it takes a few-live-rows kernel
-                (QuantizeTuning.block_rows_from_bytes = inf)
+  vec1          the plan on *_vec1, however many rows may be live
+                (QuantizeTuning narrow_live_rows = 2^31,
+                block_rows_from_bytes = inf)
   block rows    ... on *_block_rows (block_rows_from_bytes = 0): a block
                 whole rows, about one block an SM
   block rows x2 the same with about two blocks an SM
@@ -44,7 +45,9 @@ from cupy_moe.harness.manifest import load_workloads
 from cupy_moe.harness.timing import torch_graph_us
 
 
-BLOCK_ROWS = QuantizeTuning(block_rows_from_bytes=0)
+# the few-live-rows kernels on every call (at decode the plan's own choice
+# anyway; on small batches, T * K > 64 rows may be live, the wide kernel's)
+BLOCK_ROWS = QuantizeTuning(narrow_live_rows=2**31, block_rows_from_bytes=0)
 
 
 def variants(w, host: dict[str, np.ndarray]) -> dict[str, object]:
@@ -77,7 +80,7 @@ def variants(w, host: dict[str, np.ndarray]) -> dict[str, object]:
     return {
         "plan": op(dev["h"], dev["pos_to_expert"]),
         "vec1": op(dev["h"], dev["pos_to_expert"],
-                   tuning=QuantizeTuning(block_rows_from_bytes=math.inf)),
+                   tuning=replace(BLOCK_ROWS, block_rows_from_bytes=math.inf)),
         "block rows": op(dev["h"], dev["pos_to_expert"], tuning=BLOCK_ROWS),
         "block rows x2": op(dev["h"], dev["pos_to_expert"],
                             tuning=replace(BLOCK_ROWS, block_rows_blocks_per_sm=2.0)),

@@ -147,9 +147,11 @@ def swiglu_quantize_fp8(h: Any, *, num_per_channels: int = 128, topk_weights: An
     Speed: with ``topk_weights`` [T, K] at most ``T * K`` rows are live, and
     where that is at most ``QuantizeTuning.narrow_live_rows`` (64: decode)
     the GPU takes a kernel with one 16-byte chunk a lane, which keeps a live
-    row's chain short. Without weights any of the X rows may be live, so a
-    decode plan's call runs the wide kernel (Kimi-K2 decode, X = 1024: 4.2
-    against 3.2 us a call in a CUDA graph on an H200).
+    row's chain short (from 1 MiB of codes, one that gives each block whole
+    rows, so that few blocks zero the padding rows). Without weights any of
+    the X rows may be live, so a decode plan's call runs the wide kernel
+    (Kimi-K2 decode, X = 1024: 4.3 against 2.7 us a call in a CUDA graph on
+    an H200).
 
     Parameters
     ----------
