@@ -11,9 +11,10 @@ the kernel source, e.g. ``-D SUM_VECS=16``). The traced launch is the last
 of several back to back, as in a CUDA graph (ids and code warm in the
 caches). Phases of the general kernel:
 0 start, 1 counters zeroed, 2 warps counted, 3 block totals written, 4 past
-the grid barrier, 5 column sums, 6 expert scan, 7 slots placed, 8 segment
-tails padded, 9 end; of the one-warp kernel: 0 start, 1 the warp's plan
-shared, 2 end.
+the grid barrier, 10 (cooperative kernel) thread 0's column-sum loads
+summed, 5 column sums (every thread's, added), 6 expert scan, 7 slots
+placed, 8 segment tails padded, 9 end; of the one-warp kernel: 0 start, 1
+the warp's plan shared, 2 end. Phases print in time order.
 """
 
 from __future__ import annotations
@@ -85,6 +86,10 @@ def profile(num_tokens: int, top_k: int, num_experts: int, alignment: int,
              + (f" [{built}]" if built else "")]
     recorded = [p for p in range(PHASES) if (clocks[:, p] >= 0).all()]
     since_start = clocks[:, recorded] - clocks[:, :1]
+    # in time order: marks inside a phase (e.g. 10, inside the sums) print
+    # between the phases around them
+    order = np.argsort(np.median(since_start, axis=0), kind="stable")
+    recorded, since_start = [recorded[i] for i in order], since_start[:, order]
     rate_mhz = cupy.cuda.runtime.getDeviceProperties(device)["clockRate"] / 1e3
     previous = 0.0
     for column, phase in enumerate(recorded):

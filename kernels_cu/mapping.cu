@@ -338,6 +338,7 @@ __device__ __forceinline__ void place_block(const MappingArgs& a) {
                     }
                 }
             }
+            MAP_PHASE(10);  // thread 0's loads summed (traced builds)
 #pragma unroll
             for (int i = 0; i < 8; ++i) {
                 const int j = 8 * group + i;
