@@ -472,6 +472,9 @@ def test_sf_op_fast_path_keys_zero_padding(expand_fast_paths):
     ({"zero_kernel_beside_registers": 2}, r"zero_kernel_beside_registers must be 0 or 1; got 2"),
     ({"padding_zero_rows_bulk_whole": 0}, r"padding_zero_rows_bulk_whole must be in 1 \.\. 32"),
     ({"zero_kernel_from_bytes": -1.0}, r"zero_kernel_from_bytes must be a number >= 0; got -1\.0"),
+    ({"medium_padding_share_registers": -0.3},
+     r"medium_padding_share_registers must be a number >= 0; got -0\.3"),
+    ({"medium_copy_bytes": "128e6"}, r"medium_copy_bytes must be a number >= 0; got '128e6'"),
     ({"padding_zero_stage_bytes": 1000},
      r"padding_zero_stage_bytes must be a multiple of 16 \(bulk stores\); got 1000"),
 ])

@@ -45,8 +45,9 @@ class ExpandTuning:
 
     Padding-heavy plans (real plans at small and medium batches): when at
     least ``padding_share_registers`` of the output rows must be padding (by
-    shapes alone: X - T*K of the X rows; ``medium_padding_share_registers``
-    where the routed rows, T*K of them, are fewer than ``medium_copy_bytes``:
+    shapes alone: X - T*K of the X rows; the lower of that and
+    ``medium_padding_share_registers`` where the routed rows, T*K of them,
+    are fewer than ``medium_copy_bytes``:
     expert-parallel plans at medium batches, X = 6144 for T*K = 4096, whose
     shapes do not show that most of their slots are dropped; their register
     kernel tied or beat the seed where the bulk kernel trailed it by 3-6%,

@@ -94,13 +94,13 @@ class MappingPlan:
         self.buffer_size = self.total_index + 1
         self.split_sizes = (slots, rows, rows, rows, experts, experts, experts,
                             self.buffer_size - expert_rows - 3 * experts)
-        names, defines = kernel_names(shape, problem.id_dtype), ()
-        place = function_handle(SOURCE, defines, device, names[-1])
+        names = kernel_names(shape, problem.id_dtype)
+        place = function_handle(SOURCE, (), device, names[-1])
         if shape.shared_bytes > SHARED_BYTES_DEFAULT:
             driver.funcSetAttribute(place, driver.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                                     shape.shared_bytes)
         self.launches = [] if len(names) == 1 else [
-            (function_handle(SOURCE, defines, device, names[0]), shape.count_blocks,
+            (function_handle(SOURCE, (), device, names[0]), shape.count_blocks,
              shape.threads, 4 * shape.count_split * experts)]
         self.launches.append((place, shape.blocks, shape.threads, shape.shared_bytes))
         self.args = ArgBlock(MAPPING_ARGS, MAPPING_ARGS.constants(
