@@ -12,9 +12,10 @@
 //   start_e + (slots of e in earlier blocks) + (in earlier warps of its block)
 //           + (in earlier 32-slot steps of its warp) + (in earlier lanes)
 // and no order depends on scheduling. The place kernel counts its warps'
-// slots per expert itself (a match ballot per 32 slots, one counter row per
-// warp in shared memory); the slots of earlier blocks and every expert's total
-// come from one of two sources:
+// slots per expert itself (shared-memory atomics on one counter row per warp);
+// to place them, a step's lanes of one expert find each other with a match
+// ballot and take rows in lane order. The slots of earlier blocks and every
+// expert's total come from one of three sources:
 //   self-counting (few slots): every place block counts all slots itself, with
 //                 shared-memory atomics (counts do not depend on their order):
 //                 one launch;
@@ -110,7 +111,11 @@ __device__ __forceinline__ void load_experts(const MappingArgs& a, long long fir
     for (int u = 0; u < N; ++u) e[u] = expert_of<Id>(a, id[u]);
 }
 
+// count rounded up to a multiple of alignment: a mask where alignment is a
+// power of two (the usual 128; a uniform branch), else an integer division
+// (~20 instructions on the expert scan's critical path).
 __device__ __forceinline__ int align_rows(int count, int alignment) {
+    if ((alignment & (alignment - 1)) == 0) return (count + alignment - 1) & -alignment;
     return (count + alignment - 1) / alignment * alignment;
 }
 
@@ -252,8 +257,9 @@ __device__ __forceinline__ void place_block(const MappingArgs& a) {
     __syncthreads();
     MAP_PHASE(1);
 
-    // this warp's slots per expert: the leader of each group of equal ids
-    // adds the group (its own counter row: no other warp writes it)
+    // this warp's slots per expert, by shared atomics on its own counter row
+    // (sums: their order does not matter; a match ballot a step, its
+    // leader adding the group, cost ~450 cycles a step at 8 warps an SM)
     for (long long s = warp_first; s < warp_end; s += 32LL * MAP_BATCH) {
         int e[MAP_BATCH];
         if (s == warp_first) {
@@ -263,11 +269,8 @@ __device__ __forceinline__ void place_block(const MappingArgs& a) {
             load_batch<Id>(a, s, warp_end, lane, e);
         }
 #pragma unroll
-        for (int u = 0; u < MAP_BATCH; ++u) {
-            const unsigned peers = __match_any_sync(0xffffffffu, e[u]);
-            if (e[u] >= 0 && lane == __ffs(peers) - 1) my_counts[e[u]] += __popc(peers);
-            __syncwarp();
-        }
+        for (int u = 0; u < MAP_BATCH; ++u)
+            if (e[u] >= 0) atomicAdd(&my_counts[e[u]], 1);
     }
     __syncthreads();
     MAP_PHASE(2);
@@ -275,11 +278,20 @@ __device__ __forceinline__ void place_block(const MappingArgs& a) {
     // is what a cooperative grid's other blocks sum
     for (int j = threadIdx.x; j < experts; j += blockDim.x) {
         int running = 0;
-#pragma unroll 8
-        for (int w = 0; w < warps; ++w) {
-            const int count = warp_counts[w * experts + j];
-            warp_counts[w * experts + j] = running;
-            running += count;
+        // 8 warps' counters loaded before any is written back: stores to the
+        // same array in between kept each load behind the last one's store
+        // (the compiler cannot prove the rows apart), one shared-memory
+        // latency a warp
+        for (int w0 = 0; w0 < warps; w0 += 8) {
+            int count[8];
+#pragma unroll
+            for (int u = 0; u < 8; ++u)
+                count[u] = w0 + u < warps ? warp_counts[(w0 + u) * experts + j] : 0;
+#pragma unroll
+            for (int u = 0; u < 8; ++u) {
+                if (w0 + u < warps) warp_counts[(w0 + u) * experts + j] = running;
+                running += count[u];
+            }
         }
         if (Cooperative)
             reinterpret_cast<unsigned short*>(a.block_counts)[
@@ -418,6 +430,9 @@ __device__ __forceinline__ void place_block(const MappingArgs& a) {
 
     // place: a slot's row is its expert's first row for this warp plus the
     // lanes of its group before it; the group's leader then moves the counter
+    // (a match ballot a step: the place phase is bound by its scattered
+    // stores, and a shared lane mask per (warp, expert) instead measured
+    // slower, NOTES.md fourteenth session)
     const int x = a.num_expanded;
     for (long long s = warp_first; s < warp_end; s += 32LL * MAP_BATCH) {
         int e[MAP_BATCH];
