@@ -54,6 +54,8 @@ ZERO_KERNEL = dataclasses.replace(DEFAULT_TUNING, padding_share_registers=0.0,
 
 # swiglu_quantize_fp8's *_block_rows with up to 32 rows a block
 FEW_ROW_BLOCKS = QuantizeTuning(block_rows_from_bytes=0, block_rows_blocks_per_sm=0.01)
+# swiglu_quantize_fp8's *_rows_whole (a warp a whole row; H % 1024 == 0, any live rows)
+WHOLE_ROWS = QuantizeTuning(rows_whole_from_rows=0, narrow_live_rows=0)
 
 
 def bits(a: np.ndarray) -> np.ndarray:
@@ -177,7 +179,13 @@ def run_combine_quantize_cases(rng) -> int:
                                            **settings)
             for g, w in zip(got, want, strict=True):
                 assert np.array_equal(bits(cupy.asnumpy(g)), bits(np.asarray(w)))
-            cases += 3
+            got = run_quantize_with_tuning(WHOLE_ROWS, "swiglu_quantize_fp8",
+                                           cupy.asarray(h.view(np.uint16)),
+                                           pos_to_expert=cupy.asarray(pos_to_expert),
+                                           **settings)
+            for g, w in zip(got, want, strict=True):
+                assert np.array_equal(bits(cupy.asnumpy(g)), bits(np.asarray(w)))
+            cases += 4
     return cases
 
 

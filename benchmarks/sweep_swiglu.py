@@ -30,6 +30,9 @@ from cupy_moe.quantize.api import run_with_tuning
 from cupy_moe.quantize.launch_shape import QuantizeTuning
 
 TUNINGS = [("default", QuantizeTuning()),
+           # *_rows_whole always / never (a warp a whole row, its segments in turn)
+           ("rows_whole_from_rows=0", QuantizeTuning(rows_whole_from_rows=0)),
+           ("rows_whole_from_rows=inf", QuantizeTuning(rows_whole_from_rows=float("inf"))),
            *((f"rows_min_blocks={blocks}", QuantizeTuning(rows_min_blocks=blocks))
              for blocks in (5, 6, 8, 10)),
            # the default's 128 against the other block sizes (256 was the

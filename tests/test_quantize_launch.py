@@ -50,7 +50,8 @@ def _count_sf_store(counts, packed_bytes, row, block, num_rows, blocks_per_row):
 
 def emulate_grid(num_rows: int, hidden: int, npc: int, multiprocessors: int = 132,
                  tuning: QuantizeTuning = DEFAULT_TUNING, *, vector: bool = False,
-                 chunk: int = 8, swiglu: bool = False, narrow: bool = False, live=None):
+                 chunk: int = 8, swiglu: bool = False, narrow: bool = False, live=None,
+                 rows_whole: bool = False):
     """What every lane of a kernel's grid does, computed as the kernel computes
     it: how often each output column, each scale factor and each byte of the
     packed SF buffer (pad columns included) is written. ``vector``: the *_vec
@@ -58,9 +59,10 @@ def emulate_grid(num_rows: int, hidden: int, npc: int, multiprocessors: int = 13
     with ``swiglu`` and whole 1024-column segments, swiglu's *_rows; with
     ``swiglu`` and ``narrow``, *_vec1 (one chunk a lane) or, from
     ``tuning.block_rows_from_bytes`` of codes, *_block_rows (``live``: which
-    rows are live, a bool per row; default every other)."""
+    rows are live, a bool per row; default every other); ``rows_whole``:
+    *_rows_whole instead of *_rows."""
     shape = launch_shape(num_rows, hidden, npc, multiprocessors, tuning, swiglu=swiglu,
-                         narrow_columns=chunk if narrow else 0)
+                         narrow_columns=chunk if narrow else 0, rows_whole=rows_whole)
     blocks_per_row = -(-hidden // npc)
     ld = -(-num_rows // 4) * 4
     written = np.zeros((num_rows, hidden), dtype=np.int64)
@@ -161,6 +163,13 @@ def _emulate_swiglu_rows(shape, num_rows, hidden, npc, chunk, lanes, written, sf
                                 blocks_per_row)
 
     warps = lanes // 32
+    if shape.rows_whole:
+        # swiglu_rows_whole: warp w takes row w, its segments one after another
+        assert num_rows <= warps  # every row has a warp
+        for row in range(min(warps, num_rows)):
+            for segment in range(shape.passes):
+                segment_lanes(row, segment * 32 * loads)
+        return written, sf_stores, packed_bytes
     assert num_rows * shape.passes <= warps  # every segment has a warp
     for segment in range(warps):
         assert segment < 2**31  # the magic number's range
@@ -256,6 +265,22 @@ def test_the_coalesced_kernel_writes_everything_once(num_rows, hidden, npc, chun
     shape, written, sf_stores, packed_bytes = emulate_grid(num_rows, hidden, npc, vector=True,
                                                            chunk=chunk, swiglu=swiglu)
     assert shape.vec_blocks * shape.vec_threads >= num_rows * hidden // LANE_COLUMNS
+    assert (written == 1).all()
+    assert (sf_stores == 1).all()
+    assert (packed_bytes == 1).all()
+
+
+@pytest.mark.parametrize("chunk", [8, 4], ids=["bf16", "f32"])
+@pytest.mark.parametrize(("num_rows", "hidden", "npc"), [
+    (1, 1024, 128), (7, 1024, 32), (9, 2048, 128), (3, 3072, 32), (2, 7168, 128)])
+def test_whole_rows_a_warp_write_everything_once(num_rows, hidden, npc, chunk):
+    """*_rows_whole: a warp a row, every segment of it in turn."""
+    shape, written, sf_stores, packed_bytes = emulate_grid(
+        num_rows, hidden, npc, vector=True, chunk=chunk, swiglu=True, rows_whole=True)
+    assert shape.rows and shape.rows_whole
+    assert shape.vec_blocks * shape.vec_threads // 32 >= num_rows  # a warp each row
+    assert shape.vec_blocks * shape.vec_threads // 32 < num_rows * shape.passes or (
+        shape.passes == 1)
     assert (written == 1).all()
     assert (sf_stores == 1).all()
     assert (packed_bytes == 1).all()
@@ -388,6 +413,12 @@ def test_too_many_warps_for_one_launch():
     ({"rows_min_blocks": 33}, "QuantizeTuning.rows_min_blocks must be an int in 0 .. 32; got 33"),
     ({"rows_min_blocks": True},
      "QuantizeTuning.rows_min_blocks must be an int in 0 .. 32; got True"),
+    ({"rows_whole_from_rows": -1},
+     "QuantizeTuning.rows_whole_from_rows must be a number >= 0; got -1"),
+    ({"rows_whole_from_rows": True},
+     "QuantizeTuning.rows_whole_from_rows must be a number >= 0; got True"),
+    ({"rows_whole_from_rows": float("nan")},
+     "QuantizeTuning.rows_whole_from_rows must be a number >= 0; got nan"),
 ])
 def test_bad_tunings(kwargs, message):
     with pytest.raises(ValueError, match=re.escape(message)):
@@ -523,6 +554,30 @@ def test_block_rows_where_the_tuning_asks(monkeypatch):
     plan.launch(7, 0x1000, 0x2000, 0x3000, 0x4000, 0x5000, 0x6000)
     assert launches[-1][0] == "swiglu_quantize_fp8_bf16_rows"
     assert gpu.QUANTIZE_ARGS.packer.unpack_from(plan.args.buffer)[-1] == 0
+
+
+@pytest.mark.parametrize(("num_rows", "num_weights", "kernel", "warps"), [
+    (49152, 32768, "rows_whole", 49152),  # prefill plan: 32768 live rows at most
+    (49152, 4096, "rows", 2 * 49152),     # medium plan: 4096 (the GPU would be short of work)
+    (8192, -1, "rows_whole", 8192),       # no weights: every row may be live
+    (8191, -1, "rows", 2 * 8191),
+])
+def test_whole_rows_a_warp_from_enough_live_rows(monkeypatch, num_rows, num_weights, kernel,
+                                                 warps):
+    from cupy_moe.quantize.rules import QuantizeProblem
+
+    gpu, launches = _fake_device(monkeypatch)
+    problem = QuantizeProblem(num_rows=num_rows, hidden=2048, in_dtype="bfloat16",
+                              num_per_channels=128, round_sf=False, packed_ue8m0=False,
+                              col_major=True, swiglu=True, num_weights=num_weights,
+                              has_pos_to_expert=True)
+    plan = gpu.QuantizePlan(problem, 0, DEFAULT_TUNING)
+    plan.launch(7, 0x1000, 0x2000, 0x3000, 0x4000, 0x5000, 0x6000)
+    assert launches[-1][0] == f"swiglu_quantize_fp8_bf16_{kernel}"
+    assert launches[-1][1] == -(-32 * warps // launches[-1][4])  # blocks: a warp each
+    never = gpu.QuantizePlan(problem, 0, QuantizeTuning(rows_whole_from_rows=math.inf))
+    never.launch(7, 0x1000, 0x2000, 0x3000, 0x4000, 0x5000, 0x6000)
+    assert launches[-1][0] == "swiglu_quantize_fp8_bf16_rows"
 
 
 def test_a_tuned_plan_compiles_and_launches_its_variant(monkeypatch):

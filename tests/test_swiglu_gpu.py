@@ -117,7 +117,9 @@ def test_random_cases_are_bit_identical_to_the_oracle(kind):
 
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("inter", [2048, 768])
-def test_prefill_shapes_with_a_real_plan(kind, inter):
+@pytest.mark.parametrize("tuning", [None, QuantizeTuning(rows_whole_from_rows=0)],
+                         ids=["default", "rows-whole"])
+def test_prefill_shapes_with_a_real_plan(kind, inter, tuning):
     rng = np.random.default_rng()
     maps, num_rows = plan_maps(rng, 256, 8, 64, 32)
     h = as_input_dtype(random_h(rng, num_rows, inter, 128), "bfloat16")
@@ -125,8 +127,9 @@ def test_prefill_shapes_with_a_real_plan(kind, inter):
         packed, col_major, round_sf = LAYOUTS[layout]
         settings = {"round_sf": round_sf, "packed_ue8m0": packed,
                     "use_tma_aligned_col_major_sf": col_major}
-        check_result(kind, cupy_moe.quantize.swiglu_quantize_fp8(
-            device_array(kind, h, "bfloat16"), **maps_on_device(kind, maps), **settings),
+        check_result(kind, call_op(
+            "swiglu_quantize_fp8", tuning, device_array(kind, h, "bfloat16"),
+            **maps_on_device(kind, maps), **settings),
             swiglu_quantize_fp8_numpy(h, **maps, **settings), col_major=col_major,
             what=f"X={num_rows} I={inter} {layout}")
 

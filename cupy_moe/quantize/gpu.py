@@ -45,13 +45,13 @@ _pack_pointers = QUANTIZE_ARGS.pointer_packer.pack_into
 
 
 def kernel_name(problem: QuantizeProblem, vector: bool, rows: bool = False,
-                narrow: str = "") -> str:
+                narrow: str = "", rows_whole: bool = False) -> str:
     """The kernel: coalesced (``vector``; swiglu's row-major one with ``rows``,
-    its few-live-rows one with ``narrow``, ``"vec1"`` or ``"block_rows"``)
-    or element accesses."""
+    a warp a whole row with ``rows_whole`` too, its few-live-rows one with
+    ``narrow``, ``"vec1"`` or ``"block_rows"``) or element accesses."""
     op = "swiglu_quantize_fp8" if problem.swiglu else "quantize_fp8"
     dtype = "f32" if problem.in_dtype == "float32" else "bf16"
-    coalesced = "rows" if rows else narrow or "vec"
+    coalesced = ("rows_whole" if rows_whole else "rows") if rows else narrow or "vec"
     return f"{op}_{dtype}_{coalesced if vector else 'any'}"
 
 
@@ -75,12 +75,14 @@ class QuantizePlan:
         live_rows = (min(problem.num_rows, problem.num_weights) if problem.num_weights >= 0
                      else problem.num_rows)
         narrow = problem.swiglu and live_rows <= tuning.narrow_live_rows
+        rows_whole = live_rows >= tuning.rows_whole_from_rows
         columns = 4 if problem.in_dtype == "float32" else 8  # a 16-byte chunk
         multiprocessors = device_traits(device).multiprocessors
         try:
             self.shape: QuantizeShape = launch_shape(
                 problem.num_rows, problem.hidden, problem.num_per_channels, multiprocessors,
-                tuning, swiglu=problem.swiglu, narrow_columns=columns if narrow else 0)
+                tuning, swiglu=problem.swiglu, narrow_columns=columns if narrow else 0,
+                rows_whole=rows_whole)
         except ValueError:
             if not narrow:
                 raise
@@ -88,12 +90,13 @@ class QuantizePlan:
             # rows): the wide grid, which may fit (else the same error)
             self.shape = launch_shape(problem.num_rows, problem.hidden,
                                       problem.num_per_channels, multiprocessors, tuning,
-                                      swiglu=problem.swiglu)
+                                      swiglu=problem.swiglu, rows_whole=rows_whole)
         defines = tuning.defines()
         self.handles = {vector: function_handle(SOURCE, defines, device,
                                                 kernel_name(problem, vector,
                                                             vector and self.shape.rows,
-                                                            self.narrow_kernel(vector)))
+                                                            self.narrow_kernel(vector),
+                                                            self.shape.rows_whole))
                         for vector in (True, False)}
         shape = self.shape
         self.args = ArgBlock(QUANTIZE_ARGS, QUANTIZE_ARGS.constants(

@@ -9,7 +9,9 @@ chunk's row is its block index divided by S: ``block_magic`` /
 takes ``*_rows`` instead, row-major: the rows are cut into
 ``SEGMENT_COLUMNS``-column segments, ``passes`` a row (a segment's row is its
 index divided by ``passes``: ``pass_magic`` / ``pass_shift``), a warp a
-segment, reading its row's maps and weight once. swiglu_quantize_fp8 calls
+segment, reading its row's maps and weight once (from
+``rows_whole_from_rows`` live rows, ``*_rows_whole``: a warp a whole row,
+its segments in turn). swiglu_quantize_fp8 calls
 with few live rows (decode) take ``*_vec1`` (``*_vec`` with one 16-byte
 chunk a lane) or, with many padding rows, ``*_block_rows`` (a block
 ``block_rows`` whole rows, a live row one chunk a thread).
@@ -84,6 +86,15 @@ class QuantizeTuning:
     segments a warp of ``*_rows``, the second's loads issued before the
     first's arithmetic, lost 11-16 points and were removed: benchmarks/
     NOTES.md, tenth session.)
+    ``rows_whole_from_rows``: calls with at least this many live rows (the
+    same bound from the shapes as ``narrow_live_rows``) take SwiGLU's
+    row-major kernel a warp a whole row, its segments one after another
+    (``*_rows_whole``), instead of a warp a segment: the row's maps and the
+    warp's setup once a row. Kimi-K2 prefill 81.1 -> 82.6% of the copy,
+    8k 84.2 -> 85.2, DeepSeek-V3 EP8 8k 67.9 -> 68.5; with fewer live rows
+    half the warps leave the GPU short of work (medium plans, 4096 live
+    rows: -1.6 and -3.1 points; benchmarks/NOTES.md, fourteenth session).
+    0: always, ``inf``: never.
     """
 
     threads: int = 128
@@ -94,6 +105,7 @@ class QuantizeTuning:
     narrow_live_rows: int = 64
     block_rows_from_bytes: float = float(1 << 20)
     block_rows_blocks_per_sm: float = 1.0
+    rows_whole_from_rows: float = 8192.0
 
     def __post_init__(self) -> None:
         for name in ("threads", "small_threads"):
@@ -124,6 +136,11 @@ class QuantizeTuning:
                 self.block_rows_blocks_per_sm > 0):
             raise ValueError(f"QuantizeTuning.block_rows_blocks_per_sm must be a number > 0; "
                              f"got {self.block_rows_blocks_per_sm!r}")
+        if isinstance(self.rows_whole_from_rows, bool) or not isinstance(
+                self.rows_whole_from_rows, (int, float)) or not (
+                self.rows_whole_from_rows >= 0):
+            raise ValueError(f"QuantizeTuning.rows_whole_from_rows must be a number >= 0; "
+                             f"got {self.rows_whole_from_rows!r}")
         if not isinstance(self.software_e4m3, bool):
             raise TypeError(f"QuantizeTuning.software_e4m3 must be True or False; got "
                             f"{self.software_e4m3!r}")
@@ -154,6 +171,7 @@ class QuantizeShape(NamedTuple):
     passes: int           # *_rows: segments of SEGMENT_COLUMNS a row
     pass_magic: int       # *_rows: row of segment s = (s * pass_magic) >> pass_shift
     pass_shift: int
+    rows_whole: bool = False  # *_rows_whole: a warp a whole row (rows only)
 
     def grid(self, vector: bool) -> tuple[int, int]:
         """(blocks, threads) of one kernel."""
@@ -177,12 +195,13 @@ def division_magic(divisor: int) -> tuple[int, int]:
 
 def launch_shape(num_rows: int, hidden: int, num_per_channels: int, multiprocessors: int,
                  tuning: QuantizeTuning = DEFAULT_TUNING, *,
-                 swiglu: bool = False, narrow_columns: int = 0) -> QuantizeShape:
+                 swiglu: bool = False, narrow_columns: int = 0,
+                 rows_whole: bool = False) -> QuantizeShape:
     """The grid of one call: a function of the shapes (and the SM count) only.
 
     ``swiglu``: where H is whole segments, the coalesced grid is
-    swiglu_quantize_fp8's row-major *_rows one (a warp a segment of a row),
-    else *_vec's (a warp 32 x 32 columns of the chunks numbered row after
+    swiglu_quantize_fp8's row-major *_rows one (a warp a segment of a row;
+    with ``rows_whole``, *_rows_whole's: a warp a whole row), else *_vec's (a warp 32 x 32 columns of the chunks numbered row after
     row). ``narrow_columns`` (swiglu, > 0: the columns of a 16-byte chunk of
     the input dtype): the few-live-rows grid instead, *_vec1's (a lane one
     chunk) or, from ``tuning.block_rows_from_bytes`` of codes, *_block_rows'
@@ -212,7 +231,8 @@ def launch_shape(num_rows: int, hidden: int, num_per_channels: int, multiprocess
         # a warp: 32 lanes x 32 columns of the [R, H] output, row after row,
         # or (*_rows) a segment, or (*_vec1) 32 lanes x narrow_columns
         lane_columns = narrow_columns if narrow else LANE_COLUMNS
-        warps = num_rows * passes if rows else ceil_div(num_rows * hidden, 32 * lane_columns)
+        warps = (num_rows * (1 if rows_whole else passes) if rows
+                 else ceil_div(num_rows * hidden, 32 * lane_columns))
         vec_threads, vec_blocks = _grid(warps, multiprocessors, tuning)
         if vec_blocks * vec_threads > MAX_LANES:
             raise ValueError(f"{num_rows} rows of {hidden} columns are too many for one "
@@ -222,7 +242,8 @@ def launch_shape(num_rows: int, hidden: int, num_per_channels: int, multiprocess
     pass_magic, pass_shift = division_magic(passes)
     return QuantizeShape(threads, blocks, vec_threads, vec_blocks, lanes_per_row,
                          lanes_per_block.bit_length() - 1, row_magic, row_shift, block_magic,
-                         block_shift, rows, narrow, block_rows, passes, pass_magic, pass_shift)
+                         block_shift, rows, narrow, block_rows, passes, pass_magic, pass_shift,
+                         rows and rows_whole)
 
 
 def _grid(warps: int, multiprocessors: int, tuning: QuantizeTuning) -> tuple[int, int]:
