@@ -527,10 +527,12 @@ __device__ __forceinline__ void swiglu_rows_one_segment(const QuantizeArgs& a) {
 }
 
 // swiglu_quantize_fp8_*_rows_whole: warp w takes every segment of row w, one
-// after another (QuantizeTuning.rows_whole): the row's maps are loaded and
-// checked once, and the warp's setup is paid once a row, not once a
-// segment; a segment's loads still wait for the last one's arithmetic (the
-// registers of *_rows: as many warps in flight).
+// after another (QuantizeTuning.rows_whole_from_rows): the row's maps are
+// loaded and checked once, and the warp's setup is paid once a row, not once
+// a segment; a segment's loads still wait for the last one's arithmetic (the
+// registers of *_rows: as many warps in flight). Its segment body repeats
+// swiglu_rows_one_segment's: one helper for both changed *_rows' SASS
+// (NVRTC 13 allocated its registers differently).
 template <typename In>
 __device__ __forceinline__ void swiglu_rows_whole(const QuantizeArgs& a) {
     const int lane = threadIdx.x & 31;
