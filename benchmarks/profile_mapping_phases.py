@@ -12,7 +12,8 @@ of several back to back, as in a CUDA graph (ids and code warm in the
 caches). Phases of the general kernel:
 0 start, 1 counters zeroed, 2 warps counted, 3 block totals written, 4 past
 the grid barrier, 10 (cooperative kernel) thread 0's column-sum loads
-summed, 5 column sums (every thread's, added), 6 expert scan, 7 slots
+summed, 5 column sums (every thread's, added), 11 thread 0's first
+shared counter read back (its value known), 6 expert scan, 7 slots
 placed, 8 segment tails padded, 9 end; of the one-warp kernel: 0 start, 1
 the warp's plan shared, 2 end. Phases print in time order.
 """

@@ -55,9 +55,19 @@ __device__ long long map_trace[1024 * MAP_TRACE_PHASES];
         if (threadIdx.x == 0 && blockIdx.x < 1024)                                     \
             map_trace[blockIdx.x * MAP_TRACE_PHASES + (i)] = clock64();                \
     } while (0)
+// MAP_PHASE_AFTER(i, v): the mark once v is known (an empty asm that reads
+// v, then the clock: a mark that waits for a load's value, not its issue)
+#define MAP_PHASE_AFTER(i, v)                      \
+    do {                                           \
+        asm volatile("" : : "r"(v) : "memory");    \
+        MAP_PHASE(i);                              \
+    } while (0)
 #else
 #define MAP_PHASE(i) \
     do {             \
+    } while (0)
+#define MAP_PHASE_AFTER(i, v) \
+    do {                      \
     } while (0)
 #endif
 
@@ -396,6 +406,9 @@ __device__ __forceinline__ void place_block(const MappingArgs& a) {
     const int e1 = min(experts, e0 + per_thread);
     int rows = 0;
     for (int j = e0; j < e1; ++j) rows += align_rows(tokens[j], a.alignment);
+    // thread 0's first read of the sums' shared counters back (traced builds):
+    // does it wait behind the sums' queued shared atomics?
+    MAP_PHASE_AFTER(11, rows);
     int inclusive = rows;
 #pragma unroll
     for (int d = 1; d < 32; d <<= 1) {
