@@ -91,13 +91,14 @@ class MappingPlan:
         expert_rows = slots + 3 * rows
         scratch = align_up(expert_rows + 3 * experts, 4)  # 16 bytes: the buffer's base is
         self.offsets = (0, slots, expert_rows, scratch)   # at least 256-byte aligned
+        # launch()'s hot path reads these, not offsets and shape.cooperative
         self.byte_offsets = tuple(4 * o for o in self.offsets)
         self.cooperative = shape.cooperative
         self.total_index = scratch + block_counts
         self.buffer_size = self.total_index + 1
         self.split_sizes = (slots, rows, rows, rows, experts, experts, experts,
                             self.buffer_size - expert_rows - 3 * experts)
-        self.token_shape = (problem.num_tokens, problem.top_k)
+        self.token_shape = (problem.num_tokens, problem.top_k)  # torch_views' view, cached
         names = kernel_names(shape, problem.id_dtype)
         place = function_handle(SOURCE, (), device, names[-1])
         if shape.shared_bytes > SHARED_BYTES_DEFAULT:

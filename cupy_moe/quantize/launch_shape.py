@@ -126,21 +126,10 @@ class QuantizeTuning:
                 self.narrow_live_rows, int) or self.narrow_live_rows < 0:
             raise ValueError(f"QuantizeTuning.narrow_live_rows must be an int >= 0; got "
                              f"{self.narrow_live_rows!r}")
-        if isinstance(self.block_rows_from_bytes, bool) or not isinstance(
-                self.block_rows_from_bytes, (int, float)) or not (
-                self.block_rows_from_bytes >= 0):
-            raise ValueError(f"QuantizeTuning.block_rows_from_bytes must be a number >= 0; "
-                             f"got {self.block_rows_from_bytes!r}")
-        if isinstance(self.block_rows_blocks_per_sm, bool) or not isinstance(
-                self.block_rows_blocks_per_sm, (int, float)) or not (
-                self.block_rows_blocks_per_sm > 0):
-            raise ValueError(f"QuantizeTuning.block_rows_blocks_per_sm must be a number > 0; "
-                             f"got {self.block_rows_blocks_per_sm!r}")
-        if isinstance(self.rows_whole_from_rows, bool) or not isinstance(
-                self.rows_whole_from_rows, (int, float)) or not (
-                self.rows_whole_from_rows >= 0):
-            raise ValueError(f"QuantizeTuning.rows_whole_from_rows must be a number >= 0; "
-                             f"got {self.rows_whole_from_rows!r}")
+        _require_number("block_rows_from_bytes", self.block_rows_from_bytes)
+        _require_number("block_rows_blocks_per_sm", self.block_rows_blocks_per_sm,
+                        positive=True)
+        _require_number("rows_whole_from_rows", self.rows_whole_from_rows)
         if not isinstance(self.software_e4m3, bool):
             raise TypeError(f"QuantizeTuning.software_e4m3 must be True or False; got "
                             f"{self.software_e4m3!r}")
@@ -149,6 +138,15 @@ class QuantizeTuning:
         """The compile-time part (the kernel source's QUANTIZE_* macros)."""
         return (("QUANTIZE_SOFTWARE_E4M3", int(self.software_e4m3)),
                 ("QUANTIZE_ROWS_MIN_BLOCKS", int(self.rows_min_blocks)))
+
+
+def _require_number(name: str, value: object, *, positive: bool = False) -> None:
+    """A QuantizeTuning threshold: an int or float (not a bool), >= 0 (or >
+    0), inf allowed, NaN not."""
+    bound = "> 0" if positive else ">= 0"
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
+            value > 0 if positive else value >= 0):
+        raise ValueError(f"QuantizeTuning.{name} must be a number {bound}; got {value!r}")
 
 
 DEFAULT_TUNING = QuantizeTuning()
@@ -201,10 +199,11 @@ def launch_shape(num_rows: int, hidden: int, num_per_channels: int, multiprocess
 
     ``swiglu``: where H is whole segments, the coalesced grid is
     swiglu_quantize_fp8's row-major *_rows one (a warp a segment of a row;
-    with ``rows_whole``, *_rows_whole's: a warp a whole row), else *_vec's (a warp 32 x 32 columns of the chunks numbered row after
-    row). ``narrow_columns`` (swiglu, > 0: the columns of a 16-byte chunk of
-    the input dtype): the few-live-rows grid instead, *_vec1's (a lane one
-    chunk) or, from ``tuning.block_rows_from_bytes`` of codes, *_block_rows'
+    with ``rows_whole``, *_rows_whole's: a warp a whole row), else *_vec's
+    (a warp 32 x 32 columns of the chunks numbered row after row).
+    ``narrow_columns`` (swiglu, > 0: the columns of a 16-byte chunk of the
+    input dtype): the few-live-rows grid instead, *_vec1's (a lane one chunk)
+    or, from ``tuning.block_rows_from_bytes`` of codes, *_block_rows'
     (a block ``block_rows`` whole rows, a thread a chunk of a live row: at
     least the row's chunks, whole warps, at most
     ``BLOCK_ROWS_MAX_THREADS``)."""
