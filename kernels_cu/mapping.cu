@@ -43,8 +43,8 @@
 #ifndef SUM_VECS
 #define SUM_VECS 8         // 16-byte loads (8 uint16 block counts) a thread has in flight
 #endif
-#ifndef MAP_SUMS_SHUFFLE
-#define MAP_SUMS_SHUFFLE 0  // a variant of the column sums' end (below); off
+#ifndef MAP_BARRIER_RED
+#define MAP_BARRIER_RED 0  // a variant of the grid barrier (grid_barrier_after); off
 #endif
 
 // Phase timestamps for benchmarks/profile_mapping_phases.py: compiled with
@@ -263,6 +263,9 @@ __device__ __forceinline__ void place_block(const MappingArgs& a) {
     const bool one_batch = a.warp_slots <= 32 * MAP_BATCH;
     int first_ids[MAP_BATCH];
     MAP_PHASE(0);
+#if MAP_BARRIER_RED
+    const unsigned barrier_before = Cooperative ? grid_barrier_word_before() : 0u;
+#endif
     load_batch<Id>(a, warp_first, warp_end, lane, first_ids);
 
     for (int j = threadIdx.x; j < warps * experts; j += blockDim.x) warp_counts[j] = 0;
@@ -325,7 +328,11 @@ __device__ __forceinline__ void place_block(const MappingArgs& a) {
             reinterpret_cast<unsigned short*>(a.block_counts)[
                 static_cast<long long>(blockIdx.x) * padded + j] = 0;
         MAP_PHASE(3);
+#if MAP_BARRIER_RED
+        grid_barrier_after(barrier_before);
+#else
         grid_barrier();
+#endif
         MAP_PHASE(4);
         // every block's counts, 8 experts a 16-byte load: a thread takes a
         // group of 8 experts and every parts-th block from `part` on, with
@@ -364,31 +371,11 @@ __device__ __forceinline__ void place_block(const MappingArgs& a) {
                 }
             }
             MAP_PHASE(10);  // thread 0's loads summed (traced builds)
-#if MAP_SUMS_SHUFFLE
-            // a variant (profile_mapping_phases.py -D MAP_SUMS_SHUFFLE=1): where
-            // groups is a power of two <= 16 (E <= 128) every thread has one t
-            // and lanes l and l ^ off (off >= groups) hold other parts of the
-            // same group: shuffles add them, one lane a group adds to shared
-            // memory (half the shared atomics or fewer, none conflicting)
-            const bool fold = groups <= 16 && (groups & (groups - 1)) == 0;
-            if (fold) {
-                for (int off = 16; off >= groups; off >>= 1) {
-#pragma unroll
-                    for (int i = 0; i < 8; ++i) {
-                        earlier[i] += __shfl_xor_sync(0xffffffffu, earlier[i], off);
-                        total[i] += __shfl_xor_sync(0xffffffffu, total[i], off);
-                    }
-                }
-            }
-            const bool adds = !fold || (threadIdx.x & 31) < groups;
-#else
-            const bool adds = true;
-#endif
 #pragma unroll
             for (int i = 0; i < 8; ++i) {
                 const int j = 8 * group + i;
-                if (adds && j < experts && earlier[i]) atomicAdd(&base[j], earlier[i]);
-                if (adds && j < experts && total[i]) atomicAdd(&tokens[j], total[i]);
+                if (j < experts && earlier[i]) atomicAdd(&base[j], earlier[i]);
+                if (j < experts && total[i]) atomicAdd(&tokens[j], total[i]);
             }
         }
     } else if (a.self_counting) {
