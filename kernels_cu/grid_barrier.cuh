@@ -41,34 +41,3 @@ __device__ __forceinline__ void grid_barrier() {
     }
     __syncthreads();
 }
-
-// The same barrier without waiting for the arrival's result: the caller's
-// thread 0 read the word before (grid_barrier_word_before, any time before
-// its block arrives: the top bit cannot flip until every block has), so the
-// arrival is a reduction (red, fire-and-forget) and the polls start at once;
-// the last block's wait is one round trip to L2 after its arrival instead of
-// two. Only thread 0's `before` is used.
-__device__ __forceinline__ unsigned grid_barrier_word_before() {
-    unsigned before = 0;
-    if (threadIdx.x == 0 && threadIdx.y == 0 && threadIdx.z == 0)
-        asm volatile("ld.relaxed.gpu.u32 %0, [%1];"
-                     : "=r"(before) : "l"(cooperative_barrier_word()) : "memory");
-    return before;
-}
-
-__device__ __forceinline__ void grid_barrier_after(unsigned before) {
-    __syncthreads();
-    if (threadIdx.x == 0 && threadIdx.y == 0 && threadIdx.z == 0) {
-        unsigned* word = cooperative_barrier_word();
-        const unsigned blocks = gridDim.x * gridDim.y * gridDim.z;
-        const bool first = blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0;
-        const unsigned add = first ? 0x80000000u - (blocks - 1u) : 1u;
-        unsigned now;
-        asm volatile("red.release.gpu.global.add.u32 [%0], %1;"
-                     :: "l"(word), "r"(add) : "memory");
-        do {
-            asm volatile("ld.acquire.gpu.u32 %0, [%1];" : "=r"(now) : "l"(word) : "memory");
-        } while (((before ^ now) & 0x80000000u) == 0);
-    }
-    __syncthreads();
-}

@@ -40,11 +40,11 @@
 #define LOAD_BATCH 8       // loads a thread has in flight in a block-strided loop
 #define SUM_BATCH 16       // block counts a thread has in flight summing a column
 #define COOP_MAX_WARPS 16  // warps of a cooperative block, at most (its registers)
+#ifndef MAP_PAD_FIRST
+#define MAP_PAD_FIRST 0  // a variant: the cooperative kernel pads every row before its barrier
+#endif
 #ifndef SUM_VECS
 #define SUM_VECS 8         // 16-byte loads (8 uint16 block counts) a thread has in flight
-#endif
-#ifndef MAP_BARRIER_RED
-#define MAP_BARRIER_RED 0  // a variant of the grid barrier (grid_barrier_after); off
 #endif
 
 // Phase timestamps for benchmarks/profile_mapping_phases.py: compiled with
@@ -263,10 +263,19 @@ __device__ __forceinline__ void place_block(const MappingArgs& a) {
     const bool one_batch = a.warp_slots <= 32 * MAP_BATCH;
     int first_ids[MAP_BATCH];
     MAP_PHASE(0);
-#if MAP_BARRIER_RED
-    const unsigned barrier_before = Cooperative ? grid_barrier_word_before() : 0u;
-#endif
     load_batch<Id>(a, warp_first, warp_end, lane, first_ids);
+#if MAP_PAD_FIRST
+    // every row padding (-1 in the three pos rows) before the grid barrier,
+    // coalesced, while the ids load; the place phase then overwrites the
+    // routed rows (after the barrier: ordered after these stores) and no
+    // padding is left to write after it
+    if (Cooperative) {
+        const long long cells = 3LL * a.num_expanded;
+        for (long long i = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
+             i < cells; i += static_cast<long long>(gridDim.x) * blockDim.x)
+            a.pos_rows[i] = -1;
+    }
+#endif
 
     for (int j = threadIdx.x; j < warps * experts; j += blockDim.x) warp_counts[j] = 0;
     for (int j = threadIdx.x; j < experts; j += blockDim.x) base[j] = tokens[j] = 0;
@@ -328,11 +337,7 @@ __device__ __forceinline__ void place_block(const MappingArgs& a) {
             reinterpret_cast<unsigned short*>(a.block_counts)[
                 static_cast<long long>(blockIdx.x) * padded + j] = 0;
         MAP_PHASE(3);
-#if MAP_BARRIER_RED
-        grid_barrier_after(barrier_before);
-#else
         grid_barrier();
-#endif
         MAP_PHASE(4);
         // every block's counts, 8 experts a 16-byte load: a thread takes a
         // group of 8 experts and every parts-th block from `part` on, with
@@ -491,6 +496,12 @@ __device__ __forceinline__ void place_block(const MappingArgs& a) {
     }
 
     MAP_PHASE(7);
+#if MAP_PAD_FIRST
+    if (Cooperative) {
+        MAP_PHASE(9);
+        return;
+    }
+#endif
     // padding, the tail of each segment: warp w takes a run of experts, 32 at
     // a time (a lane each finds its expert's tail: up to the next start), then
     // fills the tails that are not empty one after the other

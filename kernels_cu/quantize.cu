@@ -791,15 +791,33 @@ extern "C" __global__ void quantize_selftest_reciprocal(unsigned first, unsigned
 
 // The e4m3 codes of the conversion this module was compiled with (hardware
 // on sm_89+ unless QUANTIZE_SOFTWARE_E4M3) against the integer rounding.
+// The ops convert products only (x * scale), so the inputs here are too:
+// v * one and -v * one, `one` 1.0f at run time (not folded away).
 extern "C" __global__ void quantize_selftest_e4m3(unsigned first, unsigned count,
-                                                  unsigned* mismatch) {
+                                                  unsigned* mismatch, float one) {
     const unsigned stride = gridDim.x * blockDim.x;
     for (unsigned i = blockIdx.x * blockDim.x + threadIdx.x; i < count; i += stride) {
         const float v = __uint_as_float(first + i);
-        const unsigned codes = quant_e4m3x4(v, -v, v, 1.0f);
+        const unsigned codes = quant_e4m3x4(__fmul_rn(v, one), __fmul_rn(-v, one),
+                                            __fmul_rn(v, one), one);
         const unsigned expected = quant_e4m3_software(v) | (quant_e4m3_software(-v) << 8) |
                                   (quant_e4m3_software(v) << 16) | (0x38u << 24);
         if (codes != expected) atomicMin(mismatch, first + i);
+    }
+}
+
+// A float32 multiply whose result is NaN gives the one NaN 0x7FFFFFFF,
+// whatever the NaN operand's sign and payload (what the e4m3 conversion's
+// NaN codes rest on): every NaN pattern of [first, first + count) times
+// `scale`, and `scale` times it.
+extern "C" __global__ void quantize_selftest_product_nan(unsigned first, unsigned count,
+                                                         unsigned* mismatch, float scale) {
+    const unsigned stride = gridDim.x * blockDim.x;
+    for (unsigned i = blockIdx.x * blockDim.x + threadIdx.x; i < count; i += stride) {
+        const float v = __uint_as_float(first + i);
+        if (__float_as_uint(__fmul_rn(v, scale)) != 0x7FFFFFFFu ||
+            __float_as_uint(__fmul_rn(scale, v)) != 0x7FFFFFFFu)
+            atomicMin(mismatch, first + i);
     }
 }
 

@@ -18,7 +18,7 @@ KERNELS = [*(f"{op}_{dtype}_{access}" for op in ("quantize_fp8", "swiglu_quantiz
            "swiglu_quantize_fp8_bf16_rows", "swiglu_quantize_fp8_f32_rows",
            "swiglu_quantize_fp8_bf16_rows_whole", "swiglu_quantize_fp8_f32_rows_whole"]
 SELFTESTS = ["quantize_selftest_reciprocal", "quantize_selftest_e4m3",
-             "quantize_selftest_swiglu"]
+             "quantize_selftest_product_nan", "quantize_selftest_swiglu"]
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])

@@ -231,15 +231,16 @@ def test_prefill_and_decode_shapes(kind, layout):
 
 # -- the kernels' building blocks, exhaustively ------------------------------------------
 
-def _selftest(tuning: QuantizeTuning, name: str, first: int, count: int) -> int | None:
-    """Run a quantize_selftest_* kernel over [first, first + count); the first
-    mismatching bit pattern, or None."""
+def _selftest(tuning: QuantizeTuning, name: str, first: int, count: int,
+              *extra) -> int | None:
+    """Run a quantize_selftest_* kernel over [first, first + count) (then its
+    ``extra`` arguments); the first mismatching bit pattern, or None."""
     from cupy_moe.runtime.launch import current_device
     from cupy_moe.runtime.loader import get_module
 
     kernel = get_module("quantize.cu", tuning.defines(), current_device()).get_function(name)
     mismatch = cupy.full(1, 0xFFFFFFFF, dtype=cupy.uint32)
-    kernel((4096,), (256,), (np.uint32(first), np.uint32(count), mismatch))
+    kernel((4096,), (256,), (np.uint32(first), np.uint32(count), mismatch, *extra))
     found = int(mismatch.get()[0])
     return None if found == 0xFFFFFFFF else found
 
@@ -254,12 +255,23 @@ def test_reciprocal_fast_path_is_correctly_rounded_on_its_whole_range():
 def test_e4m3_conversion_on_every_float32(tuning):
     """The module's conversion (the hardware one on sm_89+) against the integer
     rounding, on all 2^32 bit patterns (the software module: trivially)."""
+    one = np.float32(1.0)
     for first in (0, 1 << 31):
-        found = _selftest(tuning, "quantize_selftest_e4m3", first, (1 << 31) - 1)
+        found = _selftest(tuning, "quantize_selftest_e4m3", first, (1 << 31) - 1, one)
         assert found is None, f"codes differ at {found:#010x}"
     # the last pattern of each half
     for pattern in (0x7FFFFFFF, 0xFFFFFFFF):
-        assert _selftest(tuning, "quantize_selftest_e4m3", pattern, 1) is None
+        assert _selftest(tuning, "quantize_selftest_e4m3", pattern, 1, one) is None
+
+
+@pytest.mark.parametrize("scale", [1.0, 0.0, 3.5, 448.0 / 1e-4, float("inf"), -2.0])
+def test_a_product_that_is_nan_is_the_one_nan(scale):
+    """Every NaN pattern (both signs, every payload) times a scale gives
+    0x7FFFFFFF: the e4m3 codes of the ops' NaNs (0x7F) rest on it."""
+    for first in (0x7F800001, 0xFF800001):
+        found = _selftest(QuantizeTuning(), "quantize_selftest_product_nan", first,
+                          (1 << 23) - 1, np.float32(scale))
+        assert found is None, f"NaN product not canonical at {found:#010x}"
 
 
 # -- special values ------------------------------------------------------------------------
