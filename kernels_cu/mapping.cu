@@ -40,9 +40,6 @@
 #define LOAD_BATCH 8       // loads a thread has in flight in a block-strided loop
 #define SUM_BATCH 16       // block counts a thread has in flight summing a column
 #define COOP_MAX_WARPS 16  // warps of a cooperative block, at most (its registers)
-#ifndef MAP_PAD_FIRST
-#define MAP_PAD_FIRST 0  // a variant: the cooperative kernel pads every row before its barrier
-#endif
 #ifndef SUM_VECS
 #define SUM_VECS 8         // 16-byte loads (8 uint16 block counts) a thread has in flight
 #endif
@@ -264,18 +261,6 @@ __device__ __forceinline__ void place_block(const MappingArgs& a) {
     int first_ids[MAP_BATCH];
     MAP_PHASE(0);
     load_batch<Id>(a, warp_first, warp_end, lane, first_ids);
-#if MAP_PAD_FIRST
-    // every row padding (-1 in the three pos rows) before the grid barrier,
-    // coalesced, while the ids load; the place phase then overwrites the
-    // routed rows (after the barrier: ordered after these stores) and no
-    // padding is left to write after it
-    if (Cooperative) {
-        const long long cells = 3LL * a.num_expanded;
-        for (long long i = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
-             i < cells; i += static_cast<long long>(gridDim.x) * blockDim.x)
-            a.pos_rows[i] = -1;
-    }
-#endif
 
     for (int j = threadIdx.x; j < warps * experts; j += blockDim.x) warp_counts[j] = 0;
     for (int j = threadIdx.x; j < experts; j += blockDim.x) base[j] = tokens[j] = 0;
@@ -496,12 +481,6 @@ __device__ __forceinline__ void place_block(const MappingArgs& a) {
     }
 
     MAP_PHASE(7);
-#if MAP_PAD_FIRST
-    if (Cooperative) {
-        MAP_PHASE(9);
-        return;
-    }
-#endif
     // padding, the tail of each segment: warp w takes a run of experts, 32 at
     // a time (a lane each finds its expert's tail: up to the next start), then
     // fills the tails that are not empty one after the other
