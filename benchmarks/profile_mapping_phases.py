@@ -16,6 +16,9 @@ summed, 5 column sums (every thread's, added), 11 thread 0's first
 shared counter read back (its value known), 6 expert scan, 7 slots
 placed, 8 segment tails padded, 9 end; of the one-warp kernel: 0 start, 1
 the warp's plan shared, 2 end. Phases print in time order.
+``-D MAP_TRACE_DROP_STORES=1`` (traced builds only: the plans are wrong)
+leaves out the place phase's three scattered pos-row stores, ``=2`` its
+token_topk_to_pos store too: what the phase costs without them.
 """
 
 from __future__ import annotations

@@ -40,6 +40,15 @@
 #define LOAD_BATCH 8       // loads a thread has in flight in a block-strided loop
 #define SUM_BATCH 16       // block counts a thread has in flight summing a column
 #define COOP_MAX_WARPS 16  // warps of a cooperative block, at most (its registers)
+// Traced builds only (wrong plans): MAP_TRACE_DROP_STORES 1 drops the place
+// phase's three pos-row stores, 2 its token_topk_to_pos store too, to time
+// what the phase costs without them (profile_mapping_phases.py -D ...).
+#if defined(MAP_TRACE_DROP_STORES) && !defined(MAP_TRACE)
+#error "MAP_TRACE_DROP_STORES is for traced builds only"
+#endif
+#ifndef MAP_TRACE_DROP_STORES
+#define MAP_TRACE_DROP_STORES 0
+#endif
 #ifndef SUM_VECS
 #define SUM_VECS 8         // 16-byte loads (8 uint16 block counts) a thread has in flight
 #endif
@@ -470,8 +479,15 @@ __device__ __forceinline__ void place_block(const MappingArgs& a) {
             __syncwarp();  // ... and the next step reads the moved one
             if (slot < warp_end) {
                 if (row >= x) row = -1;  // past the last row: dropped
+#if MAP_TRACE_DROP_STORES >= 2
+                if (row == -2)  // never: the stores dropped, the row still computed
+#endif
                 a.token_topk_to_pos[slot] = row;
+#if MAP_TRACE_DROP_STORES >= 1
+                if (row == -2) {
+#else
                 if (row >= 0) {
+#endif
                     a.pos_rows[row] = e[u];
                     a.pos_rows[static_cast<long long>(x) + row] = static_cast<int>(slot) / a.top_k;
                     a.pos_rows[2LL * x + row] = static_cast<int>(slot);
