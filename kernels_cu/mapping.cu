@@ -479,15 +479,10 @@ __device__ __forceinline__ void place_block(const MappingArgs& a) {
             __syncwarp();  // ... and the next step reads the moved one
             if (slot < warp_end) {
                 if (row >= x) row = -1;  // past the last row: dropped
-#if MAP_TRACE_DROP_STORES >= 2
-                if (row == -2)  // never: the stores dropped, the row still computed
-#endif
-                a.token_topk_to_pos[slot] = row;
-#if MAP_TRACE_DROP_STORES >= 1
-                if (row == -2) {
-#else
-                if (row >= 0) {
-#endif
+                // MAP_TRACE_DROP_STORES (traced builds): a dropped store waits on
+                // row == -2, which never holds, so the row is still computed
+                if (MAP_TRACE_DROP_STORES < 2 || row == -2) a.token_topk_to_pos[slot] = row;
+                if (MAP_TRACE_DROP_STORES < 1 ? row >= 0 : row == -2) {
                     a.pos_rows[row] = e[u];
                     a.pos_rows[static_cast<long long>(x) + row] = static_cast<int>(slot) / a.top_k;
                     a.pos_rows[2LL * x + row] = static_cast<int>(slot);
