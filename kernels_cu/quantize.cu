@@ -127,6 +127,8 @@ struct QuantizeArgs {
     int sf_layout;                 // SF_ROW_MAJOR_F32, SF_COL_MAJOR_F32, SF_COL_MAJOR_UE8M0
     int round_sf;                  // 1: power-of-two scale factors
     int block_rows;                // *_block_rows: rows a block, 1 .. 32
+    int prefetch_rows;             // *_rows_whole: L2 prefetch this many rows ahead (0: none)
+    int prefetch_from;             // ... of rows from this one on (the first wave's are not)
 };
 
 __device__ __forceinline__ unsigned magic_divide(unsigned n, i64 magic, int shift) {
@@ -236,13 +238,39 @@ __device__ __forceinline__ void chunk_values(
 // computes instruction j's block's scale factor and scale (one division pair
 // a lane) and the group gets each scale by a shuffle. Returns the lane's own
 // block's scale factor (meaningful for in_group < LOADS). Every lane calls it.
-template <int LOADS>
-__device__ __forceinline__ float group_scales(float (&amax)[LOADS], int lane, int group,
-                                              bool round_sf, float (&scale)[LOADS]) {
-    for (int offset = 1; offset < group; offset <<= 1)
+template <int GROUP, int LOADS>
+__device__ __forceinline__ void group_amax(float (&amax)[LOADS]) {
+#pragma unroll
+    for (int offset = 1; offset < GROUP; offset <<= 1)
 #pragma unroll
         for (int k = 0; k < LOADS; ++k)
             amax[k] = fmaxf(amax[k], __shfl_xor_sync(QUANT_FULL_MASK, amax[k], offset));
+}
+
+// UNROLLED (the *_rows kernels): group is npc / CHUNK, 4 or 16 lanes (bf16),
+// 8 or 32 (float32), and each has its unrolled butterfly; the loop over a
+// run-time count costs ~30 instructions a lane more (its branches and the
+// convergence tests before each shuffle). With the row-ahead prefetch this
+// and the untested whole-segment stores gave SwiGLU prefill 0.6-1.6 points;
+// in *_vec the unrolled one cost Qwen3 (I = 768) 2.5 (benchmarks/NOTES.md,
+// sixteenth session), so *_vec keeps the loop.
+template <int LOADS, bool UNROLLED = false>
+__device__ __forceinline__ float group_scales(float (&amax)[LOADS], int lane, int group,
+                                              bool round_sf, float (&scale)[LOADS]) {
+    if (!UNROLLED) {
+        for (int offset = 1; offset < group; offset <<= 1)
+#pragma unroll
+            for (int k = 0; k < LOADS; ++k)
+                amax[k] = fmaxf(amax[k], __shfl_xor_sync(QUANT_FULL_MASK, amax[k], offset));
+    } else if (group == 16) {  // bf16 at npc 128 first: the prefill shapes
+        group_amax<16>(amax);
+    } else if (group == 4) {
+        group_amax<4>(amax);
+    } else if (group == 8) {
+        group_amax<8>(amax);
+    } else {
+        group_amax<32>(amax);
+    }
     const int in_group = lane & (group - 1);
     float my_amax = amax[0];
 #pragma unroll
@@ -497,12 +525,18 @@ __device__ __forceinline__ void rows_quantize(const QuantizeArgs& a, const RowsS
 #pragma unroll
     for (int k = 0; k < LOADS; ++k) t.weight[k] = row_weight;
     chunk_values<In, true>(raw, t.weight, t.v, t.amax);
-    const float sf = group_scales<LOADS>(t.amax, lane, 1 << s.group_log2, a.round_sf != 0,
+    const float sf = group_scales<LOADS, true>(t.amax, lane, 1 << s.group_log2, a.round_sf != 0,
                                          t.scale);
+    if (s.segment_first + 32 * LOADS <= row_chunks) {  // the whole segment: no tests
 #pragma unroll
-    for (int k = 0; k < LOADS; ++k)
-        if (s.first + 32 * k < row_chunks)
+        for (int k = 0; k < LOADS; ++k)
             store_codes<In>(s.out_row, s.first + 32 * k, t.v[k], t.scale[k]);
+    } else {
+#pragma unroll
+        for (int k = 0; k < LOADS; ++k)
+            if (s.first + 32 * k < row_chunks)
+                store_codes<In>(s.out_row, s.first + 32 * k, t.v[k], t.scale[k]);
+    }
     if (s.stores_sf) store_scale_factor(a, s.row, s.sf_chunk >> s.group_log2, sf, false);
 }
 
@@ -541,8 +575,28 @@ __device__ __forceinline__ void swiglu_rows_whole(const QuantizeArgs& a) {
     const int row_chunks = a.hidden >> VecLayout<In>::CHUNK_LOG2;
     const unsigned first_segment = row32 * static_cast<unsigned>(a.passes);
     const RowsSegment first = rows_segment<In>(a, first_segment, row32, lane, row_chunks);
+    // The h row prefetch_rows ahead, into L2 (sm_90's bulk prefetch; one
+    // instruction, no registers held): its warp starts a fraction of a wave
+    // later and finds its loads in L2 instead of waiting on DRAM. Only rows
+    // past the first wave (prefetch_from: those warps all start at once,
+    // their loads already in flight) and live ones (its map, loaded beside
+    // this row's: one latency for both). Kimi-K2 prefill 82.5 -> 85.7% of
+    // the copy, 8k 84.6 -> 89.2 (benchmarks/NOTES.md, sixteenth session).
+    const i64 ahead = static_cast<i64>(row32) + a.prefetch_rows;
+    const bool prefetch = a.prefetch_rows > 0 && lane == 0 && ahead < a.num_rows &&
+                          ahead >= a.prefetch_from;
+    const int ahead_expert =
+        prefetch && a.pos_to_expert != nullptr ? __ldg(a.pos_to_expert + ahead) : 0;
     const bool padding =
         first.expert < 0 || (first.weighted && (first.slot < 0 || first.slot >= a.num_weights));
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if (prefetch && ahead_expert >= 0) {
+        const unsigned row_bytes = 2u * static_cast<unsigned>(a.hidden) * sizeof(In);
+        const char* row = static_cast<const char*>(a.x) + ahead * row_bytes;
+        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" :: "l"(row), "r"(row_bytes)
+                     : "memory");
+    }
+#endif
     for (int pass = 0; pass < a.passes; ++pass) {
         RowsSegment s = first;
         if (pass > 0) {  // the same row: its maps as loaded, the columns moved on

@@ -419,6 +419,14 @@ def test_too_many_warps_for_one_launch():
      "QuantizeTuning.rows_whole_from_rows must be a number >= 0; got True"),
     ({"rows_whole_from_rows": float("nan")},
      "QuantizeTuning.rows_whole_from_rows must be a number >= 0; got nan"),
+    ({"prefetch_ahead_rows": -1},
+     "QuantizeTuning.prefetch_ahead_rows must be an int in 0 .. 2**31 - 1; got -1"),
+    ({"prefetch_ahead_rows": 2**31},
+     "QuantizeTuning.prefetch_ahead_rows must be an int in 0 .. 2**31 - 1; got 2147483648"),
+    ({"prefetch_ahead_rows": 1.5},
+     "QuantizeTuning.prefetch_ahead_rows must be an int in 0 .. 2**31 - 1; got 1.5"),
+    ({"prefetch_from_live_rows": -2},
+     "QuantizeTuning.prefetch_from_live_rows must be a number >= 0; got -2"),
 ])
 def test_bad_tunings(kwargs, message):
     with pytest.raises(ValueError, match=re.escape(message)):
@@ -480,7 +488,7 @@ def test_a_plan_packs_what_the_kernel_reads(monkeypatch, swiglu):
         "group_log2": 2, "lanes_per_row": 224, "row_shift": shape.row_shift,
         "block_shift": shape.block_shift, "pass_magic": shape.pass_magic,
         "pass_shift": shape.pass_shift, "passes": 7, "sf_layout": 2, "round_sf": 1,
-        "block_rows": 0}
+        "block_rows": 0, "prefetch_rows": 0, "prefetch_from": 0}
     # a pointer off 16-byte alignment takes the element-access kernel, its grid
     plan.launch(7, 0x1002, 0x2000, 0x3000, 0, 0, 0)
     assert launches[-1][0] == f"{op}_bf16_any"
@@ -578,6 +586,38 @@ def test_whole_rows_a_warp_from_enough_live_rows(monkeypatch, num_rows, num_weig
     never = gpu.QuantizePlan(problem, 0, QuantizeTuning(rows_whole_from_rows=math.inf))
     never.launch(7, 0x1000, 0x2000, 0x3000, 0x4000, 0x5000, 0x6000)
     assert launches[-1][0] == "swiglu_quantize_fp8_bf16_rows"
+
+
+@pytest.mark.parametrize(("num_weights", "tuning", "prefetch"), [
+    (32768, DEFAULT_TUNING, (768, 132 * 32)),  # Kimi-K2 prefill: 32768 live rows at most
+    (16384, DEFAULT_TUNING, (768, 132 * 32)),
+    (16383, DEFAULT_TUNING, (0, 0)),           # too few live rows (*_rows_whole all the same)
+    (8192, QuantizeTuning(prefetch_from_live_rows=0), (768, 132 * 32)),
+    (32768, QuantizeTuning(prefetch_ahead_rows=512), (512, 132 * 32)),
+    (32768, QuantizeTuning(prefetch_ahead_rows=0), (0, 0)),
+    (-1, DEFAULT_TUNING, (768, 132 * 32)),     # no weights: all 49152 rows may be live
+])
+def test_whole_rows_prefetch_the_row_ahead_from_enough_live_rows(monkeypatch, num_weights, tuning,
+                                                                  prefetch):
+    from cupy_moe.quantize.rules import QuantizeProblem
+
+    gpu, launches = _fake_device(monkeypatch)
+    problem = QuantizeProblem(num_rows=49152, hidden=2048, in_dtype="bfloat16",
+                              num_per_channels=128, round_sf=False, packed_ue8m0=False,
+                              col_major=True, swiglu=True, num_weights=num_weights,
+                              has_pos_to_expert=True)
+    plan = gpu.QuantizePlan(problem, 0, tuning)
+    plan.launch(7, 0x1000, 0x2000, 0x3000, 0x4000, 0x5000, 0x6000)
+    assert launches[-1][0] == "swiglu_quantize_fp8_bf16_rows_whole"
+    fields = dict(zip(gpu.QUANTIZE_ARGS.names,
+                      gpu.QUANTIZE_ARGS.packer.unpack_from(plan.args.buffer), strict=True))
+    assert (fields["prefetch_rows"], fields["prefetch_from"]) == prefetch
+    # never without *_rows_whole, whatever the tuning asks
+    plan = gpu.QuantizePlan(problem, 0, QuantizeTuning(rows_whole_from_rows=math.inf,
+                                                       prefetch_from_live_rows=0))
+    fields = dict(zip(gpu.QUANTIZE_ARGS.names,
+                      gpu.QUANTIZE_ARGS.packer.unpack_from(plan.args.buffer), strict=True))
+    assert (fields["prefetch_rows"], fields["prefetch_from"]) == (0, 0)
 
 
 def test_a_tuned_plan_compiles_and_launches_its_variant(monkeypatch):

@@ -40,7 +40,7 @@ QUANTIZE_ARGS = ArgStruct(
     ("pass_magic", "i64"), ("hidden", "i32"), ("sf_blocks", "i32"), ("sf_ld", "i32"),
     ("group_log2", "i32"), ("lanes_per_row", "i32"), ("row_shift", "i32"), ("block_shift", "i32"),
     ("pass_shift", "i32"), ("passes", "i32"), ("sf_layout", "i32"), ("round_sf", "i32"),
-    ("block_rows", "i32"))
+    ("block_rows", "i32"), ("prefetch_rows", "i32"), ("prefetch_from", "i32"))
 _pack_pointers = QUANTIZE_ARGS.pointer_packer.pack_into
 
 
@@ -76,13 +76,14 @@ class QuantizePlan:
                      else problem.num_rows)
         narrow = problem.swiglu and live_rows <= tuning.narrow_live_rows
         rows_whole = live_rows >= tuning.rows_whole_from_rows
+        prefetch = live_rows >= tuning.prefetch_from_live_rows
         columns = 4 if problem.in_dtype == "float32" else 8  # a 16-byte chunk
         multiprocessors = device_traits(device).multiprocessors
         try:
             self.shape: QuantizeShape = launch_shape(
                 problem.num_rows, problem.hidden, problem.num_per_channels, multiprocessors,
                 tuning, swiglu=problem.swiglu, narrow_columns=columns if narrow else 0,
-                rows_whole=rows_whole)
+                rows_whole=rows_whole, prefetch=prefetch)
         except ValueError:
             if not narrow:
                 raise
@@ -90,7 +91,8 @@ class QuantizePlan:
             # rows): the wide grid, which may fit (else the same error)
             self.shape = launch_shape(problem.num_rows, problem.hidden,
                                       problem.num_per_channels, multiprocessors, tuning,
-                                      swiglu=problem.swiglu, rows_whole=rows_whole)
+                                      swiglu=problem.swiglu, rows_whole=rows_whole,
+                                      prefetch=prefetch)
         defines = tuning.defines()
         self.handles = {vector: function_handle(SOURCE, defines, device,
                                                 kernel_name(problem, vector,
@@ -108,7 +110,8 @@ class QuantizePlan:
             row_shift=shape.row_shift, block_shift=shape.block_shift,
             pass_shift=shape.pass_shift, passes=shape.passes,
             sf_layout=sf_layout(problem), round_sf=int(problem.round_sf),
-            block_rows=shape.block_rows))
+            block_rows=shape.block_rows, prefetch_rows=shape.prefetch_rows,
+            prefetch_from=shape.prefetch_from))
 
     def narrow_kernel(self, vector: bool) -> str:
         """The few-live-rows kernel of the coalesced launch ("" if none)."""

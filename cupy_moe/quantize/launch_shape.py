@@ -48,6 +48,9 @@ SEGMENT_COLUMNS = 32 * LANE_COLUMNS  # swiglu *_rows: the columns of one segment
 MAX_THREADS = 256      # QUANT_MAX_THREADS: the kernels' launch bound
 BLOCK_ROWS_MAX_THREADS = 1024  # QUANT_BLOCK_ROWS_MAX_THREADS: *_block_rows' launch bound
 MAX_ROWS_A_BLOCK = 32  # *_block_rows: a block's rows (one ballot of their maps)
+# *_rows_whole's warps an SM: its launch bounds hold it to 64 registers, so
+# 65536 / (64 * 32) warps fit (the first wave of rows, one a warp)
+ROWS_WHOLE_WARPS_PER_SM = 32
 MAX_LANES = 2**31 - 1  # lane indices stay below 2^31: the magic number's range
 
 
@@ -95,6 +98,15 @@ class QuantizeTuning:
     half the warps leave the GPU short of work (medium plans, 4096 live
     rows: -1.6 and -3.1 points; benchmarks/NOTES.md, fourteenth session).
     0: always, ``inf``: never.
+    ``prefetch_ahead_rows``: in ``*_rows_whole`` calls with at least
+    ``prefetch_from_live_rows`` live rows, each warp asks L2 for the h row
+    this many rows ahead of its own (sm_90+; live rows past the first wave of
+    warps only): the warp that takes it a fraction of a wave later finds its
+    loads in L2. Kimi-K2 prefill 82.5 -> 85.7% of the copy, 8k 84.6 -> 89.2,
+    packed 83.3 -> 87.5 (768; 512 and 1056 within 0.3 points, 4224 rows
+    ahead, a whole wave, lost 5 points: evicted before use); DeepSeek-V3
+    EP8 8k (8192 live rows, 2.4 waves) lost a point, hence the live-row bound
+    (benchmarks/NOTES.md, sixteenth session). 0: never.
     """
 
     threads: int = 128
@@ -106,6 +118,8 @@ class QuantizeTuning:
     block_rows_from_bytes: float = float(1 << 20)
     block_rows_blocks_per_sm: float = 1.0
     rows_whole_from_rows: float = 8192.0
+    prefetch_ahead_rows: int = 768
+    prefetch_from_live_rows: float = 16384.0
 
     def __post_init__(self) -> None:
         for name in ("threads", "small_threads"):
@@ -130,6 +144,11 @@ class QuantizeTuning:
         _require_number("block_rows_blocks_per_sm", self.block_rows_blocks_per_sm,
                         positive=True)
         _require_number("rows_whole_from_rows", self.rows_whole_from_rows)
+        if isinstance(self.prefetch_ahead_rows, bool) or not isinstance(
+                self.prefetch_ahead_rows, int) or not 0 <= self.prefetch_ahead_rows < 2**31:
+            raise ValueError(f"QuantizeTuning.prefetch_ahead_rows must be an int in 0 .. 2**31 - 1;"
+                             f" got {self.prefetch_ahead_rows!r}")
+        _require_number("prefetch_from_live_rows", self.prefetch_from_live_rows)
         if not isinstance(self.software_e4m3, bool):
             raise TypeError(f"QuantizeTuning.software_e4m3 must be True or False; got "
                             f"{self.software_e4m3!r}")
@@ -170,6 +189,8 @@ class QuantizeShape(NamedTuple):
     pass_magic: int       # *_rows: row of segment s = (s * pass_magic) >> pass_shift
     pass_shift: int
     rows_whole: bool = False  # *_rows_whole: a warp a whole row (rows only)
+    prefetch_rows: int = 0    # *_rows_whole: L2 prefetch of the row this far ahead (0: none)
+    prefetch_from: int = 0    # ... where that row is at least this (past the first wave)
 
     def grid(self, vector: bool) -> tuple[int, int]:
         """(blocks, threads) of one kernel."""
@@ -194,7 +215,7 @@ def division_magic(divisor: int) -> tuple[int, int]:
 def launch_shape(num_rows: int, hidden: int, num_per_channels: int, multiprocessors: int,
                  tuning: QuantizeTuning = DEFAULT_TUNING, *,
                  swiglu: bool = False, narrow_columns: int = 0,
-                 rows_whole: bool = False) -> QuantizeShape:
+                 rows_whole: bool = False, prefetch: bool = False) -> QuantizeShape:
     """The grid of one call: a function of the shapes (and the SM count) only.
 
     ``swiglu``: where H is whole segments, the coalesced grid is
@@ -206,7 +227,9 @@ def launch_shape(num_rows: int, hidden: int, num_per_channels: int, multiprocess
     or, from ``tuning.block_rows_from_bytes`` of codes, *_block_rows'
     (a block ``block_rows`` whole rows, a thread a chunk of a live row: at
     least the row's chunks, whole warps, at most
-    ``BLOCK_ROWS_MAX_THREADS``)."""
+    ``BLOCK_ROWS_MAX_THREADS``). ``prefetch`` (with ``rows_whole``): the
+    L2 prefetch of ``tuning.prefetch_ahead_rows`` rows ahead, for rows past
+    the first wave (``ROWS_WHOLE_WARPS_PER_SM`` warps an SM, a row each)."""
     lanes_per_block = num_per_channels // LANE_COLUMNS
     sf_blocks = ceil_div(hidden, num_per_channels)
     lanes_per_row = sf_blocks * lanes_per_block
@@ -239,10 +262,13 @@ def launch_shape(num_rows: int, hidden: int, num_per_channels: int, multiprocess
     row_magic, row_shift = division_magic(lanes_per_row)
     block_magic, block_shift = division_magic(sf_blocks)
     pass_magic, pass_shift = division_magic(passes)
+    prefetching = rows and rows_whole and prefetch and tuning.prefetch_ahead_rows > 0
     return QuantizeShape(threads, blocks, vec_threads, vec_blocks, lanes_per_row,
                          lanes_per_block.bit_length() - 1, row_magic, row_shift, block_magic,
                          block_shift, rows, narrow, block_rows, passes, pass_magic, pass_shift,
-                         rows and rows_whole)
+                         rows and rows_whole,
+                         tuning.prefetch_ahead_rows if prefetching else 0,
+                         multiprocessors * ROWS_WHOLE_WARPS_PER_SM if prefetching else 0)
 
 
 def _grid(warps: int, multiprocessors: int, tuning: QuantizeTuning) -> tuple[int, int]:
