@@ -20,10 +20,10 @@
 //
 // Thirteen instructions: the clamp's two, the reduction's four, the six FMAs
 // of the polynomial and the exponent add (one LEA). The swiglu kernels are
-// bound by their instruction issue, not by memory, so each counts: Horner to
-// the end is one instruction fewer than 1 + fma(r * r, p, r) with the same
-// degree and, with coefficients fitted for this evaluation order, no less
-// accurate (benchmarks/NOTES.md, sixteenth session).
+// bound in part by their instruction issue: Horner to the end is one
+// instruction fewer than 1 + fma(r * r, p, r) with the same degree and, with
+// coefficients fitted for this evaluation order, no less accurate
+// (benchmarks/NOTES.md, sixteenth session).
 //
 // The clamp keeps every result a normal float32, so the exponent add is
 // exact: exp saturates at exp(-86.5) ~ 2.7e-38 and exp(87) ~ 6.1e37 (enough

@@ -105,7 +105,7 @@ class QuantizeTuning:
     loads in L2. Kimi-K2 prefill 82.5 -> 85.7% of the copy, 8k 84.6 -> 89.2,
     packed 83.3 -> 87.5 (768; 512 and 1056 within 0.3 points, 4224 rows
     ahead, a whole wave, lost 5 points: evicted before use); DeepSeek-V3
-    EP8 8k (8192 live rows, 2.4 waves) lost a point, hence the live-row bound
+    EP8 8k (8192 live rows, 2.4 waves) lost 1-2 points, hence the live-row bound
     (benchmarks/NOTES.md, sixteenth session). 0: never.
     """
 
