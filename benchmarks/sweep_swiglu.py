@@ -38,6 +38,10 @@ TUNINGS = [("default", QuantizeTuning()),
            *((f"prefetch_ahead_rows={rows}", QuantizeTuning(prefetch_ahead_rows=rows))
              for rows in (512, 1056)),
            ("prefetch_from_live_rows=0", QuantizeTuning(prefetch_from_live_rows=0)),
+           # the same in *_vec (Qwen3's I = 768; built in the sixteenth session,
+           # not yet measured)
+           *((f"vec_prefetch_ahead_rows={rows}", QuantizeTuning(vec_prefetch_ahead_rows=rows))
+             for rows in (768, 1536, 3072)),
            *((f"rows_min_blocks={blocks}", QuantizeTuning(rows_min_blocks=blocks))
              for blocks in (5, 6, 8, 10)),
            # the default's 128 against the other block sizes (256 was the

@@ -95,6 +95,12 @@
 // occupancy of *_rows (61 registers: 32 warps an SM at 128 threads); left to
 // itself the compiler keeps the row's state across the segment loop in 73
 #define QUANT_ROWS_WHOLE_BOUNDS __launch_bounds__(QUANT_MAX_THREADS, 4)
+// 1: SwiGLU's *_vec prefetches rows ahead into L2 when prefetch_rows > 0
+// (QuantizeTuning.vec_prefetch_ahead_rows; an unmeasured variant, so not in
+// the default build).
+#ifndef QUANTIZE_VEC_PREFETCH
+#define QUANTIZE_VEC_PREFETCH 0
+#endif
 #define QUANT_FULL_MASK 0xFFFFFFFFu
 
 #define SF_ROW_MAJOR_F32 0
@@ -127,7 +133,8 @@ struct QuantizeArgs {
     int sf_layout;                 // SF_ROW_MAJOR_F32, SF_COL_MAJOR_F32, SF_COL_MAJOR_UE8M0
     int round_sf;                  // 1: power-of-two scale factors
     int block_rows;                // *_block_rows: rows a block, 1 .. 32
-    int prefetch_rows;             // *_rows_whole: L2 prefetch this many rows ahead (0: none)
+    int prefetch_rows;             // swiglu *_rows_whole, *_vec: L2 prefetch this many rows
+                                   // ahead (0: none)
     int prefetch_from;             // ... of rows from this one on (the first wave's are not)
 };
 
@@ -182,6 +189,15 @@ __device__ __forceinline__ void store_scale_factor(const QuantizeArgs& a, i64 ro
         word[block & 3] = r == row ? byte : 0;
         for (int j = 1; j <= zero_bytes_after; ++j) word[(block & 3) + j] = 0;
     }
+}
+
+// Ask L2 for `bytes` at `p` (sm_90's bulk prefetch: one instruction, no
+// registers held, nothing waits for it; elsewhere nothing). p 16-byte
+// aligned, bytes a multiple of 16.
+__device__ __forceinline__ void prefetch_l2(const void* p, unsigned bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" :: "l"(p), "r"(bytes) : "memory");
+#endif
 }
 
 // Four values scaled and coded, the first in the low byte.
@@ -341,6 +357,29 @@ __device__ __forceinline__ void quantize_vec_body(const QuantizeArgs& a) {
             padding[k] = expert < 0 || (weighted && (slot[k] < 0 || slot[k] >= a.num_weights));
         }
     }
+#if QUANTIZE_VEC_PREFETCH
+    if (SWIGLU && a.prefetch_rows > 0) {
+        // The h rows prefetch_rows ahead of the rows this warp touches, into
+        // L2 (as *_rows_whole does; past the first wave and live ones only):
+        // lane l the warp's first row + l. Built, not yet measured: compiled
+        // only into the variant QuantizeTuning.vec_prefetch_ahead_rows asks
+        // for (the default build's SASS is the measured one's).
+        const i64 warp_first = first - lane;
+        if (warp_first < total_chunks) {
+            const i64 warp_last = min(warp_first + 32 * LOADS, total_chunks) - 1;
+            const unsigned first_row = magic_divide(
+                static_cast<unsigned>(warp_first >> group_log2), a.block_magic, a.block_shift);
+            const unsigned last_row = magic_divide(
+                static_cast<unsigned>(warp_last >> group_log2), a.block_magic, a.block_shift);
+            const i64 ahead = static_cast<i64>(first_row) + lane + a.prefetch_rows;
+            if (first_row + lane <= last_row && ahead < a.num_rows && ahead >= a.prefetch_from &&
+                (a.pos_to_expert == nullptr || __ldg(a.pos_to_expert + ahead) >= 0)) {
+                const unsigned row_bytes = 2u * static_cast<unsigned>(a.hidden) * sizeof(In);
+                prefetch_l2(static_cast<const char*>(a.x) + ahead * row_bytes, row_bytes);
+            }
+        }
+    }
+#endif
     if (SWIGLU) {
         // A warp whose chunks are all padding (most of a decode plan's rows)
         // stores zero codes and zero scale factors, what the arithmetic below
@@ -589,14 +628,10 @@ __device__ __forceinline__ void swiglu_rows_whole(const QuantizeArgs& a) {
         prefetch && a.pos_to_expert != nullptr ? __ldg(a.pos_to_expert + ahead) : 0;
     const bool padding =
         first.expert < 0 || (first.weighted && (first.slot < 0 || first.slot >= a.num_weights));
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     if (prefetch && ahead_expert >= 0) {
         const unsigned row_bytes = 2u * static_cast<unsigned>(a.hidden) * sizeof(In);
-        const char* row = static_cast<const char*>(a.x) + ahead * row_bytes;
-        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" :: "l"(row), "r"(row_bytes)
-                     : "memory");
+        prefetch_l2(static_cast<const char*>(a.x) + ahead * row_bytes, row_bytes);
     }
-#endif
     for (int pass = 0; pass < a.passes; ++pass) {
         RowsSegment s = first;
         if (pass > 0) {  // the same row: its maps as loaded, the columns moved on

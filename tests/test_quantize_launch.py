@@ -425,6 +425,10 @@ def test_too_many_warps_for_one_launch():
      "QuantizeTuning.prefetch_ahead_rows must be an int in 0 .. 2**31 - 1; got 2147483648"),
     ({"prefetch_ahead_rows": 1.5},
      "QuantizeTuning.prefetch_ahead_rows must be an int in 0 .. 2**31 - 1; got 1.5"),
+    ({"vec_prefetch_ahead_rows": -1},
+     "QuantizeTuning.vec_prefetch_ahead_rows must be an int in 0 .. 2**31 - 1; got -1"),
+    ({"vec_prefetch_ahead_rows": True},
+     "QuantizeTuning.vec_prefetch_ahead_rows must be an int in 0 .. 2**31 - 1; got True"),
     ({"prefetch_from_live_rows": -2},
      "QuantizeTuning.prefetch_from_live_rows must be a number >= 0; got -2"),
 ])
@@ -438,9 +442,12 @@ def test_bad_tunings(kwargs, message):
 
 def test_tuning_defines():
     assert QuantizeTuning().defines() == (("QUANTIZE_SOFTWARE_E4M3", 0),
-                                          ("QUANTIZE_ROWS_MIN_BLOCKS", 0))
-    assert QuantizeTuning(software_e4m3=True, rows_min_blocks=5).defines() == (
-        ("QUANTIZE_SOFTWARE_E4M3", 1), ("QUANTIZE_ROWS_MIN_BLOCKS", 5))
+                                          ("QUANTIZE_ROWS_MIN_BLOCKS", 0),
+                                          ("QUANTIZE_VEC_PREFETCH", 0))
+    assert QuantizeTuning(software_e4m3=True, rows_min_blocks=5,
+                          vec_prefetch_ahead_rows=7).defines() == (
+        ("QUANTIZE_SOFTWARE_E4M3", 1), ("QUANTIZE_ROWS_MIN_BLOCKS", 5),
+        ("QUANTIZE_VEC_PREFETCH", 1))
 
 
 # -- the host side of a launch, without a GPU -------------------------------------------
@@ -618,6 +625,36 @@ def test_whole_rows_prefetch_the_row_ahead_from_enough_live_rows(monkeypatch, nu
     fields = dict(zip(gpu.QUANTIZE_ARGS.names,
                       gpu.QUANTIZE_ARGS.packer.unpack_from(plan.args.buffer), strict=True))
     assert (fields["prefetch_rows"], fields["prefetch_from"]) == (0, 0)
+
+
+VEC_PREFETCH = QuantizeTuning(vec_prefetch_ahead_rows=1024)
+
+
+@pytest.mark.parametrize(("swiglu", "num_rows", "num_weights", "tuning", "kernel", "prefetch"), [
+    # Qwen3 prefill: I = 768, 32768 live rows; the first wave 132 x 32 warps of
+    # 1024 columns, 5632 rows of 768
+    (True, 40704, 32768, VEC_PREFETCH, "vec", (1024, 5632)),
+    (True, 40704, 32768, DEFAULT_TUNING, "vec", (0, 0)),   # off by default
+    (True, 40704, 16383, VEC_PREFETCH, "vec", (0, 0)),     # too few live rows
+    (True, 1024, 8, VEC_PREFETCH, "vec1", (0, 0)),         # decode: another kernel
+    (False, 40704, -1, VEC_PREFETCH, "vec", (0, 0)),       # quantize_fp8: never
+])
+def test_vec_prefetch_is_a_variant_asked_for(monkeypatch, swiglu, num_rows, num_weights, tuning,
+                                             kernel, prefetch):
+    from cupy_moe.quantize.rules import QuantizeProblem
+
+    gpu, launches = _fake_device(monkeypatch)
+    problem = QuantizeProblem(num_rows=num_rows, hidden=768, in_dtype="bfloat16",
+                              num_per_channels=128, round_sf=False, packed_ue8m0=False,
+                              col_major=True, swiglu=swiglu, num_weights=num_weights,
+                              has_pos_to_expert=swiglu)
+    plan = gpu.QuantizePlan(problem, 0, tuning)
+    plan.launch(7, 0x1000, 0x2000, 0x3000, 0x4000, 0x5000, 0x6000)
+    op = "swiglu_quantize_fp8" if swiglu else "quantize_fp8"
+    assert launches[-1][0] == f"{op}_bf16_{kernel}"
+    fields = dict(zip(gpu.QUANTIZE_ARGS.names,
+                      gpu.QUANTIZE_ARGS.packer.unpack_from(plan.args.buffer), strict=True))
+    assert (fields["prefetch_rows"], fields["prefetch_from"]) == prefetch
 
 
 def test_a_tuned_plan_compiles_and_launches_its_variant(monkeypatch):
