@@ -200,6 +200,13 @@ __device__ __forceinline__ void prefetch_l2(const void* p, unsigned bytes) {
 #endif
 }
 
+// The swiglu input's row `row` (gate and up: 2 * hidden values) into L2.
+template <typename In>
+__device__ __forceinline__ void prefetch_h_row(const QuantizeArgs& a, i64 row) {
+    const unsigned row_bytes = 2u * static_cast<unsigned>(a.hidden) * sizeof(In);
+    prefetch_l2(static_cast<const char*>(a.x) + row * row_bytes, row_bytes);
+}
+
 // Four values scaled and coded, the first in the low byte.
 __device__ __forceinline__ unsigned quantize4(const float* v, float scale) {
     return quant_e4m3x4(__fmul_rn(v[0], scale), __fmul_rn(v[1], scale), __fmul_rn(v[2], scale),
@@ -373,10 +380,8 @@ __device__ __forceinline__ void quantize_vec_body(const QuantizeArgs& a) {
                 static_cast<unsigned>(warp_last >> group_log2), a.block_magic, a.block_shift);
             const i64 ahead = static_cast<i64>(first_row) + lane + a.prefetch_rows;
             if (first_row + lane <= last_row && ahead < a.num_rows && ahead >= a.prefetch_from &&
-                (a.pos_to_expert == nullptr || __ldg(a.pos_to_expert + ahead) >= 0)) {
-                const unsigned row_bytes = 2u * static_cast<unsigned>(a.hidden) * sizeof(In);
-                prefetch_l2(static_cast<const char*>(a.x) + ahead * row_bytes, row_bytes);
-            }
+                (a.pos_to_expert == nullptr || __ldg(a.pos_to_expert + ahead) >= 0))
+                prefetch_h_row<In>(a, ahead);
         }
     }
 #endif
@@ -628,10 +633,7 @@ __device__ __forceinline__ void swiglu_rows_whole(const QuantizeArgs& a) {
         prefetch && a.pos_to_expert != nullptr ? __ldg(a.pos_to_expert + ahead) : 0;
     const bool padding =
         first.expert < 0 || (first.weighted && (first.slot < 0 || first.slot >= a.num_weights));
-    if (prefetch && ahead_expert >= 0) {
-        const unsigned row_bytes = 2u * static_cast<unsigned>(a.hidden) * sizeof(In);
-        prefetch_l2(static_cast<const char*>(a.x) + ahead * row_bytes, row_bytes);
-    }
+    if (prefetch && ahead_expert >= 0) prefetch_h_row<In>(a, ahead);
     for (int pass = 0; pass < a.passes; ++pass) {
         RowsSegment s = first;
         if (pass > 0) {  // the same row: its maps as loaded, the columns moved on

@@ -452,6 +452,23 @@ def test_tuning_defines():
 
 # -- the host side of a launch, without a GPU -------------------------------------------
 
+def _packed_fields(gpu, plan) -> dict:
+    """The plan's argument block as the kernel reads it, field by name."""
+    return dict(zip(gpu.QUANTIZE_ARGS.names,
+                    gpu.QUANTIZE_ARGS.packer.unpack_from(plan.args.buffer), strict=True))
+
+
+def _swiglu_problem(num_rows: int, hidden: int, num_weights: int, swiglu: bool = True):
+    """A bf16 problem (npc 128, float32 column-major scale factors) with the
+    routing maps swiglu_quantize_fp8 takes (none for quantize_fp8)."""
+    from cupy_moe.quantize.rules import QuantizeProblem
+
+    return QuantizeProblem(num_rows=num_rows, hidden=hidden, in_dtype="bfloat16",
+                           num_per_channels=128, round_sf=False, packed_ue8m0=False,
+                           col_major=True, swiglu=swiglu, num_weights=num_weights,
+                           has_pos_to_expert=swiglu)
+
+
 def _fake_device(monkeypatch):
     """gpu.py's device queries and launches replaced: handles are kernel names,
     launches are recorded."""
@@ -485,8 +502,7 @@ def test_a_plan_packs_what_the_kernel_reads(monkeypatch, swiglu):
     assert (grid_x, threads) == (shape.vec_blocks, shape.vec_threads)
     assert shape.passes == 7 and shape.vec_blocks == 32  # 63 warps, 2 a block, either way
     assert shape.rows == swiglu
-    fields = dict(zip(gpu.QUANTIZE_ARGS.names,
-                      gpu.QUANTIZE_ARGS.packer.unpack_from(plan.args.buffer), strict=True))
+    fields = _packed_fields(gpu, plan)
     assert fields == {
         "x": 0x1000, "out": 0x2000, "out_sf": 0x3000, "topk_weights": 0x4000,
         "pos_to_token_topk": 0x5000, "pos_to_expert": 0x6000, "num_rows": 9,
@@ -558,8 +574,7 @@ def test_block_rows_where_the_tuning_asks(monkeypatch):
     plan.launch(7, 0x1000, 0x2000, 0x3000, 0x4000, 0x5000, 0x6000)
     assert launches[0][0] == "swiglu_quantize_fp8_bf16_block_rows"
     assert (launches[0][1], launches[0][4]) == (128, 256)  # 8 rows a block
-    fields = dict(zip(gpu.QUANTIZE_ARGS.names,
-                      gpu.QUANTIZE_ARGS.packer.unpack_from(plan.args.buffer), strict=True))
+    fields = _packed_fields(gpu, plan)
     assert fields["block_rows"] == 8
     # many live rows at most: the wide kernel, its block_rows field 0
     wide = QuantizeProblem(num_rows=1024, hidden=2048, in_dtype="bfloat16", num_per_channels=128,
@@ -579,13 +594,8 @@ def test_block_rows_where_the_tuning_asks(monkeypatch):
 ])
 def test_whole_rows_a_warp_from_enough_live_rows(monkeypatch, num_rows, num_weights, kernel,
                                                  warps):
-    from cupy_moe.quantize.rules import QuantizeProblem
-
     gpu, launches = _fake_device(monkeypatch)
-    problem = QuantizeProblem(num_rows=num_rows, hidden=2048, in_dtype="bfloat16",
-                              num_per_channels=128, round_sf=False, packed_ue8m0=False,
-                              col_major=True, swiglu=True, num_weights=num_weights,
-                              has_pos_to_expert=True)
+    problem = _swiglu_problem(num_rows, 2048, num_weights)
     plan = gpu.QuantizePlan(problem, 0, DEFAULT_TUNING)
     plan.launch(7, 0x1000, 0x2000, 0x3000, 0x4000, 0x5000, 0x6000)
     assert launches[-1][0] == f"swiglu_quantize_fp8_bf16_{kernel}"
@@ -606,24 +616,17 @@ def test_whole_rows_a_warp_from_enough_live_rows(monkeypatch, num_rows, num_weig
 ])
 def test_whole_rows_prefetch_the_row_ahead_from_enough_live_rows(monkeypatch, num_weights, tuning,
                                                                   prefetch):
-    from cupy_moe.quantize.rules import QuantizeProblem
-
     gpu, launches = _fake_device(monkeypatch)
-    problem = QuantizeProblem(num_rows=49152, hidden=2048, in_dtype="bfloat16",
-                              num_per_channels=128, round_sf=False, packed_ue8m0=False,
-                              col_major=True, swiglu=True, num_weights=num_weights,
-                              has_pos_to_expert=True)
+    problem = _swiglu_problem(49152, 2048, num_weights)
     plan = gpu.QuantizePlan(problem, 0, tuning)
     plan.launch(7, 0x1000, 0x2000, 0x3000, 0x4000, 0x5000, 0x6000)
     assert launches[-1][0] == "swiglu_quantize_fp8_bf16_rows_whole"
-    fields = dict(zip(gpu.QUANTIZE_ARGS.names,
-                      gpu.QUANTIZE_ARGS.packer.unpack_from(plan.args.buffer), strict=True))
+    fields = _packed_fields(gpu, plan)
     assert (fields["prefetch_rows"], fields["prefetch_from"]) == prefetch
     # never without *_rows_whole, whatever the tuning asks
     plan = gpu.QuantizePlan(problem, 0, QuantizeTuning(rows_whole_from_rows=math.inf,
                                                        prefetch_from_live_rows=0))
-    fields = dict(zip(gpu.QUANTIZE_ARGS.names,
-                      gpu.QUANTIZE_ARGS.packer.unpack_from(plan.args.buffer), strict=True))
+    fields = _packed_fields(gpu, plan)
     assert (fields["prefetch_rows"], fields["prefetch_from"]) == (0, 0)
 
 
@@ -641,19 +644,13 @@ VEC_PREFETCH = QuantizeTuning(vec_prefetch_ahead_rows=1024)
 ])
 def test_vec_prefetch_is_a_variant_asked_for(monkeypatch, swiglu, num_rows, num_weights, tuning,
                                              kernel, prefetch):
-    from cupy_moe.quantize.rules import QuantizeProblem
-
     gpu, launches = _fake_device(monkeypatch)
-    problem = QuantizeProblem(num_rows=num_rows, hidden=768, in_dtype="bfloat16",
-                              num_per_channels=128, round_sf=False, packed_ue8m0=False,
-                              col_major=True, swiglu=swiglu, num_weights=num_weights,
-                              has_pos_to_expert=swiglu)
+    problem = _swiglu_problem(num_rows, 768, num_weights, swiglu)
     plan = gpu.QuantizePlan(problem, 0, tuning)
     plan.launch(7, 0x1000, 0x2000, 0x3000, 0x4000, 0x5000, 0x6000)
     op = "swiglu_quantize_fp8" if swiglu else "quantize_fp8"
     assert launches[-1][0] == f"{op}_bf16_{kernel}"
-    fields = dict(zip(gpu.QUANTIZE_ARGS.names,
-                      gpu.QUANTIZE_ARGS.packer.unpack_from(plan.args.buffer), strict=True))
+    fields = _packed_fields(gpu, plan)
     assert (fields["prefetch_rows"], fields["prefetch_from"]) == prefetch
 
 
@@ -686,8 +683,7 @@ def test_plan_kernels_by_dtype_width_and_layout(monkeypatch):
         plan.launch(0, 0x1000, 0x2000, 0x3000, 0, 0, 0)
         name = f"quantize_fp8_{'f32' if dtype == 'float32' else 'bf16'}_"
         assert launches[-1][0] == name + ("vec" if hidden % 32 == 0 else "any")
-        fields = dict(zip(gpu.QUANTIZE_ARGS.names,
-                          gpu.QUANTIZE_ARGS.packer.unpack_from(plan.args.buffer), strict=True))
+        fields = _packed_fields(gpu, plan)
         assert fields["sf_layout"] == layout and fields["group_log2"] == 0
         assert fields["sf_ld"] == 8 and fields["sf_blocks"] == -(-hidden // 32)
     problem = QuantizeProblem(0, 100, "float32", 128, False, False, True)
