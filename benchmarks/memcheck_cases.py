@@ -57,9 +57,11 @@ FEW_ROW_BLOCKS = QuantizeTuning(block_rows_from_bytes=0, block_rows_blocks_per_s
 # swiglu_quantize_fp8's *_rows_whole (a warp a whole row; H % 1024 == 0, any live rows)
 WHOLE_ROWS = QuantizeTuning(rows_whole_from_rows=0, narrow_live_rows=0)
 # the row-ahead L2 prefetch on whatever the live rows: *_rows_whole's (I =
-# 1024) and the *_vec variant's (I = 768), 700 rows ahead (past the end too)
+# 1024) and the *_vec variants' (I = 768; quantize_fp8's), 700 rows ahead
+# (past the end too)
 PREFETCH = QuantizeTuning(rows_whole_from_rows=0, prefetch_from_live_rows=0,
-                          prefetch_ahead_rows=700, vec_prefetch_ahead_rows=700)
+                          prefetch_ahead_rows=700, vec_prefetch_ahead_rows=700,
+                          quantize_prefetch_ahead_rows=700)
 
 
 def bits(a: np.ndarray) -> np.ndarray:
@@ -205,7 +207,12 @@ def run_combine_quantize_cases(rng) -> int:
         want = cupy_moe.swiglu_quantize_fp8(h, pos_to_expert=pos_to_expert)
         for g, w in zip(got, want, strict=True):
             assert np.array_equal(bits(cupy.asnumpy(g)), bits(np.asarray(w)))
-        cases += 1
+        x = np.ascontiguousarray(h[:, :inter])
+        got = run_quantize_with_tuning(PREFETCH, "quantize_fp8", cupy.asarray(x.view(np.uint16)))
+        want = cupy_moe.quantize_fp8(x)
+        for g, w in zip(got, want, strict=True):
+            assert np.array_equal(bits(cupy.asnumpy(g)), bits(np.asarray(w)))
+        cases += 2
     return cases
 
 

@@ -200,10 +200,11 @@ __device__ __forceinline__ void prefetch_l2(const void* p, unsigned bytes) {
 #endif
 }
 
-// The swiglu input's row `row` (gate and up: 2 * hidden values) into L2.
-template <typename In>
+// The input's row `row` into L2: swiglu's h (gate and up: 2 * hidden
+// values) or quantize_fp8's x (hidden values).
+template <typename In, bool SWIGLU = true>
 __device__ __forceinline__ void prefetch_h_row(const QuantizeArgs& a, i64 row) {
-    const unsigned row_bytes = 2u * static_cast<unsigned>(a.hidden) * sizeof(In);
+    const unsigned row_bytes = (SWIGLU ? 2u : 1u) * static_cast<unsigned>(a.hidden) * sizeof(In);
     prefetch_l2(static_cast<const char*>(a.x) + row * row_bytes, row_bytes);
 }
 
@@ -348,6 +349,37 @@ __device__ __forceinline__ void quantize_vec_body(const QuantizeArgs& a) {
 
     // swiglu: each chunk's row's maps first, all of them (one latency), then
     // the data and the weights together
+#if QUANTIZE_VEC_PREFETCH
+    // The input rows prefetch_rows ahead of the rows that start in this
+    // warp's chunks (each row once, whatever its width), into L2 (as
+    // *_rows_whole does; past the first wave and, swiglu, live ones only):
+    // lane l the warp's first row + l. The ahead row's map is loaded
+    // here, with the chunks' own, so that the prefetch below waits for no
+    // second round trip (loaded after the own maps were tested, it cost
+    // Qwen3 3-4 points of the copy: benchmarks/NOTES.md, seventeenth
+    // session). A variant, compiled only into QuantizeTuning's
+    // vec_prefetch_ahead_rows and quantize_prefetch_ahead_rows.
+    i64 ahead = -1;
+    int ahead_expert = -1;
+    if (a.prefetch_rows > 0) {
+        const i64 warp_first = first - lane;
+        if (warp_first < total_chunks) {
+            const i64 warp_last = min(warp_first + 32 * LOADS, total_chunks) - 1;
+            const unsigned first_row = magic_divide(
+                static_cast<unsigned>(warp_first >> group_log2), a.block_magic, a.block_shift);
+            const unsigned last_row = magic_divide(
+                static_cast<unsigned>(warp_last >> group_log2), a.block_magic, a.block_shift);
+            const i64 row = static_cast<i64>(first_row) + lane;
+            const i64 candidate = row + a.prefetch_rows;
+            if (row <= last_row && row * row_chunks >= warp_first && candidate < a.num_rows &&
+                candidate >= a.prefetch_from) {
+                ahead = candidate;
+                ahead_expert =
+                    SWIGLU && a.pos_to_expert != nullptr ? __ldg(a.pos_to_expert + ahead) : 0;
+            }
+        }
+    }
+#endif
     bool padding[LOADS];
     int slot[LOADS];
     const bool weighted = SWIGLU && a.topk_weights != nullptr;
@@ -365,25 +397,7 @@ __device__ __forceinline__ void quantize_vec_body(const QuantizeArgs& a) {
         }
     }
 #if QUANTIZE_VEC_PREFETCH
-    if (SWIGLU && a.prefetch_rows > 0) {
-        // The h rows prefetch_rows ahead of the rows this warp touches, into
-        // L2 (as *_rows_whole does; past the first wave and live ones only):
-        // lane l the warp's first row + l. Built, not yet measured: compiled
-        // only into the variant QuantizeTuning.vec_prefetch_ahead_rows asks
-        // for (the default build's SASS is the measured one's).
-        const i64 warp_first = first - lane;
-        if (warp_first < total_chunks) {
-            const i64 warp_last = min(warp_first + 32 * LOADS, total_chunks) - 1;
-            const unsigned first_row = magic_divide(
-                static_cast<unsigned>(warp_first >> group_log2), a.block_magic, a.block_shift);
-            const unsigned last_row = magic_divide(
-                static_cast<unsigned>(warp_last >> group_log2), a.block_magic, a.block_shift);
-            const i64 ahead = static_cast<i64>(first_row) + lane + a.prefetch_rows;
-            if (first_row + lane <= last_row && ahead < a.num_rows && ahead >= a.prefetch_from &&
-                (a.pos_to_expert == nullptr || __ldg(a.pos_to_expert + ahead) >= 0))
-                prefetch_h_row<In>(a, ahead);
-        }
-    }
+    if (ahead >= 0 && ahead_expert >= 0) prefetch_h_row<In, SWIGLU>(a, ahead);
 #endif
     if (SWIGLU) {
         // A warp whose chunks are all padding (most of a decode plan's rows)

@@ -429,6 +429,8 @@ def test_too_many_warps_for_one_launch():
      "QuantizeTuning.vec_prefetch_ahead_rows must be an int in 0 .. 2**31 - 1; got -1"),
     ({"vec_prefetch_ahead_rows": True},
      "QuantizeTuning.vec_prefetch_ahead_rows must be an int in 0 .. 2**31 - 1; got True"),
+    ({"quantize_prefetch_ahead_rows": -1},
+     "QuantizeTuning.quantize_prefetch_ahead_rows must be an int in 0 .. 2**31 - 1; got -1"),
     ({"prefetch_from_live_rows": -2},
      "QuantizeTuning.prefetch_from_live_rows must be a number >= 0; got -2"),
 ])
@@ -448,6 +450,8 @@ def test_tuning_defines():
                           vec_prefetch_ahead_rows=7).defines() == (
         ("QUANTIZE_SOFTWARE_E4M3", 1), ("QUANTIZE_ROWS_MIN_BLOCKS", 5),
         ("QUANTIZE_VEC_PREFETCH", 1))
+    assert QuantizeTuning(quantize_prefetch_ahead_rows=3).defines()[-1] == (
+        "QUANTIZE_VEC_PREFETCH", 1)
 
 
 # -- the host side of a launch, without a GPU -------------------------------------------
@@ -631,6 +635,7 @@ def test_whole_rows_prefetch_the_row_ahead_from_enough_live_rows(monkeypatch, nu
 
 
 VEC_PREFETCH = QuantizeTuning(vec_prefetch_ahead_rows=1024)
+QUANTIZE_PREFETCH = QuantizeTuning(quantize_prefetch_ahead_rows=512)
 
 
 @pytest.mark.parametrize(("swiglu", "num_rows", "num_weights", "tuning", "kernel", "prefetch"), [
@@ -640,7 +645,11 @@ VEC_PREFETCH = QuantizeTuning(vec_prefetch_ahead_rows=1024)
     (True, 40704, 32768, DEFAULT_TUNING, "vec", (0, 0)),   # off by default
     (True, 40704, 16383, VEC_PREFETCH, "vec", (0, 0)),     # too few live rows
     (True, 1024, 8, VEC_PREFETCH, "vec1", (0, 0)),         # decode: another kernel
-    (False, 40704, -1, VEC_PREFETCH, "vec", (0, 0)),       # quantize_fp8: never
+    (False, 40704, -1, VEC_PREFETCH, "vec", (0, 0)),       # quantize_fp8: its own field
+    # quantize_fp8: X live rows, the same first wave at H = 768
+    (False, 40704, -1, QUANTIZE_PREFETCH, "vec", (512, 5632)),
+    (False, 16383, -1, QUANTIZE_PREFETCH, "vec", (0, 0)),  # too few live rows
+    (True, 40704, 32768, QUANTIZE_PREFETCH, "vec", (0, 0)),  # swiglu: vec_prefetch_ahead_rows
 ])
 def test_vec_prefetch_is_a_variant_asked_for(monkeypatch, swiglu, num_rows, num_weights, tuning,
                                              kernel, prefetch):

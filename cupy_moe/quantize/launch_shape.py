@@ -116,6 +116,8 @@ class QuantizeTuning:
     ahead, under the same live-row bound; compiled into a variant of its own
     (``QUANTIZE_VEC_PREFETCH``). Built in the sixteenth session without a
     device to measure it: 0 (off) until measured.
+    ``quantize_prefetch_ahead_rows``: the same in quantize_fp8's ``*_vec``
+    (x rows this many ahead; same variant, same live-row bound). 0: never.
     """
 
     threads: int = 128
@@ -130,6 +132,7 @@ class QuantizeTuning:
     prefetch_ahead_rows: int = 768
     prefetch_from_live_rows: float = 16384.0
     vec_prefetch_ahead_rows: int = 0
+    quantize_prefetch_ahead_rows: int = 0
 
     def __post_init__(self) -> None:
         for name in ("threads", "small_threads"):
@@ -154,7 +157,8 @@ class QuantizeTuning:
         _require_number("block_rows_blocks_per_sm", self.block_rows_blocks_per_sm,
                         positive=True)
         _require_number("rows_whole_from_rows", self.rows_whole_from_rows)
-        for name in ("prefetch_ahead_rows", "vec_prefetch_ahead_rows"):
+        for name in ("prefetch_ahead_rows", "vec_prefetch_ahead_rows",
+                     "quantize_prefetch_ahead_rows"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**31:
                 raise ValueError(f"QuantizeTuning.{name} must be an int in 0 .. 2**31 - 1; got "
@@ -168,7 +172,8 @@ class QuantizeTuning:
         """The compile-time part (the kernel source's QUANTIZE_* macros)."""
         return (("QUANTIZE_SOFTWARE_E4M3", int(self.software_e4m3)),
                 ("QUANTIZE_ROWS_MIN_BLOCKS", int(self.rows_min_blocks)),
-                ("QUANTIZE_VEC_PREFETCH", int(self.vec_prefetch_ahead_rows > 0)))
+                ("QUANTIZE_VEC_PREFETCH",
+                 int(self.vec_prefetch_ahead_rows > 0 or self.quantize_prefetch_ahead_rows > 0)))
 
 
 def _require_number(name: str, value: object, *, positive: bool = False) -> None:
@@ -242,7 +247,8 @@ def launch_shape(num_rows: int, hidden: int, num_per_channels: int, multiprocess
     ``BLOCK_ROWS_MAX_THREADS``). ``prefetch``: with ``rows_whole``, the
     L2 prefetch of ``tuning.prefetch_ahead_rows`` rows ahead, for rows past
     the first wave (``ROWS_WHOLE_WARPS_PER_SM`` warps an SM, a row each);
-    in swiglu's *_vec grid, ``tuning.vec_prefetch_ahead_rows`` (its first
+    in swiglu's *_vec grid, ``tuning.vec_prefetch_ahead_rows``, in
+    quantize_fp8's, ``tuning.quantize_prefetch_ahead_rows`` (their first
     wave: ``VEC_WARPS_PER_SM`` warps an SM, 1024 columns each)."""
     lanes_per_block = num_per_channels // LANE_COLUMNS
     sf_blocks = ceil_div(hidden, num_per_channels)
@@ -280,9 +286,10 @@ def launch_shape(num_rows: int, hidden: int, num_per_channels: int, multiprocess
     if prefetch and vec_blocks and rows and rows_whole and tuning.prefetch_ahead_rows > 0:
         prefetch_rows = tuning.prefetch_ahead_rows
         prefetch_from = multiprocessors * ROWS_WHOLE_WARPS_PER_SM
-    elif prefetch and vec_blocks and swiglu and not (rows or narrow) \
-            and tuning.vec_prefetch_ahead_rows > 0:
-        prefetch_rows = tuning.vec_prefetch_ahead_rows
+    elif prefetch and vec_blocks and not (rows or narrow) and (
+            tuning.vec_prefetch_ahead_rows if swiglu else tuning.quantize_prefetch_ahead_rows):
+        prefetch_rows = (tuning.vec_prefetch_ahead_rows if swiglu
+                         else tuning.quantize_prefetch_ahead_rows)
         # a *_vec warp covers 32 lanes x LANE_COLUMNS columns, rows after rows
         prefetch_from = min(MAX_LANES, multiprocessors * VEC_WARPS_PER_SM * 32 * LANE_COLUMNS
                             // hidden)
