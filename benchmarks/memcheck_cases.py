@@ -56,12 +56,10 @@ ZERO_KERNEL = dataclasses.replace(DEFAULT_TUNING, padding_share_registers=0.0,
 FEW_ROW_BLOCKS = QuantizeTuning(block_rows_from_bytes=0, block_rows_blocks_per_sm=0.01)
 # swiglu_quantize_fp8's *_rows_whole (a warp a whole row; H % 1024 == 0, any live rows)
 WHOLE_ROWS = QuantizeTuning(rows_whole_from_rows=0, narrow_live_rows=0)
-# the row-ahead L2 prefetch on whatever the live rows: *_rows_whole's (I =
-# 1024) and the *_vec variants' (I = 768; quantize_fp8's), 700 rows ahead
-# (past the end too)
+# *_rows_whole's row-ahead L2 prefetch on whatever the live rows, 700 rows
+# ahead (past the end too)
 PREFETCH = QuantizeTuning(rows_whole_from_rows=0, prefetch_from_live_rows=0,
-                          prefetch_ahead_rows=700, vec_prefetch_ahead_rows=700,
-                          quantize_prefetch_ahead_rows=700)
+                          prefetch_ahead_rows=700)
 
 
 def bits(a: np.ndarray) -> np.ndarray:
@@ -192,27 +190,21 @@ def run_combine_quantize_cases(rng) -> int:
             for g, w in zip(got, want, strict=True):
                 assert np.array_equal(bits(cupy.asnumpy(g)), bits(np.asarray(w)))
             cases += 4
-    # the prefetch starts past the first wave (launch_shape.py): more rows than that
-    from cupy_moe.quantize.launch_shape import VEC_WARPS_PER_SM
+    # the prefetch starts past the first wave (SMs x ROWS_WHOLE_WARPS_PER_SM
+    # rows, launch_shape.py): more rows than that
+    from cupy_moe.quantize.launch_shape import ROWS_WHOLE_WARPS_PER_SM
     from cupy_moe.runtime.launch import current_device, device_traits
 
-    multiprocessors = device_traits(current_device()).multiprocessors
-    for inter in (1024, 768):
-        num_rows = multiprocessors * VEC_WARPS_PER_SM * 1024 // inter + 900
-        h = (rng.standard_normal((num_rows, 2 * inter)) * 3).astype(bf16)
-        pos_to_expert = np.where(rng.random(num_rows) < 0.3, -1, 0).astype(np.int32)
-        got = run_quantize_with_tuning(PREFETCH, "swiglu_quantize_fp8",
-                                       cupy.asarray(h.view(np.uint16)),
-                                       pos_to_expert=cupy.asarray(pos_to_expert))
-        want = cupy_moe.swiglu_quantize_fp8(h, pos_to_expert=pos_to_expert)
-        for g, w in zip(got, want, strict=True):
-            assert np.array_equal(bits(cupy.asnumpy(g)), bits(np.asarray(w)))
-        x = np.ascontiguousarray(h[:, :inter])
-        got = run_quantize_with_tuning(PREFETCH, "quantize_fp8", cupy.asarray(x.view(np.uint16)))
-        want = cupy_moe.quantize_fp8(x)
-        for g, w in zip(got, want, strict=True):
-            assert np.array_equal(bits(cupy.asnumpy(g)), bits(np.asarray(w)))
-        cases += 2
+    num_rows = device_traits(current_device()).multiprocessors * ROWS_WHOLE_WARPS_PER_SM + 900
+    h = (rng.standard_normal((num_rows, 2 * 1024)) * 3).astype(bf16)
+    pos_to_expert = np.where(rng.random(num_rows) < 0.3, -1, 0).astype(np.int32)
+    got = run_quantize_with_tuning(PREFETCH, "swiglu_quantize_fp8",
+                                   cupy.asarray(h.view(np.uint16)),
+                                   pos_to_expert=cupy.asarray(pos_to_expert))
+    want = cupy_moe.swiglu_quantize_fp8(h, pos_to_expert=pos_to_expert)
+    for g, w in zip(got, want, strict=True):
+        assert np.array_equal(bits(cupy.asnumpy(g)), bits(np.asarray(w)))
+    cases += 1
     return cases
 
 

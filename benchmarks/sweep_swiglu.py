@@ -38,14 +38,6 @@ TUNINGS = [("default", QuantizeTuning()),
            *((f"prefetch_ahead_rows={rows}", QuantizeTuning(prefetch_ahead_rows=rows))
              for rows in (512, 1056)),
            ("prefetch_from_live_rows=0", QuantizeTuning(prefetch_from_live_rows=0)),
-           # the same in *_vec (Qwen3's I = 768), the ahead map loaded with the
-           # own ones (seventeenth session)
-           *((f"vec_prefetch_ahead_rows={rows}", QuantizeTuning(vec_prefetch_ahead_rows=rows))
-             for rows in (768, 1536, 3072)),
-           # quantize_fp8's *_vec (its calls have fewer live rows than the bound)
-           *((f"quantize_prefetch_ahead_rows={rows}",
-              QuantizeTuning(quantize_prefetch_ahead_rows=rows, prefetch_from_live_rows=0))
-             for rows in (128, 256, 512, 1024, 2048)),
            *((f"rows_min_blocks={blocks}", QuantizeTuning(rows_min_blocks=blocks))
              for blocks in (5, 6, 8, 10)),
            # the default's 128 against the other block sizes (256 was the

@@ -95,12 +95,6 @@
 // occupancy of *_rows (61 registers: 32 warps an SM at 128 threads); left to
 // itself the compiler keeps the row's state across the segment loop in 73
 #define QUANT_ROWS_WHOLE_BOUNDS __launch_bounds__(QUANT_MAX_THREADS, 4)
-// 1: SwiGLU's *_vec prefetches rows ahead into L2 when prefetch_rows > 0
-// (QuantizeTuning.vec_prefetch_ahead_rows; an unmeasured variant, so not in
-// the default build).
-#ifndef QUANTIZE_VEC_PREFETCH
-#define QUANTIZE_VEC_PREFETCH 0
-#endif
 #define QUANT_FULL_MASK 0xFFFFFFFFu
 
 #define SF_ROW_MAJOR_F32 0
@@ -133,7 +127,7 @@ struct QuantizeArgs {
     int sf_layout;                 // SF_ROW_MAJOR_F32, SF_COL_MAJOR_F32, SF_COL_MAJOR_UE8M0
     int round_sf;                  // 1: power-of-two scale factors
     int block_rows;                // *_block_rows: rows a block, 1 .. 32
-    int prefetch_rows;             // swiglu *_rows_whole, *_vec: L2 prefetch this many rows
+    int prefetch_rows;             // swiglu *_rows_whole: L2 prefetch this many rows
                                    // ahead (0: none)
     int prefetch_from;             // ... of rows from this one on (the first wave's are not)
 };
@@ -200,11 +194,10 @@ __device__ __forceinline__ void prefetch_l2(const void* p, unsigned bytes) {
 #endif
 }
 
-// The input's row `row` into L2: swiglu's h (gate and up: 2 * hidden
-// values) or quantize_fp8's x (hidden values).
-template <typename In, bool SWIGLU = true>
+// The swiglu input's row `row` (gate and up: 2 * hidden values) into L2.
+template <typename In>
 __device__ __forceinline__ void prefetch_h_row(const QuantizeArgs& a, i64 row) {
-    const unsigned row_bytes = (SWIGLU ? 2u : 1u) * static_cast<unsigned>(a.hidden) * sizeof(In);
+    const unsigned row_bytes = 2u * static_cast<unsigned>(a.hidden) * sizeof(In);
     prefetch_l2(static_cast<const char*>(a.x) + row * row_bytes, row_bytes);
 }
 
@@ -349,37 +342,6 @@ __device__ __forceinline__ void quantize_vec_body(const QuantizeArgs& a) {
 
     // swiglu: each chunk's row's maps first, all of them (one latency), then
     // the data and the weights together
-#if QUANTIZE_VEC_PREFETCH
-    // The input rows prefetch_rows ahead of the rows that start in this
-    // warp's chunks (each row once, whatever its width), into L2 (as
-    // *_rows_whole does; past the first wave and, swiglu, live ones only):
-    // lane l the warp's first row + l. The ahead row's map is loaded
-    // here, with the chunks' own, so that the prefetch below waits for no
-    // second round trip (loaded after the own maps were tested, it cost
-    // Qwen3 3-4 points of the copy: benchmarks/NOTES.md, seventeenth
-    // session). A variant, compiled only into QuantizeTuning's
-    // vec_prefetch_ahead_rows and quantize_prefetch_ahead_rows.
-    i64 ahead = -1;
-    int ahead_expert = -1;
-    if (a.prefetch_rows > 0) {
-        const i64 warp_first = first - lane;
-        if (warp_first < total_chunks) {
-            const i64 warp_last = min(warp_first + 32 * LOADS, total_chunks) - 1;
-            const unsigned first_row = magic_divide(
-                static_cast<unsigned>(warp_first >> group_log2), a.block_magic, a.block_shift);
-            const unsigned last_row = magic_divide(
-                static_cast<unsigned>(warp_last >> group_log2), a.block_magic, a.block_shift);
-            const i64 row = static_cast<i64>(first_row) + lane;
-            const i64 candidate = row + a.prefetch_rows;
-            if (row <= last_row && row * row_chunks >= warp_first && candidate < a.num_rows &&
-                candidate >= a.prefetch_from) {
-                ahead = candidate;
-                ahead_expert =
-                    SWIGLU && a.pos_to_expert != nullptr ? __ldg(a.pos_to_expert + ahead) : 0;
-            }
-        }
-    }
-#endif
     bool padding[LOADS];
     int slot[LOADS];
     const bool weighted = SWIGLU && a.topk_weights != nullptr;
@@ -396,9 +358,6 @@ __device__ __forceinline__ void quantize_vec_body(const QuantizeArgs& a) {
             padding[k] = expert < 0 || (weighted && (slot[k] < 0 || slot[k] >= a.num_weights));
         }
     }
-#if QUANTIZE_VEC_PREFETCH
-    if (ahead >= 0 && ahead_expert >= 0) prefetch_h_row<In, SWIGLU>(a, ahead);
-#endif
     if (SWIGLU) {
         // A warp whose chunks are all padding (most of a decode plan's rows)
         // stores zero codes and zero scale factors, what the arithmetic below

@@ -22,13 +22,12 @@ SELFTESTS = ["quantize_selftest_reciprocal", "quantize_selftest_e4m3",
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
-@pytest.mark.parametrize(("software_e4m3", "rows_min_blocks", "vec_prefetch"), [
-    (False, 0, 0), (True, 0, 0), (False, 5, 0), (False, 0, 768)],
-    ids=["e4m3-default", "e4m3-software", "rows-min-blocks-5", "vec-prefetch"])
-def test_every_quantize_variant_compiles(arch, software_e4m3, rows_min_blocks, vec_prefetch):
+@pytest.mark.parametrize(("software_e4m3", "rows_min_blocks"), [
+    (False, 0), (True, 0), (False, 5)],
+    ids=["e4m3-default", "e4m3-software", "rows-min-blocks-5"])
+def test_every_quantize_variant_compiles(arch, software_e4m3, rows_min_blocks):
     nvrtc_or_skip()
-    tuning = QuantizeTuning(software_e4m3=software_e4m3, rows_min_blocks=rows_min_blocks,
-                            vec_prefetch_ahead_rows=vec_prefetch)
+    tuning = QuantizeTuning(software_e4m3=software_e4m3, rows_min_blocks=rows_min_blocks)
     cubin = compile_for_arch("quantize.cu", tuning.defines(), arch)
     assert cubin[:4] == b"\x7fELF"
     for name in KERNELS + SELFTESTS:

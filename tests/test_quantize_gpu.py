@@ -229,29 +229,6 @@ def test_prefill_and_decode_shapes(kind, layout):
                      what=f"T={num_rows} H={hidden}")
 
 
-@pytest.mark.parametrize("ahead", [1, 300])
-@pytest.mark.parametrize(("hidden", "dtype"), [(7168, "bfloat16"), (256, "bfloat16"),
-                                               (2048, "float32")])
-def test_the_row_ahead_prefetch_changes_nothing(ahead, hidden, dtype):
-    """The *_vec variant's L2 prefetch of the x row `ahead` rows on, on more
-    rows than the first wave (where it starts; 256 columns: four rows start
-    in one warp): bit-exact, and no fault from rows ahead past the last."""
-    from cupy_moe.quantize.launch_shape import VEC_WARPS_PER_SM
-    from cupy_moe.runtime.launch import current_device, device_traits
-
-    multiprocessors = device_traits(current_device()).multiprocessors
-    first_wave = multiprocessors * VEC_WARPS_PER_SM * 1024 // hidden
-    num_rows = first_wave + ahead + 37
-    rng = np.random.default_rng()
-    x = as_input_dtype(random_values(rng, num_rows, hidden, 128), dtype)
-    settings = {"round_sf": True, "packed_ue8m0": True, "use_tma_aligned_col_major_sf": True}
-    tuning = QuantizeTuning(prefetch_from_live_rows=0, quantize_prefetch_ahead_rows=ahead)
-    check_result("cupy", call_op("quantize_fp8", tuning, device_array("cupy", x, dtype),
-                                 **settings),
-                 quantize_fp8_numpy(x, **settings), col_major=True,
-                 what=f"T={num_rows} H={hidden} {dtype} ahead={ahead}")
-
-
 # -- the kernels' building blocks, exhaustively ------------------------------------------
 
 def _selftest(tuning: QuantizeTuning, name: str, first: int, count: int,

@@ -425,12 +425,6 @@ def test_too_many_warps_for_one_launch():
      "QuantizeTuning.prefetch_ahead_rows must be an int in 0 .. 2**31 - 1; got 2147483648"),
     ({"prefetch_ahead_rows": 1.5},
      "QuantizeTuning.prefetch_ahead_rows must be an int in 0 .. 2**31 - 1; got 1.5"),
-    ({"vec_prefetch_ahead_rows": -1},
-     "QuantizeTuning.vec_prefetch_ahead_rows must be an int in 0 .. 2**31 - 1; got -1"),
-    ({"vec_prefetch_ahead_rows": True},
-     "QuantizeTuning.vec_prefetch_ahead_rows must be an int in 0 .. 2**31 - 1; got True"),
-    ({"quantize_prefetch_ahead_rows": -1},
-     "QuantizeTuning.quantize_prefetch_ahead_rows must be an int in 0 .. 2**31 - 1; got -1"),
     ({"prefetch_from_live_rows": -2},
      "QuantizeTuning.prefetch_from_live_rows must be a number >= 0; got -2"),
 ])
@@ -444,14 +438,9 @@ def test_bad_tunings(kwargs, message):
 
 def test_tuning_defines():
     assert QuantizeTuning().defines() == (("QUANTIZE_SOFTWARE_E4M3", 0),
-                                          ("QUANTIZE_ROWS_MIN_BLOCKS", 0),
-                                          ("QUANTIZE_VEC_PREFETCH", 0))
-    assert QuantizeTuning(software_e4m3=True, rows_min_blocks=5,
-                          vec_prefetch_ahead_rows=7).defines() == (
-        ("QUANTIZE_SOFTWARE_E4M3", 1), ("QUANTIZE_ROWS_MIN_BLOCKS", 5),
-        ("QUANTIZE_VEC_PREFETCH", 1))
-    assert QuantizeTuning(quantize_prefetch_ahead_rows=3).defines()[-1] == (
-        "QUANTIZE_VEC_PREFETCH", 1)
+                                          ("QUANTIZE_ROWS_MIN_BLOCKS", 0))
+    assert QuantizeTuning(software_e4m3=True, rows_min_blocks=5).defines() == (
+        ("QUANTIZE_SOFTWARE_E4M3", 1), ("QUANTIZE_ROWS_MIN_BLOCKS", 5))
 
 
 # -- the host side of a launch, without a GPU -------------------------------------------
@@ -462,15 +451,15 @@ def _packed_fields(gpu, plan) -> dict:
                     gpu.QUANTIZE_ARGS.packer.unpack_from(plan.args.buffer), strict=True))
 
 
-def _swiglu_problem(num_rows: int, hidden: int, num_weights: int, swiglu: bool = True):
-    """A bf16 problem (npc 128, float32 column-major scale factors) with the
-    routing maps swiglu_quantize_fp8 takes (none for quantize_fp8)."""
+def _swiglu_problem(num_rows: int, hidden: int, num_weights: int):
+    """A bf16 swiglu_quantize_fp8 problem (npc 128, float32 column-major scale
+    factors) with its routing maps."""
     from cupy_moe.quantize.rules import QuantizeProblem
 
     return QuantizeProblem(num_rows=num_rows, hidden=hidden, in_dtype="bfloat16",
                            num_per_channels=128, round_sf=False, packed_ue8m0=False,
-                           col_major=True, swiglu=swiglu, num_weights=num_weights,
-                           has_pos_to_expert=swiglu)
+                           col_major=True, swiglu=True, num_weights=num_weights,
+                           has_pos_to_expert=True)
 
 
 def _fake_device(monkeypatch):
@@ -632,35 +621,6 @@ def test_whole_rows_prefetch_the_row_ahead_from_enough_live_rows(monkeypatch, nu
                                                        prefetch_from_live_rows=0))
     fields = _packed_fields(gpu, plan)
     assert (fields["prefetch_rows"], fields["prefetch_from"]) == (0, 0)
-
-
-VEC_PREFETCH = QuantizeTuning(vec_prefetch_ahead_rows=1024)
-QUANTIZE_PREFETCH = QuantizeTuning(quantize_prefetch_ahead_rows=512)
-
-
-@pytest.mark.parametrize(("swiglu", "num_rows", "num_weights", "tuning", "kernel", "prefetch"), [
-    # Qwen3 prefill: I = 768, 32768 live rows; the first wave 132 x 32 warps of
-    # 1024 columns, 5632 rows of 768
-    (True, 40704, 32768, VEC_PREFETCH, "vec", (1024, 5632)),
-    (True, 40704, 32768, DEFAULT_TUNING, "vec", (0, 0)),   # off by default
-    (True, 40704, 16383, VEC_PREFETCH, "vec", (0, 0)),     # too few live rows
-    (True, 1024, 8, VEC_PREFETCH, "vec1", (0, 0)),         # decode: another kernel
-    (False, 40704, -1, VEC_PREFETCH, "vec", (0, 0)),       # quantize_fp8: its own field
-    # quantize_fp8: X live rows, the same first wave at H = 768
-    (False, 40704, -1, QUANTIZE_PREFETCH, "vec", (512, 5632)),
-    (False, 16383, -1, QUANTIZE_PREFETCH, "vec", (0, 0)),  # too few live rows
-    (True, 40704, 32768, QUANTIZE_PREFETCH, "vec", (0, 0)),  # swiglu: vec_prefetch_ahead_rows
-])
-def test_vec_prefetch_is_a_variant_asked_for(monkeypatch, swiglu, num_rows, num_weights, tuning,
-                                             kernel, prefetch):
-    gpu, launches = _fake_device(monkeypatch)
-    problem = _swiglu_problem(num_rows, 768, num_weights, swiglu)
-    plan = gpu.QuantizePlan(problem, 0, tuning)
-    plan.launch(7, 0x1000, 0x2000, 0x3000, 0x4000, 0x5000, 0x6000)
-    op = "swiglu_quantize_fp8" if swiglu else "quantize_fp8"
-    assert launches[-1][0] == f"{op}_bf16_{kernel}"
-    fields = _packed_fields(gpu, plan)
-    assert (fields["prefetch_rows"], fields["prefetch_from"]) == prefetch
 
 
 def test_a_tuned_plan_compiles_and_launches_its_variant(monkeypatch):

@@ -116,27 +116,20 @@ def test_random_cases_are_bit_identical_to_the_oracle(kind):
 
 
 @pytest.mark.parametrize("ahead", [1, 700])
-@pytest.mark.parametrize("inter", [1024, 768])
-def test_the_row_ahead_prefetch_changes_nothing(ahead, inter):
-    """The L2 prefetch of the rows `ahead` rows on (*_rows_whole at I = 1024,
-    the *_vec variant at I = 768), on a plan of more rows than the first wave
-    (where the prefetch starts): bit-exact, and no fault from a row ahead past
-    the last (700 ahead)."""
-    from cupy_moe.quantize.launch_shape import ROWS_WHOLE_WARPS_PER_SM, VEC_WARPS_PER_SM
+def test_the_row_ahead_prefetch_changes_nothing(ahead):
+    """*_rows_whole with the L2 prefetch of the row `ahead` rows on, on a plan
+    of more rows than the first wave (SMs x 32, where the prefetch starts):
+    bit-exact, and no fault from a row ahead past the last (700 ahead)."""
+    from cupy_moe.quantize.launch_shape import ROWS_WHOLE_WARPS_PER_SM
     from cupy_moe.runtime.launch import current_device, device_traits
 
-    multiprocessors = device_traits(current_device()).multiprocessors
-    if inter == 1024:
-        first_wave = multiprocessors * ROWS_WHOLE_WARPS_PER_SM
-        tuning = QuantizeTuning(rows_whole_from_rows=0, prefetch_from_live_rows=0,
-                                prefetch_ahead_rows=ahead)
-    else:
-        first_wave = multiprocessors * VEC_WARPS_PER_SM * 1024 // inter
-        tuning = QuantizeTuning(prefetch_from_live_rows=0, vec_prefetch_ahead_rows=ahead)
+    first_wave = device_traits(current_device()).multiprocessors * ROWS_WHOLE_WARPS_PER_SM
     rng = np.random.default_rng()
     maps, num_rows = plan_maps(rng, first_wave // 8 + 200, 8, 16, 32)
     assert num_rows > first_wave + ahead
-    h = as_input_dtype(random_h(rng, num_rows, inter, 128), "bfloat16")
+    tuning = QuantizeTuning(rows_whole_from_rows=0, prefetch_from_live_rows=0,
+                            prefetch_ahead_rows=ahead)
+    h = as_input_dtype(random_h(rng, num_rows, 1024, 128), "bfloat16")
     settings = {"round_sf": False, "packed_ue8m0": False, "use_tma_aligned_col_major_sf": True}
     check_result("cupy", call_op(
         "swiglu_quantize_fp8", tuning, device_array("cupy", h, "bfloat16"),

@@ -51,10 +51,6 @@ MAX_ROWS_A_BLOCK = 32  # *_block_rows: a block's rows (one ballot of their maps)
 # *_rows_whole's warps an SM: its launch bounds hold it to 64 registers, so
 # 65536 / (64 * 32) warps fit (the first wave of rows, one a warp)
 ROWS_WHOLE_WARPS_PER_SM = 32
-# *_vec's warps an SM, for its first wave: the bf16 kernel's 57 registers give
-# 32 (float32's 98 give 19: its first wave is shorter, and a few of its
-# prefetches land in it)
-VEC_WARPS_PER_SM = 32
 MAX_LANES = 2**31 - 1  # lane indices stay below 2^31: the magic number's range
 
 
@@ -111,13 +107,9 @@ class QuantizeTuning:
     ahead, a whole wave, lost 5 points: evicted before use); DeepSeek-V3
     EP8 8k (8192 live rows, 2.4 waves) lost 1-2 points, hence the live-row bound
     (benchmarks/NOTES.md, sixteenth session). 0: never.
-    ``vec_prefetch_ahead_rows``: the same prefetch in SwiGLU's ``*_vec``
-    (where I is not whole 1024-column segments: Qwen3's 768), this many rows
-    ahead, under the same live-row bound; compiled into a variant of its own
-    (``QUANTIZE_VEC_PREFETCH``). Built in the sixteenth session without a
-    device to measure it: 0 (off) until measured.
-    ``quantize_prefetch_ahead_rows``: the same in quantize_fp8's ``*_vec``
-    (x rows this many ahead; same variant, same live-row bound). 0: never.
+    (The same prefetch in the ``*_vec`` kernels, SwiGLU's at I = 768 and
+    quantize_fp8's, lost 1-9 points at every distance: benchmarks/NOTES.md,
+    seventeenth session.)
     """
 
     threads: int = 128
@@ -131,8 +123,6 @@ class QuantizeTuning:
     rows_whole_from_rows: float = 8192.0
     prefetch_ahead_rows: int = 768
     prefetch_from_live_rows: float = 16384.0
-    vec_prefetch_ahead_rows: int = 0
-    quantize_prefetch_ahead_rows: int = 0
 
     def __post_init__(self) -> None:
         for name in ("threads", "small_threads"):
@@ -157,12 +147,10 @@ class QuantizeTuning:
         _require_number("block_rows_blocks_per_sm", self.block_rows_blocks_per_sm,
                         positive=True)
         _require_number("rows_whole_from_rows", self.rows_whole_from_rows)
-        for name in ("prefetch_ahead_rows", "vec_prefetch_ahead_rows",
-                     "quantize_prefetch_ahead_rows"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**31:
-                raise ValueError(f"QuantizeTuning.{name} must be an int in 0 .. 2**31 - 1; got "
-                                 f"{value!r}")
+        if isinstance(self.prefetch_ahead_rows, bool) or not isinstance(
+                self.prefetch_ahead_rows, int) or not 0 <= self.prefetch_ahead_rows < 2**31:
+            raise ValueError(f"QuantizeTuning.prefetch_ahead_rows must be an int in 0 .. "
+                             f"2**31 - 1; got {self.prefetch_ahead_rows!r}")
         _require_number("prefetch_from_live_rows", self.prefetch_from_live_rows)
         if not isinstance(self.software_e4m3, bool):
             raise TypeError(f"QuantizeTuning.software_e4m3 must be True or False; got "
@@ -171,9 +159,7 @@ class QuantizeTuning:
     def defines(self) -> tuple[tuple[str, int], ...]:
         """The compile-time part (the kernel source's QUANTIZE_* macros)."""
         return (("QUANTIZE_SOFTWARE_E4M3", int(self.software_e4m3)),
-                ("QUANTIZE_ROWS_MIN_BLOCKS", int(self.rows_min_blocks)),
-                ("QUANTIZE_VEC_PREFETCH",
-                 int(self.vec_prefetch_ahead_rows > 0 or self.quantize_prefetch_ahead_rows > 0)))
+                ("QUANTIZE_ROWS_MIN_BLOCKS", int(self.rows_min_blocks)))
 
 
 def _require_number(name: str, value: object, *, positive: bool = False) -> None:
@@ -206,7 +192,7 @@ class QuantizeShape(NamedTuple):
     pass_magic: int       # *_rows: row of segment s = (s * pass_magic) >> pass_shift
     pass_shift: int
     rows_whole: bool = False  # *_rows_whole: a warp a whole row (rows only)
-    prefetch_rows: int = 0    # *_rows_whole, *_vec: L2 prefetch of rows this far ahead (0: none)
+    prefetch_rows: int = 0    # *_rows_whole: L2 prefetch of rows this far ahead (0: none)
     prefetch_from: int = 0    # ... where that row is at least this (past the first wave)
 
     def grid(self, vector: bool) -> tuple[int, int]:
@@ -246,10 +232,7 @@ def launch_shape(num_rows: int, hidden: int, num_per_channels: int, multiprocess
     least the row's chunks, whole warps, at most
     ``BLOCK_ROWS_MAX_THREADS``). ``prefetch``: with ``rows_whole``, the
     L2 prefetch of ``tuning.prefetch_ahead_rows`` rows ahead, for rows past
-    the first wave (``ROWS_WHOLE_WARPS_PER_SM`` warps an SM, a row each);
-    in swiglu's *_vec grid, ``tuning.vec_prefetch_ahead_rows``, in
-    quantize_fp8's, ``tuning.quantize_prefetch_ahead_rows`` (their first
-    wave: ``VEC_WARPS_PER_SM`` warps an SM, 1024 columns each)."""
+    the first wave (``ROWS_WHOLE_WARPS_PER_SM`` warps an SM, a row each)."""
     lanes_per_block = num_per_channels // LANE_COLUMNS
     sf_blocks = ceil_div(hidden, num_per_channels)
     lanes_per_row = sf_blocks * lanes_per_block
@@ -286,13 +269,6 @@ def launch_shape(num_rows: int, hidden: int, num_per_channels: int, multiprocess
     if prefetch and vec_blocks and rows and rows_whole and tuning.prefetch_ahead_rows > 0:
         prefetch_rows = tuning.prefetch_ahead_rows
         prefetch_from = multiprocessors * ROWS_WHOLE_WARPS_PER_SM
-    elif prefetch and vec_blocks and not (rows or narrow) and (
-            tuning.vec_prefetch_ahead_rows if swiglu else tuning.quantize_prefetch_ahead_rows):
-        prefetch_rows = (tuning.vec_prefetch_ahead_rows if swiglu
-                         else tuning.quantize_prefetch_ahead_rows)
-        # a *_vec warp covers 32 lanes x LANE_COLUMNS columns, rows after rows
-        prefetch_from = min(MAX_LANES, multiprocessors * VEC_WARPS_PER_SM * 32 * LANE_COLUMNS
-                            // hidden)
     return QuantizeShape(threads, blocks, vec_threads, vec_blocks, lanes_per_row,
                          lanes_per_block.bit_length() - 1, row_magic, row_shift, block_magic,
                          block_shift, rows, narrow, block_rows, passes, pass_magic, pass_shift,
