@@ -455,10 +455,10 @@ struct RowsSegment {
 
 // Segment `segment`, of row row32 (< num_rows), and the row's maps (all lanes
 // read the same words: one transaction each).
-template <typename In>
+template <typename In, int LOADS>
 __device__ __forceinline__ RowsSegment rows_segment(const QuantizeArgs& a, unsigned segment,
                                                    unsigned row32, int lane, int row_chunks) {
-    constexpr int SEGMENT_CHUNKS = 32 * VecLayout<In>::LOADS;  // 1024 columns
+    constexpr int SEGMENT_CHUNKS = 32 * LOADS;  // 1024 columns (768: rows768)
     RowsSegment s;
     s.row = row32;
     const int segment_first = static_cast<int>(segment - row32 * a.passes) * SEGMENT_CHUNKS;
@@ -470,7 +470,7 @@ __device__ __forceinline__ RowsSegment rows_segment(const QuantizeArgs& a, unsig
     // a group's chunks are all below the row's end or all past it (row_chunks
     // is a multiple of the group)
     s.sf_chunk = segment_first + 32 * in_group + (lane & ~(group - 1));
-    s.stores_sf = in_group < VecLayout<In>::LOADS && s.sf_chunk < row_chunks;
+    s.stores_sf = in_group < LOADS && s.sf_chunk < row_chunks;
     s.out_row = a.out + s.row * a.hidden;
     s.weighted = a.topk_weights != nullptr;
     s.expert = a.pos_to_expert != nullptr ? __ldg(a.pos_to_expert + s.row) : 0;
@@ -480,11 +480,11 @@ __device__ __forceinline__ RowsSegment rows_segment(const QuantizeArgs& a, unsig
 
 // A padding segment: zero codes and scale factors, what the arithmetic gives
 // for zero words, without reading h.
-template <typename In>
+template <typename In, int LOADS>
 __device__ __forceinline__ void rows_store_zeros(const QuantizeArgs& a, const RowsSegment& s,
                                                  int row_chunks) {
 #pragma unroll
-    for (int k = 0; k < VecLayout<In>::LOADS; ++k)
+    for (int k = 0; k < LOADS; ++k)
         if (s.first + 32 * k < row_chunks) store_zero_codes<In>(s.out_row, s.first + 32 * k);
     if (s.stores_sf) store_scale_factor(a, s.row, s.sf_chunk >> s.group_log2, 0.0f, true);
 }
@@ -492,11 +492,9 @@ __device__ __forceinline__ void rows_store_zeros(const QuantizeArgs& a, const Ro
 // A live segment's loads: the lane's gate and up chunks, then the row's
 // weight (both in flight together; x * 1 is x: without weights, the bits of
 // no multiply). Returns the weight.
-template <typename In>
+template <typename In, int LOADS>
 __device__ __forceinline__ float rows_load(const QuantizeArgs& a, const RowsSegment& s,
-                                           int row_chunks,
-                                           unsigned (&raw)[2][VecLayout<In>::LOADS][4]) {
-    constexpr int LOADS = VecLayout<In>::LOADS;
+                                           int row_chunks, unsigned (&raw)[2][LOADS][4]) {
     // h's row holds 2 * row_chunks chunks: gate, then up
     const uint4* gate = reinterpret_cast<const uint4*>(a.x) + s.row * (2 * row_chunks) + s.first;
     const uint4* up = gate + row_chunks;
@@ -525,23 +523,22 @@ __device__ __forceinline__ float rows_load(const QuantizeArgs& a, const RowsSegm
 // hands them to rows_quantize: so the one-segment kernel compiles to the
 // SASS it had as one function (arrays declared in rows_quantize, promoted to
 // registers apart from raw, moved its register allocation).
-template <typename In> struct RowsScratch {
-    float weight[VecLayout<In>::LOADS];
-    float v[VecLayout<In>::LOADS][VecLayout<In>::CHUNK];
-    float amax[VecLayout<In>::LOADS];
-    float scale[VecLayout<In>::LOADS];
+template <typename In, int LOADS> struct RowsScratch {
+    float weight[LOADS];
+    float v[LOADS][VecLayout<In>::CHUNK];
+    float amax[LOADS];
+    float scale[LOADS];
 };
 
 // A live segment's values, scales and stores. Every lane calls it (shuffles).
-template <typename In>
+template <typename In, int LOADS>
 __device__ __forceinline__ void rows_quantize(const QuantizeArgs& a, const RowsSegment& s,
                                               int lane, int row_chunks,
-                                              const unsigned (&raw)[2][VecLayout<In>::LOADS][4],
-                                              float row_weight, RowsScratch<In>& t) {
-    constexpr int LOADS = VecLayout<In>::LOADS;
+                                              const unsigned (&raw)[2][LOADS][4],
+                                              float row_weight, RowsScratch<In, LOADS>& t) {
 #pragma unroll
     for (int k = 0; k < LOADS; ++k) t.weight[k] = row_weight;
-    chunk_values<In, true>(raw, t.weight, t.v, t.amax);
+    chunk_values<In, true, LOADS>(raw, t.weight, t.v, t.amax);
     const float sf = group_scales<LOADS, true>(t.amax, lane, 1 << s.group_log2, a.round_sf != 0,
                                          t.scale);
     if (s.segment_first + 32 * LOADS <= row_chunks) {  // the whole segment: no tests
@@ -557,24 +554,24 @@ __device__ __forceinline__ void rows_quantize(const QuantizeArgs& a, const RowsS
     if (s.stores_sf) store_scale_factor(a, s.row, s.sf_chunk >> s.group_log2, sf, false);
 }
 
-template <typename In>
+template <typename In, int LOADS = VecLayout<In>::LOADS>
 __device__ __forceinline__ void swiglu_rows_one_segment(const QuantizeArgs& a) {
     const int lane = threadIdx.x & 31;
     const unsigned warp = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     const unsigned row32 = magic_divide(warp, a.pass_magic, a.pass_shift);
     if (row32 >= a.num_rows) return;  // the grid's last warps (whole warps: no shuffle waits)
     const int row_chunks = a.hidden >> VecLayout<In>::CHUNK_LOG2;
-    const RowsSegment s = rows_segment<In>(a, warp, row32, lane, row_chunks);
+    const RowsSegment s = rows_segment<In, LOADS>(a, warp, row32, lane, row_chunks);
     // a padding row (pos_to_expert < 0, or with weights a slot outside
     // [0, T*K)): zero codes and scale factors, h never read
     if (s.expert < 0 || (s.weighted && (s.slot < 0 || s.slot >= a.num_weights))) {
-        rows_store_zeros<In>(a, s, row_chunks);
+        rows_store_zeros<In, LOADS>(a, s, row_chunks);
         return;
     }
-    unsigned raw[2][VecLayout<In>::LOADS][4];  // [gate, up][chunk][word]
-    const float row_weight = rows_load<In>(a, s, row_chunks, raw);
-    RowsScratch<In> scratch;
-    rows_quantize<In>(a, s, lane, row_chunks, raw, row_weight, scratch);
+    unsigned raw[2][LOADS][4];  // [gate, up][chunk][word]
+    const float row_weight = rows_load<In, LOADS>(a, s, row_chunks, raw);
+    RowsScratch<In, LOADS> scratch;
+    rows_quantize<In, LOADS>(a, s, lane, row_chunks, raw, row_weight, scratch);
 }
 
 // swiglu_quantize_fp8_*_rows_whole: warp w takes every segment of row w, one
@@ -584,14 +581,14 @@ __device__ __forceinline__ void swiglu_rows_one_segment(const QuantizeArgs& a) {
 // registers of *_rows: as many warps in flight). Its segment body repeats
 // swiglu_rows_one_segment's: one helper for both changed *_rows' SASS
 // (NVRTC 13 allocated its registers differently).
-template <typename In>
+template <typename In, int LOADS = VecLayout<In>::LOADS>
 __device__ __forceinline__ void swiglu_rows_whole(const QuantizeArgs& a) {
     const int lane = threadIdx.x & 31;
     const unsigned row32 = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     if (row32 >= a.num_rows) return;  // the grid's last warps (whole warps: no shuffle waits)
     const int row_chunks = a.hidden >> VecLayout<In>::CHUNK_LOG2;
     const unsigned first_segment = row32 * static_cast<unsigned>(a.passes);
-    const RowsSegment first = rows_segment<In>(a, first_segment, row32, lane, row_chunks);
+    const RowsSegment first = rows_segment<In, LOADS>(a, first_segment, row32, lane, row_chunks);
     // The h row prefetch_rows ahead, into L2 (sm_90's bulk prefetch; one
     // instruction, no registers held): its warp starts a fraction of a wave
     // later and finds its loads in L2 instead of waiting on DRAM. Only rows
@@ -610,21 +607,21 @@ __device__ __forceinline__ void swiglu_rows_whole(const QuantizeArgs& a) {
     for (int pass = 0; pass < a.passes; ++pass) {
         RowsSegment s = first;
         if (pass > 0) {  // the same row: its maps as loaded, the columns moved on
-            const int shift = pass * 32 * VecLayout<In>::LOADS;
+            const int shift = pass * 32 * LOADS;
             s.segment_first += shift;
             s.first += shift;
             s.sf_chunk += shift;
-            s.stores_sf = (lane & ((1 << s.group_log2) - 1)) < VecLayout<In>::LOADS &&
+            s.stores_sf = (lane & ((1 << s.group_log2) - 1)) < LOADS &&
                           s.sf_chunk < row_chunks;
         }
         if (padding) {
-            rows_store_zeros<In>(a, s, row_chunks);
+            rows_store_zeros<In, LOADS>(a, s, row_chunks);
             continue;
         }
-        unsigned raw[2][VecLayout<In>::LOADS][4];  // [gate, up][chunk][word]
-        const float row_weight = rows_load<In>(a, s, row_chunks, raw);
-        RowsScratch<In> scratch;
-        rows_quantize<In>(a, s, lane, row_chunks, raw, row_weight, scratch);
+        unsigned raw[2][LOADS][4];  // [gate, up][chunk][word]
+        const float row_weight = rows_load<In, LOADS>(a, s, row_chunks, raw);
+        RowsScratch<In, LOADS> scratch;
+        rows_quantize<In, LOADS>(a, s, lane, row_chunks, raw, row_weight, scratch);
     }
 }
 
@@ -798,6 +795,11 @@ __device__ __forceinline__ void swiglu_block_rows_body(const QuantizeArgs& a) {
     if (!zeroed) zero_padding_rows();
 }
 
+// *_rows768, *_rows768_whole: the *_rows kernels with segments of 768
+// columns, three quarters of a lane's chunks (H % 768 == 0, H % 1024 != 0:
+// Qwen3's I = 768)
+#define ROWS768_LOADS(IN_TYPE) (VecLayout<IN_TYPE>::LOADS * 3 / 4)
+
 #define DEFINE_QUANTIZE_KERNELS(IN_NAME, IN_TYPE)                                            \
     extern "C" __global__ void __launch_bounds__(QUANT_MAX_THREADS)                          \
     quantize_fp8_##IN_NAME##_vec(const QuantizeArgs a) {                                     \
@@ -818,6 +820,14 @@ __device__ __forceinline__ void swiglu_block_rows_body(const QuantizeArgs& a) {
     extern "C" __global__ void QUANT_ROWS_WHOLE_BOUNDS                                        \
     swiglu_quantize_fp8_##IN_NAME##_rows_whole(const QuantizeArgs a) {                       \
         swiglu_rows_whole<IN_TYPE>(a);                                                       \
+    }                                                                                        \
+    extern "C" __global__ void QUANT_ROWS_BOUNDS                                              \
+    swiglu_quantize_fp8_##IN_NAME##_rows768(const QuantizeArgs a) {                          \
+        swiglu_rows_one_segment<IN_TYPE, ROWS768_LOADS(IN_TYPE)>(a);                         \
+    }                                                                                        \
+    extern "C" __global__ void QUANT_ROWS_WHOLE_BOUNDS                                        \
+    swiglu_quantize_fp8_##IN_NAME##_rows768_whole(const QuantizeArgs a) {                    \
+        swiglu_rows_whole<IN_TYPE, ROWS768_LOADS(IN_TYPE)>(a);                               \
     }                                                                                        \
     extern "C" __global__ void __launch_bounds__(QUANT_MAX_THREADS)                          \
     swiglu_quantize_fp8_##IN_NAME##_vec1(const QuantizeArgs a) {                             \

@@ -15,8 +15,8 @@ from cupy_moe.runtime.loader import compile_for_arch, compile_options, kernel_di
 
 KERNELS = [*(f"{op}_{dtype}_{access}" for op in ("quantize_fp8", "swiglu_quantize_fp8")
              for dtype in ("bf16", "f32") for access in ("vec", "any")),
-           "swiglu_quantize_fp8_bf16_rows", "swiglu_quantize_fp8_f32_rows",
-           "swiglu_quantize_fp8_bf16_rows_whole", "swiglu_quantize_fp8_f32_rows_whole"]
+           *(f"swiglu_quantize_fp8_{dtype}_{segments}{whole}" for dtype in ("bf16", "f32")
+             for segments in ("rows", "rows768") for whole in ("", "_whole"))]
 SELFTESTS = ["quantize_selftest_reciprocal", "quantize_selftest_e4m3",
              "quantize_selftest_product_nan", "quantize_selftest_swiglu"]
 
@@ -39,9 +39,11 @@ def test_the_gpu_backend_names_only_compiled_kernels():
     from cupy_moe.quantize.rules import QuantizeProblem
 
     names = {kernel_name(QuantizeProblem(1, 1, dtype, 128, False, False, False, swiglu=swiglu),
-                         vector, rows=swiglu and vector and rows, rows_whole=whole)
+                         vector, rows=swiglu and vector and rows, rows_whole=whole,
+                         rows768=short)
              for dtype in ("bfloat16", "uint16", "float32") for swiglu in (False, True)
-             for vector in (False, True) for rows in (False, True) for whole in (False, True)}
+             for vector in (False, True) for rows in (False, True) for whole in (False, True)
+             for short in (False, True)}
     assert names == set(KERNELS)
 
 

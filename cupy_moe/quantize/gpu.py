@@ -45,13 +45,14 @@ _pack_pointers = QUANTIZE_ARGS.pointer_packer.pack_into
 
 
 def kernel_name(problem: QuantizeProblem, vector: bool, rows: bool = False,
-                narrow: str = "", rows_whole: bool = False) -> str:
+                narrow: str = "", rows_whole: bool = False, rows768: bool = False) -> str:
     """The kernel: coalesced (``vector``; swiglu's row-major one with ``rows``,
     a warp a whole row with ``rows_whole`` too, its few-live-rows one with
     ``narrow``, ``"vec1"`` or ``"block_rows"``) or element accesses."""
     op = "swiglu_quantize_fp8" if problem.swiglu else "quantize_fp8"
     dtype = "f32" if problem.in_dtype == "float32" else "bf16"
-    coalesced = ("rows_whole" if rows_whole else "rows") if rows else narrow or "vec"
+    segments = "rows768" if rows768 else "rows"
+    coalesced = (segments + "_whole" if rows_whole else segments) if rows else narrow or "vec"
     return f"{op}_{dtype}_{coalesced if vector else 'any'}"
 
 
@@ -98,7 +99,8 @@ class QuantizePlan:
                                                 kernel_name(problem, vector,
                                                             vector and self.shape.rows,
                                                             self.narrow_kernel(vector),
-                                                            self.shape.rows_whole))
+                                                            self.shape.rows_whole,
+                                                            self.shape.rows768))
                         for vector in (True, False)}
         shape = self.shape
         self.args = ArgBlock(QUANTIZE_ARGS, QUANTIZE_ARGS.constants(

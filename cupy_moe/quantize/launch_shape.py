@@ -45,6 +45,7 @@ __all__ = [
 
 LANE_COLUMNS = 32      # QUANT_LANE_COLS of kernels_cu/quantize.cu
 SEGMENT_COLUMNS = 32 * LANE_COLUMNS  # swiglu *_rows: the columns of one segment
+SHORT_SEGMENT_COLUMNS = 3 * SEGMENT_COLUMNS // 4  # *_rows768: three quarters of a lane's chunks
 MAX_THREADS = 256      # QUANT_MAX_THREADS: the kernels' launch bound
 BLOCK_ROWS_MAX_THREADS = 1024  # QUANT_BLOCK_ROWS_MAX_THREADS: *_block_rows' launch bound
 MAX_ROWS_A_BLOCK = 32  # *_block_rows: a block's rows (one ballot of their maps)
@@ -123,6 +124,7 @@ class QuantizeTuning:
     rows_whole_from_rows: float = 8192.0
     prefetch_ahead_rows: int = 768
     prefetch_from_live_rows: float = 16384.0
+    rows768: bool = False
 
     def __post_init__(self) -> None:
         for name in ("threads", "small_threads"):
@@ -152,9 +154,10 @@ class QuantizeTuning:
             raise ValueError(f"QuantizeTuning.prefetch_ahead_rows must be an int in 0 .. "
                              f"2**31 - 1; got {self.prefetch_ahead_rows!r}")
         _require_number("prefetch_from_live_rows", self.prefetch_from_live_rows)
-        if not isinstance(self.software_e4m3, bool):
-            raise TypeError(f"QuantizeTuning.software_e4m3 must be True or False; got "
-                            f"{self.software_e4m3!r}")
+        for name in ("software_e4m3", "rows768"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"QuantizeTuning.{name} must be True or False; got "
+                                f"{getattr(self, name)!r}")
 
     def defines(self) -> tuple[tuple[str, int], ...]:
         """The compile-time part (the kernel source's QUANTIZE_* macros)."""
@@ -194,6 +197,7 @@ class QuantizeShape(NamedTuple):
     rows_whole: bool = False  # *_rows_whole: a warp a whole row (rows only)
     prefetch_rows: int = 0    # *_rows_whole: L2 prefetch of rows this far ahead (0: none)
     prefetch_from: int = 0    # ... where that row is at least this (past the first wave)
+    rows768: bool = False     # *_rows768[_whole]: segments of SHORT_SEGMENT_COLUMNS (rows only)
 
     def grid(self, vector: bool) -> tuple[int, int]:
         """(blocks, threads) of one kernel."""
@@ -241,9 +245,11 @@ def launch_shape(num_rows: int, hidden: int, num_per_channels: int, multiprocess
         raise ValueError(f"{num_rows} rows of {hidden} columns are too many for one launch "
                          f"(at most {MAX_LANES} lanes of {LANE_COLUMNS} columns)")
     vec_threads = vec_blocks = block_rows = 0
-    passes = max(1, ceil_div(hidden, SEGMENT_COLUMNS))
     narrow = swiglu and narrow_columns > 0
-    rows = swiglu and not narrow and hidden % SEGMENT_COLUMNS == 0
+    rows768 = (swiglu and not narrow and tuning.rows768 and hidden % SEGMENT_COLUMNS != 0
+               and hidden % SHORT_SEGMENT_COLUMNS == 0)
+    rows = swiglu and not narrow and (hidden % SEGMENT_COLUMNS == 0 or rows768)
+    passes = max(1, ceil_div(hidden, SHORT_SEGMENT_COLUMNS if rows768 else SEGMENT_COLUMNS))
     if (hidden % num_per_channels == 0 and narrow
             and num_rows * hidden >= tuning.block_rows_from_bytes):
         # about block_rows_blocks_per_sm blocks an SM, each its rows whole
@@ -272,7 +278,7 @@ def launch_shape(num_rows: int, hidden: int, num_per_channels: int, multiprocess
     return QuantizeShape(threads, blocks, vec_threads, vec_blocks, lanes_per_row,
                          lanes_per_block.bit_length() - 1, row_magic, row_shift, block_magic,
                          block_shift, rows, narrow, block_rows, passes, pass_magic, pass_shift,
-                         rows and rows_whole, prefetch_rows, prefetch_from)
+                         rows and rows_whole, prefetch_rows, prefetch_from, rows768)
 
 
 def _grid(warps: int, multiprocessors: int, tuning: QuantizeTuning) -> tuple[int, int]:
