@@ -56,6 +56,8 @@ ZERO_KERNEL = dataclasses.replace(DEFAULT_TUNING, padding_share_registers=0.0,
 FEW_ROW_BLOCKS = QuantizeTuning(block_rows_from_bytes=0, block_rows_blocks_per_sm=0.01)
 # swiglu_quantize_fp8's *_rows_whole (a warp a whole row; H % 1024 == 0, any live rows)
 WHOLE_ROWS = QuantizeTuning(rows_whole_from_rows=0, narrow_live_rows=0)
+# swiglu_quantize_fp8's shorter segments (*_rows768, *_rows512, *_rows256)
+SHORT_SEGMENTS = QuantizeTuning(segment_columns=(768, 512, 256), narrow_live_rows=0)
 # *_rows_whole's row-ahead L2 prefetch on whatever the live rows, 700 rows
 # ahead (past the end too)
 PREFETCH = QuantizeTuning(rows_whole_from_rows=0, prefetch_from_live_rows=0,
@@ -159,7 +161,7 @@ def run_combine_quantize_cases(rng) -> int:
             want = cupy_moe.reduce_fused(rows, token_topk_to_pos, weights)
             assert np.array_equal(bits(cupy.asnumpy(got)), bits(want))
             cases += 1
-    for num_rows, hidden in ((5, 300), (40, 2048), (0, 128), (3, 7168)):
+    for num_rows, hidden in ((5, 300), (40, 2048), (0, 128), (3, 7168), (70, 768)):
         x = (rng.standard_normal((num_rows, hidden)) * 4).astype(bf16)
         for npc, packed, col_major in ((128, False, False), (32, False, True), (128, True, True)):
             settings = {"num_per_channels": npc, "round_sf": packed, "packed_ue8m0": packed,
@@ -183,13 +185,14 @@ def run_combine_quantize_cases(rng) -> int:
                                            **settings)
             for g, w in zip(got, want, strict=True):
                 assert np.array_equal(bits(cupy.asnumpy(g)), bits(np.asarray(w)))
-            got = run_quantize_with_tuning(WHOLE_ROWS, "swiglu_quantize_fp8",
-                                           cupy.asarray(h.view(np.uint16)),
-                                           pos_to_expert=cupy.asarray(pos_to_expert),
-                                           **settings)
-            for g, w in zip(got, want, strict=True):
-                assert np.array_equal(bits(cupy.asnumpy(g)), bits(np.asarray(w)))
-            cases += 4
+            for tuning in (WHOLE_ROWS, SHORT_SEGMENTS):
+                got = run_quantize_with_tuning(tuning, "swiglu_quantize_fp8",
+                                               cupy.asarray(h.view(np.uint16)),
+                                               pos_to_expert=cupy.asarray(pos_to_expert),
+                                               **settings)
+                for g, w in zip(got, want, strict=True):
+                    assert np.array_equal(bits(cupy.asnumpy(g)), bits(np.asarray(w)))
+            cases += 5
     # the prefetch starts past the first wave (SMs x ROWS_WHOLE_WARPS_PER_SM
     # rows, launch_shape.py): more rows than that
     from cupy_moe.quantize.launch_shape import ROWS_WHOLE_WARPS_PER_SM

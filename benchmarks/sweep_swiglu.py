@@ -38,14 +38,10 @@ TUNINGS = [("default", QuantizeTuning()),
            *((f"prefetch_ahead_rows={rows}", QuantizeTuning(prefetch_ahead_rows=rows))
              for rows in (512, 1056)),
            ("prefetch_from_live_rows=0", QuantizeTuning(prefetch_from_live_rows=0)),
-           # 768-column segments for I % 768 == 0 (Qwen3) in place of *_vec: a
-           # warp a segment or a whole row, with and without the prefetch
-           ("rows768", QuantizeTuning(rows768=True)),
-           ("rows768, rows_whole_from_rows=inf",
-            QuantizeTuning(rows768=True, rows_whole_from_rows=float("inf"))),
-           ("rows768, rows_whole_from_rows=0", QuantizeTuning(rows768=True, rows_whole_from_rows=0)),
-           *((f"rows768, prefetch_ahead_rows={rows}",
-              QuantizeTuning(rows768=True, prefetch_ahead_rows=rows)) for rows in (0, 1536, 3072)),
+           # the row-major kernels' segment widths (the first that divides I),
+           # and never (*_vec for every I)
+           *((f"segment_columns={widths}", QuantizeTuning(segment_columns=widths))
+             for widths in ((512,), (256,), ())),
            *((f"rows_min_blocks={blocks}", QuantizeTuning(rows_min_blocks=blocks))
              for blocks in (5, 6, 8, 10)),
            # the default's 128 against the other block sizes (256 was the

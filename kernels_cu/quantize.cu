@@ -458,7 +458,7 @@ struct RowsSegment {
 template <typename In, int LOADS>
 __device__ __forceinline__ RowsSegment rows_segment(const QuantizeArgs& a, unsigned segment,
                                                    unsigned row32, int lane, int row_chunks) {
-    constexpr int SEGMENT_CHUNKS = 32 * LOADS;  // 1024 columns (768: rows768)
+    constexpr int SEGMENT_CHUNKS = 32 * LOADS;  // 1024 columns (*_rows256 .. 768: fewer)
     RowsSegment s;
     s.row = row32;
     const int segment_first = static_cast<int>(segment - row32 * a.passes) * SEGMENT_CHUNKS;
@@ -795,10 +795,15 @@ __device__ __forceinline__ void swiglu_block_rows_body(const QuantizeArgs& a) {
     if (!zeroed) zero_padding_rows();
 }
 
-// *_rows768, *_rows768_whole: the *_rows kernels with segments of 768
-// columns, three quarters of a lane's chunks (H % 768 == 0, H % 1024 != 0:
-// Qwen3's I = 768)
-#define ROWS768_LOADS(IN_TYPE) (VecLayout<IN_TYPE>::LOADS * 3 / 4)
+// *_rows256, *_rows512, *_rows768: *_rows with shorter segments (a lane
+// 1, 2 or 3 of its 4 chunks of *_rows; QuantizeTuning.segment_columns):
+// fewer registers, more warps an SM (*_rows768 at Qwen3's I = 768: 45
+// registers against *_rows' 60; benchmarks/NOTES.md, seventeenth session)
+#define DEFINE_SHORT_SEGMENT_KERNEL(IN_NAME, IN_TYPE, COLUMNS)                               \
+    extern "C" __global__ void QUANT_ROWS_BOUNDS                                              \
+    swiglu_quantize_fp8_##IN_NAME##_rows##COLUMNS(const QuantizeArgs a) {                    \
+        swiglu_rows_one_segment<IN_TYPE, COLUMNS / (32 * VecLayout<IN_TYPE>::CHUNK)>(a);     \
+    }
 
 #define DEFINE_QUANTIZE_KERNELS(IN_NAME, IN_TYPE)                                            \
     extern "C" __global__ void __launch_bounds__(QUANT_MAX_THREADS)                          \
@@ -821,14 +826,9 @@ __device__ __forceinline__ void swiglu_block_rows_body(const QuantizeArgs& a) {
     swiglu_quantize_fp8_##IN_NAME##_rows_whole(const QuantizeArgs a) {                       \
         swiglu_rows_whole<IN_TYPE>(a);                                                       \
     }                                                                                        \
-    extern "C" __global__ void QUANT_ROWS_BOUNDS                                              \
-    swiglu_quantize_fp8_##IN_NAME##_rows768(const QuantizeArgs a) {                          \
-        swiglu_rows_one_segment<IN_TYPE, ROWS768_LOADS(IN_TYPE)>(a);                         \
-    }                                                                                        \
-    extern "C" __global__ void QUANT_ROWS_WHOLE_BOUNDS                                        \
-    swiglu_quantize_fp8_##IN_NAME##_rows768_whole(const QuantizeArgs a) {                    \
-        swiglu_rows_whole<IN_TYPE, ROWS768_LOADS(IN_TYPE)>(a);                               \
-    }                                                                                        \
+    DEFINE_SHORT_SEGMENT_KERNEL(IN_NAME, IN_TYPE, 256)                                       \
+    DEFINE_SHORT_SEGMENT_KERNEL(IN_NAME, IN_TYPE, 512)                                       \
+    DEFINE_SHORT_SEGMENT_KERNEL(IN_NAME, IN_TYPE, 768)                                       \
     extern "C" __global__ void __launch_bounds__(QUANT_MAX_THREADS)                          \
     swiglu_quantize_fp8_##IN_NAME##_vec1(const QuantizeArgs a) {                             \
         quantize_vec_body<IN_TYPE, true, 1>(a);                                              \

@@ -56,7 +56,8 @@ def emulate_grid(num_rows: int, hidden: int, npc: int, multiprocessors: int = 13
     it: how often each output column, each scale factor and each byte of the
     packed SF buffer (pad columns included) is written. ``vector``: the *_vec
     kernel, whose input chunks hold ``chunk`` columns (8: bf16, 4: float32);
-    with ``swiglu`` and whole 1024-column segments, swiglu's *_rows; with
+    with ``swiglu`` and whole segments (of ``tuning.segment_columns``),
+    swiglu's *_rows (*_rows768, ...); with
     ``swiglu`` and ``narrow``, *_vec1 (one chunk a lane) or, from
     ``tuning.block_rows_from_bytes`` of codes, *_block_rows (``live``: which
     rows are live, a bool per row; default every other); ``rows_whole``:
@@ -69,7 +70,9 @@ def emulate_grid(num_rows: int, hidden: int, npc: int, multiprocessors: int = 13
     sf_stores = np.zeros((num_rows, blocks_per_row), dtype=np.int64)
     packed_bytes = np.zeros((-(-blocks_per_row // 4), ld, 4), dtype=np.int64)
     blocks, threads = shape.grid(vector)
-    assert shape.rows == (swiglu and not narrow and hidden % SEGMENT_COLUMNS == 0)
+    width = next((w for w in tuning.segment_columns if hidden % w == 0), 0)
+    assert shape.rows == (swiglu and not narrow and width > 0)
+    assert shape.segment_columns == (width if shape.rows else SEGMENT_COLUMNS)
     assert shape.narrow == (swiglu and narrow)
     assert (shape.block_rows > 0) == (shape.narrow and hidden % npc == 0
                                       and num_rows * hidden >= tuning.block_rows_from_bytes)
@@ -136,15 +139,15 @@ def emulate_grid(num_rows: int, hidden: int, npc: int, multiprocessors: int = 13
 def _emulate_swiglu_rows(shape, num_rows, hidden, npc, chunk, lanes, written, sf_stores,
                          packed_bytes):
     """swiglu_rows_one_segment of quantize.cu: warp w, segment w, segment s
-    being segment s % passes of row s // passes (every segment whole:
-    H % 1024 == 0). A warp past the last row does nothing."""
-    loads = LANE_COLUMNS // chunk
+    being segment s % passes of row s // passes (every segment whole: H a
+    multiple of the segment width). A warp past the last row does nothing."""
+    loads = shape.segment_columns // (32 * chunk)
     group_log2 = shape.group_log2 + {8: 2, 4: 3}[chunk]
     group = 1 << group_log2
     assert group == npc // chunk and group >= loads
     row_chunks = hidden // chunk
     blocks_per_row = hidden // npc
-    assert shape.passes * SEGMENT_COLUMNS >= hidden > (shape.passes - 1) * SEGMENT_COLUMNS
+    assert shape.passes * shape.segment_columns == hidden
 
     def segment_lanes(row, segment_first):
         for lane in range(32):
@@ -259,11 +262,15 @@ def test_every_column_and_scale_factor_is_written_once(num_rows, hidden, npc):
 @pytest.mark.parametrize(("num_rows", "hidden", "npc"), [
     *[(r, h, npc) for npc in (32, 128) for r, h in (
         (1, 128), (3, 128), (5, 384), (2, 768), (7, 1024), (3, 1152), (1, 7168), (9, 2048),
-        (33, 256), (2, 3072), (3, 2176))],
+        (33, 256), (2, 3072), (3, 2176), (4, 1536), (2, 2304))],
     (2, 160, 32), (5, 32, 32), (3, 96, 32), (2, 1056, 32)])  # H % 128 != 0: npc 32 only
-def test_the_coalesced_kernel_writes_everything_once(num_rows, hidden, npc, chunk, swiglu):
-    shape, written, sf_stores, packed_bytes = emulate_grid(num_rows, hidden, npc, vector=True,
-                                                           chunk=chunk, swiglu=swiglu)
+@pytest.mark.parametrize("widths", [(1024, 768), (512, 256), ()],
+                         ids=["default-widths", "short-widths", "no-rows"])
+def test_the_coalesced_kernel_writes_everything_once(num_rows, hidden, npc, chunk, swiglu,
+                                                     widths):
+    shape, written, sf_stores, packed_bytes = emulate_grid(
+        num_rows, hidden, npc, tuning=QuantizeTuning(segment_columns=widths), vector=True,
+        chunk=chunk, swiglu=swiglu)
     assert shape.vec_blocks * shape.vec_threads >= num_rows * hidden // LANE_COLUMNS
     assert (written == 1).all()
     assert (sf_stores == 1).all()
@@ -377,9 +384,10 @@ def test_decode_and_prefill_shapes():
     decode = launch_shape(1024, 2048, 128, 132, swiglu=True)
     # (2048 warps: at least 2 full blocks an SM, so full blocks)
     assert decode.rows and (decode.vec_threads, decode.vec_blocks) == (full, 2048 * 32 // full)
-    # I = 768: *_vec (segments would be three quarters filled)
+    # I = 768: *_rows768, a warp a row (768-column segments)
     qwen_swiglu = launch_shape(8192 * 8, 768, 128, 132, swiglu=True)
-    assert not qwen_swiglu.rows and qwen_swiglu.vec_blocks == qwen.vec_blocks
+    assert qwen_swiglu.rows and qwen_swiglu.segment_columns == 768
+    assert qwen_swiglu.passes == 1 and qwen_swiglu.vec_blocks == 8192 * 8 // (full // 32)
     assert not launch_shape(9, 2048, 128, 132).rows  # quantize_fp8: never
     # swiglu at decode (few live rows): *_vec1, a lane one 16-byte chunk of
     # bf16, below 1 MiB of codes (DeepSeek-V3 EP8: X = 384, I = 2048) ...
@@ -425,6 +433,15 @@ def test_too_many_warps_for_one_launch():
      "QuantizeTuning.prefetch_ahead_rows must be an int in 0 .. 2**31 - 1; got 2147483648"),
     ({"prefetch_ahead_rows": 1.5},
      "QuantizeTuning.prefetch_ahead_rows must be an int in 0 .. 2**31 - 1; got 1.5"),
+    ({"segment_columns": (768, 384)},
+     "QuantizeTuning.segment_columns must be a tuple of widths in (256, 512, 768, 1024); got "
+     "(768, 384)"),
+    ({"segment_columns": [1024]},
+     "QuantizeTuning.segment_columns must be a tuple of widths in (256, 512, 768, 1024); got "
+     "[1024]"),
+    ({"segment_columns": (True,)},
+     "QuantizeTuning.segment_columns must be a tuple of widths in (256, 512, 768, 1024); got "
+     "(True,)"),
     ({"prefetch_from_live_rows": -2},
      "QuantizeTuning.prefetch_from_live_rows must be a number >= 0; got -2"),
 ])
@@ -596,6 +613,31 @@ def test_whole_rows_a_warp_from_enough_live_rows(monkeypatch, num_rows, num_weig
     never = gpu.QuantizePlan(problem, 0, QuantizeTuning(rows_whole_from_rows=math.inf))
     never.launch(7, 0x1000, 0x2000, 0x3000, 0x4000, 0x5000, 0x6000)
     assert launches[-1][0] == "swiglu_quantize_fp8_bf16_rows"
+
+
+@pytest.mark.parametrize(("hidden", "tuning", "kernel", "passes"), [
+    (768, DEFAULT_TUNING, "rows768", 1),      # Qwen3: 768-column segments, a warp one
+    (1536, DEFAULT_TUNING, "rows768", 2),
+    (2048, DEFAULT_TUNING, "rows_whole", 2),  # 1024 first (many live rows: whole rows)
+    (3072, QuantizeTuning(segment_columns=(768, 1024)), "rows768", 4),  # the order given
+    (2048, QuantizeTuning(segment_columns=(512,)), "rows512", 4),       # never whole rows
+    (768, QuantizeTuning(segment_columns=(256,)), "rows256", 3),
+    (1152, DEFAULT_TUNING, "vec", 2),        # no width divides I
+    (768, QuantizeTuning(segment_columns=()), "vec", 1),
+])
+def test_segment_width_picks_the_row_major_kernel(monkeypatch, hidden, tuning, kernel, passes):
+    gpu, launches = _fake_device(monkeypatch)
+    problem = _swiglu_problem(40960, hidden, 32768)
+    plan = gpu.QuantizePlan(problem, 0, tuning)
+    plan.launch(7, 0x1000, 0x2000, 0x3000, 0x4000, 0x5000, 0x6000)
+    assert launches[-1][0] == f"swiglu_quantize_fp8_bf16_{kernel}"
+    fields = _packed_fields(gpu, plan)
+    assert fields["passes"] == passes
+    if kernel.startswith("rows"):
+        warps = 40960 * (1 if kernel == "rows_whole" else passes)
+        assert launches[-1][1] == -(-32 * warps // launches[-1][4])  # blocks: a warp a segment
+    # only the 1024-column kernel prefetches
+    assert (fields["prefetch_rows"] > 0) == (kernel == "rows_whole")
 
 
 @pytest.mark.parametrize(("num_weights", "tuning", "prefetch"), [

@@ -25,7 +25,7 @@ from ..runtime.launch import (
     device_traits,
     function_handle,
 )
-from .launch_shape import QuantizeShape, QuantizeTuning, launch_shape
+from .launch_shape import SEGMENT_COLUMNS, QuantizeShape, QuantizeTuning, launch_shape
 from .rules import QuantizeProblem
 
 SOURCE = "quantize.cu"
@@ -45,13 +45,15 @@ _pack_pointers = QUANTIZE_ARGS.pointer_packer.pack_into
 
 
 def kernel_name(problem: QuantizeProblem, vector: bool, rows: bool = False,
-                narrow: str = "", rows_whole: bool = False, rows768: bool = False) -> str:
+                narrow: str = "", rows_whole: bool = False,
+                segment_columns: int = SEGMENT_COLUMNS) -> str:
     """The kernel: coalesced (``vector``; swiglu's row-major one with ``rows``,
     a warp a whole row with ``rows_whole`` too, its few-live-rows one with
-    ``narrow``, ``"vec1"`` or ``"block_rows"``) or element accesses."""
+    ``narrow``, ``"vec1"`` or ``"block_rows"``; ``segment_columns`` below
+    SEGMENT_COLUMNS: ``*_rows256`` .. ``*_rows768``) or element accesses."""
     op = "swiglu_quantize_fp8" if problem.swiglu else "quantize_fp8"
     dtype = "f32" if problem.in_dtype == "float32" else "bf16"
-    segments = "rows768" if rows768 else "rows"
+    segments = "rows" if segment_columns == SEGMENT_COLUMNS else f"rows{segment_columns}"
     coalesced = (segments + "_whole" if rows_whole else segments) if rows else narrow or "vec"
     return f"{op}_{dtype}_{coalesced if vector else 'any'}"
 
@@ -100,7 +102,7 @@ class QuantizePlan:
                                                             vector and self.shape.rows,
                                                             self.narrow_kernel(vector),
                                                             self.shape.rows_whole,
-                                                            self.shape.rows768))
+                                                            self.shape.segment_columns))
                         for vector in (True, False)}
         shape = self.shape
         self.args = ArgBlock(QUANTIZE_ARGS, QUANTIZE_ARGS.constants(

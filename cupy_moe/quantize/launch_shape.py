@@ -5,9 +5,10 @@ Two kernels per op (kernels_cu/quantize.cu has the details). ``*_vec``
 warp taking 32 x 32 columns' worth of them, interleaved across its lanes so
 that every access is coalesced, the chunks numbered row after row (a
 chunk's row is its block index divided by S: ``block_magic`` /
-``block_shift``). swiglu_quantize_fp8 with ``H % SEGMENT_COLUMNS == 0``
-takes ``*_rows`` instead, row-major: the rows are cut into
-``SEGMENT_COLUMNS``-column segments, ``passes`` a row (a segment's row is its
+``block_shift``). swiglu_quantize_fp8 with H a multiple of one of
+``QuantizeTuning.segment_columns`` (1024, then 768) takes ``*_rows``
+(``*_rows768``, ...) instead, row-major: the rows are cut into segments of
+that many columns, ``passes`` a row (a segment's row is its
 index divided by ``passes``: ``pass_magic`` / ``pass_shift``), a warp a
 segment, reading its row's maps and weight once (from
 ``rows_whole_from_rows`` live rows, ``*_rows_whole``: a warp a whole row,
@@ -39,13 +40,16 @@ __all__ = [
     "QuantizeShape",
     "QuantizeTuning",
     "SEGMENT_COLUMNS",
+    "SEGMENT_WIDTHS",
     "division_magic",
     "launch_shape",
 ]
 
 LANE_COLUMNS = 32      # QUANT_LANE_COLS of kernels_cu/quantize.cu
 SEGMENT_COLUMNS = 32 * LANE_COLUMNS  # swiglu *_rows: the columns of one segment
-SHORT_SEGMENT_COLUMNS = 3 * SEGMENT_COLUMNS // 4  # *_rows768: three quarters of a lane's chunks
+# the segment widths of the *_rows kernels: *_rows256, *_rows512, *_rows768
+# (a lane 1, 2 or 3 of its 4 chunks) and *_rows
+SEGMENT_WIDTHS = (256, 512, 768, SEGMENT_COLUMNS)
 MAX_THREADS = 256      # QUANT_MAX_THREADS: the kernels' launch bound
 BLOCK_ROWS_MAX_THREADS = 1024  # QUANT_BLOCK_ROWS_MAX_THREADS: *_block_rows' launch bound
 MAX_ROWS_A_BLOCK = 32  # *_block_rows: a block's rows (one ballot of their maps)
@@ -99,6 +103,15 @@ class QuantizeTuning:
     half the warps leave the GPU short of work (medium plans, 4096 live
     rows: -1.6 and -3.1 points; benchmarks/NOTES.md, fourteenth session).
     0: always, ``inf``: never.
+    ``segment_columns``: the segment widths of the row-major kernels, in the
+    order tried: the first that divides I picks the kernel (1024: ``*_rows``
+    and ``*_rows_whole``; 768, 512, 256: ``*_rows768`` and the like, a warp
+    a segment, a lane 3, 2 or 1 of its 4 chunks); none: ``*_vec``. 768 at
+    Qwen3's I = 768 in place of ``*_vec``: prefill 70.6 -> 81.9% of the
+    copy, 8k 77.5 -> 86.6, packed 68.0 -> 76.9, medium 41.5 -> 46.7 (45
+    registers, 40 warps an SM; its ``*_rows768_whole`` twin, 61 registers
+    and the prefetch, 4-6 points behind, was dropped; benchmarks/NOTES.md,
+    seventeenth session).
     ``prefetch_ahead_rows``: in ``*_rows_whole`` calls with at least
     ``prefetch_from_live_rows`` live rows, each warp asks L2 for the h row
     this many rows ahead of its own (sm_90+; live rows past the first wave of
@@ -124,7 +137,7 @@ class QuantizeTuning:
     rows_whole_from_rows: float = 8192.0
     prefetch_ahead_rows: int = 768
     prefetch_from_live_rows: float = 16384.0
-    rows768: bool = False
+    segment_columns: tuple[int, ...] = (SEGMENT_COLUMNS, 768)
 
     def __post_init__(self) -> None:
         for name in ("threads", "small_threads"):
@@ -154,10 +167,13 @@ class QuantizeTuning:
             raise ValueError(f"QuantizeTuning.prefetch_ahead_rows must be an int in 0 .. "
                              f"2**31 - 1; got {self.prefetch_ahead_rows!r}")
         _require_number("prefetch_from_live_rows", self.prefetch_from_live_rows)
-        for name in ("software_e4m3", "rows768"):
-            if not isinstance(getattr(self, name), bool):
-                raise TypeError(f"QuantizeTuning.{name} must be True or False; got "
-                                f"{getattr(self, name)!r}")
+        if not isinstance(self.segment_columns, tuple) or not all(
+                type(width) is int and width in SEGMENT_WIDTHS for width in self.segment_columns):
+            raise ValueError(f"QuantizeTuning.segment_columns must be a tuple of widths in "
+                             f"{SEGMENT_WIDTHS}; got {self.segment_columns!r}")
+        if not isinstance(self.software_e4m3, bool):
+            raise TypeError(f"QuantizeTuning.software_e4m3 must be True or False; got "
+                            f"{self.software_e4m3!r}")
 
     def defines(self) -> tuple[tuple[str, int], ...]:
         """The compile-time part (the kernel source's QUANTIZE_* macros)."""
@@ -197,7 +213,7 @@ class QuantizeShape(NamedTuple):
     rows_whole: bool = False  # *_rows_whole: a warp a whole row (rows only)
     prefetch_rows: int = 0    # *_rows_whole: L2 prefetch of rows this far ahead (0: none)
     prefetch_from: int = 0    # ... where that row is at least this (past the first wave)
-    rows768: bool = False     # *_rows768[_whole]: segments of SHORT_SEGMENT_COLUMNS (rows only)
+    segment_columns: int = SEGMENT_COLUMNS  # *_rows: a segment's columns (rows only)
 
     def grid(self, vector: bool) -> tuple[int, int]:
         """(blocks, threads) of one kernel."""
@@ -225,9 +241,11 @@ def launch_shape(num_rows: int, hidden: int, num_per_channels: int, multiprocess
                  rows_whole: bool = False, prefetch: bool = False) -> QuantizeShape:
     """The grid of one call: a function of the shapes (and the SM count) only.
 
-    ``swiglu``: where H is whole segments, the coalesced grid is
+    ``swiglu``: where H is whole segments (of the first width of
+    ``tuning.segment_columns`` that divides it), the coalesced grid is
     swiglu_quantize_fp8's row-major *_rows one (a warp a segment of a row;
-    with ``rows_whole``, *_rows_whole's: a warp a whole row), else *_vec's
+    with ``rows_whole`` and 1024-column segments, *_rows_whole's: a warp a
+    whole row), else *_vec's
     (a warp 32 x 32 columns of the chunks numbered row after row).
     ``narrow_columns`` (swiglu, > 0: the columns of a 16-byte chunk of the
     input dtype): the few-live-rows grid instead, *_vec1's (a lane one chunk)
@@ -246,10 +264,12 @@ def launch_shape(num_rows: int, hidden: int, num_per_channels: int, multiprocess
                          f"(at most {MAX_LANES} lanes of {LANE_COLUMNS} columns)")
     vec_threads = vec_blocks = block_rows = 0
     narrow = swiglu and narrow_columns > 0
-    rows768 = (swiglu and not narrow and tuning.rows768 and hidden % SEGMENT_COLUMNS != 0
-               and hidden % SHORT_SEGMENT_COLUMNS == 0)
-    rows = swiglu and not narrow and (hidden % SEGMENT_COLUMNS == 0 or rows768)
-    passes = max(1, ceil_div(hidden, SHORT_SEGMENT_COLUMNS if rows768 else SEGMENT_COLUMNS))
+    # swiglu's row-major kernels: segments of the first width that divides H
+    width = next((columns for columns in tuning.segment_columns if hidden % columns == 0),
+                 0) if swiglu and not narrow else 0
+    rows = width > 0
+    rows_whole = rows_whole and width == SEGMENT_COLUMNS  # *_rows_whole: 1024 columns only
+    passes = max(1, ceil_div(hidden, width or SEGMENT_COLUMNS))
     if (hidden % num_per_channels == 0 and narrow
             and num_rows * hidden >= tuning.block_rows_from_bytes):
         # about block_rows_blocks_per_sm blocks an SM, each its rows whole
@@ -278,7 +298,8 @@ def launch_shape(num_rows: int, hidden: int, num_per_channels: int, multiprocess
     return QuantizeShape(threads, blocks, vec_threads, vec_blocks, lanes_per_row,
                          lanes_per_block.bit_length() - 1, row_magic, row_shift, block_magic,
                          block_shift, rows, narrow, block_rows, passes, pass_magic, pass_shift,
-                         rows and rows_whole, prefetch_rows, prefetch_from, rows768)
+                         rows and rows_whole, prefetch_rows, prefetch_from,
+                         width or SEGMENT_COLUMNS)
 
 
 def _grid(warps: int, multiprocessors: int, tuning: QuantizeTuning) -> tuple[int, int]:
