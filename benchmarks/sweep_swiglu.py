@@ -30,18 +30,10 @@ from cupy_moe.quantize.api import run_with_tuning
 from cupy_moe.quantize.launch_shape import QuantizeTuning
 
 TUNINGS = [("default", QuantizeTuning()),
-           # *_rows_whole always / never (a warp a whole row, its segments in turn)
-           ("rows_whole_from_rows=0", QuantizeTuning(rows_whole_from_rows=0)),
-           ("rows_whole_from_rows=inf", QuantizeTuning(rows_whole_from_rows=float("inf"))),
-           # the L2 prefetch of the row ahead in *_rows_whole: never, other distances
-           ("prefetch_ahead_rows=0", QuantizeTuning(prefetch_ahead_rows=0)),
-           *((f"prefetch_ahead_rows={rows}", QuantizeTuning(prefetch_ahead_rows=rows))
-             for rows in (512, 1056)),
-           ("prefetch_from_live_rows=0", QuantizeTuning(prefetch_from_live_rows=0)),
            # the row-major kernels' segment widths (the first that divides I),
            # and never (*_vec for every I)
            *((f"segment_columns={widths}", QuantizeTuning(segment_columns=widths))
-             for widths in ((512,), (256,), ())),
+             for widths in ((768, 1024), ())),
            *((f"rows_min_blocks={blocks}", QuantizeTuning(rows_min_blocks=blocks))
              for blocks in (5, 6, 8, 10)),
            # the default's 128 against the other block sizes (256 was the

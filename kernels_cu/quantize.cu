@@ -49,15 +49,14 @@
 //   are read once per segment, a padding row's segment stores zeros without
 //   loading h, and every address is the row's base plus 32-bit offsets:
 //   SwiGLU is bound by instruction issue, and this spends ~5 fewer an element
-//   on indexing (Kimi-K2, I = 2048: 75 -> 79% of the copy). Where segments
-//   would be part filled (Qwen3's I = 768: 3 of 4 chunks a lane) the per-warp
-//   work of the scales is spread over fewer elements and *_vec is faster (67
-//   vs 59%).
-// swiglu_quantize_fp8_*_rows_whole: *_rows with warp w taking every segment
-//   of row w in turn (the maps read and checked once a row), for calls with
-//   many live rows (QuantizeTuning.rows_whole_from_rows: Kimi-K2 prefill
-//   81.1 -> 82.6% of the copy; with few live rows half the warps leave the
-//   GPU short of work). At most 64 registers, *_rows' occupancy.
+//   on indexing (Kimi-K2, I = 2048: 75 -> 79% of the copy).
+// swiglu_quantize_fp8_*_rows768: *_rows with 768-column segments, a lane 3
+//   of its 4 chunks (H % 768 == 0, H % 1024 != 0: Qwen3's I = 768, a warp a
+//   row): 45 registers against *_rows' 60, 40 warps an SM, and Qwen3 prefill
+//   70.6 -> 81.9% of the copy against *_vec (benchmarks/NOTES.md,
+//   seventeenth session). (A warp a whole row of 1024-column segments,
+//   *_rows_whole, with an L2 prefetch of the row ahead, lost to *_rows once
+//   *_rows had its unrolled butterflies, and was removed.)
 // *_any: every H and alignment. A lane takes 32 consecutive columns of one
 //   row (element accesses), npc / 32 lanes one block; a row is lanes_per_row
 //   = S * npc / 32 lanes, the grid's lanes row after row (a warp may end one
@@ -91,10 +90,6 @@
 #else
 #define QUANT_ROWS_BOUNDS __launch_bounds__(QUANT_MAX_THREADS)
 #endif
-// *_rows_whole: at most 64 registers (four 256-thread blocks an SM), the
-// occupancy of *_rows (61 registers: 32 warps an SM at 128 threads); left to
-// itself the compiler keeps the row's state across the segment loop in 73
-#define QUANT_ROWS_WHOLE_BOUNDS __launch_bounds__(QUANT_MAX_THREADS, 4)
 #define QUANT_FULL_MASK 0xFFFFFFFFu
 
 #define SF_ROW_MAJOR_F32 0
@@ -127,9 +122,6 @@ struct QuantizeArgs {
     int sf_layout;                 // SF_ROW_MAJOR_F32, SF_COL_MAJOR_F32, SF_COL_MAJOR_UE8M0
     int round_sf;                  // 1: power-of-two scale factors
     int block_rows;                // *_block_rows: rows a block, 1 .. 32
-    int prefetch_rows;             // swiglu *_rows_whole: L2 prefetch this many rows
-                                   // ahead (0: none)
-    int prefetch_from;             // ... of rows from this one on (the first wave's are not)
 };
 
 __device__ __forceinline__ unsigned magic_divide(unsigned n, i64 magic, int shift) {
@@ -183,22 +175,6 @@ __device__ __forceinline__ void store_scale_factor(const QuantizeArgs& a, i64 ro
         word[block & 3] = r == row ? byte : 0;
         for (int j = 1; j <= zero_bytes_after; ++j) word[(block & 3) + j] = 0;
     }
-}
-
-// Ask L2 for `bytes` at `p` (sm_90's bulk prefetch: one instruction, no
-// registers held, nothing waits for it; elsewhere nothing). p 16-byte
-// aligned, bytes a multiple of 16.
-__device__ __forceinline__ void prefetch_l2(const void* p, unsigned bytes) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" :: "l"(p), "r"(bytes) : "memory");
-#endif
-}
-
-// The swiglu input's row `row` (gate and up: 2 * hidden values) into L2.
-template <typename In>
-__device__ __forceinline__ void prefetch_h_row(const QuantizeArgs& a, i64 row) {
-    const unsigned row_bytes = 2u * static_cast<unsigned>(a.hidden) * sizeof(In);
-    prefetch_l2(static_cast<const char*>(a.x) + row * row_bytes, row_bytes);
 }
 
 // Four values scaled and coded, the first in the low byte.
@@ -267,10 +243,10 @@ __device__ __forceinline__ void group_amax(float (&amax)[LOADS]) {
 // UNROLLED (the *_rows kernels): group is npc / CHUNK, 4 or 16 lanes (bf16),
 // 8 or 32 (float32), and each has its unrolled butterfly; the loop over a
 // run-time count costs ~30 instructions a lane more (its branches and the
-// convergence tests before each shuffle). With the row-ahead prefetch this
-// and the untested whole-segment stores gave SwiGLU prefill 0.6-1.6 points;
-// in *_vec the unrolled one cost Qwen3 (I = 768) 2.5 (benchmarks/NOTES.md,
-// sixteenth session), so *_vec keeps the loop.
+// convergence tests before each shuffle). With the untested whole-segment
+// stores it gave SwiGLU prefill 0.6-1.6 points; in *_vec the unrolled one
+// cost Qwen3 (I = 768) 2.5 (benchmarks/NOTES.md, sixteenth session), so
+// *_vec keeps the loop.
 template <int LOADS, bool UNROLLED = false>
 __device__ __forceinline__ float group_scales(float (&amax)[LOADS], int lane, int group,
                                               bool round_sf, float (&scale)[LOADS]) {
@@ -458,7 +434,7 @@ struct RowsSegment {
 template <typename In, int LOADS>
 __device__ __forceinline__ RowsSegment rows_segment(const QuantizeArgs& a, unsigned segment,
                                                    unsigned row32, int lane, int row_chunks) {
-    constexpr int SEGMENT_CHUNKS = 32 * LOADS;  // 1024 columns (*_rows256 .. 768: fewer)
+    constexpr int SEGMENT_CHUNKS = 32 * LOADS;  // 1024 columns (*_rows768: 768)
     RowsSegment s;
     s.row = row32;
     const int segment_first = static_cast<int>(segment - row32 * a.passes) * SEGMENT_CHUNKS;
@@ -572,57 +548,6 @@ __device__ __forceinline__ void swiglu_rows_one_segment(const QuantizeArgs& a) {
     const float row_weight = rows_load<In, LOADS>(a, s, row_chunks, raw);
     RowsScratch<In, LOADS> scratch;
     rows_quantize<In, LOADS>(a, s, lane, row_chunks, raw, row_weight, scratch);
-}
-
-// swiglu_quantize_fp8_*_rows_whole: warp w takes every segment of row w, one
-// after another (QuantizeTuning.rows_whole_from_rows): the row's maps are
-// loaded and checked once, and the warp's setup is paid once a row, not once
-// a segment; a segment's loads still wait for the last one's arithmetic (the
-// registers of *_rows: as many warps in flight). Its segment body repeats
-// swiglu_rows_one_segment's: one helper for both changed *_rows' SASS
-// (NVRTC 13 allocated its registers differently).
-template <typename In, int LOADS = VecLayout<In>::LOADS>
-__device__ __forceinline__ void swiglu_rows_whole(const QuantizeArgs& a) {
-    const int lane = threadIdx.x & 31;
-    const unsigned row32 = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-    if (row32 >= a.num_rows) return;  // the grid's last warps (whole warps: no shuffle waits)
-    const int row_chunks = a.hidden >> VecLayout<In>::CHUNK_LOG2;
-    const unsigned first_segment = row32 * static_cast<unsigned>(a.passes);
-    const RowsSegment first = rows_segment<In, LOADS>(a, first_segment, row32, lane, row_chunks);
-    // The h row prefetch_rows ahead, into L2 (sm_90's bulk prefetch; one
-    // instruction, no registers held): its warp starts a fraction of a wave
-    // later and finds its loads in L2 instead of waiting on DRAM. Only rows
-    // past the first wave (prefetch_from: those warps all start at once,
-    // their loads already in flight) and live ones (its map, loaded beside
-    // this row's: one latency for both). Kimi-K2 prefill 82.5 -> 85.7% of
-    // the copy, 8k 84.6 -> 89.2 (benchmarks/NOTES.md, sixteenth session).
-    const i64 ahead = static_cast<i64>(row32) + a.prefetch_rows;
-    const bool prefetch = a.prefetch_rows > 0 && lane == 0 && ahead < a.num_rows &&
-                          ahead >= a.prefetch_from;
-    const int ahead_expert =
-        prefetch && a.pos_to_expert != nullptr ? __ldg(a.pos_to_expert + ahead) : 0;
-    const bool padding =
-        first.expert < 0 || (first.weighted && (first.slot < 0 || first.slot >= a.num_weights));
-    if (prefetch && ahead_expert >= 0) prefetch_h_row<In>(a, ahead);
-    for (int pass = 0; pass < a.passes; ++pass) {
-        RowsSegment s = first;
-        if (pass > 0) {  // the same row: its maps as loaded, the columns moved on
-            const int shift = pass * 32 * LOADS;
-            s.segment_first += shift;
-            s.first += shift;
-            s.sf_chunk += shift;
-            s.stores_sf = (lane & ((1 << s.group_log2) - 1)) < LOADS &&
-                          s.sf_chunk < row_chunks;
-        }
-        if (padding) {
-            rows_store_zeros<In, LOADS>(a, s, row_chunks);
-            continue;
-        }
-        unsigned raw[2][LOADS][4];  // [gate, up][chunk][word]
-        const float row_weight = rows_load<In, LOADS>(a, s, row_chunks, raw);
-        RowsScratch<In, LOADS> scratch;
-        rows_quantize<In, LOADS>(a, s, lane, row_chunks, raw, row_weight, scratch);
-    }
 }
 
 // ---------------------------------------------------------------------------
@@ -795,16 +720,6 @@ __device__ __forceinline__ void swiglu_block_rows_body(const QuantizeArgs& a) {
     if (!zeroed) zero_padding_rows();
 }
 
-// *_rows256, *_rows512, *_rows768: *_rows with shorter segments (a lane
-// 1, 2 or 3 of its 4 chunks of *_rows; QuantizeTuning.segment_columns):
-// fewer registers, more warps an SM (*_rows768 at Qwen3's I = 768: 45
-// registers against *_rows' 60; benchmarks/NOTES.md, seventeenth session)
-#define DEFINE_SHORT_SEGMENT_KERNEL(IN_NAME, IN_TYPE, COLUMNS)                               \
-    extern "C" __global__ void QUANT_ROWS_BOUNDS                                              \
-    swiglu_quantize_fp8_##IN_NAME##_rows##COLUMNS(const QuantizeArgs a) {                    \
-        swiglu_rows_one_segment<IN_TYPE, COLUMNS / (32 * VecLayout<IN_TYPE>::CHUNK)>(a);     \
-    }
-
 #define DEFINE_QUANTIZE_KERNELS(IN_NAME, IN_TYPE)                                            \
     extern "C" __global__ void __launch_bounds__(QUANT_MAX_THREADS)                          \
     quantize_fp8_##IN_NAME##_vec(const QuantizeArgs a) {                                     \
@@ -822,13 +737,10 @@ __device__ __forceinline__ void swiglu_block_rows_body(const QuantizeArgs& a) {
     swiglu_quantize_fp8_##IN_NAME##_rows(const QuantizeArgs a) {                             \
         swiglu_rows_one_segment<IN_TYPE>(a);                                                 \
     }                                                                                        \
-    extern "C" __global__ void QUANT_ROWS_WHOLE_BOUNDS                                        \
-    swiglu_quantize_fp8_##IN_NAME##_rows_whole(const QuantizeArgs a) {                       \
-        swiglu_rows_whole<IN_TYPE>(a);                                                       \
+    extern "C" __global__ void QUANT_ROWS_BOUNDS                                              \
+    swiglu_quantize_fp8_##IN_NAME##_rows768(const QuantizeArgs a) {                          \
+        swiglu_rows_one_segment<IN_TYPE, VecLayout<IN_TYPE>::LOADS * 3 / 4>(a);              \
     }                                                                                        \
-    DEFINE_SHORT_SEGMENT_KERNEL(IN_NAME, IN_TYPE, 256)                                       \
-    DEFINE_SHORT_SEGMENT_KERNEL(IN_NAME, IN_TYPE, 512)                                       \
-    DEFINE_SHORT_SEGMENT_KERNEL(IN_NAME, IN_TYPE, 768)                                       \
     extern "C" __global__ void __launch_bounds__(QUANT_MAX_THREADS)                          \
     swiglu_quantize_fp8_##IN_NAME##_vec1(const QuantizeArgs a) {                             \
         quantize_vec_body<IN_TYPE, true, 1>(a);                                              \

@@ -10,13 +10,13 @@ import re
 import pytest
 from helpers import nvrtc_or_skip
 
-from cupy_moe.quantize.launch_shape import SEGMENT_COLUMNS, SEGMENT_WIDTHS, QuantizeTuning
+from cupy_moe.quantize.launch_shape import SEGMENT_WIDTHS, QuantizeTuning
 from cupy_moe.runtime.loader import compile_for_arch, compile_options, kernel_dir
 
 KERNELS = [*(f"{op}_{dtype}_{access}" for op in ("quantize_fp8", "swiglu_quantize_fp8")
              for dtype in ("bf16", "f32") for access in ("vec", "any")),
            *(f"swiglu_quantize_fp8_{dtype}_{rows}" for dtype in ("bf16", "f32")
-             for rows in ("rows", "rows_whole", "rows256", "rows512", "rows768"))]
+             for rows in ("rows", "rows768"))]
 SELFTESTS = ["quantize_selftest_reciprocal", "quantize_selftest_e4m3",
              "quantize_selftest_product_nan", "quantize_selftest_swiglu"]
 
@@ -39,11 +39,9 @@ def test_the_gpu_backend_names_only_compiled_kernels():
     from cupy_moe.quantize.rules import QuantizeProblem
 
     names = {kernel_name(QuantizeProblem(1, 1, dtype, 128, False, False, False, swiglu=swiglu),
-                         vector, rows=swiglu and vector and rows,
-                         rows_whole=width == SEGMENT_COLUMNS and whole, segment_columns=width)
+                         vector, rows=swiglu and vector and rows, segment_columns=width)
              for dtype in ("bfloat16", "uint16", "float32") for swiglu in (False, True)
-             for vector in (False, True) for rows in (False, True) for whole in (False, True)
-             for width in SEGMENT_WIDTHS}
+             for vector in (False, True) for rows in (False, True) for width in SEGMENT_WIDTHS}
     assert names == set(KERNELS)
 
 

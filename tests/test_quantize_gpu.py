@@ -40,12 +40,9 @@ SOFTWARE = QuantizeTuning(software_e4m3=True)
 TUNINGS = [None, SOFTWARE, QuantizeTuning(threads=32, small_threads=32),
            QuantizeTuning(threads=256, small_threads=256, full_blocks_from=0.0),
            QuantizeTuning(rows_min_blocks=5),
-           # swiglu's *_rows_whole (a warp a whole row, its segments in turn)
-           QuantizeTuning(rows_whole_from_rows=0, narrow_live_rows=0),
-           # swiglu's row-major kernels of every segment width (first that divides I),
-           # and never (*_vec)
-           QuantizeTuning(segment_columns=(256,), narrow_live_rows=0),
-           QuantizeTuning(segment_columns=(512, 256), narrow_live_rows=0),
+           # swiglu's row-major kernels, 768-column segments first (*_rows768 for
+           # I = 3072 too), and never (*_vec)
+           QuantizeTuning(segment_columns=(768, 1024), narrow_live_rows=0),
            QuantizeTuning(segment_columns=(), narrow_live_rows=0),
            # swiglu: never / always the few-live-rows kernels (*_vec1; *_block_rows,
            # a row a block on small X, and up to 32 rows a block, the last partial)

@@ -50,8 +50,7 @@ def _count_sf_store(counts, packed_bytes, row, block, num_rows, blocks_per_row):
 
 def emulate_grid(num_rows: int, hidden: int, npc: int, multiprocessors: int = 132,
                  tuning: QuantizeTuning = DEFAULT_TUNING, *, vector: bool = False,
-                 chunk: int = 8, swiglu: bool = False, narrow: bool = False, live=None,
-                 rows_whole: bool = False):
+                 chunk: int = 8, swiglu: bool = False, narrow: bool = False, live=None):
     """What every lane of a kernel's grid does, computed as the kernel computes
     it: how often each output column, each scale factor and each byte of the
     packed SF buffer (pad columns included) is written. ``vector``: the *_vec
@@ -60,10 +59,9 @@ def emulate_grid(num_rows: int, hidden: int, npc: int, multiprocessors: int = 13
     swiglu's *_rows (*_rows768, ...); with
     ``swiglu`` and ``narrow``, *_vec1 (one chunk a lane) or, from
     ``tuning.block_rows_from_bytes`` of codes, *_block_rows (``live``: which
-    rows are live, a bool per row; default every other); ``rows_whole``:
-    *_rows_whole instead of *_rows."""
+    rows are live, a bool per row; default every other)."""
     shape = launch_shape(num_rows, hidden, npc, multiprocessors, tuning, swiglu=swiglu,
-                         narrow_columns=chunk if narrow else 0, rows_whole=rows_whole)
+                         narrow_columns=chunk if narrow else 0)
     blocks_per_row = -(-hidden // npc)
     ld = -(-num_rows // 4) * 4
     written = np.zeros((num_rows, hidden), dtype=np.int64)
@@ -166,13 +164,6 @@ def _emulate_swiglu_rows(shape, num_rows, hidden, npc, chunk, lanes, written, sf
                                 blocks_per_row)
 
     warps = lanes // 32
-    if shape.rows_whole:
-        # swiglu_rows_whole: warp w takes row w, its segments one after another
-        assert num_rows <= warps  # every row has a warp
-        for row in range(min(warps, num_rows)):
-            for segment in range(shape.passes):
-                segment_lanes(row, segment * 32 * loads)
-        return written, sf_stores, packed_bytes
     assert num_rows * shape.passes <= warps  # every segment has a warp
     for segment in range(warps):
         assert segment < 2**31  # the magic number's range
@@ -264,30 +255,14 @@ def test_every_column_and_scale_factor_is_written_once(num_rows, hidden, npc):
         (1, 128), (3, 128), (5, 384), (2, 768), (7, 1024), (3, 1152), (1, 7168), (9, 2048),
         (33, 256), (2, 3072), (3, 2176), (4, 1536), (2, 2304))],
     (2, 160, 32), (5, 32, 32), (3, 96, 32), (2, 1056, 32)])  # H % 128 != 0: npc 32 only
-@pytest.mark.parametrize("widths", [(1024, 768), (512, 256), ()],
-                         ids=["default-widths", "short-widths", "no-rows"])
+@pytest.mark.parametrize("widths", [(1024, 768), (768,), ()],
+                         ids=["default-widths", "768-only", "no-rows"])
 def test_the_coalesced_kernel_writes_everything_once(num_rows, hidden, npc, chunk, swiglu,
                                                      widths):
     shape, written, sf_stores, packed_bytes = emulate_grid(
         num_rows, hidden, npc, tuning=QuantizeTuning(segment_columns=widths), vector=True,
         chunk=chunk, swiglu=swiglu)
     assert shape.vec_blocks * shape.vec_threads >= num_rows * hidden // LANE_COLUMNS
-    assert (written == 1).all()
-    assert (sf_stores == 1).all()
-    assert (packed_bytes == 1).all()
-
-
-@pytest.mark.parametrize("chunk", [8, 4], ids=["bf16", "f32"])
-@pytest.mark.parametrize(("num_rows", "hidden", "npc"), [
-    (1, 1024, 128), (7, 1024, 32), (9, 2048, 128), (3, 3072, 32), (2, 7168, 128)])
-def test_whole_rows_a_warp_write_everything_once(num_rows, hidden, npc, chunk):
-    """*_rows_whole: a warp a row, every segment of it in turn."""
-    shape, written, sf_stores, packed_bytes = emulate_grid(
-        num_rows, hidden, npc, vector=True, chunk=chunk, swiglu=True, rows_whole=True)
-    assert shape.rows and shape.rows_whole
-    assert shape.vec_blocks * shape.vec_threads // 32 >= num_rows  # a warp each row
-    assert shape.vec_blocks * shape.vec_threads // 32 < num_rows * shape.passes or (
-        shape.passes == 1)
     assert (written == 1).all()
     assert (sf_stores == 1).all()
     assert (packed_bytes == 1).all()
@@ -421,29 +396,15 @@ def test_too_many_warps_for_one_launch():
     ({"rows_min_blocks": 33}, "QuantizeTuning.rows_min_blocks must be an int in 0 .. 32; got 33"),
     ({"rows_min_blocks": True},
      "QuantizeTuning.rows_min_blocks must be an int in 0 .. 32; got True"),
-    ({"rows_whole_from_rows": -1},
-     "QuantizeTuning.rows_whole_from_rows must be a number >= 0; got -1"),
-    ({"rows_whole_from_rows": True},
-     "QuantizeTuning.rows_whole_from_rows must be a number >= 0; got True"),
-    ({"rows_whole_from_rows": float("nan")},
-     "QuantizeTuning.rows_whole_from_rows must be a number >= 0; got nan"),
-    ({"prefetch_ahead_rows": -1},
-     "QuantizeTuning.prefetch_ahead_rows must be an int in 0 .. 2**31 - 1; got -1"),
-    ({"prefetch_ahead_rows": 2**31},
-     "QuantizeTuning.prefetch_ahead_rows must be an int in 0 .. 2**31 - 1; got 2147483648"),
-    ({"prefetch_ahead_rows": 1.5},
-     "QuantizeTuning.prefetch_ahead_rows must be an int in 0 .. 2**31 - 1; got 1.5"),
-    ({"segment_columns": (768, 384)},
-     "QuantizeTuning.segment_columns must be a tuple of widths in (256, 512, 768, 1024); got "
-     "(768, 384)"),
+    ({"segment_columns": (768, 512)},
+     "QuantizeTuning.segment_columns must be a tuple of widths in (768, 1024); got "
+     "(768, 512)"),
     ({"segment_columns": [1024]},
-     "QuantizeTuning.segment_columns must be a tuple of widths in (256, 512, 768, 1024); got "
+     "QuantizeTuning.segment_columns must be a tuple of widths in (768, 1024); got "
      "[1024]"),
     ({"segment_columns": (True,)},
-     "QuantizeTuning.segment_columns must be a tuple of widths in (256, 512, 768, 1024); got "
+     "QuantizeTuning.segment_columns must be a tuple of widths in (768, 1024); got "
      "(True,)"),
-    ({"prefetch_from_live_rows": -2},
-     "QuantizeTuning.prefetch_from_live_rows must be a number >= 0; got -2"),
 ])
 def test_bad_tunings(kwargs, message):
     with pytest.raises(ValueError, match=re.escape(message)):
@@ -521,7 +482,7 @@ def test_a_plan_packs_what_the_kernel_reads(monkeypatch, swiglu):
         "group_log2": 2, "lanes_per_row": 224, "row_shift": shape.row_shift,
         "block_shift": shape.block_shift, "pass_magic": shape.pass_magic,
         "pass_shift": shape.pass_shift, "passes": 7, "sf_layout": 2, "round_sf": 1,
-        "block_rows": 0, "prefetch_rows": 0, "prefetch_from": 0}
+        "block_rows": 0}
     # a pointer off 16-byte alignment takes the element-access kernel, its grid
     plan.launch(7, 0x1002, 0x2000, 0x3000, 0, 0, 0)
     assert launches[-1][0] == f"{op}_bf16_any"
@@ -596,33 +557,13 @@ def test_block_rows_where_the_tuning_asks(monkeypatch):
     assert gpu.QUANTIZE_ARGS.packer.unpack_from(plan.args.buffer)[-1] == 0
 
 
-@pytest.mark.parametrize(("num_rows", "num_weights", "kernel", "warps"), [
-    (49152, 32768, "rows_whole", 49152),  # prefill plan: 32768 live rows at most
-    (49152, 4096, "rows", 2 * 49152),     # medium plan: 4096 (the GPU would be short of work)
-    (8192, -1, "rows_whole", 8192),       # no weights: every row may be live
-    (8191, -1, "rows", 2 * 8191),
-])
-def test_whole_rows_a_warp_from_enough_live_rows(monkeypatch, num_rows, num_weights, kernel,
-                                                 warps):
-    gpu, launches = _fake_device(monkeypatch)
-    problem = _swiglu_problem(num_rows, 2048, num_weights)
-    plan = gpu.QuantizePlan(problem, 0, DEFAULT_TUNING)
-    plan.launch(7, 0x1000, 0x2000, 0x3000, 0x4000, 0x5000, 0x6000)
-    assert launches[-1][0] == f"swiglu_quantize_fp8_bf16_{kernel}"
-    assert launches[-1][1] == -(-32 * warps // launches[-1][4])  # blocks: a warp each
-    never = gpu.QuantizePlan(problem, 0, QuantizeTuning(rows_whole_from_rows=math.inf))
-    never.launch(7, 0x1000, 0x2000, 0x3000, 0x4000, 0x5000, 0x6000)
-    assert launches[-1][0] == "swiglu_quantize_fp8_bf16_rows"
-
-
 @pytest.mark.parametrize(("hidden", "tuning", "kernel", "passes"), [
     (768, DEFAULT_TUNING, "rows768", 1),      # Qwen3: 768-column segments, a warp one
     (1536, DEFAULT_TUNING, "rows768", 2),
-    (2048, DEFAULT_TUNING, "rows_whole", 2),  # 1024 first (many live rows: whole rows)
+    (2048, DEFAULT_TUNING, "rows", 2),     # 1024 first
     (3072, QuantizeTuning(segment_columns=(768, 1024)), "rows768", 4),  # the order given
-    (2048, QuantizeTuning(segment_columns=(512,)), "rows512", 4),       # never whole rows
-    (768, QuantizeTuning(segment_columns=(256,)), "rows256", 3),
-    (1152, DEFAULT_TUNING, "vec", 2),        # no width divides I
+    (2048, QuantizeTuning(segment_columns=(768,)), "vec", 2),           # no width divides I
+    (1152, DEFAULT_TUNING, "vec", 2),
     (768, QuantizeTuning(segment_columns=()), "vec", 1),
 ])
 def test_segment_width_picks_the_row_major_kernel(monkeypatch, hidden, tuning, kernel, passes):
@@ -633,36 +574,8 @@ def test_segment_width_picks_the_row_major_kernel(monkeypatch, hidden, tuning, k
     assert launches[-1][0] == f"swiglu_quantize_fp8_bf16_{kernel}"
     fields = _packed_fields(gpu, plan)
     assert fields["passes"] == passes
-    if kernel.startswith("rows"):
-        warps = 40960 * (1 if kernel == "rows_whole" else passes)
-        assert launches[-1][1] == -(-32 * warps // launches[-1][4])  # blocks: a warp a segment
-    # only the 1024-column kernel prefetches
-    assert (fields["prefetch_rows"] > 0) == (kernel == "rows_whole")
-
-
-@pytest.mark.parametrize(("num_weights", "tuning", "prefetch"), [
-    (32768, DEFAULT_TUNING, (768, 132 * 32)),  # Kimi-K2 prefill: 32768 live rows at most
-    (16384, DEFAULT_TUNING, (768, 132 * 32)),
-    (16383, DEFAULT_TUNING, (0, 0)),           # too few live rows (*_rows_whole all the same)
-    (8192, QuantizeTuning(prefetch_from_live_rows=0), (768, 132 * 32)),
-    (32768, QuantizeTuning(prefetch_ahead_rows=512), (512, 132 * 32)),
-    (32768, QuantizeTuning(prefetch_ahead_rows=0), (0, 0)),
-    (-1, DEFAULT_TUNING, (768, 132 * 32)),     # no weights: all 49152 rows may be live
-])
-def test_whole_rows_prefetch_the_row_ahead_from_enough_live_rows(monkeypatch, num_weights, tuning,
-                                                                  prefetch):
-    gpu, launches = _fake_device(monkeypatch)
-    problem = _swiglu_problem(49152, 2048, num_weights)
-    plan = gpu.QuantizePlan(problem, 0, tuning)
-    plan.launch(7, 0x1000, 0x2000, 0x3000, 0x4000, 0x5000, 0x6000)
-    assert launches[-1][0] == "swiglu_quantize_fp8_bf16_rows_whole"
-    fields = _packed_fields(gpu, plan)
-    assert (fields["prefetch_rows"], fields["prefetch_from"]) == prefetch
-    # never without *_rows_whole, whatever the tuning asks
-    plan = gpu.QuantizePlan(problem, 0, QuantizeTuning(rows_whole_from_rows=math.inf,
-                                                       prefetch_from_live_rows=0))
-    fields = _packed_fields(gpu, plan)
-    assert (fields["prefetch_rows"], fields["prefetch_from"]) == (0, 0)
+    if kernel.startswith("rows"):  # blocks: a warp a segment
+        assert launches[-1][1] == -(-32 * 40960 * passes // launches[-1][4])
 
 
 def test_a_tuned_plan_compiles_and_launches_its_variant(monkeypatch):

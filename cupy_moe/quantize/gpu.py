@@ -40,21 +40,19 @@ QUANTIZE_ARGS = ArgStruct(
     ("pass_magic", "i64"), ("hidden", "i32"), ("sf_blocks", "i32"), ("sf_ld", "i32"),
     ("group_log2", "i32"), ("lanes_per_row", "i32"), ("row_shift", "i32"), ("block_shift", "i32"),
     ("pass_shift", "i32"), ("passes", "i32"), ("sf_layout", "i32"), ("round_sf", "i32"),
-    ("block_rows", "i32"), ("prefetch_rows", "i32"), ("prefetch_from", "i32"))
+    ("block_rows", "i32"))
 _pack_pointers = QUANTIZE_ARGS.pointer_packer.pack_into
 
 
 def kernel_name(problem: QuantizeProblem, vector: bool, rows: bool = False,
-                narrow: str = "", rows_whole: bool = False,
-                segment_columns: int = SEGMENT_COLUMNS) -> str:
+                narrow: str = "", segment_columns: int = SEGMENT_COLUMNS) -> str:
     """The kernel: coalesced (``vector``; swiglu's row-major one with ``rows``,
-    a warp a whole row with ``rows_whole`` too, its few-live-rows one with
-    ``narrow``, ``"vec1"`` or ``"block_rows"``; ``segment_columns`` below
-    SEGMENT_COLUMNS: ``*_rows256`` .. ``*_rows768``) or element accesses."""
+    ``*_rows768`` with 768-column segments, its few-live-rows one with
+    ``narrow``, ``"vec1"`` or ``"block_rows"``) or element accesses."""
     op = "swiglu_quantize_fp8" if problem.swiglu else "quantize_fp8"
     dtype = "f32" if problem.in_dtype == "float32" else "bf16"
     segments = "rows" if segment_columns == SEGMENT_COLUMNS else f"rows{segment_columns}"
-    coalesced = (segments + "_whole" if rows_whole else segments) if rows else narrow or "vec"
+    coalesced = segments if rows else narrow or "vec"
     return f"{op}_{dtype}_{coalesced if vector else 'any'}"
 
 
@@ -78,15 +76,12 @@ class QuantizePlan:
         live_rows = (min(problem.num_rows, problem.num_weights) if problem.num_weights >= 0
                      else problem.num_rows)
         narrow = problem.swiglu and live_rows <= tuning.narrow_live_rows
-        rows_whole = live_rows >= tuning.rows_whole_from_rows
-        prefetch = live_rows >= tuning.prefetch_from_live_rows
         columns = 4 if problem.in_dtype == "float32" else 8  # a 16-byte chunk
         multiprocessors = device_traits(device).multiprocessors
         try:
             self.shape: QuantizeShape = launch_shape(
                 problem.num_rows, problem.hidden, problem.num_per_channels, multiprocessors,
-                tuning, swiglu=problem.swiglu, narrow_columns=columns if narrow else 0,
-                rows_whole=rows_whole, prefetch=prefetch)
+                tuning, swiglu=problem.swiglu, narrow_columns=columns if narrow else 0)
         except ValueError:
             if not narrow:
                 raise
@@ -94,14 +89,12 @@ class QuantizePlan:
             # rows): the wide grid, which may fit (else the same error)
             self.shape = launch_shape(problem.num_rows, problem.hidden,
                                       problem.num_per_channels, multiprocessors, tuning,
-                                      swiglu=problem.swiglu, rows_whole=rows_whole,
-                                      prefetch=prefetch)
+                                      swiglu=problem.swiglu)
         defines = tuning.defines()
         self.handles = {vector: function_handle(SOURCE, defines, device,
                                                 kernel_name(problem, vector,
                                                             vector and self.shape.rows,
                                                             self.narrow_kernel(vector),
-                                                            self.shape.rows_whole,
                                                             self.shape.segment_columns))
                         for vector in (True, False)}
         shape = self.shape
@@ -114,8 +107,7 @@ class QuantizePlan:
             row_shift=shape.row_shift, block_shift=shape.block_shift,
             pass_shift=shape.pass_shift, passes=shape.passes,
             sf_layout=sf_layout(problem), round_sf=int(problem.round_sf),
-            block_rows=shape.block_rows, prefetch_rows=shape.prefetch_rows,
-            prefetch_from=shape.prefetch_from))
+            block_rows=shape.block_rows))
 
     def narrow_kernel(self, vector: bool) -> str:
         """The few-live-rows kernel of the coalesced launch ("" if none)."""

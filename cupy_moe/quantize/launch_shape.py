@@ -7,12 +7,10 @@ that every access is coalesced, the chunks numbered row after row (a
 chunk's row is its block index divided by S: ``block_magic`` /
 ``block_shift``). swiglu_quantize_fp8 with H a multiple of one of
 ``QuantizeTuning.segment_columns`` (1024, then 768) takes ``*_rows``
-(``*_rows768``, ...) instead, row-major: the rows are cut into segments of
-that many columns, ``passes`` a row (a segment's row is its
-index divided by ``passes``: ``pass_magic`` / ``pass_shift``), a warp a
-segment, reading its row's maps and weight once (from
-``rows_whole_from_rows`` live rows, ``*_rows_whole``: a warp a whole row,
-its segments in turn). swiglu_quantize_fp8 calls
+(``*_rows768``) instead, row-major: the rows are cut into segments of that
+many columns, ``passes`` a row (a segment's row is its index divided by
+``passes``: ``pass_magic`` / ``pass_shift``), a warp a segment, reading
+its row's maps and weight once. swiglu_quantize_fp8 calls
 with few live rows (decode) take ``*_vec1`` (``*_vec`` with one 16-byte
 chunk a lane) or, with many padding rows, ``*_block_rows`` (a block
 ``block_rows`` whole rows, a live row one chunk a thread).
@@ -47,15 +45,12 @@ __all__ = [
 
 LANE_COLUMNS = 32      # QUANT_LANE_COLS of kernels_cu/quantize.cu
 SEGMENT_COLUMNS = 32 * LANE_COLUMNS  # swiglu *_rows: the columns of one segment
-# the segment widths of the *_rows kernels: *_rows256, *_rows512, *_rows768
-# (a lane 1, 2 or 3 of its 4 chunks) and *_rows
-SEGMENT_WIDTHS = (256, 512, 768, SEGMENT_COLUMNS)
+# the segment widths of the row-major kernels: *_rows768 (a lane 3 of its 4
+# chunks) and *_rows
+SEGMENT_WIDTHS = (768, SEGMENT_COLUMNS)
 MAX_THREADS = 256      # QUANT_MAX_THREADS: the kernels' launch bound
 BLOCK_ROWS_MAX_THREADS = 1024  # QUANT_BLOCK_ROWS_MAX_THREADS: *_block_rows' launch bound
 MAX_ROWS_A_BLOCK = 32  # *_block_rows: a block's rows (one ballot of their maps)
-# *_rows_whole's warps an SM: its launch bounds hold it to 64 registers, so
-# 65536 / (64 * 32) warps fit (the first wave of rows, one a warp)
-ROWS_WHOLE_WARPS_PER_SM = 32
 MAX_LANES = 2**31 - 1  # lane indices stay below 2^31: the magic number's range
 
 
@@ -94,36 +89,19 @@ class QuantizeTuning:
     segments a warp of ``*_rows``, the second's loads issued before the
     first's arithmetic, lost 11-16 points and were removed: benchmarks/
     NOTES.md, tenth session.)
-    ``rows_whole_from_rows``: calls with at least this many live rows (the
-    same bound from the shapes as ``narrow_live_rows``) take SwiGLU's
-    row-major kernel a warp a whole row, its segments one after another
-    (``*_rows_whole``), instead of a warp a segment: the row's maps and the
-    warp's setup once a row. Kimi-K2 prefill 81.1 -> 82.6% of the copy,
-    8k 84.2 -> 85.2, DeepSeek-V3 EP8 8k 67.9 -> 68.5; with fewer live rows
-    half the warps leave the GPU short of work (medium plans, 4096 live
-    rows: -1.6 and -3.1 points; benchmarks/NOTES.md, fourteenth session).
-    0: always, ``inf``: never.
     ``segment_columns``: the segment widths of the row-major kernels, in the
-    order tried: the first that divides I picks the kernel (1024: ``*_rows``
-    and ``*_rows_whole``; 768, 512, 256: ``*_rows768`` and the like, a warp
-    a segment, a lane 3, 2 or 1 of its 4 chunks); none: ``*_vec``. 768 at
-    Qwen3's I = 768 in place of ``*_vec``: prefill 70.6 -> 81.9% of the
-    copy, 8k 77.5 -> 86.6, packed 68.0 -> 76.9, medium 41.5 -> 46.7 (45
-    registers, 40 warps an SM; its ``*_rows768_whole`` twin, 61 registers
-    and the prefetch, 4-6 points behind, was dropped; benchmarks/NOTES.md,
-    seventeenth session).
-    ``prefetch_ahead_rows``: in ``*_rows_whole`` calls with at least
-    ``prefetch_from_live_rows`` live rows, each warp asks L2 for the h row
-    this many rows ahead of its own (sm_90+; live rows past the first wave of
-    warps only): the warp that takes it a fraction of a wave later finds its
-    loads in L2. Kimi-K2 prefill 82.5 -> 85.7% of the copy, 8k 84.6 -> 89.2,
-    packed 83.3 -> 87.5 (768; 512 and 1056 within 0.3 points, 4224 rows
-    ahead, a whole wave, lost 5 points: evicted before use); DeepSeek-V3
-    EP8 8k (8192 live rows, 2.4 waves) lost 1-2 points, hence the live-row bound
-    (benchmarks/NOTES.md, sixteenth session). 0: never.
-    (The same prefetch in the ``*_vec`` kernels, SwiGLU's at I = 768 and
-    quantize_fp8's, lost 1-9 points at every distance: benchmarks/NOTES.md,
-    seventeenth session.)
+    order tried: the first that divides I picks the kernel (1024:
+    ``*_rows``; 768: ``*_rows768``, a lane 3 of its 4 chunks); none:
+    ``*_vec``. 768 at Qwen3's I = 768 in place of ``*_vec``: prefill 70.6 ->
+    81.9% of the copy, 8k 77.5 -> 86.6, packed 68.0 -> 76.9, medium 41.5 ->
+    46.7 (45 registers, 40 warps an SM). 512- and 256-column segments lost
+    2-10 points where they applied. (A warp a whole row, ``*_rows_whole``,
+    with an L2 prefetch of the row ahead, was taken in the fourteenth and
+    sixteenth sessions and lost to ``*_rows`` once ``*_rows`` had the
+    unrolled butterflies: Kimi-K2 prefill 85.3 -> 86.5%, DeepSeek-V3 EP8 8k
+    72.2 -> 76.3, 8k 89.0 -> 88.4; removed. The same prefetch in the
+    ``*_vec`` kernels lost 1-9 points. benchmarks/NOTES.md, seventeenth
+    session.)
     """
 
     threads: int = 128
@@ -134,9 +112,6 @@ class QuantizeTuning:
     narrow_live_rows: int = 64
     block_rows_from_bytes: float = float(1 << 20)
     block_rows_blocks_per_sm: float = 1.0
-    rows_whole_from_rows: float = 8192.0
-    prefetch_ahead_rows: int = 768
-    prefetch_from_live_rows: float = 16384.0
     segment_columns: tuple[int, ...] = (SEGMENT_COLUMNS, 768)
 
     def __post_init__(self) -> None:
@@ -161,12 +136,6 @@ class QuantizeTuning:
         _require_number("block_rows_from_bytes", self.block_rows_from_bytes)
         _require_number("block_rows_blocks_per_sm", self.block_rows_blocks_per_sm,
                         positive=True)
-        _require_number("rows_whole_from_rows", self.rows_whole_from_rows)
-        if isinstance(self.prefetch_ahead_rows, bool) or not isinstance(
-                self.prefetch_ahead_rows, int) or not 0 <= self.prefetch_ahead_rows < 2**31:
-            raise ValueError(f"QuantizeTuning.prefetch_ahead_rows must be an int in 0 .. "
-                             f"2**31 - 1; got {self.prefetch_ahead_rows!r}")
-        _require_number("prefetch_from_live_rows", self.prefetch_from_live_rows)
         if not isinstance(self.segment_columns, tuple) or not all(
                 type(width) is int and width in SEGMENT_WIDTHS for width in self.segment_columns):
             raise ValueError(f"QuantizeTuning.segment_columns must be a tuple of widths in "
@@ -210,9 +179,6 @@ class QuantizeShape(NamedTuple):
     passes: int           # *_rows: segments of SEGMENT_COLUMNS a row
     pass_magic: int       # *_rows: row of segment s = (s * pass_magic) >> pass_shift
     pass_shift: int
-    rows_whole: bool = False  # *_rows_whole: a warp a whole row (rows only)
-    prefetch_rows: int = 0    # *_rows_whole: L2 prefetch of rows this far ahead (0: none)
-    prefetch_from: int = 0    # ... where that row is at least this (past the first wave)
     segment_columns: int = SEGMENT_COLUMNS  # *_rows: a segment's columns (rows only)
 
     def grid(self, vector: bool) -> tuple[int, int]:
@@ -237,24 +203,20 @@ def division_magic(divisor: int) -> tuple[int, int]:
 
 def launch_shape(num_rows: int, hidden: int, num_per_channels: int, multiprocessors: int,
                  tuning: QuantizeTuning = DEFAULT_TUNING, *,
-                 swiglu: bool = False, narrow_columns: int = 0,
-                 rows_whole: bool = False, prefetch: bool = False) -> QuantizeShape:
+                 swiglu: bool = False, narrow_columns: int = 0) -> QuantizeShape:
     """The grid of one call: a function of the shapes (and the SM count) only.
 
     ``swiglu``: where H is whole segments (of the first width of
     ``tuning.segment_columns`` that divides it), the coalesced grid is
-    swiglu_quantize_fp8's row-major *_rows one (a warp a segment of a row;
-    with ``rows_whole`` and 1024-column segments, *_rows_whole's: a warp a
-    whole row), else *_vec's
-    (a warp 32 x 32 columns of the chunks numbered row after row).
+    swiglu_quantize_fp8's row-major *_rows one (a warp a segment of a row),
+    else *_vec's (a warp 32 x 32 columns of the chunks numbered row after
+    row).
     ``narrow_columns`` (swiglu, > 0: the columns of a 16-byte chunk of the
     input dtype): the few-live-rows grid instead, *_vec1's (a lane one chunk)
     or, from ``tuning.block_rows_from_bytes`` of codes, *_block_rows'
     (a block ``block_rows`` whole rows, a thread a chunk of a live row: at
     least the row's chunks, whole warps, at most
-    ``BLOCK_ROWS_MAX_THREADS``). ``prefetch``: with ``rows_whole``, the
-    L2 prefetch of ``tuning.prefetch_ahead_rows`` rows ahead, for rows past
-    the first wave (``ROWS_WHOLE_WARPS_PER_SM`` warps an SM, a row each)."""
+    ``BLOCK_ROWS_MAX_THREADS``)."""
     lanes_per_block = num_per_channels // LANE_COLUMNS
     sf_blocks = ceil_div(hidden, num_per_channels)
     lanes_per_row = sf_blocks * lanes_per_block
@@ -268,7 +230,6 @@ def launch_shape(num_rows: int, hidden: int, num_per_channels: int, multiprocess
     width = next((columns for columns in tuning.segment_columns if hidden % columns == 0),
                  0) if swiglu and not narrow else 0
     rows = width > 0
-    rows_whole = rows_whole and width == SEGMENT_COLUMNS  # *_rows_whole: 1024 columns only
     passes = max(1, ceil_div(hidden, width or SEGMENT_COLUMNS))
     if (hidden % num_per_channels == 0 and narrow
             and num_rows * hidden >= tuning.block_rows_from_bytes):
@@ -282,7 +243,7 @@ def launch_shape(num_rows: int, hidden: int, num_per_channels: int, multiprocess
         # a warp: 32 lanes x 32 columns of the [R, H] output, row after row,
         # or (*_rows) a segment, or (*_vec1) 32 lanes x narrow_columns
         lane_columns = narrow_columns if narrow else LANE_COLUMNS
-        warps = (num_rows * (1 if rows_whole else passes) if rows
+        warps = (num_rows * passes if rows
                  else ceil_div(num_rows * hidden, 32 * lane_columns))
         vec_threads, vec_blocks = _grid(warps, multiprocessors, tuning)
         if vec_blocks * vec_threads > MAX_LANES:
@@ -291,14 +252,9 @@ def launch_shape(num_rows: int, hidden: int, num_per_channels: int, multiprocess
     row_magic, row_shift = division_magic(lanes_per_row)
     block_magic, block_shift = division_magic(sf_blocks)
     pass_magic, pass_shift = division_magic(passes)
-    prefetch_rows = prefetch_from = 0
-    if prefetch and vec_blocks and rows and rows_whole and tuning.prefetch_ahead_rows > 0:
-        prefetch_rows = tuning.prefetch_ahead_rows
-        prefetch_from = multiprocessors * ROWS_WHOLE_WARPS_PER_SM
     return QuantizeShape(threads, blocks, vec_threads, vec_blocks, lanes_per_row,
                          lanes_per_block.bit_length() - 1, row_magic, row_shift, block_magic,
                          block_shift, rows, narrow, block_rows, passes, pass_magic, pass_shift,
-                         rows and rows_whole, prefetch_rows, prefetch_from,
                          width or SEGMENT_COLUMNS)
 
 
