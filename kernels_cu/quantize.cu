@@ -90,6 +90,13 @@
 #else
 #define QUANT_ROWS_BOUNDS __launch_bounds__(QUANT_MAX_THREADS)
 #endif
+// bf16 *_rows768: five 256-thread blocks an SM (51 registers at most; it
+// takes 45), as QUANTIZE_ROWS_MIN_BLOCKS=5 gives it: Qwen3 prefill +1.3 to
+// +1.8 points of the copy against the compiler's choice, where *_rows lost
+// 2-2.5 with it (benchmarks/NOTES.md, seventeenth session). float32's keeps
+// the compiler's choice (the bound spills it; not measured).
+#define QUANT_ROWS768_BOUNDS_bf16 __launch_bounds__(QUANT_MAX_THREADS, 5)
+#define QUANT_ROWS768_BOUNDS_f32 QUANT_ROWS_BOUNDS
 #define QUANT_FULL_MASK 0xFFFFFFFFu
 
 #define SF_ROW_MAJOR_F32 0
@@ -737,7 +744,7 @@ __device__ __forceinline__ void swiglu_block_rows_body(const QuantizeArgs& a) {
     swiglu_quantize_fp8_##IN_NAME##_rows(const QuantizeArgs a) {                             \
         swiglu_rows_one_segment<IN_TYPE>(a);                                                 \
     }                                                                                        \
-    extern "C" __global__ void QUANT_ROWS_BOUNDS                                              \
+    extern "C" __global__ void QUANT_ROWS768_BOUNDS_##IN_NAME                                \
     swiglu_quantize_fp8_##IN_NAME##_rows768(const QuantizeArgs a) {                          \
         swiglu_rows_one_segment<IN_TYPE, VecLayout<IN_TYPE>::LOADS * 3 / 4>(a);              \
     }                                                                                        \

@@ -85,7 +85,10 @@ class QuantizeTuning:
     ``rows_min_blocks`` (0: the compiler's choice) asks the compiler to fit
     that many blocks of the SwiGLU ``*_rows`` kernel on an SM: fewer registers
     a thread, more warps in flight (5 gives 46 registers with a few spills,
-    against 63: within a point of the default on the GPU; 6 lost 4-14). (Two
+    against 63: within a point of the default on the GPU in the tenth
+    session, 2-2.5 points behind it in the seventeenth; 6 lost 4-14). The
+    bf16 ``*_rows768`` kernel has 5 built in (+1.3 to +1.8 on Qwen3 prefill);
+    float32's ``*_rows768`` follows this setting. (Two
     segments a warp of ``*_rows``, the second's loads issued before the
     first's arithmetic, lost 11-16 points and were removed: benchmarks/
     NOTES.md, tenth session.)
