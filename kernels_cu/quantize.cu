@@ -90,7 +90,7 @@
 #else
 #define QUANT_ROWS_BOUNDS __launch_bounds__(QUANT_MAX_THREADS)
 #endif
-// bf16 *_rows768: five 256-thread blocks an SM (51 registers at most; it
+// bf16 *_rows768: five 256-thread blocks an SM (48 registers at most; it
 // takes 45), as QUANTIZE_ROWS_MIN_BLOCKS=5 gives it: Qwen3 prefill +1.3 to
 // +1.8 points of the copy against the compiler's choice, where *_rows lost
 // 2-2.5 with it (benchmarks/NOTES.md, seventeenth session). float32's keeps

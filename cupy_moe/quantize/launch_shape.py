@@ -179,7 +179,7 @@ class QuantizeShape(NamedTuple):
     rows: bool            # the coalesced kernel is swiglu's *_rows (else *_vec)
     narrow: bool          # ... or swiglu's *_vec1 (one 16-byte chunk a lane) or *_block_rows
     block_rows: int       # *_block_rows: rows a block (0: another kernel)
-    passes: int           # *_rows: segments of SEGMENT_COLUMNS a row
+    passes: int           # *_rows: segments a row (of segment_columns columns)
     pass_magic: int       # *_rows: row of segment s = (s * pass_magic) >> pass_shift
     pass_shift: int
     segment_columns: int = SEGMENT_COLUMNS  # *_rows: a segment's columns (rows only)
