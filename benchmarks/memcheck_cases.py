@@ -57,6 +57,8 @@ FEW_ROW_BLOCKS = QuantizeTuning(block_rows_from_bytes=0, block_rows_blocks_per_s
 # swiglu_quantize_fp8's row-major kernels at any live rows, 768-column
 # segments first (*_rows768 for I = 768, *_rows for 2048 and 7168)
 SHORT_SEGMENTS = QuantizeTuning(segment_columns=(768, 1024), narrow_live_rows=0)
+# quantize_fp8's *_tiles (8 x 128 tiles; column-major float32 SF, H % 128 == 0)
+TILES = QuantizeTuning(sf_column_tiles=True)
 
 
 def bits(a: np.ndarray) -> np.ndarray:
@@ -165,6 +167,12 @@ def run_combine_quantize_cases(rng) -> int:
             want = cupy_moe.quantize_fp8(x, **settings)
             for g, w in zip(got, want):
                 assert np.array_equal(bits(cupy.asnumpy(g)), bits(np.asarray(w)))
+            if col_major and not packed:
+                got = run_quantize_with_tuning(TILES, "quantize_fp8",
+                                               cupy.asarray(x.view(np.uint16)), **settings)
+                for g, w in zip(got, want, strict=True):
+                    assert np.array_equal(bits(cupy.asnumpy(g)), bits(np.asarray(w)))
+                cases += 1
             h = (rng.standard_normal((num_rows, 2 * hidden)) * 3).astype(bf16)
             pos_to_expert = np.where(rng.random(num_rows) < 0.3, -1, 0).astype(np.int32)
             got = cupy_moe.swiglu_quantize_fp8(cupy.asarray(h.view(np.uint16)),

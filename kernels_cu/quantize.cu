@@ -57,6 +57,16 @@
 //   seventeenth session). (A warp a whole row of 1024-column segments,
 //   *_rows_whole, with an L2 prefetch of the row ahead, lost to *_rows once
 //   *_rows had its unrolled butterflies, and was removed.)
+// quantize_fp8_*_tiles: *_vec's conditions and H % 128 == 0, for
+//   column-major float32 scale factors (QuantizeTuning.sf_column_tiles): a
+//   warp takes an 8-row x 128-column tile, a lane a 16-byte chunk of one of
+//   its rows in each of its loads (bf16: two rows an instruction, 16 lanes
+//   each; float32: one row, 32 lanes), so that the lanes holding the scale
+//   factors of one block column hold its 8 rows: one 32-byte store, where
+//   *_vec's warp (1024 columns of one row) stores 8 columns' floats, one
+//   sector each (ncu on Kimi-K2 prefill: 298k more L2 write requests than
+//   row-major, 1.3 us). Built in the seventeenth session without a device.
+//   Tile t is column tile t % passes of row group t / passes.
 // *_any: every H and alignment. A lane takes 32 consecutive columns of one
 //   row (element accesses), npc / 32 lanes one block; a row is lanes_per_row
 //   = S * npc / 32 lanes, the grid's lanes row after row (a warp may end one
@@ -415,6 +425,63 @@ __device__ __forceinline__ void quantize_vec_body(const QuantizeArgs& a) {
     store_scale_factor(a, row, static_cast<int>(block - row * a.sf_blocks), sf, row_padding);
 }
 
+// quantize_fp8_*_tiles (see the top): tile w of warp w. Lane l's chunk in
+// each load is chunk (l % ROW_LANES) of the tile's columns, of row (l /
+// ROW_LANES) + k * ROWS_A_LOAD of the tile in load k: a block's chunks are
+// one group of lanes in one load (group = npc / CHUNK <= ROW_LANES), as in
+// *_vec, and group_scales gives lane j < LOADS of a group load j's scale
+// factor, whose row is the group's row in load j.
+#define QUANT_TILE_ROWS 8
+#define QUANT_TILE_COLS 128
+template <typename In>
+__device__ __forceinline__ void quantize_tiles_body(const QuantizeArgs& a) {
+    constexpr int CHUNK = VecLayout<In>::CHUNK;
+    constexpr int LOADS = VecLayout<In>::LOADS;            // 4 (bf16) or 8 (float32)
+    constexpr int ROW_LANES = QUANT_TILE_COLS / CHUNK;     // 16 or 32 lanes a tile row
+    constexpr int ROWS_A_LOAD = 32 / ROW_LANES;            // 2 or 1
+    static_assert(LOADS * ROWS_A_LOAD == QUANT_TILE_ROWS, "a warp's loads cover the tile");
+    const int lane = threadIdx.x & 31;
+    const unsigned tile = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    const unsigned row_group = magic_divide(tile, a.pass_magic, a.pass_shift);
+    // the grid's last warps (whole warps: no shuffle waits)
+    if (static_cast<i64>(row_group) * QUANT_TILE_ROWS >= a.num_rows) return;
+    const int column_tile = static_cast<int>(tile - row_group * static_cast<unsigned>(a.passes));
+    const i64 row_chunks = a.hidden / CHUNK;
+    const int chunk = column_tile * ROW_LANES + (lane % ROW_LANES);  // in the row
+    const i64 first_row = static_cast<i64>(row_group) * QUANT_TILE_ROWS + lane / ROW_LANES;
+    unsigned raw[2][LOADS][4];  // [x, unused][load][word]
+#pragma unroll
+    for (int k = 0; k < LOADS; ++k) {
+#pragma unroll
+        for (int w = 0; w < 4; ++w) raw[0][k][w] = raw[1][k][w] = 0u;
+        const i64 row = first_row + k * ROWS_A_LOAD;
+        // rows past the last: zeros (a group is one row: all in or all out)
+        if (row < a.num_rows)
+            unpack_chunk(load_once(reinterpret_cast<const uint4*>(a.x) + row * row_chunks + chunk),
+                         raw[0][k]);
+    }
+    float weight[LOADS], v[LOADS][CHUNK], amax[LOADS], scale[LOADS];
+#pragma unroll
+    for (int k = 0; k < LOADS; ++k) weight[k] = 1.0f;
+    chunk_values<In, false, LOADS>(raw, weight, v, amax);
+    const int group_log2 = a.group_log2 + (5 - VecLayout<In>::CHUNK_LOG2);
+    const int group = 1 << group_log2;
+    const float sf = group_scales<LOADS>(amax, lane, group, a.round_sf != 0, scale);
+#pragma unroll
+    for (int k = 0; k < LOADS; ++k) {
+        const i64 row = first_row + k * ROWS_A_LOAD;
+        if (row < a.num_rows) store_codes<In>(a.out, row * row_chunks + chunk, v[k], scale[k]);
+    }
+    const int in_group = lane & (group - 1);
+    if (in_group >= LOADS) return;
+    const int group_first = lane - in_group;  // the group's row and block: its first lane's
+    const i64 row = static_cast<i64>(row_group) * QUANT_TILE_ROWS + group_first / ROW_LANES +
+                    in_group * ROWS_A_LOAD;
+    if (row >= a.num_rows) return;
+    const int block = (column_tile * ROW_LANES + group_first % ROW_LANES) >> group_log2;
+    store_scale_factor(a, row, block, sf, false);
+}
+
 // swiglu_quantize_fp8_*_rows: segment s (a warp's 1024 columns) is segment
 // p = s % passes of row s / passes; warp w takes segment w. The pieces of a
 // segment first, then the body. (Two segments a warp, the second's loads
@@ -731,6 +798,10 @@ __device__ __forceinline__ void swiglu_block_rows_body(const QuantizeArgs& a) {
     extern "C" __global__ void __launch_bounds__(QUANT_MAX_THREADS)                          \
     quantize_fp8_##IN_NAME##_vec(const QuantizeArgs a) {                                     \
         quantize_vec_body<IN_TYPE, false>(a);                                                \
+    }                                                                                        \
+    extern "C" __global__ void __launch_bounds__(QUANT_MAX_THREADS)                          \
+    quantize_fp8_##IN_NAME##_tiles(const QuantizeArgs a) {                                   \
+        quantize_tiles_body<IN_TYPE>(a);                                                     \
     }                                                                                        \
     extern "C" __global__ void __launch_bounds__(QUANT_MAX_THREADS)                          \
     quantize_fp8_##IN_NAME##_any(const QuantizeArgs a) {                                     \

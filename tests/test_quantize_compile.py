@@ -15,6 +15,7 @@ from cupy_moe.runtime.loader import compile_for_arch, compile_options, kernel_di
 
 KERNELS = [*(f"{op}_{dtype}_{access}" for op in ("quantize_fp8", "swiglu_quantize_fp8")
              for dtype in ("bf16", "f32") for access in ("vec", "any")),
+           "quantize_fp8_bf16_tiles", "quantize_fp8_f32_tiles",
            *(f"swiglu_quantize_fp8_{dtype}_{rows}" for dtype in ("bf16", "f32")
              for rows in ("rows", "rows768"))]
 SELFTESTS = ["quantize_selftest_reciprocal", "quantize_selftest_e4m3",
@@ -39,9 +40,11 @@ def test_the_gpu_backend_names_only_compiled_kernels():
     from cupy_moe.quantize.rules import QuantizeProblem
 
     names = {kernel_name(QuantizeProblem(1, 1, dtype, 128, False, False, False, swiglu=swiglu),
-                         vector, rows=swiglu and vector and rows, segment_columns=width)
+                         vector, rows=swiglu and vector and rows, segment_columns=width,
+                         tiles=tiles and not swiglu)
              for dtype in ("bfloat16", "uint16", "float32") for swiglu in (False, True)
-             for vector in (False, True) for rows in (False, True) for width in SEGMENT_WIDTHS}
+             for vector in (False, True) for rows in (False, True) for width in SEGMENT_WIDTHS
+             for tiles in (False, True)}
     assert names == set(KERNELS)
 
 

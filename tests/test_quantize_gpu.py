@@ -44,6 +44,8 @@ TUNINGS = [None, SOFTWARE, QuantizeTuning(threads=32, small_threads=32),
            # I = 3072 too), and never (*_vec)
            QuantizeTuning(segment_columns=(768, 1024), narrow_live_rows=0),
            QuantizeTuning(segment_columns=(), narrow_live_rows=0),
+           # quantize_fp8's *_tiles (column-major float32 SF, H % 128 == 0)
+           QuantizeTuning(sf_column_tiles=True),
            # swiglu: never / always the few-live-rows kernels (*_vec1; *_block_rows,
            # a row a block on small X, and up to 32 rows a block, the last partial)
            QuantizeTuning(narrow_live_rows=0),
@@ -229,6 +231,32 @@ def test_prefill_and_decode_shapes(kind, layout):
                                                           **settings),
                      quantize_fp8_numpy(x, **settings), col_major=col_major,
                      what=f"T={num_rows} H={hidden}")
+
+
+TILES = QuantizeTuning(sf_column_tiles=True)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+@pytest.mark.parametrize("npc", [128, 32])
+def test_tiles_of_eight_rows(kind, dtype, npc):
+    """quantize_fp8's *_tiles (a warp an 8 x 128 tile; column-major float32 SF
+    only): row counts that leave the last tile part full, poisoned outputs
+    (the SF buffer's pad columns too), bit-exact."""
+    rng = np.random.default_rng()
+    for num_rows, hidden in ((1, 128), (7, 7168), (8, 256), (13, 2048), (1031, 7168),
+                             (4097, 384)):
+        x = as_input_dtype(random_values(rng, num_rows, hidden, npc), dtype)
+        for round_sf in (False, True):
+            settings = {"num_per_channels": npc, "round_sf": round_sf, "packed_ue8m0": False,
+                        "use_tma_aligned_col_major_sf": True}
+            expected = quantize_fp8_numpy(x, **settings)
+            given = poisoned_outputs(kind, rng, num_rows, hidden, expected[1].shape[1],
+                                     packed=False, col_major=True)
+            check_result(kind, call_op("quantize_fp8", TILES, device_array(kind, x, dtype),
+                                       **settings, out=given[0], out_sf=given[1]),
+                         expected, col_major=True, given=given,
+                         what=f"T={num_rows} H={hidden} {dtype} npc={npc} round={round_sf}")
 
 
 # -- the kernels' building blocks, exhaustively ------------------------------------------

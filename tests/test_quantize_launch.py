@@ -14,6 +14,8 @@ from cupy_moe.quantize.launch_shape import (
     DEFAULT_TUNING,
     LANE_COLUMNS,
     SEGMENT_COLUMNS,
+    TILE_COLUMNS,
+    TILE_ROWS,
     QuantizeTuning,
     division_magic,
     launch_shape,
@@ -50,7 +52,8 @@ def _count_sf_store(counts, packed_bytes, row, block, num_rows, blocks_per_row):
 
 def emulate_grid(num_rows: int, hidden: int, npc: int, multiprocessors: int = 132,
                  tuning: QuantizeTuning = DEFAULT_TUNING, *, vector: bool = False,
-                 chunk: int = 8, swiglu: bool = False, narrow: bool = False, live=None):
+                 chunk: int = 8, swiglu: bool = False, narrow: bool = False, live=None,
+                 column_major_sf: bool = False):
     """What every lane of a kernel's grid does, computed as the kernel computes
     it: how often each output column, each scale factor and each byte of the
     packed SF buffer (pad columns included) is written. ``vector``: the *_vec
@@ -59,9 +62,10 @@ def emulate_grid(num_rows: int, hidden: int, npc: int, multiprocessors: int = 13
     swiglu's *_rows (*_rows768, ...); with
     ``swiglu`` and ``narrow``, *_vec1 (one chunk a lane) or, from
     ``tuning.block_rows_from_bytes`` of codes, *_block_rows (``live``: which
-    rows are live, a bool per row; default every other)."""
+    rows are live, a bool per row; default every other); quantize_fp8 with
+    ``column_major_sf`` and ``tuning.sf_column_tiles``, *_tiles."""
     shape = launch_shape(num_rows, hidden, npc, multiprocessors, tuning, swiglu=swiglu,
-                         narrow_columns=chunk if narrow else 0)
+                         narrow_columns=chunk if narrow else 0, column_major_sf=column_major_sf)
     blocks_per_row = -(-hidden // npc)
     ld = -(-num_rows // 4) * 4
     written = np.zeros((num_rows, hidden), dtype=np.int64)
@@ -74,6 +78,11 @@ def emulate_grid(num_rows: int, hidden: int, npc: int, multiprocessors: int = 13
     assert shape.narrow == (swiglu and narrow)
     assert (shape.block_rows > 0) == (shape.narrow and hidden % npc == 0
                                       and num_rows * hidden >= tuning.block_rows_from_bytes)
+    assert shape.tiles == (column_major_sf and tuning.sf_column_tiles and not swiglu
+                           and hidden % 128 == 0 and hidden % npc == 0)
+    if vector and shape.tiles:
+        return (shape, *_emulate_tiles(shape, num_rows, hidden, npc, chunk, blocks * threads,
+                                       written, sf_stores, packed_bytes))
     if vector and shape.rows:
         return (shape, *_emulate_swiglu_rows(shape, num_rows, hidden, npc, chunk, blocks * threads,
                                              written, sf_stores, packed_bytes))
@@ -175,6 +184,52 @@ def _emulate_swiglu_rows(shape, num_rows, hidden, npc, chunk, lanes, written, sf
     return written, sf_stores, packed_bytes
 
 
+def _emulate_tiles(shape, num_rows, hidden, npc, chunk, lanes, written, sf_stores,
+                   packed_bytes):
+    """quantize_tiles_body of quantize.cu: warp w, tile w, column tile w %
+    passes of row group w // passes; lane l's chunk l % ROW_LANES of the
+    tile's columns, of row l // ROW_LANES + k * ROWS_A_LOAD in load k; lane j
+    < LOADS of a group stores load j's scale factor."""
+    loads = LANE_COLUMNS // chunk
+    row_lanes = TILE_COLUMNS // chunk
+    rows_a_load = 32 // row_lanes
+    assert loads * rows_a_load == TILE_ROWS
+    group_log2 = shape.group_log2 + {8: 2, 4: 3}[chunk]
+    group = 1 << group_log2
+    assert group == npc // chunk and loads <= group <= row_lanes
+    row_chunks, blocks_per_row = hidden // chunk, hidden // npc
+    assert shape.passes == hidden // TILE_COLUMNS
+    warps = lanes // 32
+    assert -(-num_rows // TILE_ROWS) * shape.passes <= warps  # every tile has a warp
+    for tile in range(warps):
+        row_group = (tile * shape.pass_magic) >> shape.pass_shift
+        assert row_group == tile // shape.passes
+        if row_group * TILE_ROWS >= num_rows:
+            continue  # past the end (warp-uniform)
+        column_tile = tile - row_group * shape.passes
+        for lane in range(32):
+            c = column_tile * row_lanes + lane % row_lanes
+            for k in range(loads):
+                row = row_group * TILE_ROWS + lane // row_lanes + k * rows_a_load
+                # a shuffle group's lanes: one row and one block in every load
+                first = lane - lane % group
+                assert first // row_lanes == lane // row_lanes
+                assert (column_tile * row_lanes + first % row_lanes) >> group_log2 == (
+                    c >> group_log2)
+                if row < num_rows:
+                    written[row, c * chunk:(c + 1) * chunk] += 1
+            in_group = lane % group
+            if in_group >= loads:
+                continue
+            first = lane - in_group
+            row = row_group * TILE_ROWS + first // row_lanes + in_group * rows_a_load
+            if row < num_rows:
+                block = (column_tile * row_lanes + first % row_lanes) >> group_log2
+                assert block < blocks_per_row and row_chunks % (npc // chunk) == 0
+                _count_sf_store(sf_stores, packed_bytes, row, block, num_rows, blocks_per_row)
+    return written, sf_stores, packed_bytes
+
+
 def _emulate_block_rows(shape, num_rows, hidden, npc, chunk, live, written, sf_stores,
                         packed_bytes):
     """swiglu_block_rows_body of quantize.cu: block b, rows [b R, b R + R)
@@ -266,6 +321,55 @@ def test_the_coalesced_kernel_writes_everything_once(num_rows, hidden, npc, chun
     assert (written == 1).all()
     assert (sf_stores == 1).all()
     assert (packed_bytes == 1).all()
+
+
+TILES = QuantizeTuning(sf_column_tiles=True)
+
+
+@pytest.mark.parametrize("chunk", [8, 4], ids=["bf16", "f32"])
+@pytest.mark.parametrize(("num_rows", "hidden", "npc"), [
+    (1, 128, 128), (7, 128, 32), (8, 256, 128), (9, 7168, 128), (13, 2048, 32), (16, 384, 128),
+    (17, 1024, 32), (3, 3072, 128)])
+def test_tiles_write_everything_once(num_rows, hidden, npc, chunk):
+    """quantize_fp8's *_tiles (8 x 128 tiles a warp), partial row groups too."""
+    shape, written, sf_stores, packed_bytes = emulate_grid(
+        num_rows, hidden, npc, tuning=TILES, vector=True, chunk=chunk, column_major_sf=True)
+    assert shape.tiles and not shape.rows
+    assert (written == 1).all()
+    assert (sf_stores == 1).all()
+    assert (packed_bytes == 1).all()
+
+
+@pytest.mark.parametrize(("hidden", "npc", "swiglu", "column_major_sf", "tuning", "tiles"), [
+    (7168, 128, False, True, TILES, True),
+    (7168, 32, False, True, TILES, True),
+    (7168, 128, False, True, DEFAULT_TUNING, False),  # off by default
+    (7168, 128, False, False, TILES, False),          # row-major or packed SF: *_vec
+    (2080, 32, False, True, TILES, False),            # H % 128 != 0
+    (2048, 128, True, True, TILES, False),            # swiglu: never
+])
+def test_tiles_only_where_asked_for(hidden, npc, swiglu, column_major_sf, tuning, tiles):
+    shape = launch_shape(4096, hidden, npc, 132, tuning, swiglu=swiglu,
+                         column_major_sf=column_major_sf)
+    assert shape.tiles == tiles
+    if tiles:  # a warp a tile: 512 row groups x 56 column tiles
+        assert shape.passes == hidden // 128
+        assert shape.vec_blocks * shape.vec_threads == 512 * (hidden // 128) * 32
+
+
+def test_a_plan_launches_tiles_for_column_major_float32_sf(monkeypatch):
+    from cupy_moe.quantize.rules import QuantizeProblem
+
+    gpu, launches = _fake_device(monkeypatch)
+    for packed, col_major, kernel in ((False, True, "tiles"), (True, True, "vec"),
+                                      (False, False, "vec")):
+        problem = QuantizeProblem(num_rows=4096, hidden=7168, in_dtype="bfloat16",
+                                  num_per_channels=128, round_sf=packed, packed_ue8m0=packed,
+                                  col_major=col_major)
+        plan = gpu.QuantizePlan(problem, 0, TILES)
+        plan.launch(7, 0x1000, 0x2000, 0x3000, 0, 0, 0)
+        assert launches[-1][0] == f"quantize_fp8_bf16_{kernel}"
+        assert _packed_fields(gpu, plan)["passes"] == (56 if kernel == "tiles" else 7)
 
 
 BLOCK_ROWS = QuantizeTuning(block_rows_from_bytes=0)
@@ -412,6 +516,9 @@ def test_bad_tunings(kwargs, message):
     with pytest.raises(TypeError, match=re.escape(
             "QuantizeTuning.software_e4m3 must be True or False; got 1")):
         QuantizeTuning(software_e4m3=1)
+    with pytest.raises(TypeError, match=re.escape(
+            "QuantizeTuning.sf_column_tiles must be True or False; got 'yes'")):
+        QuantizeTuning(sf_column_tiles="yes")
 
 
 def test_tuning_defines():

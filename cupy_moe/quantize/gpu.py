@@ -45,14 +45,16 @@ _pack_pointers = QUANTIZE_ARGS.pointer_packer.pack_into
 
 
 def kernel_name(problem: QuantizeProblem, vector: bool, rows: bool = False,
-                narrow: str = "", segment_columns: int = SEGMENT_COLUMNS) -> str:
+                narrow: str = "", segment_columns: int = SEGMENT_COLUMNS,
+                tiles: bool = False) -> str:
     """The kernel: coalesced (``vector``; swiglu's row-major one with ``rows``,
     ``*_rows768`` with 768-column segments, its few-live-rows one with
-    ``narrow``, ``"vec1"`` or ``"block_rows"``) or element accesses."""
+    ``narrow``, ``"vec1"`` or ``"block_rows"``; quantize_fp8's ``*_tiles``
+    with ``tiles``) or element accesses."""
     op = "swiglu_quantize_fp8" if problem.swiglu else "quantize_fp8"
     dtype = "f32" if problem.in_dtype == "float32" else "bf16"
     segments = "rows" if segment_columns == SEGMENT_COLUMNS else f"rows{segment_columns}"
-    coalesced = segments if rows else narrow or "vec"
+    coalesced = segments if rows else "tiles" if tiles else narrow or "vec"
     return f"{op}_{dtype}_{coalesced if vector else 'any'}"
 
 
@@ -76,12 +78,14 @@ class QuantizePlan:
         live_rows = (min(problem.num_rows, problem.num_weights) if problem.num_weights >= 0
                      else problem.num_rows)
         narrow = problem.swiglu and live_rows <= tuning.narrow_live_rows
+        column_major_sf = problem.col_major and not problem.packed_ue8m0  # float32, col-major
         columns = 4 if problem.in_dtype == "float32" else 8  # a 16-byte chunk
         multiprocessors = device_traits(device).multiprocessors
         try:
             self.shape: QuantizeShape = launch_shape(
                 problem.num_rows, problem.hidden, problem.num_per_channels, multiprocessors,
-                tuning, swiglu=problem.swiglu, narrow_columns=columns if narrow else 0)
+                tuning, swiglu=problem.swiglu, narrow_columns=columns if narrow else 0,
+                column_major_sf=column_major_sf)
         except ValueError:
             if not narrow:
                 raise
@@ -89,13 +93,14 @@ class QuantizePlan:
             # rows): the wide grid, which may fit (else the same error)
             self.shape = launch_shape(problem.num_rows, problem.hidden,
                                       problem.num_per_channels, multiprocessors, tuning,
-                                      swiglu=problem.swiglu)
+                                      swiglu=problem.swiglu, column_major_sf=column_major_sf)
         defines = tuning.defines()
         self.handles = {vector: function_handle(SOURCE, defines, device,
                                                 kernel_name(problem, vector,
                                                             vector and self.shape.rows,
                                                             self.narrow_kernel(vector),
-                                                            self.shape.segment_columns))
+                                                            self.shape.segment_columns,
+                                                            self.shape.tiles))
                         for vector in (True, False)}
         shape = self.shape
         self.args = ArgBlock(QUANTIZE_ARGS, QUANTIZE_ARGS.constants(

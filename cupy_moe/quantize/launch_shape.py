@@ -51,6 +51,7 @@ SEGMENT_WIDTHS = (768, SEGMENT_COLUMNS)
 MAX_THREADS = 256      # QUANT_MAX_THREADS: the kernels' launch bound
 BLOCK_ROWS_MAX_THREADS = 1024  # QUANT_BLOCK_ROWS_MAX_THREADS: *_block_rows' launch bound
 MAX_ROWS_A_BLOCK = 32  # *_block_rows: a block's rows (one ballot of their maps)
+TILE_ROWS, TILE_COLUMNS = 8, 128  # QUANT_TILE_ROWS, QUANT_TILE_COLS: quantize *_tiles' tile
 MAX_LANES = 2**31 - 1  # lane indices stay below 2^31: the magic number's range
 
 
@@ -105,6 +106,11 @@ class QuantizeTuning:
     72.2 -> 76.3, 8k 89.0 -> 88.4; removed. The same prefetch in the
     ``*_vec`` kernels lost 1-9 points. benchmarks/NOTES.md, seventeenth
     session.)
+    ``sf_column_tiles``: quantize_fp8 calls with column-major float32 scale
+    factors and H % 128 == 0 take ``*_tiles``, a warp an 8-row x 128-column
+    tile, so that one store writes a block column's 8 scale factors (one
+    32-byte sector) where ``*_vec`` writes 8 columns' (a sector each).
+    Built in the seventeenth session without a device: off until measured.
     """
 
     threads: int = 128
@@ -116,6 +122,7 @@ class QuantizeTuning:
     block_rows_from_bytes: float = float(1 << 20)
     block_rows_blocks_per_sm: float = 1.0
     segment_columns: tuple[int, ...] = (SEGMENT_COLUMNS, 768)
+    sf_column_tiles: bool = False
 
     def __post_init__(self) -> None:
         for name in ("threads", "small_threads"):
@@ -143,9 +150,10 @@ class QuantizeTuning:
                 type(width) is int and width in SEGMENT_WIDTHS for width in self.segment_columns):
             raise ValueError(f"QuantizeTuning.segment_columns must be a tuple of widths in "
                              f"{SEGMENT_WIDTHS}; got {self.segment_columns!r}")
-        if not isinstance(self.software_e4m3, bool):
-            raise TypeError(f"QuantizeTuning.software_e4m3 must be True or False; got "
-                            f"{self.software_e4m3!r}")
+        for name in ("software_e4m3", "sf_column_tiles"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"QuantizeTuning.{name} must be True or False; got "
+                                f"{getattr(self, name)!r}")
 
     def defines(self) -> tuple[tuple[str, int], ...]:
         """The compile-time part (the kernel source's QUANTIZE_* macros)."""
@@ -179,10 +187,11 @@ class QuantizeShape(NamedTuple):
     rows: bool            # the coalesced kernel is swiglu's *_rows (else *_vec)
     narrow: bool          # ... or swiglu's *_vec1 (one 16-byte chunk a lane) or *_block_rows
     block_rows: int       # *_block_rows: rows a block (0: another kernel)
-    passes: int           # *_rows: segments a row (of segment_columns columns)
+    passes: int           # *_rows: segments a row (of segment_columns columns); *_tiles: tiles
     pass_magic: int       # *_rows: row of segment s = (s * pass_magic) >> pass_shift
     pass_shift: int
     segment_columns: int = SEGMENT_COLUMNS  # *_rows: a segment's columns (rows only)
+    tiles: bool = False   # quantize *_tiles: passes (and its magic) count column tiles
 
     def grid(self, vector: bool) -> tuple[int, int]:
         """(blocks, threads) of one kernel."""
@@ -206,7 +215,8 @@ def division_magic(divisor: int) -> tuple[int, int]:
 
 def launch_shape(num_rows: int, hidden: int, num_per_channels: int, multiprocessors: int,
                  tuning: QuantizeTuning = DEFAULT_TUNING, *,
-                 swiglu: bool = False, narrow_columns: int = 0) -> QuantizeShape:
+                 swiglu: bool = False, narrow_columns: int = 0,
+                 column_major_sf: bool = False) -> QuantizeShape:
     """The grid of one call: a function of the shapes (and the SM count) only.
 
     ``swiglu``: where H is whole segments (of the first width of
@@ -219,7 +229,9 @@ def launch_shape(num_rows: int, hidden: int, num_per_channels: int, multiprocess
     or, from ``tuning.block_rows_from_bytes`` of codes, *_block_rows'
     (a block ``block_rows`` whole rows, a thread a chunk of a live row: at
     least the row's chunks, whole warps, at most
-    ``BLOCK_ROWS_MAX_THREADS``)."""
+    ``BLOCK_ROWS_MAX_THREADS``). ``column_major_sf`` (quantize_fp8's
+    column-major float32 scale factors): with ``tuning.sf_column_tiles`` and
+    H % 128 == 0, *_tiles' grid (a warp an 8 x 128 tile)."""
     lanes_per_block = num_per_channels // LANE_COLUMNS
     sf_blocks = ceil_div(hidden, num_per_channels)
     lanes_per_row = sf_blocks * lanes_per_block
@@ -234,6 +246,10 @@ def launch_shape(num_rows: int, hidden: int, num_per_channels: int, multiprocess
                  0) if swiglu and not narrow else 0
     rows = width > 0
     passes = max(1, ceil_div(hidden, width or SEGMENT_COLUMNS))
+    tiles = (column_major_sf and tuning.sf_column_tiles and not swiglu
+             and hidden % TILE_COLUMNS == 0 and hidden % num_per_channels == 0)
+    if tiles:
+        passes = hidden // TILE_COLUMNS
     if (hidden % num_per_channels == 0 and narrow
             and num_rows * hidden >= tuning.block_rows_from_bytes):
         # about block_rows_blocks_per_sm blocks an SM, each its rows whole
@@ -247,6 +263,7 @@ def launch_shape(num_rows: int, hidden: int, num_per_channels: int, multiprocess
         # or (*_rows) a segment, or (*_vec1) 32 lanes x narrow_columns
         lane_columns = narrow_columns if narrow else LANE_COLUMNS
         warps = (num_rows * passes if rows
+                 else ceil_div(num_rows, TILE_ROWS) * passes if tiles
                  else ceil_div(num_rows * hidden, 32 * lane_columns))
         vec_threads, vec_blocks = _grid(warps, multiprocessors, tuning)
         if vec_blocks * vec_threads > MAX_LANES:
@@ -258,7 +275,7 @@ def launch_shape(num_rows: int, hidden: int, num_per_channels: int, multiprocess
     return QuantizeShape(threads, blocks, vec_threads, vec_blocks, lanes_per_row,
                          lanes_per_block.bit_length() - 1, row_magic, row_shift, block_magic,
                          block_shift, rows, narrow, block_rows, passes, pass_magic, pass_shift,
-                         width or SEGMENT_COLUMNS)
+                         width or SEGMENT_COLUMNS, tiles)
 
 
 def _grid(warps: int, multiprocessors: int, tuning: QuantizeTuning) -> tuple[int, int]:
