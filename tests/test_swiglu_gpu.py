@@ -117,7 +117,9 @@ def test_random_cases_are_bit_identical_to_the_oracle(kind):
 
 
 @pytest.mark.parametrize("kind", KINDS)
-@pytest.mark.parametrize("inter", [2048, 768, 1536])
+# 3072: *_rows under the default widths, *_rows768 (4 segments a row) under
+# rows768-first; 768 and 1536: *_rows768 under both
+@pytest.mark.parametrize("inter", [2048, 768, 1536, 3072])
 @pytest.mark.parametrize("tuning", [None, QuantizeTuning(segment_columns=(768, 1024)),
                                     QuantizeTuning(segment_columns=())],
                          ids=["default", "rows768-first", "vec"])

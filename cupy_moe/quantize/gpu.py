@@ -78,7 +78,7 @@ class QuantizePlan:
         live_rows = (min(problem.num_rows, problem.num_weights) if problem.num_weights >= 0
                      else problem.num_rows)
         narrow = problem.swiglu and live_rows <= tuning.narrow_live_rows
-        column_major_sf = problem.col_major and not problem.packed_ue8m0  # float32, col-major
+        column_major_sf = sf_layout(problem) == SF_COL_MAJOR_F32
         columns = 4 if problem.in_dtype == "float32" else 8  # a 16-byte chunk
         multiprocessors = device_traits(device).multiprocessors
         try:
