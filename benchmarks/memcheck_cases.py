@@ -57,8 +57,9 @@ FEW_ROW_BLOCKS = QuantizeTuning(block_rows_from_bytes=0, block_rows_blocks_per_s
 # swiglu_quantize_fp8's row-major kernels at any live rows, 768-column
 # segments first (*_rows768 for I = 768, *_rows for 2048 and 7168)
 SHORT_SEGMENTS = QuantizeTuning(segment_columns=(768, 1024), narrow_live_rows=0)
-# quantize_fp8's *_tiles (8 x 128 tiles; column-major float32 SF, H % 128 == 0)
-TILES = QuantizeTuning(sf_column_tiles=True)
+# quantize_fp8's column-major float32 SF on *_vec (the default: *_tiles, 8 x 128
+# tiles a warp, where H % 128 == 0)
+VEC_COLUMNS = QuantizeTuning(sf_column_tiles=False)
 
 
 def bits(a: np.ndarray) -> np.ndarray:
@@ -168,7 +169,7 @@ def run_combine_quantize_cases(rng) -> int:
             for g, w in zip(got, want):
                 assert np.array_equal(bits(cupy.asnumpy(g)), bits(np.asarray(w)))
             if col_major and not packed:
-                got = run_quantize_with_tuning(TILES, "quantize_fp8",
+                got = run_quantize_with_tuning(VEC_COLUMNS, "quantize_fp8",
                                                cupy.asarray(x.view(np.uint16)), **settings)
                 for g, w in zip(got, want, strict=True):
                     assert np.array_equal(bits(cupy.asnumpy(g)), bits(np.asarray(w)))
@@ -194,7 +195,19 @@ def run_combine_quantize_cases(rng) -> int:
                                            **settings)
             for g, w in zip(got, want, strict=True):
                 assert np.array_equal(bits(cupy.asnumpy(g)), bits(np.asarray(w)))
-            cases += 4
+            # zero_padding=False (the default and the few-row kernels): live rows
+            # as above, nothing written outside the outputs
+            live = pos_to_expert >= 0
+            for tuning in (None, FEW_ROW_BLOCKS):
+                kwargs = dict(pos_to_expert=cupy.asarray(pos_to_expert), zero_padding=False,
+                              **settings)
+                h_dev = cupy.asarray(h.view(np.uint16))
+                got = (cupy_moe.swiglu_quantize_fp8(h_dev, **kwargs) if tuning is None else
+                       run_quantize_with_tuning(tuning, "swiglu_quantize_fp8", h_dev,
+                                                **kwargs))
+                assert np.array_equal(bits(cupy.asnumpy(got[0]))[live],
+                                      bits(np.asarray(want[0]))[live])
+            cases += 6
     return cases
 
 

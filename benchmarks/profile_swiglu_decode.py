@@ -16,6 +16,10 @@ workload's shapes and SF layout unless named:
   block rows, all padding   and with pos_to_expert all -1
   no weights    topk_weights and pos_to_token_topk left out (one load less
                 on a live row's chain)
+  padding not written   zero_padding=False: the padding rows' codes and
+                scale factors are not stored; "..." the same on the wide
+                kernels (narrow_live_rows = 0), *_vec1, *_block_rows (about
+                one, two, four blocks an SM)
   all padding   pos_to_expert all -1: only the zero codes and scale factors
                 (no h loads, no arithmetic)
   live rows     only the plan's live rows (X = their count): the chain of a
@@ -56,10 +60,10 @@ def variants(w, host: dict[str, np.ndarray]) -> dict[str, object]:
                    packed_ue8m0=w.packed_ue8m0,
                    use_tma_aligned_col_major_sf=w.use_tma_aligned_col_major_sf)
 
-    def op(h, pos_to_expert, weights=True, tuning=None):
+    def op(h, pos_to_expert, weights=True, tuning=None, zero_padding=True):
         """One variant's call into preallocated outputs (the plan's own tuning
         unless ``tuning`` is given)."""
-        maps = dict(pos_to_expert=pos_to_expert, **options)
+        maps = dict(pos_to_expert=pos_to_expert, zero_padding=zero_padding, **options)
         if weights:
             maps.update(topk_weights=dev["topk_weights"],
                         pos_to_token_topk=dev["pos_to_token_topk"])
@@ -87,6 +91,17 @@ def variants(w, host: dict[str, np.ndarray]) -> dict[str, object]:
         "block rows, all padding": op(dev["h"], torch.full_like(dev["pos_to_expert"], -1),
                                       tuning=BLOCK_ROWS),
         "no weights": op(dev["h"], dev["pos_to_expert"], weights=False),
+        "padding not written": op(dev["h"], dev["pos_to_expert"], zero_padding=False),
+        "... wide": op(dev["h"], dev["pos_to_expert"], zero_padding=False,
+                       tuning=QuantizeTuning(narrow_live_rows=0)),
+        "... vec1": op(dev["h"], dev["pos_to_expert"], zero_padding=False,
+                       tuning=replace(BLOCK_ROWS, block_rows_from_bytes=math.inf)),
+        "... block rows": op(dev["h"], dev["pos_to_expert"], zero_padding=False,
+                             tuning=BLOCK_ROWS),
+        "... block rows x2": op(dev["h"], dev["pos_to_expert"], zero_padding=False,
+                                tuning=replace(BLOCK_ROWS, block_rows_blocks_per_sm=2.0)),
+        "... block rows x4": op(dev["h"], dev["pos_to_expert"], zero_padding=False,
+                                tuning=replace(BLOCK_ROWS, block_rows_blocks_per_sm=4.0)),
         "all padding": op(dev["h"], torch.full_like(dev["pos_to_expert"], -1)),
         "live rows": op(h_live, dev["pos_to_expert"][torch.from_numpy(live).to(dev['h'].device)],
                         weights=False),

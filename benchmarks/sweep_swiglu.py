@@ -34,9 +34,9 @@ TUNINGS = [("default", QuantizeTuning()),
            # and never (*_vec for every I)
            *((f"segment_columns={widths}", QuantizeTuning(segment_columns=widths))
              for widths in ((768, 1024), ())),
-           # quantize_fp8, column-major float32 SF: a warp an 8 x 128 tile (built in
-           # the seventeenth session without a device)
-           ("sf_column_tiles", QuantizeTuning(sf_column_tiles=True)),
+           # quantize_fp8, column-major float32 SF: *_vec (8 columns' scale
+           # factors a row, a sector each) against the default's *_tiles
+           ("sf_column_tiles=False", QuantizeTuning(sf_column_tiles=False)),
            *((f"rows_min_blocks={blocks}", QuantizeTuning(rows_min_blocks=blocks))
              for blocks in (5, 6, 8, 10)),
            # the default's 128 against the other block sizes (256 was the

@@ -5,7 +5,8 @@
 //                          up) * weight of h[r] = [gate | up] ([R, 2H]); rows
 //                          with pos_to_expert < 0, or (with weights) a slot
 //                          outside [0, T*K), are padding: zero codes, zero
-//                          scale factors, their inputs never read.
+//                          scale factors (zero_padding off: not written, but
+//                          for the SF pad columns), their inputs never read.
 // Each row is cut into blocks of npc (32 or 128) columns, each with its own
 // scale factor. quantize_e4m3.cuh and quantize_exp.cuh hold the arithmetic;
 // the NumPy oracle (cupy_moe/quantize/) does the same, bit for bit.
@@ -139,6 +140,7 @@ struct QuantizeArgs {
     int sf_layout;                 // SF_ROW_MAJOR_F32, SF_COL_MAJOR_F32, SF_COL_MAJOR_UE8M0
     int round_sf;                  // 1: power-of-two scale factors
     int block_rows;                // *_block_rows: rows a block, 1 .. 32
+    int zero_padding;              // swiglu: 1: padding rows get zero codes and SF; 0: not written
 };
 
 __device__ __forceinline__ unsigned magic_divide(unsigned n, i64 magic, int shift) {
@@ -165,16 +167,18 @@ __device__ __forceinline__ bool swiglu_row(const QuantizeArgs& a, i64 row, float
 
 // Block `block` of row `row`: its scale factor sf (0 for a padding row) in
 // the layout; row R-1 also zeroes the column-major pad columns R .. sf_ld.
+// Without own_row, only those pad columns (a padding row R-1 that is not
+// written: zero_padding off).
 __device__ __forceinline__ void store_scale_factor(const QuantizeArgs& a, i64 row, int block,
-                                                   float sf, bool padding) {
+                                                   float sf, bool padding, bool own_row = true) {
     const bool last_row = row == a.num_rows - 1;
     if (a.sf_layout == SF_ROW_MAJOR_F32) {
-        static_cast<float*>(a.out_sf)[row * a.sf_blocks + block] = padding ? 0.0f : sf;
+        if (own_row) static_cast<float*>(a.out_sf)[row * a.sf_blocks + block] = padding ? 0.0f : sf;
         return;
     }
     if (a.sf_layout == SF_COL_MAJOR_F32) {
         float* column = static_cast<float*>(a.out_sf) + static_cast<i64>(block) * a.sf_ld;
-        column[row] = padding ? 0.0f : sf;
+        if (own_row) column[row] = padding ? 0.0f : sf;
         if (last_row) {  // at most 3 pad columns
             for (int pad = 1; pad < 4; ++pad)
                 if (row + pad < a.sf_ld) column[row + pad] = 0.0f;
@@ -187,11 +191,21 @@ __device__ __forceinline__ void store_scale_factor(const QuantizeArgs& a, i64 ro
     unsigned char* column =
         static_cast<unsigned char*>(a.out_sf) + static_cast<i64>(block >> 2) * a.sf_ld * 4;
     const i64 end = last_row ? a.sf_ld : row + 1;
-    for (i64 r = row; r < end; ++r) {
+    for (i64 r = own_row ? row : row + 1; r < end; ++r) {
         unsigned char* word = column + r * 4;
         word[block & 3] = r == row ? byte : 0;
         for (int j = 1; j <= zero_bytes_after; ++j) word[(block & 3) + j] = 0;
     }
+}
+
+// A padding row's block `block`: zero scale factor, or with zero_padding
+// off nothing but the pad columns that row R-1 owns.
+__device__ __forceinline__ void store_padding_scale_factor(const QuantizeArgs& a, i64 row,
+                                                           int block) {
+    if (a.zero_padding)
+        store_scale_factor(a, row, block, 0.0f, true);
+    else if (row == a.num_rows - 1)
+        store_scale_factor(a, row, block, 0.0f, true, false);
 }
 
 // Four values scaled and coded, the first in the low byte.
@@ -360,14 +374,17 @@ __device__ __forceinline__ void quantize_vec_body(const QuantizeArgs& a) {
 #pragma unroll
         for (int k = 0; k < LOADS; ++k) any_live = any_live || !padding[k];
         if (!__any_sync(QUANT_FULL_MASK, any_live)) {
+            if (a.zero_padding) {
 #pragma unroll
-            for (int k = 0; k < LOADS; ++k)
-                if (first + 32 * k < total_chunks) store_zero_codes<In>(a.out, first + 32 * k);
+                for (int k = 0; k < LOADS; ++k)
+                    if (first + 32 * k < total_chunks)
+                        store_zero_codes<In>(a.out, first + 32 * k);
+            }
             const i64 chunk = first + 32 * in_group;
             if (in_group >= LOADS || chunk >= total_chunks) return;
             const unsigned block = static_cast<unsigned>(chunk >> group_log2);
             const unsigned row = magic_divide(block, a.block_magic, a.block_shift);
-            store_scale_factor(a, row, static_cast<int>(block - row * a.sf_blocks), 0.0f, true);
+            store_padding_scale_factor(a, row, static_cast<int>(block - row * a.sf_blocks));
             return;
         }
     }
@@ -410,9 +427,12 @@ __device__ __forceinline__ void quantize_vec_body(const QuantizeArgs& a) {
     float v[LOADS][CHUNK], amax[LOADS], scale[LOADS];
     chunk_values<In, SWIGLU, LOADS>(raw, weight, v, amax);
     const float sf = group_scales<LOADS>(amax, lane, group, a.round_sf != 0, scale);
+    // (swiglu, zero_padding off: a padding row's chunks are not written)
+    const bool store_padding = !SWIGLU || a.zero_padding;
 #pragma unroll
     for (int k = 0; k < LOADS; ++k)
-        if (first + 32 * k < total_chunks) store_codes<In>(a.out, first + 32 * k, v[k], scale[k]);
+        if (first + 32 * k < total_chunks && (store_padding || !padding[k]))
+            store_codes<In>(a.out, first + 32 * k, v[k], scale[k]);
     if (in_group >= LOADS) return;
     const i64 chunk = first + 32 * in_group;
     if (chunk >= total_chunks) return;
@@ -422,7 +442,10 @@ __device__ __forceinline__ void quantize_vec_body(const QuantizeArgs& a) {
 #pragma unroll
     for (int k = 0; k < LOADS; ++k)
         if (in_group == k) row_padding = SWIGLU && padding[k];
-    store_scale_factor(a, row, static_cast<int>(block - row * a.sf_blocks), sf, row_padding);
+    if (row_padding)
+        store_padding_scale_factor(a, row, static_cast<int>(block - row * a.sf_blocks));
+    else
+        store_scale_factor(a, row, static_cast<int>(block - row * a.sf_blocks), sf, false);
 }
 
 // quantize_fp8_*_tiles (see the top): tile w of warp w. Lane l's chunk in
@@ -529,14 +552,17 @@ __device__ __forceinline__ RowsSegment rows_segment(const QuantizeArgs& a, unsig
 }
 
 // A padding segment: zero codes and scale factors, what the arithmetic gives
-// for zero words, without reading h.
+// for zero words, without reading h (zero_padding off: only row R-1's SF pad
+// columns).
 template <typename In, int LOADS>
 __device__ __forceinline__ void rows_store_zeros(const QuantizeArgs& a, const RowsSegment& s,
                                                  int row_chunks) {
+    if (a.zero_padding) {
 #pragma unroll
-    for (int k = 0; k < LOADS; ++k)
-        if (s.first + 32 * k < row_chunks) store_zero_codes<In>(s.out_row, s.first + 32 * k);
-    if (s.stores_sf) store_scale_factor(a, s.row, s.sf_chunk >> s.group_log2, 0.0f, true);
+        for (int k = 0; k < LOADS; ++k)
+            if (s.first + 32 * k < row_chunks) store_zero_codes<In>(s.out_row, s.first + 32 * k);
+    }
+    if (s.stores_sf) store_padding_scale_factor(a, s.row, s.sf_chunk >> s.group_log2);
 }
 
 // A live segment's loads: the lane's gate and up chunks, then the row's
@@ -647,9 +673,10 @@ __device__ __forceinline__ void quantize_any_body(const QuantizeArgs& a) {
         // a warp of padding rows: zeros, without the arithmetic (see *_vec)
         if (!active) return;
         unsigned char* out_row = a.out + row * hidden;
-        for (int i = 0; i < QUANT_LANE_COLS && col + i < hidden; ++i) out_row[col + i] = 0;
+        if (a.zero_padding)
+            for (int i = 0; i < QUANT_LANE_COLS && col + i < hidden; ++i) out_row[col + i] = 0;
         if ((task & ((1 << a.group_log2) - 1)) == 0 && block < a.sf_blocks)
-            store_scale_factor(a, row, block, 0.0f, true);
+            store_padding_scale_factor(a, row, block);
         return;
     }
     const In* first =
@@ -682,6 +709,15 @@ __device__ __forceinline__ void quantize_any_body(const QuantizeArgs& a) {
     float sf, scale;
     quant_block_scales(amax, a.round_sf != 0, sf, scale);
     if (!active) return;
+    if (SWIGLU && padding) {  // a padding row beside live ones in the warp
+        if (a.zero_padding) {
+            unsigned char* out_row = a.out + row * hidden;
+            for (int i = 0; i < QUANT_LANE_COLS && col + i < hidden; ++i) out_row[col + i] = 0;
+        }
+        if ((task & (group - 1)) == 0 && block < a.sf_blocks)
+            store_padding_scale_factor(a, row, block);
+        return;
+    }
 
     unsigned char* out_row = a.out + row * hidden;
 #pragma unroll
@@ -693,7 +729,7 @@ __device__ __forceinline__ void quantize_any_body(const QuantizeArgs& a) {
                 out_row[col + 4 * w + i] = static_cast<unsigned char>(codes >> (8 * i));
     }
     if ((task & (group - 1)) == 0 && block < a.sf_blocks)
-        store_scale_factor(a, row, block, sf, padding);
+        store_scale_factor(a, row, block, sf, false);
 }
 
 // ---------------------------------------------------------------------------
@@ -746,14 +782,20 @@ __device__ __forceinline__ void swiglu_block_rows_body(const QuantizeArgs& a) {
     // conditions of every coalesced kernel) and zero scale factors; each
     // thread its share, once: while its first live chunk's loads are in
     // flight, else after the live rows
-    bool zeroed = dead == 0u;
+    // (zero_padding off: no codes, and scale factors only for row R-1's SF
+    // pad columns)
+    const bool last_row_here = row0 + rows == a.num_rows;
+    const unsigned dead_codes = a.zero_padding ? dead : 0u;
+    const unsigned dead_sf = a.zero_padding ? dead
+                             : last_row_here ? dead & (1u << (rows - 1)) : 0u;
+    bool zeroed = dead_sf == 0u;
     auto zero_padding_rows = [&]() {
-        for_rows_columns(dead, rows, a.hidden >> 4, [&](int r, int v) {
+        for_rows_columns(dead_codes, rows, a.hidden >> 4, [&](int r, int v) {
             store_once(reinterpret_cast<uint4*>(a.out + (row0 + r) * a.hidden) + v,
                        make_uint4(0u, 0u, 0u, 0u));
         });
-        for_rows_columns(dead, rows, a.sf_blocks, [&](int r, int block) {
-            store_scale_factor(a, row0 + r, block, 0.0f, true);
+        for_rows_columns(dead_sf, rows, a.sf_blocks, [&](int r, int block) {
+            store_padding_scale_factor(a, row0 + r, block);
         });
         zeroed = true;
     };

@@ -343,7 +343,8 @@ def test_tiles_write_everything_once(num_rows, hidden, npc, chunk):
 @pytest.mark.parametrize(("hidden", "npc", "swiglu", "column_major_sf", "tuning", "tiles"), [
     (7168, 128, False, True, TILES, True),
     (7168, 32, False, True, TILES, True),
-    (7168, 128, False, True, DEFAULT_TUNING, False),  # off by default
+    (7168, 128, False, True, DEFAULT_TUNING, True),   # on by default
+    (7168, 128, False, True, QuantizeTuning(sf_column_tiles=False), False),
     (7168, 128, False, False, TILES, False),          # row-major or packed SF: *_vec
     (2080, 32, False, True, TILES, False),            # H % 128 != 0
     (2048, 128, True, True, TILES, False),            # swiglu: never
@@ -589,7 +590,7 @@ def test_a_plan_packs_what_the_kernel_reads(monkeypatch, swiglu):
         "group_log2": 2, "lanes_per_row": 224, "row_shift": shape.row_shift,
         "block_shift": shape.block_shift, "pass_magic": shape.pass_magic,
         "pass_shift": shape.pass_shift, "passes": 7, "sf_layout": 2, "round_sf": 1,
-        "block_rows": 0}
+        "block_rows": 0, "zero_padding": 1}
     # a pointer off 16-byte alignment takes the element-access kernel, its grid
     plan.launch(7, 0x1002, 0x2000, 0x3000, 0, 0, 0)
     assert launches[-1][0] == f"{op}_bf16_any"
@@ -661,7 +662,7 @@ def test_block_rows_where_the_tuning_asks(monkeypatch):
     plan = gpu.QuantizePlan(wide, 0, BLOCK_ROWS)
     plan.launch(7, 0x1000, 0x2000, 0x3000, 0x4000, 0x5000, 0x6000)
     assert launches[-1][0] == "swiglu_quantize_fp8_bf16_rows"
-    assert gpu.QUANTIZE_ARGS.packer.unpack_from(plan.args.buffer)[-1] == 0
+    assert _packed_fields(gpu, plan)["block_rows"] == 0
 
 
 @pytest.mark.parametrize(("hidden", "tuning", "kernel", "passes"), [
@@ -713,7 +714,9 @@ def test_plan_kernels_by_dtype_width_and_layout(monkeypatch):
         plan = gpu.QuantizePlan(problem, 0, DEFAULT_TUNING)
         plan.launch(0, 0x1000, 0x2000, 0x3000, 0, 0, 0)
         name = f"quantize_fp8_{'f32' if dtype == 'float32' else 'bf16'}_"
-        assert launches[-1][0] == name + ("vec" if hidden % 32 == 0 else "any")
+        # column-major float32 SF with H % 128 == 0: *_tiles (the default)
+        assert launches[-1][0] == name + ("any" if hidden % 32 else "tiles" if col_major
+                                          else "vec")
         fields = _packed_fields(gpu, plan)
         assert fields["sf_layout"] == layout and fields["group_log2"] == 0
         assert fields["sf_ld"] == 8 and fields["sf_blocks"] == -(-hidden // 32)

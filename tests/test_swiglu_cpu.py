@@ -202,6 +202,51 @@ def test_padding_rows_are_zero_codes_and_zero_scale_factors(layout, rng):
         assert not sf_buffer_of(out_sf, col_major=True)[:, 6:].view(np.uint32).any()
 
 
+@pytest.mark.parametrize("kind", ["numpy", "torch"])
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+def test_zero_padding_off_leaves_padding_rows_as_they_were(kind, layout, rng):
+    """zero_padding=False: live rows as with True, bit for bit; padding rows'
+    codes and scale factors keep the caller's bytes; the column-major pad
+    columns (rows 6, 7 of the SF buffer) are zeroed; fresh outputs too."""
+    packed, col_major, round_sf = LAYOUTS[layout]
+    h = _gate_up(rng, 6, 256, 128, "float32")
+    weights = np.ones((3, 2), dtype=F32)
+    slots = np.array([0, 1, -1, 5, 6, 2], np.int32)
+    experts = np.array([0, -1, 0, 1, 1, -1], np.int32)  # padding: 1, 2, 4, 5 (the last)
+    live, padding = [0, 3], [1, 2, 4, 5]
+    settings = {"topk_weights": weights, "pos_to_token_topk": slots, "pos_to_expert": experts,
+                "round_sf": round_sf, "packed_ue8m0": packed,
+                "use_tma_aligned_col_major_sf": col_major}
+    want, want_sf = swiglu_quantize_fp8(h, **settings)
+    columns = 1 if packed else 2
+    out = np.full((6, 256), 0x5A, np.uint8)
+    sf_dtype = np.int32 if packed else F32
+    buffer = np.full((columns, 8) if col_major else (6, columns), -1, np.int32).view(sf_dtype)
+    convert = to_torch if kind == "torch" else (lambda a: a)
+    back = from_torch if kind == "torch" else (lambda a: a)
+    args = {k: convert(v) if isinstance(v, np.ndarray) else v for k, v in settings.items()}
+    out_given, buffer_given = convert(out), convert(buffer)
+    out_sf_given = buffer_given[:, :6].T if col_major else buffer_given
+    got, got_sf = swiglu_quantize_fp8(convert(h), **args, zero_padding=False, out=out_given,
+                                      out_sf=out_sf_given)
+    assert got is out_given and got_sf is out_sf_given
+    out, buffer = back(out_given), back(buffer_given)
+    out_sf = buffer[:, :6].T if col_major else buffer
+    assert_bits_equal(out[live], want.view(np.uint8)[live], "live codes")
+    assert (out[padding] == 0x5A).all()
+    sf_rows = np.ascontiguousarray(out_sf).view(np.int32)
+    assert_bits_equal(sf_rows[live], np.ascontiguousarray(want_sf).view(np.int32)[live], "sf")
+    assert (sf_rows[padding] == -1).all()
+    if col_major:
+        assert not sf_buffer_of(out_sf, col_major=True)[:, 6:].view(np.uint32).any()
+    fresh, fresh_sf = swiglu_quantize_fp8(convert(h), **args, zero_padding=False)
+    fresh = from_torch(fresh) if kind == "torch" else fresh
+    fresh_sf = from_torch(fresh_sf) if kind == "torch" else fresh_sf
+    assert_bits_equal(fresh.view(np.uint8)[live], want.view(np.uint8)[live], "fresh codes")
+    if col_major:
+        assert not sf_buffer_of(fresh_sf, col_major=True)[:, 6:].view(np.uint32).any()
+
+
 def test_nan_and_infinity_through_silu():
     inter = 128
     h = np.ones((1, 2 * inter), dtype=F32)
@@ -321,6 +366,7 @@ EXPERTS = np.array([0, 0, 1, -1], np.int32)
     ({"packed_ue8m0": True, "round_sf": True}, ValueError,
      "packed_ue8m0=True needs use_tma_aligned_col_major_sf=True"),
     ({"round_sf": "no"}, TypeError, "round_sf must be True or False; got str 'no'"),
+    ({"zero_padding": 0}, TypeError, "zero_padding must be True or False; got int 0"),
     ({"out": np.zeros((4, 256), np.uint8)}, ValueError,
      "out must have shape (4, 128); got (4, 256)"),
     ({"out_sf": np.zeros((4, 2), np.float32)}, ValueError,

@@ -10,24 +10,28 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from gpu_cases import GPU_MARKS, KINDS, cupy, needs_torch_cuda, torch
+from gpu_cases import GPU_MARKS, KINDS, cupy, needs_torch_cuda, to_host_bits, torch
 from quantize_cases import LAYOUTS, SPECIALS, as_input_dtype
+from helpers import assert_bits_equal
 from test_quantize_gpu import (
     TUNINGS,
     call_op,
     check_result,
     device_array,
+    expected_sf_bits,
     input_dtype_name,
     map_array,
     poisoned_outputs,
     random_settings,
     random_values,
+    sf_bits,
 )
 
 import cupy_moe
 from cupy_moe.quantize import swiglu_quantize_fp8_numpy
 from cupy_moe.quantize.launch_shape import QuantizeTuning
 from cupy_moe.quantize.numerics import swiglu_f32
+from cupy_moe.quantize.reference import swiglu_values_numpy
 
 pytestmark = GPU_MARKS
 
@@ -263,11 +267,15 @@ def test_torch_fast_path_stays_exact(monkeypatch):
         check_result("torch", cupy_moe.quantize.swiglu_quantize_fp8(
             device_array("torch", h, "bfloat16"), **device_maps, **settings),
             swiglu_quantize_fp8_numpy(h, **maps, **settings), col_major=False)
-    # without the weights: another key, so the full path (patched) is taken
+    # without the weights, or with zero_padding=False: other keys, so the full
+    # path (patched) is taken
     with pytest.raises(AssertionError, match="the fast path should have taken this call"):
         cupy_moe.quantize.swiglu_quantize_fp8(device_array("torch", first, "bfloat16"),
                                               pos_to_expert=device_maps["pos_to_expert"],
                                               **settings)
+    with pytest.raises(AssertionError, match="the fast path should have taken this call"):
+        cupy_moe.quantize.swiglu_quantize_fp8(device_array("torch", first, "bfloat16"),
+                                              **device_maps, **settings, zero_padding=False)
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -286,3 +294,67 @@ def test_padding_rows_skip_their_inputs(kind):
             **settings),
             swiglu_quantize_fp8_numpy(h, pos_to_expert=experts, **settings),
             col_major=col_major, what=layout)
+
+
+# every kernel's padding path: the default's (wide at these X: *_rows,
+# *_rows768, *_vec by I), *_vec (never row-major), *_vec1 and *_block_rows
+# (few live rows), and *_any (misaligned h)
+ZERO_PADDING_TUNINGS = {
+    "default": None,
+    "vec": QuantizeTuning(segment_columns=(), narrow_live_rows=0),
+    "vec1": QuantizeTuning(narrow_live_rows=2**31, block_rows_from_bytes=float("inf")),
+    "block_rows": QuantizeTuning(narrow_live_rows=2**31, block_rows_from_bytes=0,
+                                 block_rows_blocks_per_sm=0.01),
+}
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("tuning_name", sorted(ZERO_PADDING_TUNINGS))
+@pytest.mark.parametrize("inter", [2048, 768, 1056, 100])
+@pytest.mark.parametrize("misalign", [False, True], ids=["aligned", "misaligned"])
+def test_zero_padding_off_leaves_padding_rows(kind, tuning_name, inter, misalign):
+    """zero_padding=False: live rows bit-exact, padding rows' codes and scale
+    factors left as they were (poisoned), the column-major SF pad columns
+    zeroed (X = 37 and 38: a padding last row owns them in some cases)."""
+    rng = np.random.default_rng()
+    tuning = ZERO_PADDING_TUNINGS[tuning_name]
+    for num_rows in (37, 38):
+        maps = random_maps(rng, num_rows)
+        maps["pos_to_expert"] = np.where(rng.random(num_rows) < 0.6, -1,
+                                         rng.integers(0, 8, num_rows)).astype(np.int32)
+        maps["pos_to_expert"][-1] = -1 if num_rows == 37 else 3
+        _, padding = swiglu_values_numpy(np.zeros((num_rows, 2), np.float32), **{
+            name: array for name, array in maps.items()})
+        h = as_input_dtype(random_h(rng, num_rows, inter, 128), "bfloat16")
+        for layout in ("row-f32", "col-f32", "col-ue8m0"):
+            packed, col_major, round_sf = LAYOUTS[layout]
+            settings = {"num_per_channels": int(rng.choice([32, 128])), "round_sf": round_sf,
+                        "packed_ue8m0": packed, "use_tma_aligned_col_major_sf": col_major}
+            oracle = swiglu_quantize_fp8_numpy(h, **maps, **settings)
+            given = poisoned_outputs(kind, rng, num_rows, inter, oracle[1].shape[1],
+                                     packed=packed, col_major=col_major, misalign=misalign)
+            poison_codes = to_host_bits(kind, given[0])
+            poison_sf = sf_bits(kind, given[1], num_rows, col_major=col_major)
+            result = call_op("swiglu_quantize_fp8", tuning,
+                             device_array(kind, h, "bfloat16", misalign=misalign),
+                             **maps_on_device(kind, maps), **settings, zero_padding=False,
+                             out=given[0], out_sf=given[1])
+            assert result[0] is given[0] and result[1] is given[1]
+            what = f"X={num_rows} I={inter} {layout} npc={settings['num_per_channels']}"
+            want_codes = np.where(padding[:, None], poison_codes,
+                                  oracle[0].view(np.uint8))
+            assert_bits_equal(to_host_bits(kind, result[0]), want_codes, f"{what} codes")
+            want_sf = expected_sf_bits(oracle[1], col_major=col_major)
+            if col_major:  # [S, align(X, 4)]: rows are columns, the pad columns zero
+                keep = np.zeros(want_sf.shape[1], bool)
+                keep[:num_rows] = padding
+                want_sf = np.where(keep[None, :], poison_sf, want_sf)
+            else:
+                want_sf = np.where(padding[:, None], poison_sf, want_sf)
+            assert_bits_equal(sf_bits(kind, result[1], num_rows, col_major=col_major),
+                              want_sf, f"{what} scale factors")
+            # the oracle agrees: given the poisoned outputs, it keeps them too
+            host_out = poison_codes.copy().view(np.uint8)
+            numpy_codes, _ = swiglu_quantize_fp8_numpy(h, **maps, **settings,
+                                                       zero_padding=False, out=host_out)
+            assert_bits_equal(numpy_codes.view(np.uint8), want_codes, f"{what} oracle codes")

@@ -123,7 +123,7 @@ def swiglu_quantize_fp8(h: Any, *, num_per_channels: int = 128, topk_weights: An
                         pos_to_token_topk: Any = None, pos_to_expert: Any = None,
                         round_sf: bool = False, packed_ue8m0: bool = False,
                         use_tma_aligned_col_major_sf: bool = False, out: Any = None,
-                        out_sf: Any = None) -> tuple[Any, Any]:
+                        out_sf: Any = None, zero_padding: bool = True) -> tuple[Any, Any]:
     """SwiGLU of a grouped GEMM's output rows, weighted, cast to fp8 e4m3.
 
     Row p of ``h = [gate | up]`` gives the float32 activations
@@ -135,7 +135,8 @@ def swiglu_quantize_fp8(h: Any, *, num_per_channels: int = 128, topk_weights: An
     values). A padding row (``pos_to_expert[p] < 0``, or with weights
     ``pos_to_token_topk[p]`` outside ``[0, T * K)``) is zero: codes 0 and
     scale factors 0 (UE8M0 byte 0), as ``expand_to_fused_with_sf`` zeroes
-    padding rows; its ``h`` row is not read.
+    padding rows; its ``h`` row is not read. With ``zero_padding=False`` it
+    is not written either (see below).
 
     NaN and infinity: ``exp`` saturates (``exp(x)`` is ``exp(clamp(x,
     -86.5, 87))``, so ``exp(+inf)`` is finite; a NaN argument is clamped like
@@ -166,6 +167,21 @@ def swiglu_quantize_fp8(h: Any, *, num_per_channels: int = 128, topk_weights: An
         Expert of each row, negative for padding rows (``fused_mapping``'s).
     round_sf, packed_ue8m0, use_tma_aligned_col_major_sf, out, out_sf
         As in :func:`quantize_fp8`, with X rows and I columns.
+    zero_padding : bool
+        True: padding rows are zero (codes and scale factors). False: their
+        codes and scale factors are not written and hold what the memory held
+        (fresh outputs: anything; a caller's ``out`` / ``out_sf``: their
+        previous contents); the call saves the zero-fill's stores, most of a
+        padded plan's bytes at small batches (DeepSeek-V3 EP8, T = 32: 34
+        live rows of 3,072). Every live row is the same as with True, bit for
+        bit, the column-major SF pad columns X .. align(X, 4) are zeroed
+        either way (they belong to no row), and nothing outside the outputs
+        is written. Safe for consumers that never read padding rows, as
+        ``expand_to_fused(zero_padding=False)`` is: a grouped GEMM that scales
+        a row by that row's scale factors and whose padding rows' outputs go
+        unused (DeepGEMM's contiguous layout with ``pos_to_expert`` as its
+        grouped_layout), then ``reduce_fused``, which reads slots' rows only.
+        Not for anything that reads every row.
 
     Returns
     -------
@@ -180,9 +196,10 @@ def swiglu_quantize_fp8(h: Any, *, num_per_channels: int = 128, topk_weights: An
     """
     if (out is None and out_sf is None and type(num_per_channels) is int
             and type(round_sf) is bool and type(packed_ue8m0) is bool
-            and type(use_tma_aligned_col_major_sf) is bool):
+            and type(use_tma_aligned_col_major_sf) is bool and type(zero_padding) is bool):
         plan = _swiglu_fast_path.lookup(
-            (num_per_channels, round_sf, packed_ue8m0, use_tma_aligned_col_major_sf),
+            (num_per_channels, round_sf, packed_ue8m0, use_tma_aligned_col_major_sf,
+             zero_padding),
             (h, topk_weights, pos_to_token_topk, pos_to_expert))
         if plan is not None:
             return _run_torch_fast(plan, h, topk_weights, pos_to_token_topk, pos_to_expert)
@@ -190,7 +207,7 @@ def swiglu_quantize_fp8(h: Any, *, num_per_channels: int = 128, topk_weights: An
                      swiglu=True, num_per_channels=num_per_channels, round_sf=round_sf,
                      packed_ue8m0=packed_ue8m0,
                      use_tma_aligned_col_major_sf=use_tma_aligned_col_major_sf, out=out,
-                     out_sf=out_sf, fast_path=_swiglu_fast_path)
+                     out_sf=out_sf, zero_padding=zero_padding, fast_path=_swiglu_fast_path)
 
 
 def run_with_tuning(tuning: QuantizeTuning, op: str, x: Any, **kwargs: Any) -> tuple[Any, Any]:
@@ -204,6 +221,8 @@ def run_with_tuning(tuning: QuantizeTuning, op: str, x: Any, **kwargs: Any) -> t
             for name in ("topk_weights", "pos_to_token_topk", "pos_to_expert")} if swiglu else {}
     settings = {"num_per_channels": 128, "round_sf": False, "packed_ue8m0": False,
                 "use_tma_aligned_col_major_sf": False, "out": None, "out_sf": None}
+    if swiglu:
+        settings["zero_padding"] = True
     unknown = set(kwargs) - set(settings)
     if unknown:
         raise TypeError(f"{op}() got unexpected keyword arguments {sorted(unknown)}")
@@ -214,13 +233,15 @@ def run_with_tuning(tuning: QuantizeTuning, op: str, x: Any, **kwargs: Any) -> t
 
 def _quantize(tuning: QuantizeTuning, x, topk_weights, pos_to_token_topk, pos_to_expert, *,
               swiglu: bool, num_per_channels, round_sf, packed_ue8m0,
-              use_tma_aligned_col_major_sf, out, out_sf,
+              use_tma_aligned_col_major_sf, out, out_sf, zero_padding=True,
               fast_path: TorchFastPath | None) -> tuple[Any, Any]:
     """The full path of both ops: every rule, then the backend of the arrays' kind."""
     scalars = (require_int("num_per_channels", num_per_channels),
                require_bool("round_sf", round_sf),
                require_bool("packed_ue8m0", packed_ue8m0),
                require_bool("use_tma_aligned_col_major_sf", use_tma_aligned_col_major_sf))
+    if swiglu:  # the fast path's key: swiglu's flags after the shared ones
+        scalars += (require_bool("zero_padding", zero_padding),)
     # in the fast path's key order
     if swiglu:
         inputs = {"h": x, "topk_weights": topk_weights, "pos_to_token_topk": pos_to_token_topk,
@@ -237,7 +258,7 @@ def _quantize(tuning: QuantizeTuning, x, topk_weights, pos_to_token_topk, pos_to
                 "packed_ue8m0": scalars[2], "col_major": scalars[3]}
     if swiglu:
         problem = check_swiglu(descs["h"], descs["topk_weights"], descs["pos_to_token_topk"],
-                               descs["pos_to_expert"], **settings)
+                               descs["pos_to_expert"], **settings, zero_padding=scalars[4])
     else:
         problem = check_quantize(descs["x"], **settings)
     _check_outputs(kind, problem, out_descs, out, out_sf, inputs)

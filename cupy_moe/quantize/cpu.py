@@ -43,7 +43,8 @@ def run_quantize(kind: ArrayKind, problem: QuantizeProblem, x: Any, topk_weights
                 for name, a in (("topk_weights", topk_weights),
                                 ("pos_to_token_topk", pos_to_token_topk),
                                 ("pos_to_expert", pos_to_expert))}
-        result, result_sf = reference.swiglu_quantize_fp8_numpy(x_np, **maps, **settings)
+        result, result_sf = reference.swiglu_quantize_fp8_numpy(
+            x_np, **maps, **settings, zero_padding=problem.zero_padding)
     else:
         result, result_sf = reference.quantize_fp8_numpy(x_np, **settings)
     if kind is ArrayKind.TORCH_CPU:

@@ -40,7 +40,7 @@ QUANTIZE_ARGS = ArgStruct(
     ("pass_magic", "i64"), ("hidden", "i32"), ("sf_blocks", "i32"), ("sf_ld", "i32"),
     ("group_log2", "i32"), ("lanes_per_row", "i32"), ("row_shift", "i32"), ("block_shift", "i32"),
     ("pass_shift", "i32"), ("passes", "i32"), ("sf_layout", "i32"), ("round_sf", "i32"),
-    ("block_rows", "i32"))
+    ("block_rows", "i32"), ("zero_padding", "i32"))
 _pack_pointers = QUANTIZE_ARGS.pointer_packer.pack_into
 
 
@@ -112,7 +112,7 @@ class QuantizePlan:
             row_shift=shape.row_shift, block_shift=shape.block_shift,
             pass_shift=shape.pass_shift, passes=shape.passes,
             sf_layout=sf_layout(problem), round_sf=int(problem.round_sf),
-            block_rows=shape.block_rows))
+            block_rows=shape.block_rows, zero_padding=int(problem.zero_padding)))
 
     def narrow_kernel(self, vector: bool) -> str:
         """The few-live-rows kernel of the coalesced launch ("" if none)."""

@@ -110,7 +110,9 @@ class QuantizeTuning:
     factors and H % 128 == 0 take ``*_tiles``, a warp an 8-row x 128-column
     tile, so that one store writes a block column's 8 scale factors (one
     32-byte sector) where ``*_vec`` writes 8 columns' (a sector each).
-    Built in the seventeenth session without a device: off until measured.
+    Measured (eighteenth session, two rounds): Kimi-K2 prefill 83.9 ->
+    88.8% of the copy (row-major: 90.3), Qwen3 prefill 55.2 -> 56.7, medium
+    shapes level.
     """
 
     threads: int = 128
@@ -122,7 +124,7 @@ class QuantizeTuning:
     block_rows_from_bytes: float = float(1 << 20)
     block_rows_blocks_per_sm: float = 1.0
     segment_columns: tuple[int, ...] = (SEGMENT_COLUMNS, 768)
-    sf_column_tiles: bool = False
+    sf_column_tiles: bool = True
 
     def __post_init__(self) -> None:
         for name in ("threads", "small_threads"):

@@ -87,11 +87,16 @@ def pack_ue8m0(sf: np.ndarray) -> np.ndarray:
     return packed.astype(np.uint32).view(np.int32)
 
 
-def write_sf(out_sf: np.ndarray, values: np.ndarray, *, col_major: bool) -> np.ndarray:
-    """Store ``values [R, S]`` into ``out_sf`` (any view of the layout) and, for
-    the column-major layout, zero the pad columns R .. align(R, 4) of the
-    buffer behind the view (the caller made sure it holds them)."""
-    out_sf[...] = values
+def write_sf(out_sf: np.ndarray, values: np.ndarray, *, col_major: bool,
+             rows: np.ndarray | None = None) -> np.ndarray:
+    """Store ``values [R, S]`` into ``out_sf`` (any view of the layout; only
+    the rows where the bool ``rows [R]`` is True, when given) and, for the
+    column-major layout, zero the pad columns R .. align(R, 4) of the buffer
+    behind the view (the caller made sure it holds them)."""
+    if rows is None:
+        out_sf[...] = values
+    else:
+        out_sf[rows] = values[rows]
     if col_major:
         num_rows, columns = out_sf.shape
         pad = align_up(num_rows, SF_TOKEN_ALIGN) - num_rows
@@ -105,16 +110,22 @@ def write_sf(out_sf: np.ndarray, values: np.ndarray, *, col_major: bool) -> np.n
 
 
 def _finish(codes: np.ndarray, sf: np.ndarray, *, packed_ue8m0: bool, col_major: bool,
-            out: np.ndarray | None, out_sf: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
-    """Codes and scale factors into the outputs (fresh ones when None)."""
+            out: np.ndarray | None, out_sf: np.ndarray | None,
+            rows: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Codes and scale factors into the outputs (fresh ones when None); only
+    the rows where the bool ``rows [R]`` is True, when given (the others keep
+    what the outputs held; the column-major pad columns are zeroed anyway)."""
     if out is None:
         out = np.empty(codes.shape, dtype=ml_dtypes.float8_e4m3fn)
-    out.view(np.uint8)[...] = codes
+    if rows is None:
+        out.view(np.uint8)[...] = codes
+    else:
+        out.view(np.uint8)[rows] = codes[rows]
     values = pack_ue8m0(sf) if packed_ue8m0 else sf
     if out_sf is None:
         _, out_sf = empty_sf_output(values.shape[0], values.shape[1], values.dtype,
                                     col_major=col_major)
-    write_sf(out_sf, values, col_major=col_major)
+    write_sf(out_sf, values, col_major=col_major, rows=rows)
     return out, out_sf
 
 
@@ -189,17 +200,19 @@ def swiglu_quantize_fp8_numpy(h: np.ndarray, *, num_per_channels: int = 128,
                               packed_ue8m0: bool = False,
                               use_tma_aligned_col_major_sf: bool = False,
                               out: np.ndarray | None = None,
-                              out_sf: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+                              out_sf: np.ndarray | None = None,
+                              zero_padding: bool = True) -> tuple[np.ndarray, np.ndarray]:
     """``swiglu_quantize_fp8`` of ``h [X, 2I]``: the activations of
     ``swiglu_values_numpy`` quantized as ``quantize_fp8`` does; padding rows
-    get zero codes and zero scale factors."""
+    get zero codes and zero scale factors, or with ``zero_padding=False`` are
+    not written (fresh outputs: np.empty's contents)."""
     act, padding = swiglu_values_numpy(h, topk_weights=topk_weights,
                                        pos_to_token_topk=pos_to_token_topk,
                                        pos_to_expert=pos_to_expert)
     codes, sf = quantize_values_numpy(act, num_per_channels=num_per_channels, round_sf=round_sf,
                                       zero_rows=padding)
     return _finish(codes, sf, packed_ue8m0=packed_ue8m0, col_major=use_tma_aligned_col_major_sf,
-                   out=out, out_sf=out_sf)
+                   out=out, out_sf=out_sf, rows=None if zero_padding else ~padding)
 
 
 def dequantize_fp8_numpy(x_fp8: np.ndarray, x_sf: np.ndarray, *,

@@ -29,7 +29,8 @@ class QuantizeProblem:
 
     ``num_rows`` is R (T for ``quantize_fp8``, X for ``swiglu_quantize_fp8``),
     ``hidden`` the columns of the fp8 output (H, or I). ``num_weights`` is
-    T * K when ``topk_weights`` is given, else -1.
+    T * K when ``topk_weights`` is given, else -1. ``zero_padding`` (swiglu):
+    whether padding rows are written (zeros) or left as they are.
     """
 
     num_rows: int
@@ -42,6 +43,7 @@ class QuantizeProblem:
     swiglu: bool = False
     num_weights: int = -1
     has_pos_to_expert: bool = False
+    zero_padding: bool = True
 
     @property
     def sf_blocks(self) -> int:
@@ -122,7 +124,7 @@ def check_quantize(x: ArrayDesc, *, num_per_channels: int, round_sf: bool, packe
 def check_swiglu(h: ArrayDesc, topk_weights: ArrayDesc | None,
                  pos_to_token_topk: ArrayDesc | None, pos_to_expert: ArrayDesc | None, *,
                  num_per_channels: int, round_sf: bool, packed_ue8m0: bool,
-                 col_major: bool) -> QuantizeProblem:
+                 col_major: bool, zero_padding: bool = True) -> QuantizeProblem:
     """Rules of ``swiglu_quantize_fp8``; returns the call's sizes."""
     check_settings(num_per_channels, round_sf, packed_ue8m0, col_major)
     check_ndim("h", h, 2, "[X, 2I]")
@@ -157,4 +159,5 @@ def check_swiglu(h: ArrayDesc, topk_weights: ArrayDesc | None,
                              f"got {desc.shape[0]}")
     return QuantizeProblem(num_rows, width // 2, h.dtype, num_per_channels, round_sf,
                            packed_ue8m0, col_major, swiglu=True, num_weights=num_weights,
-                           has_pos_to_expert=pos_to_expert is not None)
+                           has_pos_to_expert=pos_to_expert is not None,
+                           zero_padding=zero_padding)
