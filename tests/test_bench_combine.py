@@ -229,5 +229,5 @@ def test_the_gpu_table_row_of_a_reduce_record(cpu_torch_backend, rng):
     gbps = w.bytes / 4.0 / 1e3
     assert report.table_lines(result)[2] == (
         f"| reduce | {w.label} | T=1 H=2048 K=8 X=8 plan E=128 A=1 routed=8 +topk_weights "
-        f"| {w.bytes / 1e6:.2f} | 4.0 | {gbps:.0f} | {100 * gbps / 3.0e3:.1f} | - | 2.5 | - "
-        "| 1.5 | - | 0.75 | - | - | - | - |")
+        f"| {w.bytes / 1e6:.2f} | 4.0 | {gbps:.0f} | {100 * gbps / 3.0e3:.1f} | - | 2.5 | 62.5 "
+        "| - | 1.5 | - | 0.75 | - | - | - | - |")

@@ -247,10 +247,10 @@ def test_gpu_table_shows_the_mapping_row_with_empty_peer_columns(cpu_torch_backe
     gbps = w.bytes / 4.0 / 1e3
     # no copy + memset floor for the routing plan: "% copy+memset", "copy+memset us" are "-"
     assert lines[2] == (f"| mapping | mapping-decode | T=1 K=8 E=384 A=128 X=1024 int64 | 0.02 "
-                        f"| 4.0 | {gbps:.0f} | {100 * gbps / 3.0e3:.1f} | - | 2.5 | - | 1.5 | - "
-                        "| 0.75 | - | - | - | - |")
+                        f"| 4.0 | {gbps:.0f} | {100 * gbps / 3.0e3:.1f} | - | 2.5 | 62.5 | - | 1.5 "
+                        "| - | 0.75 | - | - | - | - |")
     assert lines[3] == ("| mapping | mapping-small | T=32 | 0.40 | MISMATCH expert_end: 1 "
-                        "elements differ, first at (0,) |" + "  |" * 12)
+                        "elements differ, first at (0,) |" + "  |" * 13)
     assert len(lines) == 4
 
 

@@ -500,18 +500,23 @@ def test_the_report_shows_the_floor(cpu_torch_backend, rng, tmp_path):
                                               kernel_only=True))
     lines = report.table_lines(gpu_result([record]))
     assert lines[0] == ("| op | workload | shapes | MB | GPU us | GB/s | % copy | % copy+memset "
-                        "| same-size copy us | copy+memset us | eager us | index_select us "
+                        "| same-size copy us | % same-size copy | copy+memset us | eager us "
+                        "| index_select us "
                         "| graph us | torch-ref us | nosync us | x ref | x nosync |")
     gbps = w.bytes / 4.0 / 1e3
     assert lines[2] == (f"| expand | kimi-k2-decode-e128-plan | T=1 H=7168 K=8 X=1024 plan "
                         f"E=128 A=128 routed=8 | {w.bytes / 1e6:.2f} | 4.0 | {gbps:.0f} "
-                        f"| {100 * gbps / 3.0e3:.1f} | 87.5 | 2.5 | 3.5 | - | - | - | - | - "
+                        f"| {100 * gbps / 3.0e3:.1f} | 87.5 | 2.5 | 62.5 | 3.5 | - | - | - | - "
+                        "| - "
                         "| - | - |")
     summary = report.summary_lines(gpu_result([record]))
     assert any(line.startswith("copy+memset floor (expand ops): ") for line in summary)
     # a result file from before the floor: no such keys, "-" in their columns
     old = {k: v for k, v in record.items() if k not in FLOOR_FIELDS}
-    assert report.table_lines(gpu_result([old]))[2].split(" | ")[7:10] == ["-", "2.5", "-"]
+    assert report.table_lines(gpu_result([old]))[2].split(" | ")[7:11] == ["-", "2.5", "62.5",
+                                                                            "-"]
+    # a record without its kernel time (a failed figure): "-"
+    assert report.table_lines(gpu_result([{**old, "gpu_us": None}]))[2].split(" | ")[9] == "-"
     assert not any(line.startswith("copy+memset")
                    for line in report.summary_lines(gpu_result([old])))
     pytest.importorskip("matplotlib")

@@ -39,16 +39,26 @@ def _model_us(record: dict[str, Any]) -> float | None:
     return None if copy is None or memset is None else copy + memset
 
 
+def _pct_same_size_copy(record: dict[str, Any]) -> float | None:
+    """The same-size copy's time over the kernel's, in percent: the share of
+    what a plain copy of the same bytes reaches at this size (launch and ramp
+    included), where "% copy" compares with a 1 GiB copy's bandwidth."""
+    copy, kernel = record.get("copy_same_bytes_us"), record.get("gpu_us")
+    return None if copy is None or not kernel else 100 * copy / kernel
+
+
 def table_lines(result: dict[str, Any]) -> list[str]:
     """A Markdown table, one row a record; GPU columns, or CPU ones for the cpu
     backend. A figure not measured (None: the torch peers of ``fused_mapping``
     and of the newer ops, say) shows as "-". "% copy+memset" and "copy+memset us" are the expand
     ops' floor of a copy of the routed bytes plus a memset of the padding's
-    (:mod:`.runner`)."""
+    (:mod:`.runner`). "% same-size copy" is the kernel against a plain copy of
+    its bytes timed the same way (:func:`_pct_same_size_copy`)."""
     gpu = result["backend"] != "cpu"
     if gpu:
         header = ["op", "workload", "shapes", "MB", "GPU us", "GB/s", "% copy",
-                  "% copy+memset", "same-size copy us", "copy+memset us", "eager us",
+                  "% copy+memset", "same-size copy us", "% same-size copy",
+                  "copy+memset us", "eager us",
                   "index_select us", "graph us", "torch-ref us", "nosync us", "x ref",
                   "x nosync"]
     else:
@@ -63,7 +73,8 @@ def table_lines(result: dict[str, Any]) -> list[str]:
             rows.append(base + [_fmt(r["gpu_us"], ".1f"), _fmt(r["gbps"], ".0f"),
                                 _fmt(r["pct_copy_roofline"], ".1f"),
                                 _fmt(r.get("pct_copy_memset_model"), ".1f"),
-                                _fmt(r["copy_same_bytes_us"], ".1f"), _fmt(_model_us(r), ".1f"),
+                                _fmt(r["copy_same_bytes_us"], ".1f"),
+                                _fmt(_pct_same_size_copy(r), ".1f"), _fmt(_model_us(r), ".1f"),
                                 _fmt(r["eager_us"], ".1f"),
                                 _fmt(r["index_select_eager_us"], ".1f"), _fmt(r["graph_us"], ".2f"),
                                 _fmt(r["torch_ref_us"], ".1f"), _fmt(r["torch_nosync_us"], ".1f"),
