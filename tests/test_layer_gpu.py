@@ -78,3 +78,28 @@ def test_layer_graph_capture(model, fp8):
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(captured.view(torch.int16), eager.view(torch.int16))
+
+
+@pytest.mark.parametrize("fp8", [False, True], ids=["bf16", "fp8"])
+def test_layer_leaving_padding_gives_the_same_bits(model, fp8):
+    """zero_padding=False: expand and SwiGLU leave padding rows unwritten (here
+    poisoned with NaN first: the step outputs are fresh allocations from the
+    caching allocator, so NaN is written into the expanded rows by hand); the
+    output is the zero-padded layer's, bit for bit."""
+    shape, inputs = model
+    zeroed = MoeLayer(*inputs, top_k=shape.top_k, fp8=fp8).run().clone()
+    layer = MoeLayer(*inputs, top_k=shape.top_k, fp8=fp8, zero_padding=False)
+    out = layer.run()
+    assert torch.equal(out.view(torch.int16), zeroed.view(torch.int16))
+    # the GEMM and later steps again, with the padding rows' inputs NaN
+    padding = layer.state["plan"].pos_to_expert < 0
+    assert bool(padding.any())
+    if fp8:
+        layer.state["gate_up_input"][padding] = float("nan")
+        steps = layer.steps[layer.steps.index("gemm_gate_up"):]
+    else:
+        layer.state["expanded"][padding] = float("nan")
+        steps = layer.steps[layer.steps.index("gemm_gate_up"):]
+    for name in steps:
+        layer.run_step(name)
+    assert torch.equal(layer.output().view(torch.int16), zeroed.view(torch.int16))

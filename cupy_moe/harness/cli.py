@@ -115,7 +115,8 @@ def cmd_layer(args: argparse.Namespace) -> int:
     backend = runner.resolve_backend(args.backend)
     iters = args.iters or (20 if backend != "cpu" else 3)
     result = layer_bench.run_layer_bench(models, args.tokens, paths, backend, iters,
-                                         args.experts, args.seed, args.alignment, args.gemm)
+                                         args.experts, args.seed, args.alignment, args.gemm,
+                                         zero_padding=not args.leave_padding)
     print("\n".join(layer_bench.table_lines(result)))
     markdown = str(Path(args.json).with_suffix(".md")) if args.json else None
     layer_bench.write_outputs(result, args.json, markdown, args.plot)
@@ -195,6 +196,9 @@ def build_parser() -> argparse.ArgumentParser:
     layer.add_argument("--gemm", choices=list(GEMM_METHODS), default="auto",
                        help="grouped GEMM method (default auto: NumPy on the CPU, "
                             "torch._grouped_mm where it runs, else a per-expert loop)")
+    layer.add_argument("--leave-padding", action="store_true",
+                       help="expand and SwiGLU leave padding rows unwritten "
+                            "(zero_padding=False; the output is the same)")
     layer.add_argument("--iters", type=_positive_int, default=None,
                        help="timed iterations per figure (default 20; 3 on the CPU)")
     layer.add_argument("--seed", type=int, default=0)

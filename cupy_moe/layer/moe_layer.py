@@ -67,7 +67,7 @@ _TORCH_VIEW_OF = {"uint16": "bfloat16", "uint8": "float8_e4m3fn"}
 
 def moe_layer(x: Any, router_logits: Any, w_gate_up: Any, w_down: Any, *, top_k: int,
               alignment: int = 128, fp8: bool = False, num_per_channels: int = 128,
-              renormalize: bool = True, gemm: str = "auto",
+              renormalize: bool = True, gemm: str = "auto", zero_padding: bool = True,
               return_intermediates: bool = False) -> Any:
     """One MoE layer's routed experts, end to end (module docstring: the steps).
 
@@ -94,6 +94,13 @@ def moe_layer(x: Any, router_logits: Any, w_gate_up: Any, w_down: Any, *, top_k:
         ``norm_topk_prob``); else the raw softmax probabilities.
     gemm : {"auto", "numpy", "grouped_mm", "loop"}
         The grouped GEMM's method (``grouped_gemm``); "auto" picks.
+    zero_padding : bool
+        False: the expand and (fp8) SwiGLU-quantize steps leave padding rows
+        unwritten (their ``zero_padding=False``), which saves the zero-fill's
+        stores on padded plans. The output is the same bit for bit: the GEMMs
+        compute each row from that row alone, the bf16 SwiGLU zeroes padding
+        rows, and ``reduce_fused`` reads routed rows only. The intermediates'
+        padding rows then hold anything (NaN included).
     return_intermediates : bool
         Also return every step's outputs (a dict).
 
@@ -107,7 +114,8 @@ def moe_layer(x: Any, router_logits: Any, w_gate_up: Any, w_down: Any, *, top_k:
         ``topk_ids``, ``topk_weights``, ``plan`` (the ``FusedMapping``),
         ``expanded`` (and on fp8 ``x_fp8``, ``x_sf``, ``expanded_sf``,
         ``gate_up_input``), ``h`` ([X, 2I]), ``act`` (fp8: and ``act_sf``,
-        ``down_input``), ``y`` ([X, H]), ``out``, ``gemm`` (the method used).
+        ``down_input``), ``y`` ([X, H]), ``out``, ``gemm`` (the method used);
+        padding rows zero unless ``zero_padding=False``.
         For CuPy inputs the GEMM side's arrays are torch views.
 
     Raises
@@ -121,7 +129,7 @@ def moe_layer(x: Any, router_logits: Any, w_gate_up: Any, w_down: Any, *, top_k:
     """
     layer = MoeLayer(x, router_logits, w_gate_up, w_down, top_k=top_k, alignment=alignment,
                      fp8=fp8, num_per_channels=num_per_channels, renormalize=renormalize,
-                     gemm=gemm)
+                     gemm=gemm, zero_padding=zero_padding)
     out = layer.run()
     if return_intermediates:
         return out, dict(layer.state, gemm=layer.gemm)
@@ -140,7 +148,8 @@ class MoeLayer:
 
     def __init__(self, x: Any, router_logits: Any, w_gate_up: Any, w_down: Any, *, top_k: int,
                  alignment: int = 128, fp8: bool = False, num_per_channels: int = 128,
-                 renormalize: bool = True, gemm: str = "auto") -> None:
+                 renormalize: bool = True, gemm: str = "auto",
+                 zero_padding: bool = True) -> None:
         descs = {"x": describe("x", x), "router_logits": describe("router_logits", router_logits),
                  "w_gate_up": describe("w_gate_up", w_gate_up),
                  "w_down": describe("w_down", w_down)}
@@ -150,6 +159,7 @@ class MoeLayer:
         self.fp8 = require_bool("fp8", fp8)
         self.num_per_channels = require_int("num_per_channels", num_per_channels)
         self.renormalize = require_bool("renormalize", renormalize)
+        self.zero_padding = require_bool("zero_padding", zero_padding)
         self.num_experts, self.intermediate = _check_shapes(
             self.kind, descs, self.top_k, self.alignment, self.num_per_channels)
         self.path = "fp8" if self.fp8 else "bf16"
@@ -223,10 +233,10 @@ class MoeLayer:
             self.state["expanded"], self.state["expanded_sf"] = self._op(
                 expand_to_fused_with_sf, self.state["x_fp8"], self.state["x_sf"],
                 plan.token_topk_to_pos, plan.pos_to_expert,
-                num_per_channels=self.num_per_channels)
+                num_per_channels=self.num_per_channels, zero_padding=self.zero_padding)
         else:
             self.state["expanded"] = self._op(expand_to_fused, self.x, plan.token_topk_to_pos,
-                                              plan.pos_to_expert)
+                                              plan.pos_to_expert, zero_padding=self.zero_padding)
 
     def _step_dequantize_gate_up(self) -> None:
         self.state["gate_up_input"] = self._dequantize(self.state["expanded"],
@@ -242,7 +252,8 @@ class MoeLayer:
             self.state["act"], self.state["act_sf"] = self._op(
                 swiglu_quantize_fp8, h, num_per_channels=self.num_per_channels,
                 topk_weights=self.state["topk_weights"],
-                pos_to_token_topk=plan.pos_to_token_topk, pos_to_expert=plan.pos_to_expert)
+                pos_to_token_topk=plan.pos_to_token_topk, pos_to_expert=plan.pos_to_expert,
+                zero_padding=self.zero_padding)
         else:
             self.state["act"] = self._swiglu_bf16(h, plan.pos_to_expert)
 
@@ -289,7 +300,9 @@ class MoeLayer:
             scales = scale_factors.repeat_interleave(npc, dim=1)[:, :cols]
             return (codes.float() * scales).to(torch.bfloat16)
         scales = np.repeat(np.asarray(scale_factors), npc, axis=1)[:, :cols]
-        return (codes.astype(np.float32) * scales).astype(ml_dtypes.bfloat16)
+        # padding rows left unwritten (zero_padding=False) may hold inf * 0
+        with np.errstate(invalid="ignore", over="ignore"):
+            return (codes.astype(np.float32) * scales).astype(ml_dtypes.bfloat16)
 
 
 def _check_shapes(kind: ArrayKind, descs: dict, top_k: int, alignment: int,
