@@ -139,6 +139,9 @@ class EpMoeLayer(MoeLayer):
         self.fp8 = require_bool("fp8", fp8)
         self.num_per_channels = require_int("num_per_channels", num_per_channels)
         self.renormalize = require_bool("renormalize", renormalize)
+        # the inherited SwiGLU step's padding rule: padding rows zero (the
+        # expert-parallel layer has no zero_padding=False)
+        self.zero_padding = True
         problem = check_ep_layer(x, router_logits, w_gate_up_local, w_down_local,
                                  top_k=self.top_k, num_experts=num_experts, group=group,
                                  alignment=self.alignment,
