@@ -37,6 +37,9 @@ TUNINGS = [("default", QuantizeTuning()),
            # quantize_fp8, column-major float32 SF: *_vec (8 columns' scale
            # factors a row, a sector each) against the default's *_tiles
            ("sf_column_tiles=False", QuantizeTuning(sf_column_tiles=False)),
+           # ... and packed UE8M0 SF on *_tiles (built in the eighteenth session
+           # without a device)
+           ("packed_sf_tiles", QuantizeTuning(packed_sf_tiles=True)),
            *((f"rows_min_blocks={blocks}", QuantizeTuning(rows_min_blocks=blocks))
              for blocks in (5, 6, 8, 10)),
            # the default's 128 against the other block sizes (256 was the

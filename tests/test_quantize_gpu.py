@@ -47,6 +47,8 @@ TUNINGS = [None, SOFTWARE, QuantizeTuning(threads=32, small_threads=32),
            # quantize_fp8's column-major float32 SF on *_vec (the default takes
            # *_tiles where H % 128 == 0)
            QuantizeTuning(sf_column_tiles=False),
+           # ... and packed UE8M0 SF on *_tiles (off by default)
+           QuantizeTuning(packed_sf_tiles=True),
            # swiglu: never / always the few-live-rows kernels (*_vec1; *_block_rows,
            # a row a block on small X, and up to 32 rows a block, the last partial)
            QuantizeTuning(narrow_live_rows=0),
@@ -234,26 +236,29 @@ def test_prefill_and_decode_shapes(kind, layout):
                      what=f"T={num_rows} H={hidden}")
 
 
-TILES = QuantizeTuning(sf_column_tiles=True)  # the default's, said outright
+# *_tiles for column-major float32 SF (the default's, said outright) and for
+# packed UE8M0 SF (off by default)
+TILES = QuantizeTuning(sf_column_tiles=True, packed_sf_tiles=True)
 
 
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 @pytest.mark.parametrize("npc", [128, 32])
-def test_tiles_of_eight_rows(kind, dtype, npc):
-    """quantize_fp8's *_tiles (a warp an 8 x 128 tile; column-major float32 SF
-    only): row counts that leave the last tile part full, poisoned outputs
-    (the SF buffer's pad columns too), bit-exact."""
+@pytest.mark.parametrize("packed", [False, True], ids=["col-f32", "packed"])
+def test_tiles_of_eight_rows(kind, dtype, npc, packed):
+    """quantize_fp8's *_tiles (a warp an 8 x 128 tile; column-major float32 or
+    packed UE8M0 SF): row counts that leave the last tile part full, poisoned
+    outputs (the SF buffer's pad columns too), bit-exact."""
     rng = np.random.default_rng()
     for num_rows, hidden in ((1, 128), (7, 7168), (8, 256), (13, 2048), (1031, 7168),
                              (4097, 384)):
         x = as_input_dtype(random_values(rng, num_rows, hidden, npc), dtype)
-        for round_sf in (False, True):
-            settings = {"num_per_channels": npc, "round_sf": round_sf, "packed_ue8m0": False,
+        for round_sf in (True,) if packed else (False, True):
+            settings = {"num_per_channels": npc, "round_sf": round_sf, "packed_ue8m0": packed,
                         "use_tma_aligned_col_major_sf": True}
             expected = quantize_fp8_numpy(x, **settings)
             given = poisoned_outputs(kind, rng, num_rows, hidden, expected[1].shape[1],
-                                     packed=False, col_major=True)
+                                     packed=packed, col_major=True)
             check_result(kind, call_op("quantize_fp8", TILES, device_array(kind, x, dtype),
                                        **settings, out=given[0], out_sf=given[1]),
                          expected, col_major=True, given=given,

@@ -53,7 +53,7 @@ def _count_sf_store(counts, packed_bytes, row, block, num_rows, blocks_per_row):
 def emulate_grid(num_rows: int, hidden: int, npc: int, multiprocessors: int = 132,
                  tuning: QuantizeTuning = DEFAULT_TUNING, *, vector: bool = False,
                  chunk: int = 8, swiglu: bool = False, narrow: bool = False, live=None,
-                 column_major_sf: bool = False):
+                 column_major_sf: bool = False, packed_sf: bool = False):
     """What every lane of a kernel's grid does, computed as the kernel computes
     it: how often each output column, each scale factor and each byte of the
     packed SF buffer (pad columns included) is written. ``vector``: the *_vec
@@ -63,9 +63,11 @@ def emulate_grid(num_rows: int, hidden: int, npc: int, multiprocessors: int = 13
     ``swiglu`` and ``narrow``, *_vec1 (one chunk a lane) or, from
     ``tuning.block_rows_from_bytes`` of codes, *_block_rows (``live``: which
     rows are live, a bool per row; default every other); quantize_fp8 with
-    ``column_major_sf`` and ``tuning.sf_column_tiles``, *_tiles."""
+    ``column_major_sf`` and ``tuning.sf_column_tiles`` (or ``packed_sf`` and
+    ``tuning.packed_sf_tiles``), *_tiles."""
     shape = launch_shape(num_rows, hidden, npc, multiprocessors, tuning, swiglu=swiglu,
-                         narrow_columns=chunk if narrow else 0, column_major_sf=column_major_sf)
+                         narrow_columns=chunk if narrow else 0, column_major_sf=column_major_sf,
+                         packed_sf=packed_sf)
     blocks_per_row = -(-hidden // npc)
     ld = -(-num_rows // 4) * 4
     written = np.zeros((num_rows, hidden), dtype=np.int64)
@@ -78,7 +80,8 @@ def emulate_grid(num_rows: int, hidden: int, npc: int, multiprocessors: int = 13
     assert shape.narrow == (swiglu and narrow)
     assert (shape.block_rows > 0) == (shape.narrow and hidden % npc == 0
                                       and num_rows * hidden >= tuning.block_rows_from_bytes)
-    assert shape.tiles == (column_major_sf and tuning.sf_column_tiles and not swiglu
+    assert shape.tiles == (((column_major_sf and tuning.sf_column_tiles)
+                            or (packed_sf and tuning.packed_sf_tiles)) and not swiglu
                            and hidden % 128 == 0 and hidden % npc == 0)
     if vector and shape.tiles:
         return (shape, *_emulate_tiles(shape, num_rows, hidden, npc, chunk, blocks * threads,
@@ -324,34 +327,47 @@ def test_the_coalesced_kernel_writes_everything_once(num_rows, hidden, npc, chun
 
 
 TILES = QuantizeTuning(sf_column_tiles=True)
+PACKED_TILES = QuantizeTuning(packed_sf_tiles=True)
 
 
+@pytest.mark.parametrize("packed", [False, True], ids=["col-f32", "packed"])
 @pytest.mark.parametrize("chunk", [8, 4], ids=["bf16", "f32"])
 @pytest.mark.parametrize(("num_rows", "hidden", "npc"), [
     (1, 128, 128), (7, 128, 32), (8, 256, 128), (9, 7168, 128), (13, 2048, 32), (16, 384, 128),
     (17, 1024, 32), (3, 3072, 128)])
-def test_tiles_write_everything_once(num_rows, hidden, npc, chunk):
-    """quantize_fp8's *_tiles (8 x 128 tiles a warp), partial row groups too."""
+def test_tiles_write_everything_once(num_rows, hidden, npc, chunk, packed):
+    """quantize_fp8's *_tiles (8 x 128 tiles a warp), partial row groups too;
+    column-major float32 or packed UE8M0 scale factors (every byte of the
+    packed words, pad columns included, written once)."""
     shape, written, sf_stores, packed_bytes = emulate_grid(
-        num_rows, hidden, npc, tuning=TILES, vector=True, chunk=chunk, column_major_sf=True)
+        num_rows, hidden, npc, tuning=PACKED_TILES if packed else TILES, vector=True,
+        chunk=chunk, column_major_sf=not packed, packed_sf=packed)
     assert shape.tiles and not shape.rows
     assert (written == 1).all()
     assert (sf_stores == 1).all()
     assert (packed_bytes == 1).all()
 
 
-@pytest.mark.parametrize(("hidden", "npc", "swiglu", "column_major_sf", "tuning", "tiles"), [
-    (7168, 128, False, True, TILES, True),
-    (7168, 32, False, True, TILES, True),
-    (7168, 128, False, True, DEFAULT_TUNING, True),   # on by default
-    (7168, 128, False, True, QuantizeTuning(sf_column_tiles=False), False),
-    (7168, 128, False, False, TILES, False),          # row-major or packed SF: *_vec
-    (2080, 32, False, True, TILES, False),            # H % 128 != 0
-    (2048, 128, True, True, TILES, False),            # swiglu: never
+@pytest.mark.parametrize(("hidden", "npc", "swiglu", "sf", "tuning", "tiles"), [
+    (7168, 128, False, "col-f32", TILES, True),
+    (7168, 32, False, "col-f32", TILES, True),
+    (7168, 128, False, "col-f32", DEFAULT_TUNING, True),   # on by default
+    (7168, 128, False, "col-f32", QuantizeTuning(sf_column_tiles=False), False),
+    (7168, 128, False, "row-f32", TILES, False),           # row-major SF: *_vec
+    (7168, 128, False, "packed", TILES, False),            # packed: its own switch
+    (7168, 128, False, "packed", DEFAULT_TUNING, False),   # off by default
+    (7168, 128, False, "packed", PACKED_TILES, True),
+    (7168, 32, False, "packed", PACKED_TILES, True),
+    (7168, 128, False, "col-f32", QuantizeTuning(sf_column_tiles=False,
+                                                 packed_sf_tiles=True), False),
+    (2080, 32, False, "col-f32", TILES, False),            # H % 128 != 0
+    (2080, 32, False, "packed", PACKED_TILES, False),
+    (2048, 128, True, "col-f32", TILES, False),            # swiglu: never
+    (2048, 128, True, "packed", PACKED_TILES, False),
 ])
-def test_tiles_only_where_asked_for(hidden, npc, swiglu, column_major_sf, tuning, tiles):
+def test_tiles_only_where_asked_for(hidden, npc, swiglu, sf, tuning, tiles):
     shape = launch_shape(4096, hidden, npc, 132, tuning, swiglu=swiglu,
-                         column_major_sf=column_major_sf)
+                         column_major_sf=sf == "col-f32", packed_sf=sf == "packed")
     assert shape.tiles == tiles
     if tiles:  # a warp a tile: 512 row groups x 56 column tiles
         assert shape.passes == hidden // 128
@@ -371,6 +387,14 @@ def test_a_plan_launches_tiles_for_column_major_float32_sf(monkeypatch):
         plan.launch(7, 0x1000, 0x2000, 0x3000, 0, 0, 0)
         assert launches[-1][0] == f"quantize_fp8_bf16_{kernel}"
         assert _packed_fields(gpu, plan)["passes"] == (56 if kernel == "tiles" else 7)
+    # packed UE8M0 with packed_sf_tiles: *_tiles too
+    problem = QuantizeProblem(num_rows=4096, hidden=7168, in_dtype="bfloat16",
+                              num_per_channels=128, round_sf=True, packed_ue8m0=True,
+                              col_major=True)
+    plan = gpu.QuantizePlan(problem, 0, PACKED_TILES)
+    plan.launch(7, 0x1000, 0x2000, 0x3000, 0, 0, 0)
+    assert launches[-1][0] == "quantize_fp8_bf16_tiles"
+    assert _packed_fields(gpu, plan)["sf_layout"] == 2
 
 
 BLOCK_ROWS = QuantizeTuning(block_rows_from_bytes=0)
@@ -520,6 +544,9 @@ def test_bad_tunings(kwargs, message):
     with pytest.raises(TypeError, match=re.escape(
             "QuantizeTuning.sf_column_tiles must be True or False; got 'yes'")):
         QuantizeTuning(sf_column_tiles="yes")
+    with pytest.raises(TypeError, match=re.escape(
+            "QuantizeTuning.packed_sf_tiles must be True or False; got 0")):
+        QuantizeTuning(packed_sf_tiles=0)
 
 
 def test_tuning_defines():

@@ -79,13 +79,14 @@ class QuantizePlan:
                      else problem.num_rows)
         narrow = problem.swiglu and live_rows <= tuning.narrow_live_rows
         column_major_sf = sf_layout(problem) == SF_COL_MAJOR_F32
+        packed_sf = sf_layout(problem) == SF_COL_MAJOR_UE8M0
         columns = 4 if problem.in_dtype == "float32" else 8  # a 16-byte chunk
         multiprocessors = device_traits(device).multiprocessors
         try:
             self.shape: QuantizeShape = launch_shape(
                 problem.num_rows, problem.hidden, problem.num_per_channels, multiprocessors,
                 tuning, swiglu=problem.swiglu, narrow_columns=columns if narrow else 0,
-                column_major_sf=column_major_sf)
+                column_major_sf=column_major_sf, packed_sf=packed_sf)
         except ValueError:
             if not narrow:
                 raise
@@ -93,7 +94,8 @@ class QuantizePlan:
             # rows): the wide grid, which may fit (else the same error)
             self.shape = launch_shape(problem.num_rows, problem.hidden,
                                       problem.num_per_channels, multiprocessors, tuning,
-                                      swiglu=problem.swiglu, column_major_sf=column_major_sf)
+                                      swiglu=problem.swiglu, column_major_sf=column_major_sf,
+                                      packed_sf=packed_sf)
         defines = tuning.defines()
         self.handles = {vector: function_handle(SOURCE, defines, device,
                                                 kernel_name(problem, vector,
