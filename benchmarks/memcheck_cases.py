@@ -60,8 +60,10 @@ SHORT_SEGMENTS = QuantizeTuning(segment_columns=(768, 1024), narrow_live_rows=0)
 # quantize_fp8's column-major float32 SF on *_vec (the default: *_tiles, 8 x 128
 # tiles a warp, where H % 128 == 0)
 VEC_COLUMNS = QuantizeTuning(sf_column_tiles=False)
-# packed UE8M0 SF on *_tiles (off by default)
-PACKED_TILES = QuantizeTuning(packed_sf_tiles=True)
+# packed UE8M0 SF on *_tiles, the last word's bytes in one store (both off
+# by default)
+PACKED_TILES = QuantizeTuning(packed_sf_tiles=True, packed_sf_word_stores=True)
+PACKED_WORDS = QuantizeTuning(packed_sf_word_stores=True)
 
 
 def bits(a: np.ndarray) -> np.ndarray:
@@ -192,12 +194,13 @@ def run_combine_quantize_cases(rng) -> int:
                                            **settings)
             for g, w in zip(got, want, strict=True):
                 assert np.array_equal(bits(cupy.asnumpy(g)), bits(np.asarray(w)))
-            got = run_quantize_with_tuning(SHORT_SEGMENTS, "swiglu_quantize_fp8",
-                                           cupy.asarray(h.view(np.uint16)),
-                                           pos_to_expert=cupy.asarray(pos_to_expert),
-                                           **settings)
-            for g, w in zip(got, want, strict=True):
-                assert np.array_equal(bits(cupy.asnumpy(g)), bits(np.asarray(w)))
+            for tuning in (SHORT_SEGMENTS, PACKED_WORDS):
+                got = run_quantize_with_tuning(tuning, "swiglu_quantize_fp8",
+                                               cupy.asarray(h.view(np.uint16)),
+                                               pos_to_expert=cupy.asarray(pos_to_expert),
+                                               **settings)
+                for g, w in zip(got, want, strict=True):
+                    assert np.array_equal(bits(cupy.asnumpy(g)), bits(np.asarray(w)))
             # zero_padding=False (the default and the few-row kernels): live rows
             # as above, nothing written outside the outputs
             live = pos_to_expert >= 0
@@ -210,7 +213,7 @@ def run_combine_quantize_cases(rng) -> int:
                                                 **kwargs))
                 assert np.array_equal(bits(cupy.asnumpy(got[0]))[live],
                                       bits(np.asarray(want[0]))[live])
-            cases += 6
+            cases += 7
     return cases
 
 

@@ -59,15 +59,17 @@
 //   *_rows_whole, with an L2 prefetch of the row ahead, lost to *_rows once
 //   *_rows had its unrolled butterflies, and was removed.)
 // quantize_fp8_*_tiles: *_vec's conditions and H % 128 == 0, for
-//   column-major float32 scale factors (QuantizeTuning.sf_column_tiles): a
+//   column-major float32 scale factors (QuantizeTuning.sf_column_tiles; and
+//   packed UE8M0 with QuantizeTuning.packed_sf_tiles, off by default): a
 //   warp takes an 8-row x 128-column tile, a lane a 16-byte chunk of one of
 //   its rows in each of its loads (bf16: two rows an instruction, 16 lanes
 //   each; float32: one row, 32 lanes), so that the lanes holding the scale
 //   factors of one block column hold its 8 rows: one 32-byte store, where
 //   *_vec's warp (1024 columns of one row) stores 8 columns' floats, one
 //   sector each (ncu on Kimi-K2 prefill: 298k more L2 write requests than
-//   row-major, 1.3 us). Built in the seventeenth session without a device.
-//   Tile t is column tile t % passes of row group t / passes.
+//   row-major, 1.3 us; Kimi-K2 prefill 83.9 -> 88.8% of the copy with it,
+//   eighteenth session). Tile t is column tile t % passes of row group t /
+//   passes.
 // *_any: every H and alignment. A lane takes 32 consecutive columns of one
 //   row (element accesses), npc / 32 lanes one block; a row is lanes_per_row
 //   = S * npc / 32 lanes, the grid's lanes row after row (a warp may end one
@@ -77,8 +79,9 @@
 // division): *_vec divides a block index by S, *_rows a segment index by
 // passes, *_any a lane index by lanes_per_row, all below 2^31. Packed UE8M0
 // scale factors are stored as bytes (byte b % 4 of word b / 4; the last
-// block of a row also zeroes the missing blocks' bytes of its word), so no
-// block needs another's. Row R-1's scale factors also zero the column-major
+// block of a row also zeroes the missing blocks' bytes of its word: in a
+// loop, or with QUANTIZE_PACKED_WORD_STORES in one 2- or 4-byte store with
+// its own byte), so no block needs another's. Row R-1's scale factors also zero the column-major
 // SF's pad columns R .. sf_ld.
 // *_bf16 / *_f32: the input dtype. Offsets are 64-bit; nothing is written
 // outside the outputs.
@@ -95,6 +98,12 @@
 // QuantizeTuning.rows_min_blocks).
 #ifndef QUANTIZE_ROWS_MIN_BLOCKS
 #define QUANTIZE_ROWS_MIN_BLOCKS 0
+#endif
+// 1: a packed UE8M0 row's last block stores its byte and the missing
+// blocks' zero bytes in one aligned store (QuantizeTuning.packed_sf_word_stores;
+// built in the eighteenth session without a device, off until measured).
+#ifndef QUANTIZE_PACKED_WORD_STORES
+#define QUANTIZE_PACKED_WORD_STORES 0
 #endif
 #if QUANTIZE_ROWS_MIN_BLOCKS > 0
 #define QUANT_ROWS_BOUNDS __launch_bounds__(QUANT_MAX_THREADS, QUANTIZE_ROWS_MIN_BLOCKS)
@@ -165,6 +174,25 @@ __device__ __forceinline__ bool swiglu_row(const QuantizeArgs& a, i64 row, float
     return padding;
 }
 
+#if QUANTIZE_PACKED_WORD_STORES
+// Byte `first` of a packed word and, when zero_after > 0 (the row's last
+// block), the zero bytes above it, in aligned stores: 4 bytes (first 0), a
+// byte and 2 (first 1), 2 (first 2: the byte and one zero).
+__device__ __forceinline__ void store_packed_byte(unsigned char* word, int first,
+                                                  unsigned char byte, int zero_after) {
+    if (zero_after == 0) {
+        word[first] = byte;
+    } else if (first == 0) {
+        *reinterpret_cast<unsigned*>(word) = byte;
+    } else if (first == 1) {
+        word[1] = byte;
+        *reinterpret_cast<unsigned short*>(word + 2) = 0;
+    } else {
+        *reinterpret_cast<unsigned short*>(word + 2) = byte;
+    }
+}
+#endif
+
 // Block `block` of row `row`: its scale factor sf (0 for a padding row) in
 // the layout; row R-1 also zeroes the column-major pad columns R .. sf_ld.
 // Without own_row, only those pad columns (a padding row R-1 that is not
@@ -190,12 +218,19 @@ __device__ __forceinline__ void store_scale_factor(const QuantizeArgs& a, i64 ro
     const int zero_bytes_after = block == a.sf_blocks - 1 ? 3 - (block & 3) : 0;
     unsigned char* column =
         static_cast<unsigned char*>(a.out_sf) + static_cast<i64>(block >> 2) * a.sf_ld * 4;
+#if QUANTIZE_PACKED_WORD_STORES
+    if (own_row) store_packed_byte(column + row * 4, block & 3, byte, zero_bytes_after);
+    if (last_row)  // row R-1 only: the pad columns' words
+        for (i64 r = row + 1; r < a.sf_ld; ++r)
+            store_packed_byte(column + r * 4, block & 3, 0, zero_bytes_after);
+#else
     const i64 end = last_row ? a.sf_ld : row + 1;
     for (i64 r = own_row ? row : row + 1; r < end; ++r) {
         unsigned char* word = column + r * 4;
         word[block & 3] = r == row ? byte : 0;
         for (int j = 1; j <= zero_bytes_after; ++j) word[(block & 3) + j] = 0;
     }
+#endif
 }
 
 // A padding row's block `block`: zero scale factor, or with zero_padding

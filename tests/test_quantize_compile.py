@@ -23,12 +23,13 @@ SELFTESTS = ["quantize_selftest_reciprocal", "quantize_selftest_e4m3",
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
-@pytest.mark.parametrize(("software_e4m3", "rows_min_blocks"), [
-    (False, 0), (True, 0), (False, 5)],
-    ids=["e4m3-default", "e4m3-software", "rows-min-blocks-5"])
-def test_every_quantize_variant_compiles(arch, software_e4m3, rows_min_blocks):
+@pytest.mark.parametrize(("software_e4m3", "rows_min_blocks", "word_stores"), [
+    (False, 0, False), (True, 0, False), (False, 5, False), (False, 0, True)],
+    ids=["e4m3-default", "e4m3-software", "rows-min-blocks-5", "packed-word-stores"])
+def test_every_quantize_variant_compiles(arch, software_e4m3, rows_min_blocks, word_stores):
     nvrtc_or_skip()
-    tuning = QuantizeTuning(software_e4m3=software_e4m3, rows_min_blocks=rows_min_blocks)
+    tuning = QuantizeTuning(software_e4m3=software_e4m3, rows_min_blocks=rows_min_blocks,
+                            packed_sf_word_stores=word_stores)
     cubin = compile_for_arch("quantize.cu", tuning.defines(), arch)
     assert cubin[:4] == b"\x7fELF"
     for name in KERNELS + SELFTESTS:

@@ -547,13 +547,19 @@ def test_bad_tunings(kwargs, message):
     with pytest.raises(TypeError, match=re.escape(
             "QuantizeTuning.packed_sf_tiles must be True or False; got 0")):
         QuantizeTuning(packed_sf_tiles=0)
+    with pytest.raises(TypeError, match=re.escape(
+            "QuantizeTuning.packed_sf_word_stores must be True or False; got None")):
+        QuantizeTuning(packed_sf_word_stores=None)
 
 
 def test_tuning_defines():
     assert QuantizeTuning().defines() == (("QUANTIZE_SOFTWARE_E4M3", 0),
-                                          ("QUANTIZE_ROWS_MIN_BLOCKS", 0))
-    assert QuantizeTuning(software_e4m3=True, rows_min_blocks=5).defines() == (
-        ("QUANTIZE_SOFTWARE_E4M3", 1), ("QUANTIZE_ROWS_MIN_BLOCKS", 5))
+                                          ("QUANTIZE_ROWS_MIN_BLOCKS", 0),
+                                          ("QUANTIZE_PACKED_WORD_STORES", 0))
+    assert QuantizeTuning(software_e4m3=True, rows_min_blocks=5,
+                          packed_sf_word_stores=True).defines() == (
+        ("QUANTIZE_SOFTWARE_E4M3", 1), ("QUANTIZE_ROWS_MIN_BLOCKS", 5),
+        ("QUANTIZE_PACKED_WORD_STORES", 1))
 
 
 # -- the host side of a launch, without a GPU -------------------------------------------
