@@ -417,7 +417,7 @@ def layer_inputs(world: int, *, idle: bool = False):
 
 
 def _check_layer(rank: int, world: int, fp8: bool, idle: bool = False,
-                 gemm: str = "auto") -> None:
+                 gemm: str = "auto", zero_padding: bool = True) -> None:
     from cupy_moe.distributed import ep_moe_layer, partition_experts
     from cupy_moe.layer import dense_moe_reference, moe_layer, relative_error, tolerance
 
@@ -431,7 +431,7 @@ def _check_layer(rank: int, world: int, fp8: bool, idle: bool = False,
                            partition.shard(inputs.w_gate_up, rank),
                            partition.shard(inputs.w_down, rank), top_k=shape.top_k,
                            num_experts=shape.num_experts, alignment=alignment, fp8=fp8,
-                           gemm=gemm, return_intermediates=True)
+                           gemm=gemm, zero_padding=zero_padding, return_intermediates=True)
     ref, one = moe_layer(*inputs, top_k=shape.top_k, alignment=alignment, fp8=fp8, gemm=gemm,
                          return_intermediates=True)
     # the router, per token
@@ -480,6 +480,13 @@ def check_layer_fp8(rank: int, world: int) -> None:
     _check_layer(rank, world, fp8=True)
 
 
+def check_layer_leaving_padding(rank: int, world: int) -> None:
+    """zero_padding=False (dispatch's expand and the SwiGLU leave padding
+    rows unwritten): every received slot's rows and the output as above."""
+    _check_layer(rank, world, fp8=False, zero_padding=False)
+    _check_layer(rank, world, fp8=True, zero_padding=False)
+
+
 def check_layer_idle_ranks(rank: int, world: int) -> None:
     """Only rank 0's experts chosen: the other ranks receive nothing, every
     token is single-rank, the output is the one-process output bit for bit."""
@@ -496,4 +503,5 @@ CHECKS = {
     "layer_bf16": check_layer_bf16,
     "layer_fp8": check_layer_fp8,
     "layer_idle_ranks": check_layer_idle_ranks,
+    "layer_leaving_padding": check_layer_leaving_padding,
 }

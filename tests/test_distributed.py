@@ -83,6 +83,11 @@ def test_one_rank_layer_is_the_one_process_layer(one_rank, fp8):
         a, b = from_torch(ep[name]), from_torch(one[name])
         assert np.array_equal(a[routed].view(np.uint8), b[routed].view(np.uint8)), name
     assert ep["handle"].send_splits == ep["handle"].recv_splits == (19,)
+    # zero_padding=False: dispatch's expand and the SwiGLU leave padding rows;
+    # the output is the same
+    left = ep_moe_layer(*inputs, top_k=4, num_experts=8, alignment=8, fp8=fp8,
+                        zero_padding=False)
+    assert np.array_equal(from_torch(left).view(np.uint16), from_torch(ref).view(np.uint16))
 
 
 def test_partition():
@@ -195,6 +200,8 @@ DISPATCH_ERRORS = {
     "flag": (
         {"use_tma_aligned_col_major_sf": 1}, TypeError,
         r"use_tma_aligned_col_major_sf must be True or False; got int 1"),
+    "zero-padding-flag": (
+        {"zero_padding": "no"}, TypeError, r"zero_padding must be True or False; got str 'no'"),
 }
 
 

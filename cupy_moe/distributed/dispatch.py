@@ -44,7 +44,8 @@ __all__ = ["dispatch"]
 
 def dispatch(x: Any, topk_ids: Any, topk_weights: Any, num_experts: int, *, group: Any = None,
              x_sf: Any = None, alignment: int = 128, num_per_channels: int = 128,
-             use_tma_aligned_col_major_sf: bool = False) -> Dispatched:
+             use_tma_aligned_col_major_sf: bool = False,
+             zero_padding: bool = True) -> Dispatched:
     """Send each token row to the ranks that hold its experts; expand what
     arrives into this rank's grouped-GEMM layout (module docstring: the steps).
 
@@ -77,11 +78,16 @@ def dispatch(x: Any, topk_ids: Any, topk_weights: Any, num_experts: int, *, grou
     use_tma_aligned_col_major_sf : bool
         ``expanded_sf`` in the TMA-aligned column-major layout (needed for
         int32 ``x_sf``), as in ``expand_to_fused_with_sf``.
+    zero_padding : bool
+        False: the expand leaves padding rows unwritten (as
+        ``expand_to_fused(zero_padding=False)``; rank-local, not checked
+        across ranks).
 
     Returns
     -------
     Dispatched
-        ``expanded_x [X, H]`` (x's dtype; padding rows zero), ``expanded_sf
+        ``expanded_x [X, H]`` (x's dtype; padding rows zero unless
+        ``zero_padding=False``), ``expanded_sf
         [X, S]`` or None, and the ``handle`` (``DispatchHandle``: the split
         sizes, each received row's source token, local ids and weights, the
         plan) that ``combine`` takes. X = ``worst_case_rows(M, E/R,
@@ -107,7 +113,8 @@ def dispatch(x: Any, topk_ids: Any, topk_weights: Any, num_experts: int, *, grou
     the group's timeout.
     """
     problem = check_dispatch(x, topk_ids, topk_weights, num_experts, x_sf, alignment,
-                             num_per_channels, use_tma_aligned_col_major_sf, group)
+                             num_per_channels, use_tma_aligned_col_major_sf, group,
+                             zero_padding)
     torch = load_torch()
     info, partition = problem.info, problem.partition
     world, local_experts = info.world_size, partition.local_experts
@@ -158,9 +165,11 @@ def dispatch(x: Any, topk_ids: Any, topk_weights: Any, num_experts: int, *, grou
         expanded_x, expanded_sf = expand_to_fused_with_sf(
             recv_x, recv_sf, plan.token_topk_to_pos, plan.pos_to_expert,
             num_per_channels=problem.num_per_channels,
-            use_tma_aligned_col_major_sf=problem.sf_col_major)
+            use_tma_aligned_col_major_sf=problem.sf_col_major,
+            zero_padding=problem.zero_padding)
     else:
-        expanded_x = expand_to_fused(recv_x, plan.token_topk_to_pos, plan.pos_to_expert)
+        expanded_x = expand_to_fused(recv_x, plan.token_topk_to_pos, plan.pos_to_expert,
+                                     zero_padding=problem.zero_padding)
         expanded_sf = None
     handle = DispatchHandle(info.rank, world, num_tokens, problem.hidden, local_experts,
                             tuple(send_splits), tuple(recv_splits), send_token, recv_src_token,

@@ -62,7 +62,8 @@ EP_FP8_STEPS = ("route", "quantize", "dispatch", "dequantize_gate_up", "gemm_gat
 def ep_moe_layer(x: Any, router_logits: Any, w_gate_up_local: Any, w_down_local: Any, *,
                  top_k: int, num_experts: int, group: Any = None, alignment: int = 128,
                  fp8: bool = False, num_per_channels: int = 128, renormalize: bool = True,
-                 gemm: str = "auto", return_intermediates: bool = False) -> Any:
+                 gemm: str = "auto", zero_padding: bool = True,
+                 return_intermediates: bool = False) -> Any:
     """One MoE layer's routed experts, expert-parallel over ``group``
     (module docstring: the steps, and how it equals the one-process layer).
 
@@ -86,8 +87,10 @@ def ep_moe_layer(x: Any, router_logits: Any, w_gate_up_local: Any, w_down_local:
         E, a multiple of the group's size R.
     group : torch.distributed ProcessGroup, optional
         Default: the default process group.
-    alignment, fp8, num_per_channels, renormalize, gemm
-        As in ``moe_layer``.
+    alignment, fp8, num_per_channels, renormalize, gemm, zero_padding
+        As in ``moe_layer`` (``zero_padding=False``: dispatch's expand and the
+        SwiGLU-quantize leave padding rows unwritten; the output is the same
+        bit for bit).
     return_intermediates : bool
         Also return every step's outputs (a dict; see ``EpMoeLayer``).
 
@@ -107,7 +110,8 @@ def ep_moe_layer(x: Any, router_logits: Any, w_gate_up_local: Any, w_down_local:
     """
     layer = EpMoeLayer(x, router_logits, w_gate_up_local, w_down_local, top_k=top_k,
                        num_experts=num_experts, group=group, alignment=alignment, fp8=fp8,
-                       num_per_channels=num_per_channels, renormalize=renormalize, gemm=gemm)
+                       num_per_channels=num_per_channels, renormalize=renormalize, gemm=gemm,
+                       zero_padding=zero_padding)
     out = layer.run()
     if return_intermediates:
         return out, dict(layer.state, gemm=layer.gemm)
@@ -130,7 +134,7 @@ class EpMoeLayer(MoeLayer):
     def __init__(self, x: Any, router_logits: Any, w_gate_up_local: Any, w_down_local: Any, *,
                  top_k: int, num_experts: int, group: Any = None, alignment: int = 128,
                  fp8: bool = False, num_per_channels: int = 128, renormalize: bool = True,
-                 gemm: str = "auto") -> None:
+                 gemm: str = "auto", zero_padding: bool = True) -> None:
         # MoeLayer.__init__ checks a one-process layer's shapes (E experts in
         # the weights); this sets the same attributes, which its steps read,
         # after the expert-parallel rules.
@@ -139,9 +143,7 @@ class EpMoeLayer(MoeLayer):
         self.fp8 = require_bool("fp8", fp8)
         self.num_per_channels = require_int("num_per_channels", num_per_channels)
         self.renormalize = require_bool("renormalize", renormalize)
-        # the inherited SwiGLU step's padding rule: padding rows zero (the
-        # expert-parallel layer has no zero_padding=False)
-        self.zero_padding = True
+        self.zero_padding = require_bool("zero_padding", zero_padding)
         problem = check_ep_layer(x, router_logits, w_gate_up_local, w_down_local,
                                  top_k=self.top_k, num_experts=num_experts, group=group,
                                  alignment=self.alignment,
@@ -170,7 +172,8 @@ class EpMoeLayer(MoeLayer):
         rows, sf = (state["x_fp8"], state["x_sf"]) if self.fp8 else (self.x, None)
         dispatched = dispatch(rows, state["source_topk_ids"], state["source_topk_weights"],
                               self.num_experts, group=self.group, x_sf=sf,
-                              alignment=self.alignment, num_per_channels=self.num_per_channels)
+                              alignment=self.alignment, num_per_channels=self.num_per_channels,
+                              zero_padding=self.zero_padding)
         handle = dispatched.handle
         state.update(handle=handle, plan=handle.plan, topk_ids=handle.recv_topk_ids,
                      topk_weights=handle.recv_topk_weights, expanded=dispatched.expanded_x)

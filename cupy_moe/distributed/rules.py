@@ -48,6 +48,7 @@ class DispatchProblem:
     sf_dtype: str | None = None
     num_per_channels: int = 128
     sf_col_major: bool = False
+    zero_padding: bool = True
 
     @property
     def has_sf(self) -> bool:
@@ -83,7 +84,8 @@ def raise_disagreement(rank: int, mine: tuple[int, ...], theirs: list[tuple[int,
 
 
 def check_dispatch(x, topk_ids, topk_weights, num_experts, x_sf, alignment, num_per_channels,
-                   use_tma_aligned_col_major_sf, group) -> DispatchProblem:
+                   use_tma_aligned_col_major_sf, group,
+                   zero_padding: bool = True) -> DispatchProblem:
     """Every rank-local rule of ``dispatch``; the call's sizes."""
     descs = {"x": describe("x", x), "topk_ids": describe("topk_ids", topk_ids),
              "topk_weights": describe("topk_weights", topk_weights),
@@ -93,6 +95,7 @@ def check_dispatch(x, topk_ids, topk_weights, num_experts, x_sf, alignment, num_
     alignment = require_int("alignment", alignment)
     num_per_channels = require_int("num_per_channels", num_per_channels)
     col_major = require_bool("use_tma_aligned_col_major_sf", use_tma_aligned_col_major_sf)
+    zero_padding = require_bool("zero_padding", zero_padding)
     ids = descs["topk_ids"]
     num_tokens, top_k = check_topk_ids(ids)
     check_ndim("x", descs["x"], 2, "[T, H]")
@@ -118,7 +121,7 @@ def check_dispatch(x, topk_ids, topk_weights, num_experts, x_sf, alignment, num_
     info, partition = _group_and_partition(group, num_experts, kind, x)
     return DispatchProblem(info, partition, num_tokens, expand.hidden, top_k, alignment,
                            expand.x_dtype, expand.sf_columns, expand.sf_dtype,
-                           num_per_channels, col_major)
+                           num_per_channels, col_major, zero_padding)
 
 
 @dataclass(frozen=True)
