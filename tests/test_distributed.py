@@ -90,6 +90,28 @@ def test_one_rank_layer_is_the_one_process_layer(one_rank, fp8):
     assert np.array_equal(from_torch(left).view(np.uint16), from_torch(ref).view(np.uint16))
 
 
+@pytest.mark.parametrize("fp8", [False, True], ids=["bf16", "fp8"])
+def test_dispatch_passes_zero_padding_to_the_expand(one_rank, fp8, monkeypatch):
+    import importlib
+
+    dispatch_module = importlib.import_module("cupy_moe.distributed.dispatch")
+
+    name = "expand_to_fused_with_sf" if fp8 else "expand_to_fused"
+    passed = []
+    op = getattr(dispatch_module, name)
+
+    def spy(*args, **kwargs):
+        passed.append(kwargs.get("zero_padding"))
+        return op(*args, **kwargs)
+
+    monkeypatch.setattr(dispatch_module, name, spy)
+    inputs = random_moe_inputs(SMALL, 19, seed=2, device="cpu")
+    for zero_padding in (True, False):
+        ep_moe_layer(*inputs, top_k=4, num_experts=8, alignment=8, fp8=fp8,
+                     zero_padding=zero_padding)
+    assert passed == [True, False]
+
+
 def test_partition():
     part = partition_experts(12, 3)
     assert part == ExpertPartition(12, 3) and part.local_experts == 4

@@ -308,19 +308,32 @@ def test_torch_peers_compute_the_library_steps():
 
 @pytest.mark.parametrize("kind", ["numpy", "torch"])
 @pytest.mark.parametrize("fp8", [False, True], ids=["bf16", "fp8"])
-def test_leaving_padding_rows_gives_the_same_output(kind, fp8):
+def test_leaving_padding_rows_gives_the_same_output(kind, fp8, monkeypatch):
     """zero_padding=False: the expand (and fp8 SwiGLU) steps leave padding rows
-    unwritten; the layer's output is the zero-padded one's, bit for bit, also
-    when those rows hold NaN (set here by hand: fresh NumPy outputs hold
-    whatever np.empty gives)."""
+    unwritten (the flag reaches those ops); the layer's output is the
+    zero-padded one's, bit for bit, also when those rows hold NaN (set here by
+    hand: fresh NumPy outputs hold whatever np.empty gives)."""
+    import importlib
+
+    layer_module = importlib.import_module("cupy_moe.layer.moe_layer")
+
+    passed = []
+    for name in ("expand_to_fused", "expand_to_fused_with_sf", "swiglu_quantize_fp8"):
+        def spy(*args, _op=getattr(layer_module, name), _name=name, **kwargs):
+            passed.append((_name, kwargs.get("zero_padding")))
+            return _op(*args, **kwargs)
+        monkeypatch.setattr(layer_module, name, spy)
     if kind == "torch":
         torch = pytest.importorskip("torch")
         inputs = random_moe_inputs(SMALL, 37, seed=13, device="cpu")
     else:
         inputs = random_moe_inputs(SMALL, 37, seed=13)
     zeroed = moe_layer(*inputs, top_k=SMALL.top_k, fp8=fp8, alignment=16)
+    passed.clear()
     layer = MoeLayer(*inputs, top_k=SMALL.top_k, fp8=fp8, alignment=16, zero_padding=False)
     layer.run()
+    assert passed == ([("expand_to_fused_with_sf", False), ("swiglu_quantize_fp8", False)]
+                      if fp8 else [("expand_to_fused", False)])
     padding = np.asarray(layer.state["plan"].pos_to_expert) < 0
     assert padding.any()
     name = "gate_up_input" if fp8 else "expanded"

@@ -124,7 +124,7 @@ class QuantizeTuning:
     byte and the missing blocks' zero bytes in one aligned 2- or 4-byte store
     (QUANTIZE_PACKED_WORD_STORES) instead of a loop of byte stores: in the
     row-major SwiGLU kernels, which are bound by instruction issue, the
-    packed path's ~55 SASS instructions a segment (the loop, 64-bit row
+    packed path's ~50 SASS instructions a segment (the loop, 64-bit row
     arithmetic) are what Qwen3's packed SF costs (77.7% of the copy against
     81.9 for column-major float32). Built in the eighteenth session without
     a device: off until measured.
