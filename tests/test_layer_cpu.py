@@ -318,11 +318,17 @@ def test_leaving_padding_rows_gives_the_same_output(kind, fp8, monkeypatch):
     layer_module = importlib.import_module("cupy_moe.layer.moe_layer")
 
     passed = []
+
+    def spy_on(name):
+        op = getattr(layer_module, name)
+
+        def spy(*args, **kwargs):
+            passed.append((name, kwargs.get("zero_padding")))
+            return op(*args, **kwargs)
+        return spy
+
     for name in ("expand_to_fused", "expand_to_fused_with_sf", "swiglu_quantize_fp8"):
-        def spy(*args, _op=getattr(layer_module, name), _name=name, **kwargs):
-            passed.append((_name, kwargs.get("zero_padding")))
-            return _op(*args, **kwargs)
-        monkeypatch.setattr(layer_module, name, spy)
+        monkeypatch.setattr(layer_module, name, spy_on(name))
     if kind == "torch":
         torch = pytest.importorskip("torch")
         inputs = random_moe_inputs(SMALL, 37, seed=13, device="cpu")
