@@ -201,18 +201,27 @@ def run_combine_quantize_cases(rng) -> int:
                                                **settings)
                 for g, w in zip(got, want, strict=True):
                     assert np.array_equal(bits(cupy.asnumpy(g)), bits(np.asarray(w)))
-            # zero_padding=False (the default and the few-row kernels): live rows
-            # as above, nothing written outside the outputs
+            # zero_padding=False (the default and the few-row kernels) into
+            # poisoned outputs (so initcheck sees no unwritten bytes copied
+            # back): live rows as above, padding rows' codes still poison,
+            # nothing written outside the outputs
             live = pos_to_expert >= 0
             for tuning in (None, FEW_ROW_BLOCKS):
+                out = cupy.full(want[0].shape, 0x7F, dtype=cupy.uint8)
+                sf_rows, sf_columns = want[1].shape
+                sf_dtype = np.asarray(want[1]).dtype
+                out_sf = (cupy.full((sf_columns, -(-sf_rows // 4) * 4), -1, sf_dtype)[:, :sf_rows].T
+                          if col_major else cupy.full((sf_rows, sf_columns), -1, sf_dtype))
                 kwargs = dict(pos_to_expert=cupy.asarray(pos_to_expert), zero_padding=False,
-                              **settings)
+                              out=out, out_sf=out_sf, **settings)
                 h_dev = cupy.asarray(h.view(np.uint16))
-                got = (cupy_moe.swiglu_quantize_fp8(h_dev, **kwargs) if tuning is None else
-                       run_quantize_with_tuning(tuning, "swiglu_quantize_fp8", h_dev,
-                                                **kwargs))
-                assert np.array_equal(bits(cupy.asnumpy(got[0]))[live],
-                                      bits(np.asarray(want[0]))[live])
+                if tuning is None:
+                    cupy_moe.swiglu_quantize_fp8(h_dev, **kwargs)
+                else:
+                    run_quantize_with_tuning(tuning, "swiglu_quantize_fp8", h_dev, **kwargs)
+                codes = cupy.asnumpy(out)
+                assert np.array_equal(bits(codes)[live], bits(np.asarray(want[0]))[live])
+                assert (codes[~live] == 0x7F).all()
             cases += 7
     return cases
 
