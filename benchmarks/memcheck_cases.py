@@ -60,9 +60,9 @@ SHORT_SEGMENTS = QuantizeTuning(segment_columns=(768, 1024), narrow_live_rows=0)
 # quantize_fp8's column-major float32 SF on *_vec (the default: *_tiles, 8 x 128
 # tiles a warp, where H % 128 == 0)
 VEC_COLUMNS = QuantizeTuning(sf_column_tiles=False)
-# packed UE8M0 SF on *_tiles, the last word's bytes in one store (both off
-# by default)
-PACKED_TILES = QuantizeTuning(packed_sf_tiles=True, packed_sf_word_stores=True)
+# packed UE8M0 SF on *_vec (the default: *_tiles), the last word's bytes in
+# one store (off by default)
+PACKED_VEC = QuantizeTuning(packed_sf_tiles=False, packed_sf_word_stores=True)
 PACKED_WORDS = QuantizeTuning(packed_sf_word_stores=True)
 
 
@@ -173,7 +173,7 @@ def run_combine_quantize_cases(rng) -> int:
             for g, w in zip(got, want):
                 assert np.array_equal(bits(cupy.asnumpy(g)), bits(np.asarray(w)))
             if col_major:
-                got = run_quantize_with_tuning(PACKED_TILES if packed else VEC_COLUMNS,
+                got = run_quantize_with_tuning(PACKED_VEC if packed else VEC_COLUMNS,
                                                "quantize_fp8",
                                                cupy.asarray(x.view(np.uint16)), **settings)
                 for g, w in zip(got, want, strict=True):

@@ -37,13 +37,12 @@ TUNINGS = [("default", QuantizeTuning()),
            # quantize_fp8, column-major float32 SF: *_vec (8 columns' scale
            # factors a row, a sector each) against the default's *_tiles
            ("sf_column_tiles=False", QuantizeTuning(sf_column_tiles=False)),
-           # ... and packed UE8M0 SF on *_tiles (built in the eighteenth session
-           # without a device)
-           ("packed_sf_tiles", QuantizeTuning(packed_sf_tiles=True)),
+           # ... and packed UE8M0 SF on *_vec against the default's *_tiles
+           ("packed_sf_tiles=False", QuantizeTuning(packed_sf_tiles=False)),
            # packed UE8M0: a row's last word in one store (QUANTIZE_PACKED_WORD_STORES)
            ("packed_sf_word_stores", QuantizeTuning(packed_sf_word_stores=True)),
-           ("packed_sf_tiles+word_stores", QuantizeTuning(packed_sf_tiles=True,
-                                                          packed_sf_word_stores=True)),
+           ("packed_sf_tiles=False+word_stores", QuantizeTuning(packed_sf_tiles=False,
+                                                                packed_sf_word_stores=True)),
            *((f"rows_min_blocks={blocks}", QuantizeTuning(rows_min_blocks=blocks))
              for blocks in (5, 6, 8, 10)),
            # the default's 128 against the other block sizes (256 was the

@@ -47,11 +47,11 @@ TUNINGS = [None, SOFTWARE, QuantizeTuning(threads=32, small_threads=32),
            # quantize_fp8's column-major float32 SF on *_vec (the default takes
            # *_tiles where H % 128 == 0)
            QuantizeTuning(sf_column_tiles=False),
-           # ... and packed UE8M0 SF on *_tiles, and its last word's bytes in
-           # one store (both off by default)
-           QuantizeTuning(packed_sf_tiles=True),
+           # ... packed UE8M0 SF on *_vec (the default: *_tiles), and its last
+           # word's bytes in one store (off by default)
+           QuantizeTuning(packed_sf_tiles=False),
            QuantizeTuning(packed_sf_word_stores=True),
-           QuantizeTuning(packed_sf_tiles=True, packed_sf_word_stores=True),
+           QuantizeTuning(packed_sf_tiles=False, packed_sf_word_stores=True),
            # swiglu: never / always the few-live-rows kernels (*_vec1; *_block_rows,
            # a row a block on small X, and up to 32 rows a block, the last partial)
            QuantizeTuning(narrow_live_rows=0),

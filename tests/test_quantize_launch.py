@@ -326,7 +326,7 @@ def test_the_coalesced_kernel_writes_everything_once(num_rows, hidden, npc, chun
     assert (packed_bytes == 1).all()
 
 
-TILES = QuantizeTuning(sf_column_tiles=True)
+TILES = QuantizeTuning(sf_column_tiles=True, packed_sf_tiles=False)  # column-major float32 only
 PACKED_TILES = QuantizeTuning(packed_sf_tiles=True)
 
 
@@ -354,12 +354,13 @@ def test_tiles_write_everything_once(num_rows, hidden, npc, chunk, packed):
     (7168, 128, False, "col-f32", DEFAULT_TUNING, True),   # on by default
     (7168, 128, False, "col-f32", QuantizeTuning(sf_column_tiles=False), False),
     (7168, 128, False, "row-f32", TILES, False),           # row-major SF: *_vec
-    (7168, 128, False, "packed", TILES, False),            # packed: its own switch
-    (7168, 128, False, "packed", DEFAULT_TUNING, False),   # off by default
+    (7168, 128, False, "packed", QuantizeTuning(sf_column_tiles=True,
+                                                packed_sf_tiles=False), False),  # own switch
+    (7168, 128, False, "packed", DEFAULT_TUNING, True),    # on by default
+    (7168, 128, False, "packed", QuantizeTuning(packed_sf_tiles=False), False),
     (7168, 128, False, "packed", PACKED_TILES, True),
     (7168, 32, False, "packed", PACKED_TILES, True),
-    (7168, 128, False, "col-f32", QuantizeTuning(sf_column_tiles=False,
-                                                 packed_sf_tiles=True), False),
+    (7168, 128, False, "col-f32", QuantizeTuning(sf_column_tiles=False), False),
     (2080, 32, False, "col-f32", TILES, False),            # H % 128 != 0
     (2080, 32, False, "packed", PACKED_TILES, False),
     (2048, 128, True, "col-f32", TILES, False),            # swiglu: never
@@ -602,8 +603,10 @@ def test_a_plan_packs_what_the_kernel_reads(monkeypatch, swiglu):
     problem = QuantizeProblem(num_rows=9, hidden=7168, in_dtype="bfloat16", num_per_channels=128,
                               round_sf=True, packed_ue8m0=True, col_major=True, swiglu=swiglu,
                               num_weights=24 if swiglu else -1, has_pos_to_expert=swiglu)
-    # (narrow_live_rows=0: 9 live rows would take *_vec1, the test below)
-    plan = gpu.QuantizePlan(problem, 0, QuantizeTuning(narrow_live_rows=0))
+    # (narrow_live_rows=0: 9 live rows would take *_vec1, the test below;
+    # packed_sf_tiles=False: quantize_fp8's packed SF would take *_tiles, tested above)
+    plan = gpu.QuantizePlan(problem, 0, QuantizeTuning(narrow_live_rows=0,
+                                                       packed_sf_tiles=False))
     plan.launch(7, 0x1000, 0x2000, 0x3000, 0x4000, 0x5000, 0x6000)
     op = "swiglu_quantize_fp8" if swiglu else "quantize_fp8"
     handle, grid_x, grid_y, grid_z, threads, _, _, shared, stream, _, _ = launches[0]
@@ -664,6 +667,39 @@ def test_swiglu_takes_one_chunk_a_lane_where_few_rows_are_live(monkeypatch, num_
         assert launches[0][4] == 2048 // chunk
 
 
+@pytest.mark.parametrize(("num_rows", "hidden", "num_weights", "zero_padding", "kernel"), [
+    # Kimi-K2 T = 32, E = 384: 23808 rows, 256 slots (186 KiB of codes a slot)
+    (23808, 2048, 256, False, "block_rows"),
+    (23808, 2048, 256, True, "rows"),       # zeroing every row: the wide kernel
+    (16384, 2048, 256, False, "block_rows"),  # exactly 128 KiB a slot
+    (16383, 2048, 256, False, "rows"),
+    # Qwen3 T = 32, E = 128 (43 KiB a slot), a medium plan, no weights
+    (14848, 768, 256, False, "rows768"),
+    (49152, 2048, 4096, False, "rows"),
+    (23808, 2048, -1, False, "rows"),
+    # few live rows: the decode rule, either way
+    (1024, 2048, 8, False, "block_rows"),
+    (511, 2048, 8, False, "vec1"),
+])
+def test_unzeroed_sparse_plans_take_whole_rows_blocks(monkeypatch, num_rows, hidden,
+                                                      num_weights, zero_padding, kernel):
+    from cupy_moe.quantize.rules import QuantizeProblem
+
+    gpu, launches = _fake_device(monkeypatch)
+    problem = QuantizeProblem(num_rows=num_rows, hidden=hidden, in_dtype="bfloat16",
+                              num_per_channels=128, round_sf=False, packed_ue8m0=False,
+                              col_major=True, swiglu=True, num_weights=num_weights,
+                              has_pos_to_expert=True, zero_padding=zero_padding)
+    plan = gpu.QuantizePlan(problem, 0, DEFAULT_TUNING)
+    plan.launch(7, 0x1000, 0x2000, 0x3000, 0x4000, 0x5000, 0x6000)
+    assert launches[0][0] == f"swiglu_quantize_fp8_bf16_{kernel}"
+    never = QuantizeTuning(unzeroed_block_rows_from_bytes=math.inf)
+    if kernel == "block_rows" and num_weights > 64:
+        gpu.QuantizePlan(problem, 0, never).launch(7, 0x1000, 0x2000, 0x3000, 0x4000, 0x5000,
+                                                   0x6000)
+        assert launches[-1][0] == "swiglu_quantize_fp8_bf16_rows"
+
+
 def test_narrow_tunings_are_checked():
     with pytest.raises(ValueError, match=r"narrow_live_rows must be an int >= 0; got -1"):
         QuantizeTuning(narrow_live_rows=-1)
@@ -673,6 +709,10 @@ def test_narrow_tunings_are_checked():
     for bad in (0, -1.0, True, "1"):
         with pytest.raises(ValueError, match=r"block_rows_blocks_per_sm must be a number > 0"):
             QuantizeTuning(block_rows_blocks_per_sm=bad)
+    for bad in (-1, None, True, math.nan):
+        with pytest.raises(ValueError,
+                           match=r"unzeroed_block_rows_from_bytes must be a number >= 0"):
+            QuantizeTuning(unzeroed_block_rows_from_bytes=bad)
 
 
 def test_block_rows_where_the_tuning_asks(monkeypatch):

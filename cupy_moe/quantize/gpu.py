@@ -77,7 +77,12 @@ class QuantizePlan:
         # live rows, at most: T * K with weights (the rest are padding), else X
         live_rows = (min(problem.num_rows, problem.num_weights) if problem.num_weights >= 0
                      else problem.num_rows)
-        narrow = problem.swiglu and live_rows <= tuning.narrow_live_rows
+        # few live rows: at most narrow_live_rows, or (padding rows not
+        # written) few for the codes around them
+        narrow = problem.swiglu and (
+            live_rows <= tuning.narrow_live_rows
+            or (not problem.zero_padding and problem.num_rows * problem.hidden
+                >= tuning.unzeroed_block_rows_from_bytes * live_rows))
         column_major_sf = sf_layout(problem) == SF_COL_MAJOR_F32
         packed_sf = sf_layout(problem) == SF_COL_MAJOR_UE8M0
         columns = 4 if problem.in_dtype == "float32" else 8  # a 16-byte chunk

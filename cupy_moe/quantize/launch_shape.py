@@ -80,6 +80,18 @@ class QuantizeTuning:
     thirteenth session). 0: always, ``inf``: never. (Two chunks a lane,
     ``*_vec2``, measured 3.73 against 3.13 us on Kimi-K2's decode plan and
     was removed.)
+    ``unzeroed_block_rows_from_bytes``: with ``zero_padding=False`` the
+    padding rows cost only their maps' loads, so a sparse plan is the few
+    live rows' chain plus the grid's size: calls whose codes per row that
+    may be live (X * I / (T * K)) reach this take the few-live-rows grid
+    too, whatever their live rows (``*_block_rows`` from
+    ``block_rows_from_bytes``). Measured (nineteenth session, us a call in
+    a graph, wide -> ``*_block_rows``): Kimi-K2 T = 32, E = 384 (X =
+    23808, 186 KiB a row) 10.4 -> 6.7; it lost on Qwen3 T = 32 (X = 14848,
+    I = 768: 43 KiB, 4.9 -> 7.7), DeepSeek-V3 EP8 T = 32 (24 KiB, 4.0 ->
+    4.3) and the medium plans (2-24 KiB, 5.8-22.6 -> 10.9-38.2). inf:
+    never. (``*_block_rows`` with a block's live rows spread over its
+    warps, blocks of 256-1024 threads, lost or tied there: removed.)
     ``software_e4m3`` compiles the integer e4m3 rounding on sm_89+ too, in
     place of the hardware conversion (the GPU tests check that both give the
     same codes).
@@ -117,17 +129,21 @@ class QuantizeTuning:
     column's 8 rows are one byte each of 8 consecutive words: one 32-byte
     sector a store, where ``*_vec`` stores a row's 8 blocks into 2 words of
     2 sectors). No kernel change (``*_tiles`` stores through the same
-    store_scale_factor). Built in the eighteenth session without a device:
-    off until measured (Kimi-K2 prefill packed 87.2% against row-major's
-    89.7 in the same run).
+    store_scale_factor). Measured (nineteenth session): Kimi-K2 prefill
+    with 32-column blocks 84.1 -> 88.2% of the copy (with the word stores
+    below 83.6 -> 88.8), 128-column blocks level (87.9 -> 87.3 and 88.3 ->
+    87.9; row-major 89.7 in the eighteenth), Qwen3 and the medium shapes
+    level. On by default.
     ``packed_sf_word_stores``: packed UE8M0, a row's last block stores its
     byte and the missing blocks' zero bytes in one aligned 2- or 4-byte store
     (QUANTIZE_PACKED_WORD_STORES) instead of a loop of byte stores: in the
     row-major SwiGLU kernels, which are bound by instruction issue, the
     packed path's ~50 SASS instructions a segment (the loop, 64-bit row
     arithmetic) are what Qwen3's packed SF costs (77.7% of the copy against
-    81.9 for column-major float32). Built in the eighteenth session without
-    a device: off until measured.
+    81.9 for column-major float32). Measured (nineteenth session): Qwen3
+    prefill SwiGLU 77.7 -> 79.9%, quantize_fp8 54.6 -> 56.1, but Kimi-K2
+    prefill SwiGLU 87.0 -> 85.2 (no missing bytes there; the binary's
+    schedule differs), medium shapes within the spread: a trade, off.
     """
 
     threads: int = 128
@@ -138,9 +154,10 @@ class QuantizeTuning:
     narrow_live_rows: int = 64
     block_rows_from_bytes: float = float(1 << 20)
     block_rows_blocks_per_sm: float = 1.0
+    unzeroed_block_rows_from_bytes: float = float(128 << 10)
     segment_columns: tuple[int, ...] = (SEGMENT_COLUMNS, 768)
     sf_column_tiles: bool = True
-    packed_sf_tiles: bool = False
+    packed_sf_tiles: bool = True
     packed_sf_word_stores: bool = False
 
     def __post_init__(self) -> None:
@@ -165,6 +182,7 @@ class QuantizeTuning:
         _require_number("block_rows_from_bytes", self.block_rows_from_bytes)
         _require_number("block_rows_blocks_per_sm", self.block_rows_blocks_per_sm,
                         positive=True)
+        _require_number("unzeroed_block_rows_from_bytes", self.unzeroed_block_rows_from_bytes)
         if not isinstance(self.segment_columns, tuple) or not all(
                 type(width) is int and width in SEGMENT_WIDTHS for width in self.segment_columns):
             raise ValueError(f"QuantizeTuning.segment_columns must be a tuple of widths in "
