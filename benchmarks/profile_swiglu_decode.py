@@ -18,7 +18,8 @@ workload's shapes and SF layout unless named:
                 on a live row's chain)
   padding not written   zero_padding=False: the padding rows' codes and
                 scale factors are not stored; "..." the same on the wide
-                kernels (narrow_live_rows = 0), *_vec1, *_block_rows (about
+                kernels (narrow_live_rows = 0, unzeroed_block_rows_from_bytes
+                = inf), *_vec1, *_block_rows (about
                 one, two, four blocks an SM)
   all padding   pos_to_expert all -1: only the zero codes and scale factors
                 (no h loads, no arithmetic)
@@ -93,7 +94,8 @@ def variants(w, host: dict[str, np.ndarray]) -> dict[str, object]:
         "no weights": op(dev["h"], dev["pos_to_expert"], weights=False),
         "padding not written": op(dev["h"], dev["pos_to_expert"], zero_padding=False),
         "... wide": op(dev["h"], dev["pos_to_expert"], zero_padding=False,
-                       tuning=QuantizeTuning(narrow_live_rows=0)),
+                       tuning=QuantizeTuning(narrow_live_rows=0,
+                                             unzeroed_block_rows_from_bytes=math.inf)),
         "... vec1": op(dev["h"], dev["pos_to_expert"], zero_padding=False,
                        tuning=replace(BLOCK_ROWS, block_rows_from_bytes=math.inf)),
         "... block rows": op(dev["h"], dev["pos_to_expert"], zero_padding=False,
