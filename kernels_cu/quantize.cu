@@ -688,6 +688,19 @@ __device__ __forceinline__ void swiglu_rows_one_segment(const QuantizeArgs& a) {
 // ---------------------------------------------------------------------------
 // *_any: 32 consecutive columns per lane, element accesses (see the top).
 
+// A padding row's lane of *_any: its columns' zero codes (unless
+// zero_padding is off) and, from a block's first lane, the block's scale
+// factor (store_padding_scale_factor).
+__device__ __forceinline__ void any_padding_lane(const QuantizeArgs& a, i64 row, int col,
+                                                 int task, int block) {
+    if (a.zero_padding) {
+        unsigned char* out_row = a.out + row * a.hidden;
+        for (int i = 0; i < QUANT_LANE_COLS && col + i < a.hidden; ++i) out_row[col + i] = 0;
+    }
+    if ((task & ((1 << a.group_log2) - 1)) == 0 && block < a.sf_blocks)
+        store_padding_scale_factor(a, row, block);
+}
+
 template <typename In, bool SWIGLU>
 __device__ __forceinline__ void quantize_any_body(const QuantizeArgs& a) {
     // the host keeps every lane index below 2^31 (the magic number's range)
@@ -706,12 +719,7 @@ __device__ __forceinline__ void quantize_any_body(const QuantizeArgs& a) {
     if (SWIGLU && active) padding = swiglu_row(a, row, weight);
     if (SWIGLU && !__any_sync(QUANT_FULL_MASK, active && !padding)) {
         // a warp of padding rows: zeros, without the arithmetic (see *_vec)
-        if (!active) return;
-        unsigned char* out_row = a.out + row * hidden;
-        if (a.zero_padding)
-            for (int i = 0; i < QUANT_LANE_COLS && col + i < hidden; ++i) out_row[col + i] = 0;
-        if ((task & ((1 << a.group_log2) - 1)) == 0 && block < a.sf_blocks)
-            store_padding_scale_factor(a, row, block);
+        if (active) any_padding_lane(a, row, col, task, block);
         return;
     }
     const In* first =
@@ -745,12 +753,7 @@ __device__ __forceinline__ void quantize_any_body(const QuantizeArgs& a) {
     quant_block_scales(amax, a.round_sf != 0, sf, scale);
     if (!active) return;
     if (SWIGLU && padding) {  // a padding row beside live ones in the warp
-        if (a.zero_padding) {
-            unsigned char* out_row = a.out + row * hidden;
-            for (int i = 0; i < QUANT_LANE_COLS && col + i < hidden; ++i) out_row[col + i] = 0;
-        }
-        if ((task & (group - 1)) == 0 && block < a.sf_blocks)
-            store_padding_scale_factor(a, row, block);
+        any_padding_lane(a, row, col, task, block);
         return;
     }
 
