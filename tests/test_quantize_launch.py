@@ -14,12 +14,18 @@ from cupy_moe.quantize.launch_shape import (
     DEFAULT_TUNING,
     LANE_COLUMNS,
     SEGMENT_COLUMNS,
+    SF_COL_MAJOR_F32,
+    SF_COL_MAJOR_UE8M0,
+    SF_ROW_MAJOR_F32,
     TILE_COLUMNS,
     TILE_ROWS,
     QuantizeTuning,
     division_magic,
     launch_shape,
 )
+
+SF_LAYOUT_NAMES = {"row-f32": SF_ROW_MAJOR_F32, "col-f32": SF_COL_MAJOR_F32,
+                   "packed": SF_COL_MAJOR_UE8M0}
 
 
 @pytest.mark.parametrize("divisor", [*range(1, 300), 1023, 1024, 1025, 65535, 2**20 + 7,
@@ -53,7 +59,7 @@ def _count_sf_store(counts, packed_bytes, row, block, num_rows, blocks_per_row):
 def emulate_grid(num_rows: int, hidden: int, npc: int, multiprocessors: int = 132,
                  tuning: QuantizeTuning = DEFAULT_TUNING, *, vector: bool = False,
                  chunk: int = 8, swiglu: bool = False, narrow: bool = False, live=None,
-                 column_major_sf: bool = False, packed_sf: bool = False):
+                 sf_layout: int = SF_ROW_MAJOR_F32):
     """What every lane of a kernel's grid does, computed as the kernel computes
     it: how often each output column, each scale factor and each byte of the
     packed SF buffer (pad columns included) is written. ``vector``: the *_vec
@@ -63,11 +69,10 @@ def emulate_grid(num_rows: int, hidden: int, npc: int, multiprocessors: int = 13
     ``swiglu`` and ``narrow``, *_vec1 (one chunk a lane) or, from
     ``tuning.block_rows_from_bytes`` of codes, *_block_rows (``live``: which
     rows are live, a bool per row; default every other); quantize_fp8 with
-    ``column_major_sf`` and ``tuning.sf_column_tiles`` (or ``packed_sf`` and
-    ``tuning.packed_sf_tiles``), *_tiles."""
+    ``sf_layout`` SF_COL_MAJOR_F32 and ``tuning.sf_column_tiles`` (or
+    SF_COL_MAJOR_UE8M0 and ``tuning.packed_sf_tiles``), *_tiles."""
     shape = launch_shape(num_rows, hidden, npc, multiprocessors, tuning, swiglu=swiglu,
-                         narrow_columns=chunk if narrow else 0, column_major_sf=column_major_sf,
-                         packed_sf=packed_sf)
+                         narrow_columns=chunk if narrow else 0, sf_layout=sf_layout)
     blocks_per_row = -(-hidden // npc)
     ld = -(-num_rows // 4) * 4
     written = np.zeros((num_rows, hidden), dtype=np.int64)
@@ -80,8 +85,9 @@ def emulate_grid(num_rows: int, hidden: int, npc: int, multiprocessors: int = 13
     assert shape.narrow == (swiglu and narrow)
     assert (shape.block_rows > 0) == (shape.narrow and hidden % npc == 0
                                       and num_rows * hidden >= tuning.block_rows_from_bytes)
-    assert shape.tiles == (((column_major_sf and tuning.sf_column_tiles)
-                            or (packed_sf and tuning.packed_sf_tiles)) and not swiglu
+    assert shape.tiles == (((sf_layout == SF_COL_MAJOR_F32 and tuning.sf_column_tiles)
+                            or (sf_layout == SF_COL_MAJOR_UE8M0 and tuning.packed_sf_tiles))
+                           and not swiglu
                            and hidden % 128 == 0 and hidden % npc == 0)
     if vector and shape.tiles:
         return (shape, *_emulate_tiles(shape, num_rows, hidden, npc, chunk, blocks * threads,
@@ -341,7 +347,7 @@ def test_tiles_write_everything_once(num_rows, hidden, npc, chunk, packed):
     packed words, pad columns included, written once)."""
     shape, written, sf_stores, packed_bytes = emulate_grid(
         num_rows, hidden, npc, tuning=PACKED_TILES if packed else TILES, vector=True,
-        chunk=chunk, column_major_sf=not packed, packed_sf=packed)
+        chunk=chunk, sf_layout=SF_COL_MAJOR_UE8M0 if packed else SF_COL_MAJOR_F32)
     assert shape.tiles and not shape.rows
     assert (written == 1).all()
     assert (sf_stores == 1).all()
@@ -368,7 +374,7 @@ def test_tiles_write_everything_once(num_rows, hidden, npc, chunk, packed):
 ])
 def test_tiles_only_where_asked_for(hidden, npc, swiglu, sf, tuning, tiles):
     shape = launch_shape(4096, hidden, npc, 132, tuning, swiglu=swiglu,
-                         column_major_sf=sf == "col-f32", packed_sf=sf == "packed")
+                         sf_layout=SF_LAYOUT_NAMES[sf])
     assert shape.tiles == tiles
     if tiles:  # a warp a tile: 512 row groups x 56 column tiles
         assert shape.passes == hidden // 128
@@ -503,6 +509,13 @@ def test_decode_and_prefill_shapes():
     kimi = launch_shape(1024, 2048, 128, 132, swiglu=True, narrow_columns=8)
     assert kimi.narrow and (kimi.block_rows, kimi.vec_blocks, kimi.vec_threads) == (8, 128, 256)
     assert not launch_shape(9, 2048, 128, 132, narrow_columns=8).narrow  # quantize_fp8: never
+
+
+@pytest.mark.parametrize("bad", [3, -1, True, None])
+def test_an_unknown_sf_layout_is_refused(bad):
+    with pytest.raises(ValueError, match=re.escape(
+            f"sf_layout must be one of (0, 1, 2); got {bad!r}")):
+        launch_shape(4, 7168, 128, 132, sf_layout=bad)
 
 
 def test_too_many_warps_for_one_launch():

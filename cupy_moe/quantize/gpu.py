@@ -25,12 +25,18 @@ from ..runtime.launch import (
     device_traits,
     function_handle,
 )
-from .launch_shape import SEGMENT_COLUMNS, QuantizeShape, QuantizeTuning, launch_shape
+from .launch_shape import (
+    SEGMENT_COLUMNS,
+    SF_COL_MAJOR_F32,
+    SF_COL_MAJOR_UE8M0,
+    SF_ROW_MAJOR_F32,
+    QuantizeShape,
+    QuantizeTuning,
+    launch_shape,
+)
 from .rules import QuantizeProblem
 
 SOURCE = "quantize.cu"
-# sf_layout of the kernels
-SF_ROW_MAJOR_F32, SF_COL_MAJOR_F32, SF_COL_MAJOR_UE8M0 = 0, 1, 2
 
 # struct QuantizeArgs of quantize.cu, field for field
 QUANTIZE_ARGS = ArgStruct(
@@ -83,15 +89,13 @@ class QuantizePlan:
             live_rows <= tuning.narrow_live_rows
             or (not problem.zero_padding and problem.num_rows * problem.hidden
                 >= tuning.unzeroed_block_rows_from_bytes * live_rows))
-        column_major_sf = sf_layout(problem) == SF_COL_MAJOR_F32
-        packed_sf = sf_layout(problem) == SF_COL_MAJOR_UE8M0
         columns = 4 if problem.in_dtype == "float32" else 8  # a 16-byte chunk
         multiprocessors = device_traits(device).multiprocessors
         try:
             self.shape: QuantizeShape = launch_shape(
                 problem.num_rows, problem.hidden, problem.num_per_channels, multiprocessors,
                 tuning, swiglu=problem.swiglu, narrow_columns=columns if narrow else 0,
-                column_major_sf=column_major_sf, packed_sf=packed_sf)
+                sf_layout=sf_layout(problem))
         except ValueError:
             if not narrow:
                 raise
@@ -99,8 +103,7 @@ class QuantizePlan:
             # rows): the wide grid, which may fit (else the same error)
             self.shape = launch_shape(problem.num_rows, problem.hidden,
                                       problem.num_per_channels, multiprocessors, tuning,
-                                      swiglu=problem.swiglu, column_major_sf=column_major_sf,
-                                      packed_sf=packed_sf)
+                                      swiglu=problem.swiglu, sf_layout=sf_layout(problem))
         defines = tuning.defines()
         self.handles = {vector: function_handle(SOURCE, defines, device,
                                                 kernel_name(problem, vector,

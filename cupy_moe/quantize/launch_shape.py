@@ -39,6 +39,10 @@ __all__ = [
     "QuantizeTuning",
     "SEGMENT_COLUMNS",
     "SEGMENT_WIDTHS",
+    "SF_COL_MAJOR_F32",
+    "SF_COL_MAJOR_UE8M0",
+    "SF_LAYOUTS",
+    "SF_ROW_MAJOR_F32",
     "division_magic",
     "launch_shape",
 ]
@@ -53,6 +57,9 @@ BLOCK_ROWS_MAX_THREADS = 1024  # QUANT_BLOCK_ROWS_MAX_THREADS: *_block_rows' lau
 MAX_ROWS_A_BLOCK = 32  # *_block_rows: a block's rows (one ballot of their maps)
 TILE_ROWS, TILE_COLUMNS = 8, 128  # QUANT_TILE_ROWS, QUANT_TILE_COLS: quantize *_tiles' tile
 MAX_LANES = 2**31 - 1  # lane indices stay below 2^31: the magic number's range
+# the scale-factor layouts, as the kernels' sf_layout field numbers them
+SF_ROW_MAJOR_F32, SF_COL_MAJOR_F32, SF_COL_MAJOR_UE8M0 = 0, 1, 2
+SF_LAYOUTS = (SF_ROW_MAJOR_F32, SF_COL_MAJOR_F32, SF_COL_MAJOR_UE8M0)
 
 
 @dataclass(frozen=True)
@@ -255,7 +262,7 @@ def division_magic(divisor: int) -> tuple[int, int]:
 def launch_shape(num_rows: int, hidden: int, num_per_channels: int, multiprocessors: int,
                  tuning: QuantizeTuning = DEFAULT_TUNING, *,
                  swiglu: bool = False, narrow_columns: int = 0,
-                 column_major_sf: bool = False, packed_sf: bool = False) -> QuantizeShape:
+                 sf_layout: int = SF_ROW_MAJOR_F32) -> QuantizeShape:
     """The grid of one call: a function of the shapes (and the SM count) only.
 
     ``swiglu``: where H is whole segments (of the first width of
@@ -268,10 +275,13 @@ def launch_shape(num_rows: int, hidden: int, num_per_channels: int, multiprocess
     or, from ``tuning.block_rows_from_bytes`` of codes, *_block_rows'
     (a block ``block_rows`` whole rows, a thread a chunk of a live row: at
     least the row's chunks, whole warps, at most
-    ``BLOCK_ROWS_MAX_THREADS``). ``column_major_sf`` (quantize_fp8's
-    column-major float32 scale factors): with ``tuning.sf_column_tiles`` and
-    H % 128 == 0, *_tiles' grid (a warp an 8 x 128 tile); ``packed_sf``
-    (packed UE8M0) the same with ``tuning.packed_sf_tiles``."""
+    ``BLOCK_ROWS_MAX_THREADS``). ``sf_layout`` (one of ``SF_LAYOUTS``):
+    quantize_fp8 with column-major float32 scale factors
+    (``SF_COL_MAJOR_F32``) and ``tuning.sf_column_tiles``, or packed UE8M0
+    (``SF_COL_MAJOR_UE8M0``) and ``tuning.packed_sf_tiles``, where H % 128
+    == 0: *_tiles' grid (a warp an 8 x 128 tile)."""
+    if type(sf_layout) is not int or sf_layout not in SF_LAYOUTS:
+        raise ValueError(f"sf_layout must be one of {SF_LAYOUTS}; got {sf_layout!r}")
     lanes_per_block = num_per_channels // LANE_COLUMNS
     sf_blocks = ceil_div(hidden, num_per_channels)
     lanes_per_row = sf_blocks * lanes_per_block
@@ -286,8 +296,8 @@ def launch_shape(num_rows: int, hidden: int, num_per_channels: int, multiprocess
                  0) if swiglu and not narrow else 0
     rows = width > 0
     passes = max(1, ceil_div(hidden, width or SEGMENT_COLUMNS))
-    tiles = (((column_major_sf and tuning.sf_column_tiles)
-              or (packed_sf and tuning.packed_sf_tiles)) and not swiglu
+    tiles = (((sf_layout == SF_COL_MAJOR_F32 and tuning.sf_column_tiles)
+              or (sf_layout == SF_COL_MAJOR_UE8M0 and tuning.packed_sf_tiles)) and not swiglu
              and hidden % TILE_COLUMNS == 0 and hidden % num_per_channels == 0)
     if tiles:
         passes = hidden // TILE_COLUMNS
