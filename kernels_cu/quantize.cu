@@ -59,8 +59,9 @@
 //   *_rows_whole, with an L2 prefetch of the row ahead, lost to *_rows once
 //   *_rows had its unrolled butterflies, and was removed.)
 // quantize_fp8_*_tiles: *_vec's conditions and H % 128 == 0, for
-//   column-major float32 scale factors (QuantizeTuning.sf_column_tiles; and
-//   packed UE8M0 with QuantizeTuning.packed_sf_tiles, off by default): a
+//   column-major scale factors, float32 (QuantizeTuning.sf_column_tiles) or
+//   packed UE8M0 (QuantizeTuning.packed_sf_tiles: Kimi-K2 prefill with
+//   32-column blocks 84.1 -> 88.2%, nineteenth session): a
 //   warp takes an 8-row x 128-column tile, a lane a 16-byte chunk of one of
 //   its rows in each of its loads (bf16: two rows an instruction, 16 lanes
 //   each; float32: one row, 32 lanes), so that the lanes holding the scale
