@@ -71,7 +71,7 @@ def bits(a: np.ndarray) -> np.ndarray:
 
 
 def run_case(rng, tuning: ExpandTuning, num_tokens, hidden, top_k, num_expanded, *, layout,
-             npc=128, malformed=False):
+             npc=128, malformed=False, given_tokens=False):
     fp8 = np.dtype(ml_dtypes.float8_e4m3fn)
     x = rng.integers(0, 256, (num_tokens, hidden), dtype=np.uint8)
     slots = np.full(num_tokens * top_k, -1, dtype=np.int32)
@@ -94,25 +94,32 @@ def run_case(rng, tuning: ExpandTuning, num_tokens, hidden, top_k, num_expanded,
                            "col-ue8m0": (True, np.int32)}[layout]
     s = sf_columns(hidden, npc, packed_ue8m0=sf_dtype is np.int32)
     x_sf = rng.integers(0, 2**32, (num_tokens, s), dtype=np.uint32).view(sf_dtype)
+    pos_to_token = None
+    if given_tokens:  # each row's token, as fused_mapping gives it
+        pos_to_token = np.full(num_expanded, -1, dtype=np.int32)
+        valid = (token_topk_to_pos >= 0) & (token_topk_to_pos < num_expanded)
+        pos_to_token[token_topk_to_pos[valid]] = np.nonzero(valid)[0]
+        pos_to_token = cupy.asarray(pos_to_token)
     got_x, got_sf = run_with_tuning(
         tuning, cupy.asarray(x), dmap, dp2e, x_sf=cupy.asarray(x_sf), num_per_channels=npc,
-        use_tma_aligned_col_major_sf=col_major)
+        use_tma_aligned_col_major_sf=col_major, pos_to_token=pos_to_token)
     want_x, want_sf = reference.expand_to_fused_with_sf_numpy(
         x.view(fp8), x_sf, token_topk_to_pos, pos_to_expert, col_major=col_major)
     assert np.array_equal(cupy.asnumpy(got_x), bits(want_x))
     assert np.array_equal(bits(cupy.asnumpy(got_sf)), bits(want_sf))
 
 
-def run_cases(rng, tuning: ExpandTuning, hiddens, sizes) -> int:
+def run_cases(rng, tuning: ExpandTuning, hiddens, sizes, *,
+              layouts=("none", "row", "col-f32", "col-ue8m0"), given_tokens=False) -> int:
     """Every layout, row length and (T, K, X) of ``sizes``, with a well-formed
     and a malformed map; returns the number of calls."""
     cases = 0
-    for layout in ("none", "row", "col-f32", "col-ue8m0"):
+    for layout in layouts:
         for hidden in hiddens:
             for num_tokens, top_k, num_expanded in sizes:
                 for malformed in (False, True):
                     run_case(rng, tuning, num_tokens, hidden, top_k, num_expanded, layout=layout,
-                             malformed=malformed)
+                             malformed=malformed, given_tokens=given_tokens)
                     cases += 1
     return cases
 
@@ -254,6 +261,17 @@ def main() -> int:
     # rows, sm_90+; the register kernel's zero-fill blocks under initcheck)
     cases += run_cases(rng, REGISTERS_ONLY if registers_only else ZERO_KERNEL,
                        (16, 2064, 7168), ((5, 3, 17), (0, 8, 6), (33, 9, 301)))
+    # column-major scale factors: every one by the SF pass blocks where the call
+    # passes pos_to_token (the calls above: the zeros only), beside the zero
+    # kernel (no pass there) too; and in line, by the token and zero-fill blocks
+    sizes = ((5, 3, 17), (0, 8, 6), (33, 9, 301))
+    for tuning in ((REGISTERS_ONLY,) if registers_only
+                   else (DEFAULT_TUNING, BULK_ZERO_PLAIN, ZERO_KERNEL)):
+        cases += run_cases(rng, tuning, (16, 2064, 7168), sizes,
+                           layouts=("col-f32", "col-ue8m0"), given_tokens=True)
+    for tuning in ((REGISTERS_ONLY,) if registers_only else (DEFAULT_TUNING, BULK_ZERO_PLAIN)):
+        cases += run_cases(rng, dataclasses.replace(tuning, sf_by_position=0), (16, 2064, 7168),
+                           sizes, layouts=("col-f32", "col-ue8m0"))
     # validate=True: the routing kernels, on a good map and on a bad one
     x = cupy.zeros((3, 64), dtype=cupy.uint16)
     good = cupy.asarray(np.array([[0, 1], [2, -1], [3, 4]], dtype=np.int32))

@@ -133,7 +133,14 @@ CONFIGS: list[tuple[str, ExpandTuning]] = [
        _tuned(threads=threads, unroll=unroll, shrink_chunks_below=0.0, split_slots_below=0.0,
               zero_rows_registers=rows, zero_block_bytes_registers=0))
       for threads, unroll, rows in ((64, 16, 1), (128, 8, 1), (32, 16, 1), (64, 16, 2))),
+    # column-major scale factors by a second kernel that walks positions
+    # (whole-sector stores): the zeros only, or (calls passing pos_to_token)
+    # every scale factor
+    ("SF by position: zeros", _tuned(sf_by_position=1)),
+    ("SF by position: all, given pos_to_token", _tuned(sf_by_position=1)),
 ]
+# configs whose calls pass pos_to_token (each row's token)
+WITH_POS_TO_TOKEN = {"SF by position: all, given pos_to_token"}
 assert len({name for name, _ in CONFIGS}) == len(CONFIGS), "config names must differ"
 
 _stream = raw_torch_stream_getter()
@@ -143,17 +150,31 @@ def _to_torch(array: np.ndarray) -> torch.Tensor:
     return numpy_to_torch(np.ascontiguousarray(array)).cuda()
 
 
-def _run(w: Workload, tuning: ExpandTuning, args: dict, outs: tuple = ()) -> tuple:
+def _pos_to_token(args: dict) -> torch.Tensor:
+    """[X] int32: the token each slot's row holds, -1 on rows no slot targets."""
+    t2p = args["token_topk_to_pos"]
+    p2t = torch.full_like(args["pos_to_expert"], -1)
+    tokens = torch.arange(t2p.shape[0], dtype=torch.int32, device=t2p.device)
+    tokens = tokens[:, None].expand_as(t2p)
+    valid = t2p >= 0
+    p2t[t2p[valid].long()] = tokens[valid]
+    return p2t
+
+
+def _run(w: Workload, tuning: ExpandTuning, args: dict, outs: tuple = (),
+         with_pos_to_token: bool = False) -> tuple:
     """``w``'s op under ``tuning`` (into ``outs`` when given); its results as a tuple."""
     result = run_with_tuning(
         tuning, args["x"], args["token_topk_to_pos"], args["pos_to_expert"],
         x_sf=args.get("x_sf"), num_per_channels=w.num_per_channels,
         use_tma_aligned_col_major_sf=w.use_tma_aligned_col_major_sf,
-        out=outs[0] if outs else None, out_sf=outs[1] if len(outs) > 1 else None)
+        out=outs[0] if outs else None, out_sf=outs[1] if len(outs) > 1 else None,
+        pos_to_token=args["pos_to_token"] if with_pos_to_token else None)
     return result if "x_sf" in args else result[:1]
 
 
-def _plan(w: Workload, args: dict, tuning: ExpandTuning) -> ExpandPlan:
+def _plan(w: Workload, args: dict, tuning: ExpandTuning,
+          with_pos_to_token: bool = False) -> ExpandPlan:
     """The plan ``run_with_tuning`` launches for these arguments: the same rules
     make the same problem, so ``plan_for`` returns the same cached object."""
     x, t2p, p2e = (describe(name, args[name])
@@ -164,7 +185,8 @@ def _plan(w: Workload, args: dict, tuning: ExpandTuning) -> ExpandPlan:
         problem = check_expand_with_sf(
             x, describe("x_sf", args["x_sf"]), t2p, p2e, num_per_channels=w.num_per_channels,
             use_tma_aligned_col_major_sf=w.use_tma_aligned_col_major_sf)
-    return plan_for(problem, args["x"].element_size(), args["x"].device.index, tuning)
+    return plan_for(problem, args["x"].element_size(), args["x"].device.index, tuning,
+                    with_pos_to_token=with_pos_to_token)
 
 
 def _pointers(args: dict, outs: tuple) -> tuple[int, ...]:
@@ -181,10 +203,10 @@ def _raw_bytes(t: torch.Tensor) -> torch.Tensor:
 
 
 def _check(w: Workload, tuning: ExpandTuning, args: dict, expected: tuple,
-           outs: tuple) -> str | None:
+           outs: tuple, with_pos_to_token: bool = False) -> str | None:
     for out in outs:
         _raw_bytes(out).fill_(0xA5)
-    _run(w, tuning, args, outs)
+    _run(w, tuning, args, outs, with_pos_to_token)
     for name, got, want in zip(("expanded_x", "expanded_x_sf"), outs, expected):
         if not torch.equal(got.contiguous().view(torch.uint8), want.contiguous().view(torch.uint8)):
             return f"MISMATCH {name}"
@@ -218,6 +240,8 @@ def _diagnostic_launches(w: Workload, args: dict, outs: tuple):
                  (*pointers[:2], no_padding.data_ptr(), *pointers[3:]))]
     if "x_sf" in args:
         variants.append(("no SF words", {**constants, "sf_columns": 0}, kernel.grid, pointers))
+    variants = [(name, fields, grid, (*launch_pointers, 0))  # pos_to_token: none
+                for name, fields, grid, launch_pointers in variants]
     result = []
     for name, fields, grid, launch_pointers in variants:
         block = ArgBlock(EXPAND_ARGS, EXPAND_ARGS.constants(**fields))
@@ -279,6 +303,7 @@ def main() -> int:
     for w in workloads:
         host = workload_inputs(w, rng)
         inputs = {name: _to_torch(a) for name, a in host.items()}
+        inputs["pos_to_token"] = _pos_to_token(inputs)
         expected = tuple(_to_torch(e) for e in reference_outputs(w, host))
         outs = _run(w, DEFAULT_TUNING, inputs)
         pointers = _pointers(inputs, outs)
@@ -286,11 +311,14 @@ def main() -> int:
             for name, tuning in configs:
                 if isinstance(cells[name].get(w.label), str):
                     continue  # already failed
-                problem = _check(w, tuning, inputs, expected, outs) if round_index == 0 else None
+                given = name in WITH_POS_TO_TOKEN
+                problem = (_check(w, tuning, inputs, expected, outs, given) if round_index == 0
+                           else None)
                 if problem:
                     cells[name][w.label] = problem
                     continue
-                run = _plan_launch(_plan(w, inputs, tuning), pointers)
+                run = _plan_launch(_plan(w, inputs, tuning, given),
+                                   (*pointers, inputs["pos_to_token"].data_ptr() if given else 0))
                 cells[name].setdefault(w.label, []).append(
                     _time(w, run, timer, args.iters, copy_tbps))
         for name, run in _diagnostic_launches(w, inputs, outs):

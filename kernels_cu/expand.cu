@@ -74,6 +74,7 @@ struct ExpandArgs {
     unsigned char* out;               // [X, row_bytes]
     const unsigned int* x_sf;         // [T, S] 4-byte words, or null
     unsigned int* out_sf;             // [X, S] or [S, sf_ld], or null
+    const int* pos_to_token;          // [X] token of each row, or null (sf_pass)
     i64 row_bytes;                    // H * itemsize(x)
     int num_tokens;                   // T
     int top_k;                        // K
@@ -85,7 +86,31 @@ struct ExpandArgs {
     int slots_per_block;              // 1 .. K
     int zero_padding;                 // 1: zero padding rows; 0: leave them
     int first_zero_row;               // first row of zero-fill block 0: 0, or X
+    int sf_pass;                      // SF_PASS_*: which scale factors the SF pass writes
+    int sf_pass_blocks;               // blocks x < this of plane (0, 0): the SF pass
 };
+
+// Scale factors by position (column-major SF only; ExpandTuning.sf_by_position):
+// the token-major blocks scatter a token's S words to K rows, sf_ld * 4 bytes
+// apart, so every store is a partial 32-byte sector shared with rows of other
+// tokens (ncu: 27.4 of 32 bytes a sector, the packed-SF prefill plan L2-bound
+// 8% behind the row-major one). The SF pass instead walks positions, a thread
+// a row, so that a warp's stores fill whole sectors. Its blocks come first in
+// the grid (x < sf_pass_blocks; only plane (0, 0)'s work, the others' return),
+// so that they run beside the first wave of copies, not after the last
+// (a second kernel started by programmatic dependent launch could start only
+// once every copy block had started: it ran at the tail, measured 3-6 points
+// of the copy behind these):
+//   SF_PASS_NONE    the token and zero-fill blocks move and zero every scale
+//                   factor (no pass blocks)
+//   SF_PASS_ZEROS   the pass zeroes them (padding rows, the pad columns,
+//                   expert rows when T == 0); token blocks still scatter theirs
+//   SF_PASS_ALL     the pass writes every one, reading row p's token from
+//                   pos_to_token[p] (only given where the caller has it:
+//                   fused_mapping's pos_to_token)
+#define SF_PASS_NONE 0
+#define SF_PASS_ZEROS 1
+#define SF_PASS_ALL 2
 
 template <int VEC_BYTES>
 __device__ __forceinline__ void zero_row_chunk(unsigned char* out, i64 row, i64 n_vec, i64 vec_begin,
@@ -123,7 +148,8 @@ __device__ __forceinline__ i64 zero_block_of_chunk_grid(int zero_column) {
 // pad columns [X, align(X, 4)) (SF only; zeroed whatever zero_padding says).
 __device__ __forceinline__ ZeroRows rows_to_zero(const ExpandArgs& a, i64 zero_block) {
 #if CUPY_MOE_SF_MODE == SF_COL_MAJOR
-    const i64 zero_rows = a.sf_ld;
+    // the pad columns X .. sf_ld have no data row: the SF pass zeroes them
+    const i64 zero_rows = a.sf_pass == SF_PASS_NONE ? a.sf_ld : a.num_expanded;
 #else
     const i64 zero_rows = a.num_expanded;
 #endif
@@ -137,6 +163,7 @@ __device__ __forceinline__ ZeroRows rows_to_zero(const ExpandArgs& a, i64 zero_b
 // Zero scale factors of the rows in `rows`.
 __device__ __forceinline__ void zero_sf_rows(const ExpandArgs& a, ZeroRows rows, int threads) {
 #if CUPY_MOE_SF_MODE != SF_NONE
+    if (a.sf_pass != SF_PASS_NONE) return;  // the SF pass zeroes them
     for (unsigned mask = rows.mask; mask != 0; mask &= mask - 1) {
         const i64 p = rows.first_row + __ffs(mask) - 1;
         for (int s = threadIdx.x; s < a.sf_columns; s += threads) store_sf_row(a.out_sf, a, p, s, 0u);
@@ -158,6 +185,49 @@ __device__ __forceinline__ void zero_fill(const ExpandArgs& a, i64 zero_block, i
     if (blockIdx.y == 0) zero_sf_rows(a, rows, threads);
 }
 
+// The SF pass (sf_pass != SF_PASS_NONE, column-major SF): thread p of the
+// pass blocks writes all S scale factors of row p, p in [0, sf_ld): zeros
+// for the pad columns, for padding rows when zero_padding is set and for expert
+// rows when there are no tokens; x_sf[pos_to_token[p]] for an expert row with
+// SF_PASS_ALL (a token outside [0, T) is skipped, never read). A warp's
+// stores of one column are 32 consecutive words: whole sectors.
+__device__ __forceinline__ void sf_by_position(const ExpandArgs& a, int pass_block) {
+#if CUPY_MOE_SF_MODE == SF_COL_MAJOR
+    const i64 p = static_cast<i64>(pass_block) * blockDim.x + threadIdx.x;
+    if (p >= a.sf_ld) return;
+    long long token = -1;  // the row whose words go to p; -1: zeros
+    if (p < a.num_expanded) {
+        if (__ldg(a.pos_to_expert + p) < 0) {
+            if (!a.zero_padding) return;
+        } else if (a.num_tokens > 0) {
+            if (a.sf_pass != SF_PASS_ALL) return;  // its token block writes it
+            token = __ldg(a.pos_to_token + p);
+            if (token < 0 || token >= a.num_tokens) return;
+        }
+    }
+    unsigned int* dst = a.out_sf + p;
+    if (token < 0) {
+        for (int s = 0; s < a.sf_columns; ++s) dst[static_cast<i64>(s) * a.sf_ld] = 0u;
+    } else {
+        const unsigned int* src = a.x_sf + token * a.sf_columns;
+        for (int s = 0; s < a.sf_columns; ++s) dst[static_cast<i64>(s) * a.sf_ld] = __ldg(src + s);
+    }
+#endif
+}
+
+// The copy kernels' first step: blocks x < sf_pass_blocks are the SF pass's
+// (plane (0, 0) does it); returns false for them, else the block's number
+// among the token and zero-fill blocks.
+__device__ __forceinline__ bool copy_or_zero_block(const ExpandArgs& a, int& block) {
+    block = blockIdx.x;
+    if (block < a.sf_pass_blocks) {
+        if (blockIdx.y == 0 && blockIdx.z == 0) sf_by_position(a, block);
+        return false;
+    }
+    block -= a.sf_pass_blocks;
+    return true;
+}
+
 // OVERLAPPED: the copy kernel of a call whose padding rows
 // expand_zero_padding_rows zeroes (the host launches no zero-fill blocks):
 // it lets that kernel start at once.
@@ -168,7 +238,8 @@ __device__ __forceinline__ void expand_to_fused_body(const ExpandArgs& a) {
     const i64 n_vec = a.row_bytes / VEC_BYTES;
     const int vecs_per_thread = a.vecs_per_thread;
     const i64 vec_begin = static_cast<i64>(blockIdx.y) * (EXPAND_THREADS * vecs_per_thread);
-    const int block = blockIdx.x;
+    int block;
+    if (!copy_or_zero_block(a, block)) return;
 
     if (block < a.num_tokens) {
         // Scatter: one read of the chunk, a store per slot of the group.
@@ -179,7 +250,8 @@ __device__ __forceinline__ void expand_to_fused_body(const ExpandArgs& a) {
 #if CUPY_MOE_SF_MODE != SF_NONE
         // Issue the first scale-factor load with the row loads, so that its
         // latency overlaps theirs instead of following the row stores.
-        const bool moves_sf = blockIdx.y == 0 && threadIdx.x < a.sf_columns;
+        const bool moves_sf = blockIdx.y == 0 && threadIdx.x < a.sf_columns &&
+                              a.sf_pass != SF_PASS_ALL;
         const unsigned int first_word = moves_sf ? a.x_sf[t * a.sf_columns + threadIdx.x] : 0u;
 #endif
         const Vec* src = reinterpret_cast<const Vec*>(a.x) + t * n_vec;
@@ -280,7 +352,8 @@ __device__ __forceinline__ void expand_to_fused_bulk_body(const ExpandArgs& a) {
     const i64 chunk_begin = static_cast<i64>(blockIdx.y) * stage_vecs;
     const i64 chunk_vecs = min(stage_vecs, n_vec - chunk_begin);
     const unsigned chunk_bytes = static_cast<unsigned>(chunk_vecs * 16);
-    const int block = blockIdx.x;
+    int block;
+    if (!copy_or_zero_block(a, block)) return;
 
     if (block < a.num_tokens) {
         const i64 t = block;
@@ -302,7 +375,7 @@ __device__ __forceinline__ void expand_to_fused_bulk_body(const ExpandArgs& a) {
         __syncwarp();
 #if CUPY_MOE_SF_MODE != SF_NONE
         // Scale factors while the chunk is in flight (chunk 0's blocks only).
-        if (blockIdx.y == 0) {
+        if (blockIdx.y == 0 && a.sf_pass != SF_PASS_ALL) {
             for (int s = lane; s < a.sf_columns; s += BULK_THREADS) {
                 const unsigned int word = a.x_sf[t * a.sf_columns + s];
                 for (int j = blockIdx.z * a.slots_per_block; j < k_end; ++j) {
@@ -330,7 +403,7 @@ __device__ __forceinline__ void expand_to_fused_bulk_body(const ExpandArgs& a) {
         return;
     }
     const i64 zero_block = (static_cast<i64>(blockIdx.z) * gridDim.y + blockIdx.y) *
-                           (gridDim.x - a.num_tokens) + zero_column;
+                           (gridDim.x - a.sf_pass_blocks - a.num_tokens) + zero_column;
     const ZeroRows rows = rows_to_zero(a, zero_block);
     // data rows only (the column-major SF's pad columns have no data row)
     const i64 data_left = a.num_expanded - rows.first_row;
@@ -384,7 +457,6 @@ expand_to_fused_bulk_overlapped(const ExpandArgs a) {
     expand_to_fused_bulk_body<ZERO_CHUNKS, true>(a);
 }
 
-// ---------------------------------------------------------------------------
 // Padding rows by a kernel of their own (padding-heavy plans, where the host
 // asks for it: ExpandTuning.zero_kernel_from_bytes; 16-byte rows and output,
 // sm_90+). The copy kernel (a *_overlapped one) then has no zero-fill blocks
@@ -401,6 +473,8 @@ expand_to_fused_bulk_overlapped(const ExpandArgs a) {
 // the last: a block that waits keeps its SM slot until the copy kernel ends,
 // and when every block waited, the first wave of zero-fill blocks sat idle
 // through the copies instead of making room for the next.
+// With an SF pass (the copy kernel's pass blocks: sf_pass) it leaves scale
+// factors alone.
 extern "C" __global__ void __launch_bounds__(EXPAND_THREADS)
 expand_zero_padding_rows(const ExpandArgs a) {
     const ZeroRows rows = rows_to_zero(a, blockIdx.x);  // each warp: the same ballot
@@ -425,6 +499,8 @@ expand_zero_padding_rows(const ExpandArgs a) {
 //   found[1] first flat slot naming a row with pos_to_expert < 0
 //   found[2] first flat slot repeating an earlier slot's row (duplicate)
 //   found[3] first expert row (pos_to_expert >= 0) no slot names
+//   found[4] first flat slot t*K + k whose row's pos_to_token is not t (only
+//            with pos_to_token)
 // first_slot[X] (ROUTING_NONE-initialised) gets the smallest slot naming each row.
 
 #define ROUTING_NONE 0x7F7F7F7F7F7F7F7FLL
@@ -432,10 +508,12 @@ expand_zero_padding_rows(const ExpandArgs a) {
 struct RoutingArgs {
     const int* token_topk_to_pos;   // [T * K]
     const int* pos_to_expert;       // [X]
+    const int* pos_to_token;        // [X], or null
     long long* first_slot;          // [X]
-    long long* found;               // [4]
+    long long* found;               // [5]
     i64 num_slots;                  // T * K
     int num_expanded;               // X
+    int top_k;                      // K
 };
 
 extern "C" __global__ void routing_first_slots(const RoutingArgs a) {
@@ -446,6 +524,8 @@ extern "C" __global__ void routing_first_slots(const RoutingArgs a) {
             atomicMin(a.found + 0, i);
         } else if (p >= 0) {
             if (a.pos_to_expert[p] < 0) atomicMin(a.found + 1, i);
+            if (a.pos_to_token != nullptr && a.pos_to_token[p] != i / a.top_k)
+                atomicMin(a.found + 4, i);
             atomicMin(a.first_slot + p, i);
         }
     }

@@ -11,7 +11,7 @@ import cupy_moe
 from cupy_moe import reference
 from cupy_moe.harness.inputs import random_bits
 from cupy_moe.runtime.sizes import align_up
-from helpers import assert_bits_equal
+from helpers import GivenPosToToken, assert_bits_equal
 
 cupy = pytest.importorskip("cupy")
 
@@ -79,17 +79,43 @@ def padded_sf_bits(kind: str, out_sf, num_expanded: int, sf_cols: int) -> np.nda
     return to_host_bits(kind, full)
 
 
+def pos_to_token_of(token_topk_to_pos, num_expanded: int):
+    """[X] int32 on the map's device: the token of each row some slot targets
+    (one of them, for a malformed map), -1 elsewhere. No host sync (a CUDA
+    graph may capture it): dropped and out-of-range slots land in a row X that
+    is cut off."""
+    t2p = token_topk_to_pos
+    if isinstance(t2p, torch.Tensor):
+        p2t = torch.full((num_expanded + 1,), -1, dtype=torch.int32, device=t2p.device)
+        tokens = torch.arange(t2p.shape[0], dtype=torch.int32, device=t2p.device)
+        rows = torch.where((t2p >= 0) & (t2p < num_expanded), t2p, num_expanded).long()
+        p2t[rows.reshape(-1)] = tokens[:, None].expand(t2p.shape).reshape(-1)
+    else:
+        p2t = cupy.full((num_expanded + 1,), -1, dtype=cupy.int32)
+        tokens = cupy.arange(t2p.shape[0], dtype=cupy.int32)
+        rows = cupy.where((t2p >= 0) & (t2p < num_expanded), t2p, num_expanded)
+        p2t[rows.reshape(-1)] = cupy.broadcast_to(tokens[:, None], t2p.shape).reshape(-1)
+    return p2t[:num_expanded]
+
+
 def expand_op(tuning, *args, **kwargs):
     """``expand_to_fused``: the public op when ``tuning`` is None, else under ``tuning``."""
     if tuning is None:
         return cupy_moe.expand_to_fused(*args, **kwargs)
+    if isinstance(tuning, GivenPosToToken):
+        tuning = tuning.tuning
     return run_with_tuning(tuning, *args, **kwargs)[0]
 
 
 def expand_sf_op(tuning, x, x_sf, *args, **kwargs):
-    """``expand_to_fused_with_sf``: the public op when ``tuning`` is None, else under ``tuning``."""
+    """``expand_to_fused_with_sf``: the public op when ``tuning`` is None, else under
+    ``tuning`` (with ``pos_to_token`` drawn from the map for a ``GivenPosToToken``)."""
     if tuning is None:
         return cupy_moe.expand_to_fused_with_sf(x, x_sf, *args, **kwargs)
+    if isinstance(tuning, GivenPosToToken):
+        token_topk_to_pos, pos_to_expert = args[:2]
+        kwargs["pos_to_token"] = pos_to_token_of(token_topk_to_pos, pos_to_expert.shape[0])
+        tuning = tuning.tuning
     return run_with_tuning(tuning, x, *args, x_sf=x_sf, **kwargs)
 
 
@@ -119,10 +145,12 @@ def _compared_rows(pos_to_expert: np.ndarray, zero_padding: bool, *, fresh: bool
 
 
 def check_expand_with_sf(kind, x, x_sf, token_topk_to_pos, pos_to_expert, *, npc, col_major,
-                         poison_outputs=False, rng=None, tuning=None, zero_padding=True):
+                         poison_outputs=False, rng=None, tuning=None, zero_padding=True,
+                         pos_to_token=None):
     """Both outputs against the reference, as ``check_expand``; poisoned outputs
     are random bits, the column-major SF buffer's pad columns included (which
-    must come back zero whatever ``zero_padding`` says)."""
+    must come back zero whatever ``zero_padding`` says). ``pos_to_token`` (host
+    int32) is passed on as the hint."""
     num_expanded, sf_cols = pos_to_expert.shape[0], x_sf.shape[1]
     ld = align_up(num_expanded, 4)
     dx, dsf = to_device(kind, x, x.dtype.name), to_device(kind, x_sf, x_sf.dtype.name)
@@ -143,7 +171,8 @@ def check_expand_with_sf(kind, x, x_sf, token_topk_to_pos, pos_to_expert, *, npc
         out_sf=expected_sf, zero_padding=zero_padding)
     result_x, result_sf = expand_sf_op(
         tuning, dx, dsf, dmap, dp2e, num_per_channels=npc, use_tma_aligned_col_major_sf=col_major,
-        out=out, out_sf=out_sf, zero_padding=zero_padding)
+        out=out, out_sf=out_sf, zero_padding=zero_padding,
+        **({} if pos_to_token is None else {"pos_to_token": map_to_device(kind, pos_to_token)}))
     if poison_outputs:
         assert result_x is out and result_sf is out_sf
     rows = _compared_rows(pos_to_expert, zero_padding, fresh=not poison_outputs)

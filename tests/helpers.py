@@ -23,6 +23,16 @@ def bits(array: np.ndarray) -> np.ndarray:
     return array.view(f"u{array.dtype.itemsize}")
 
 
+class GivenPosToToken:
+    """A kernel path (conftest's KERNEL_PATHS) whose calls pass ``pos_to_token``
+    (each row's token, drawn from the call's own map) under ``tuning``; the op
+    without scale factors takes no ``pos_to_token`` and runs under ``tuning``
+    alone."""
+
+    def __init__(self, tuning) -> None:
+        self.tuning = tuning
+
+
 # --- routing maps -------------------------------------------------------------
 
 def make_topk_ids(num_tokens: int, top_k: int, num_experts: int, *,

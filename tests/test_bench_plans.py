@@ -22,7 +22,7 @@ from helpers import assert_bits_equal
 
 from cupy_moe.harness import manifest, report, runner
 from cupy_moe.harness.cli import main
-from cupy_moe.harness.inputs import plan_routing, workload_inputs
+from cupy_moe.harness.inputs import plan_mapping, plan_routing, workload_inputs
 from cupy_moe.harness.manifest import (
     OP_NAMES,
     PlanSpec,
@@ -157,8 +157,12 @@ def test_workload_inputs_of_a_plan_workload(label, rng):
     w = plan_workload(label)
     first = workload_inputs(w, rng)
     again = workload_inputs(w, np.random.default_rng(1))
+    # the column-major SF op gets the plan's pos_to_token too (the hint)
     assert list(first) == ["x"] + (["x_sf"] if w.sf_columns else []) + [
-        "token_topk_to_pos", "pos_to_expert"]
+        "token_topk_to_pos", "pos_to_expert"] + (
+        ["pos_to_token"] if w.use_tma_aligned_col_major_sf else [])
+    if w.use_tma_aligned_col_major_sf:
+        np.testing.assert_array_equal(first["pos_to_token"], plan_mapping(w).pos_to_token)
     assert first["x"].shape == w.shapes["x"] and first["x"].dtype.name == w.dtype
     if w.sf_columns:
         assert first["x_sf"].shape == w.shapes["x_sf"]
@@ -389,7 +393,7 @@ def test_shapes_text_names_the_plan():
     assert runner._shapes_text(plan_workload("kimi-k2-small-e128-plan")) == (
         "T=32 H=7168 K=8 X=14848 plan E=128 A=128 routed=256")
     assert runner._shapes_text(plan_workload("kimi-k2-medium-e48-ep8-plan-sf-packed")) == (
-        "T=512 H=7168 K=8 X=6144 plan E=48/384 A=128 routed=516 S=14 int32/col")
+        "T=512 H=7168 K=8 X=6144 plan E=48/384 A=128 routed=516 S=14 int32/col +pos_to_token")
     assert runner._shapes_text(load_workloads("expand_to_fused")[0]) == (
         "T=1 H=7168 K=8 X=16")
 

@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import re
 
+import ml_dtypes
 import numpy as np
 import pytest
 import torch
 
 import cupy_moe
+from cupy_moe.expand.api import run_with_tuning
+from cupy_moe.expand.tuning import DEFAULT_TUNING
 from cpu_cases import KINDS, as_kind, expand, expand_sf, i32, sf_inputs
 from helpers import assert_bits_equal, oracle_expand, random_payload
 
@@ -195,3 +198,49 @@ def test_numpy_integer_and_bool_scalars_are_accepted(kind, rng):
     assert_bits_equal(out_sf, oracle_expand(x_sf, T2P, P2E))
     assert_bits_equal(expand(kind, x.view(np.uint16).reshape(3, 128), T2P, P2E),
                       oracle_expand(x.view(np.uint16).reshape(3, 128), T2P, P2E))
+
+
+# -- pos_to_token (expand_to_fused_with_sf's hint) -----------------------------------
+
+@pytest.mark.parametrize(("pos_to_token", "error", "message"), [
+    (np.zeros((4, 1), np.int32), ValueError, "pos_to_token must be 1-D [X]; got shape (4, 1)"),
+    (np.zeros(4, np.int64), ValueError, "pos_to_token must be one of int32; got int64"),
+    (np.zeros(5, np.int32), ValueError,
+     "pos_to_token.shape[0] must equal pos_to_expert.shape[0] (X = 4); got 5"),
+    ([0, 0, 1, 1], TypeError, "pos_to_token"),
+])
+def test_pos_to_token_rules(pos_to_token, error, message):
+    x = np.zeros((2, 128), ml_dtypes.float8_e4m3fn)
+    x_sf = np.zeros((2, 1), np.int32)
+    t2p, p2e = np.array([[0, 1], [2, 3]], np.int32), np.zeros(4, np.int32)
+    with pytest.raises(error, match=re.escape(message)):
+        cupy_moe.expand_to_fused_with_sf(x, x_sf, t2p, p2e, num_per_channels=128,
+                                         use_tma_aligned_col_major_sf=True,
+                                         pos_to_token=pos_to_token)
+
+
+def test_pos_to_token_of_another_kind_is_rejected():
+    x = np.zeros((2, 128), ml_dtypes.float8_e4m3fn)
+    x_sf = np.zeros((2, 1), np.int32)
+    t2p, p2e = np.array([[0, 1], [2, 3]], np.int32), np.zeros(4, np.int32)
+    with pytest.raises(TypeError, match="pos_to_token"):
+        cupy_moe.expand_to_fused_with_sf(x, x_sf, t2p, p2e, num_per_channels=128,
+                                         use_tma_aligned_col_major_sf=True,
+                                         pos_to_token=torch.zeros(4, dtype=torch.int32))
+
+
+def test_pos_to_token_belongs_to_the_op_with_scale_factors():
+    x, t2p, p2e = np.zeros((2, 8), np.uint16), np.array([[0, 1]], np.int32), np.zeros(2, np.int32)
+    with pytest.raises(TypeError, match="pos_to_token is an argument of "
+                                        "expand_to_fused_with_sf only"):
+        run_with_tuning(DEFAULT_TUNING, x[:1], t2p, p2e, pos_to_token=np.zeros(2, np.int32))
+
+
+def test_out_sf_overlapping_pos_to_token_is_rejected():
+    x = np.zeros((2, 128), ml_dtypes.float8_e4m3fn)
+    x_sf = np.zeros((2, 1), np.float32)
+    t2p, p2e = np.array([[0, 1], [2, 3]], np.int32), np.zeros(4, np.int32)
+    out_sf = np.zeros((4, 1), np.float32)
+    with pytest.raises(ValueError, match="out_sf overlaps pos_to_token in memory"):
+        cupy_moe.expand_to_fused_with_sf(x, x_sf, t2p, p2e, num_per_channels=128, out_sf=out_sf,
+                                         pos_to_token=out_sf.reshape(-1).view(np.int32))

@@ -88,6 +88,48 @@ def test_validate_with_sf(kind, rng):
                   validate=True)
 
 
+# pos_to_token (the SF op's hint): checked after every other kind of fault
+POS_TO_TOKEN_CASES = [
+    pytest.param([[0, 1], [2, 3]], [0, 0, 1, 1], [0, 0, 0, 1],
+                 "pos_to_token[2] = 0 disagrees with token_topk_to_pos[1, 0] = 2: row 2 holds "
+                 "token 1", id="wrong-token"),
+    pytest.param([[0, -1], [2, 1]], [0, 0, 1, -1], [0, -1, 1, -1],
+                 "pos_to_token[1] = -1 disagrees with token_topk_to_pos[1, 1] = 1: row 1 holds "
+                 "token 1", id="minus-one-on-an-expert-row"),
+    pytest.param([[0, 1], [2, 2]], [0, 0, 1, -1], [9, 9, 9, 9],
+                 "token_topk_to_pos[1, 1] = 2 duplicates", id="duplicate-first"),
+]
+
+
+@smoke
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize(("token_topk_to_pos", "pos_to_expert", "pos_to_token", "message"),
+                         POS_TO_TOKEN_CASES)
+def test_validate_checks_pos_to_token(kind, token_topk_to_pos, pos_to_expert, pos_to_token,
+                                      message, rng):
+    x, x_sf = sf_inputs(rng, 2, 128, 128, "int32")
+    with pytest.raises(ValueError, match=exact(message)):
+        expand_sf(kind, x, x_sf, i32(token_topk_to_pos), i32(pos_to_expert), npc=128,
+                  col_major=True, validate=True, pos_to_token=as_kind(kind, i32(pos_to_token)))
+
+
+@smoke
+@pytest.mark.parametrize("kind", KINDS)
+def test_pos_to_token_is_a_hint_the_results_do_not_follow(kind, rng):
+    """The CPU ignores it (but for validate); padding rows' values never matter."""
+    plan = cupy_moe.reference.fused_mapping_numpy(make_topk_ids(9, 3, 4, rng=rng), 4,
+                                                  alignment=8)
+    token_topk_to_pos, pos_to_expert = plan.token_topk_to_pos, plan.pos_to_expert
+    x, x_sf = sf_inputs(rng, 9, 256, 128, "int32")
+    want = expand_sf(kind, x, x_sf, token_topk_to_pos, pos_to_expert, npc=128, col_major=True)
+    pos_to_token = plan.pos_to_token.copy()
+    pos_to_token[pos_to_expert < 0] = 12345  # padding rows: anything
+    got = expand_sf(kind, x, x_sf, token_topk_to_pos, pos_to_expert, npc=128, col_major=True,
+                    validate=True, pos_to_token=as_kind(kind, pos_to_token))
+    for name, a, b in zip(("expanded_x", "expanded_x_sf"), got, want, strict=True):
+        assert_bits_equal(a, b, name)
+
+
 @smoke
 @pytest.mark.parametrize("kind", KINDS)
 def test_validate_accepts_well_formed_map(kind, rng):

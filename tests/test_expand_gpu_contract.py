@@ -23,7 +23,7 @@ from gpu_cases import (
     GPU_MARKS, KINDS, check_expand, check_expand_with_sf, cupy, expand_sf_op,
     map_to_device, to_device, to_host_bits,
 )
-from helpers import assert_bits_equal, bits
+from helpers import GivenPosToToken, assert_bits_equal, bits
 
 pytestmark = GPU_MARKS
 
@@ -63,12 +63,15 @@ def test_manifest_expand_with_sf(workload, kind, kernel_path):
     _skip_large_plan_on_forced_path(workload, kernel_path)
     rng = np.random.default_rng()
     inputs = workload_inputs(workload, rng)
-    for poison in (False, True):
+    # with the plan's pos_to_token (column-major plan workloads) and without
+    hints = (None, inputs["pos_to_token"]) if "pos_to_token" in inputs else (None,)
+    for poison, hint in [(False, None), *((True, hint) for hint in hints)]:
         check_expand_with_sf(kind, inputs["x"], inputs["x_sf"], inputs["token_topk_to_pos"],
                              inputs["pos_to_expert"],
                              npc=workload.num_per_channels,
                              col_major=workload.use_tma_aligned_col_major_sf,
-                             poison_outputs=poison, rng=rng, tuning=kernel_path)
+                             poison_outputs=poison, rng=rng, tuning=kernel_path,
+                             pos_to_token=hint)
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -140,9 +143,12 @@ def test_zero_fill_block_sizes(zero_rows, num_tokens, layout, zero_padding, kind
     # count a warp ballot can cover, the last block short. zero_padding=False:
     # padding rows keep the poison, and blocks of every size still zero the
     # column-major SF's 1 pad column (align(263, 4) = 264).
-    tuning = dataclasses.replace(kernel_path or DEFAULT_TUNING, zero_rows_bulk=zero_rows,
-                                 zero_rows_registers=zero_rows, zero_rows_bulk_whole=zero_rows,
-                                 zero_block_bytes_registers=0)
+    given = isinstance(kernel_path, GivenPosToToken)
+    tuning = dataclasses.replace((kernel_path.tuning if given else kernel_path) or DEFAULT_TUNING,
+                                 zero_rows_bulk=zero_rows, zero_rows_registers=zero_rows,
+                                 zero_rows_bulk_whole=zero_rows, zero_block_bytes_registers=0)
+    if given:
+        tuning = GivenPosToToken(tuning)
     rng = np.random.default_rng()
     top_k, hidden = 4, 1024
     token_topk_to_pos, pos_to_expert = fitted_routing(rng, num_tokens, top_k, 263,

@@ -13,7 +13,7 @@ from cupy_moe.expand.rules import sf_columns
 from cupy_moe.harness.inputs import fitted_routing, numpy_dtype, random_bits
 from cupy_moe.runtime.sizes import align_up
 from gpu_cases import (
-    GPU_MARKS, KINDS, cupy, expand_sf_op,
+    GPU_MARKS, KINDS, cupy, expand_sf_op, padded_sf_bits,
     map_to_device, needs_torch_cuda, to_device, to_host_bits, torch,
 )
 from helpers import assert_bits_equal
@@ -45,6 +45,56 @@ def test_validate_reports_what_the_cpu_reports(case, kind):
                                  map_to_device(kind, token_topk_to_pos),
                                  map_to_device(kind, pos_to_expert), validate=True)
     assert str(gpu_error.value) == str(cpu_error.value)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("pos_to_token", [[0, 0, 0, -1], [0, 0, 7, -1], [0, -1, 1, -1]])
+def test_validate_checks_pos_to_token_as_the_cpu_does(pos_to_token, kind):
+    token_topk_to_pos = np.array([[0, 1], [2, -1]], dtype=np.int32)
+    pos_to_expert = np.array([0, 0, 1, -1], dtype=np.int32)
+    pos_to_token = np.array(pos_to_token, dtype=np.int32)
+    x = np.arange(2 * 128, dtype=np.uint8).reshape(2, 128)
+    x_sf = np.arange(2, dtype=np.int32).reshape(2, 1)
+    kwargs = {"num_per_channels": 128, "use_tma_aligned_col_major_sf": True, "validate": True}
+    with pytest.raises(ValueError, match="pos_to_token") as cpu_error:
+        cupy_moe.expand_to_fused_with_sf(x, x_sf, token_topk_to_pos, pos_to_expert,
+                                         pos_to_token=pos_to_token, **kwargs)
+    with pytest.raises(ValueError) as gpu_error:
+        cupy_moe.expand_to_fused_with_sf(
+            to_device(kind, x, "uint8"), to_device(kind, x_sf, "int32"),
+            map_to_device(kind, token_topk_to_pos), map_to_device(kind, pos_to_expert),
+            pos_to_token=map_to_device(kind, pos_to_token), **kwargs)
+    assert str(gpu_error.value) == str(cpu_error.value)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("zero_padding", [True, False])
+def test_public_op_given_pos_to_token(kind, zero_padding):
+    """The hint through the public op (and, for torch, its fast path on the
+    second call): the same bits as without it, validate=True accepting it."""
+    rng = np.random.default_rng()
+    num_tokens, hidden, top_k = 300, 2048, 4
+    topk_ids = rng.integers(0, 7, size=(num_tokens, top_k))
+    topk_ids[::5, 0] = -1
+    plan = reference.fused_mapping_numpy(topk_ids, 7, alignment=64)
+    x = random_bits(rng, (num_tokens, hidden), numpy_dtype("float8_e4m3fn"))
+    x_sf = random_bits(rng, (num_tokens, 4), np.dtype("int32"))
+    want_x, want_sf = reference.expand_to_fused_with_sf_numpy(
+        x, x_sf, plan.token_topk_to_pos, plan.pos_to_expert, col_major=True)
+    args = (to_device(kind, x, "float8_e4m3fn"), to_device(kind, x_sf, "int32"),
+            map_to_device(kind, plan.token_topk_to_pos), map_to_device(kind, plan.pos_to_expert))
+    expert_rows = plan.pos_to_expert >= 0 if not zero_padding else slice(None)
+    for validate in (True, False, False):
+        got_x, got_sf = cupy_moe.expand_to_fused_with_sf(
+            *args, num_per_channels=128, use_tma_aligned_col_major_sf=True,
+            pos_to_token=map_to_device(kind, plan.pos_to_token), validate=validate,
+            zero_padding=zero_padding)
+        assert_bits_equal(to_host_bits(kind, got_x)[expert_rows], want_x[expert_rows],
+                          "expanded_x")
+        full = padded_sf_bits(kind, got_sf, plan.pos_to_expert.shape[0], 4)
+        assert_bits_equal(full[:, :plan.pos_to_expert.shape[0]].T[expert_rows],
+                          want_sf[expert_rows], "expanded_x_sf")
+        assert not full[:, plan.pos_to_expert.shape[0]:].any()
 
 
 @pytest.mark.parametrize("kind", KINDS)

@@ -10,7 +10,13 @@ pytest.importorskip("cupy")
 
 import cupy_moe.expand.plan as plan_module  # noqa: E402
 from cupy_moe.expand.gpu import ROUTING_ARGS  # noqa: E402
-from cupy_moe.expand.plan import EXPAND_ARGS, ExpandPlan  # noqa: E402
+from cupy_moe.expand.plan import (  # noqa: E402
+    EXPAND_ARGS,
+    SF_PASS_ALL,
+    SF_PASS_NONE,
+    SF_PASS_ZEROS,
+    ExpandPlan,
+)
 from cupy_moe.expand.rules import ExpandProblem  # noqa: E402
 from cupy_moe.expand.tuning import DEFAULT_TUNING, ExpandTuning  # noqa: E402
 from cupy_moe.runtime import launch as launch_module  # noqa: E402
@@ -21,12 +27,13 @@ from cupy_moe.runtime.sizes import align_up  # noqa: E402
 
 
 def test_argument_blocks_match_the_kernel_structs():
-    # struct ExpandArgs: 6 pointers, an int64, 10 int32; RoutingArgs: 4
-    # pointers, an int64, an int32 padded to the struct's 8-byte alignment.
-    assert EXPAND_ARGS.size == 6 * 8 + 8 + 10 * 4
-    assert EXPAND_ARGS.names[-2:] == ("zero_padding", "first_zero_row")
-    assert EXPAND_ARGS.pointer_count == 6
-    assert ROUTING_ARGS.size == 4 * 8 + 8 + 8
+    # struct ExpandArgs: 7 pointers, an int64, 12 int32; RoutingArgs: 5
+    # pointers, an int64, two int32.
+    assert EXPAND_ARGS.size == 7 * 8 + 8 + 12 * 4
+    assert EXPAND_ARGS.names[-4:] == ("zero_padding", "first_zero_row", "sf_pass",
+                                      "sf_pass_blocks")
+    assert EXPAND_ARGS.pointer_count == 7
+    assert ROUTING_ARGS.size == 5 * 8 + 8 + 2 * 4
 
 
 def test_arg_struct_pads_like_the_compiler():
@@ -262,7 +269,9 @@ def test_zero_fill_blocks_span_the_slot_planes(fake_h200, num_tokens, hidden, nu
     sf = {"sf_columns": 2, "sf_col_major": True} if col_major else {}
     problem = ExpandProblem(num_tokens, hidden, 8, num_expanded,
                             "float8_e4m3fn" if col_major else "bfloat16", **sf)
-    launch = ExpandPlan(problem, item_bytes, 0, DEFAULT_TUNING).kernel(16)
+    # (no SF pass blocks: the zero-fill blocks walk the pad columns too)
+    tuning = dataclasses.replace(DEFAULT_TUNING, sf_by_position=0)
+    launch = ExpandPlan(problem, item_bytes, 0, tuning).kernel(16)
     assert launch.grid == grid
     rows = launch.constant("rows_per_zero_block")
     zero_rows = align_up(num_expanded, 4) if col_major else num_expanded
@@ -439,7 +448,8 @@ def test_sf_op_fast_path_keys_zero_padding(expand_fast_paths):
     x_sf = torch.zeros(3, 1, dtype=torch.int32)
     t2p = torch.tensor([[0, 1], [2, -1], [3, -1]], dtype=torch.int32)
     p2e = torch.tensor([0, 0, 1, 1, -1], dtype=torch.int32)
-    descs = tuple(describe("", a) for a in (x, x_sf, t2p, p2e)) + (None, None)
+    # x, x_sf, token_topk_to_pos, pos_to_expert; pos_to_token, out, out_sf absent
+    descs = tuple(describe("", a) for a in (x, x_sf, t2p, p2e)) + (None, None, None)
     leave = _FakePlan()
     api._sf_fast_path.remember((128, True, False), descs, leave)
     kwargs = {"num_per_channels": 128, "use_tma_aligned_col_major_sf": True}
@@ -452,6 +462,27 @@ def test_sf_op_fast_path_keys_zero_padding(expand_fast_paths):
     with pytest.raises(TypeError, match=r"zero_padding must be True or False; got int 1"):
         api.expand_to_fused_with_sf(x, x_sf, t2p, p2e, **kwargs, zero_padding=1)
     assert replayed == [leave]
+
+
+def test_sf_op_fast_path_keys_pos_to_token(expand_fast_paths):
+    torch = pytest.importorskip("torch")
+    api, replayed = expand_fast_paths
+    x = torch.zeros(3, 256, dtype=torch.uint8)
+    x_sf = torch.zeros(3, 1, dtype=torch.int32)
+    t2p = torch.tensor([[0, 1], [2, -1], [3, -1]], dtype=torch.int32)
+    p2e = torch.tensor([0, 0, 1, 1, -1], dtype=torch.int32)
+    p2t = torch.tensor([0, 0, 1, 2, -1], dtype=torch.int32)
+    given = _FakePlan()
+    api._sf_fast_path.remember(
+        (128, True, True), tuple(describe("", a) for a in (x, x_sf, t2p, p2e, p2t)) + (None,) * 2,
+        given)
+    kwargs = {"num_per_channels": 128, "use_tma_aligned_col_major_sf": True}
+    assert api.expand_to_fused_with_sf(x, x_sf, t2p, p2e, **kwargs, pos_to_token=p2t) == (
+        "replayed", None)
+    assert replayed == [given]
+    # without it the key differs: the full path (the CPU reference here)
+    result = api.expand_to_fused_with_sf(x, x_sf, t2p, p2e, **kwargs)
+    assert isinstance(result[0], torch.Tensor) and replayed == [given]
 
 
 @pytest.mark.parametrize(("change", "message"), [
@@ -554,9 +585,10 @@ def test_padding_heavy_calls_may_zero_by_a_second_kernel(fake_h200, num_tokens, 
     assert zero.handle == "expand_zero_padding_rows" and zero.threads == ZERO_KERNEL.threads
     assert zero.constant("rows_per_zero_block") == rows
     # its blocks cover every data row and the column-major SF's pad columns
-    assert zero.grid == (-(-plan.zero_rows_end // rows), 1, 1)
-    assert plan.zero_rows_end == (align_up(num_expanded, 4) if sf.get("sf_col_major")
-                                  else num_expanded)
+    zero_rows_end = plan.zero_rows_end(SF_PASS_NONE)
+    assert zero.grid == (-(-zero_rows_end // rows), 1, 1)
+    assert zero_rows_end == (align_up(num_expanded, 4) if sf.get("sf_col_major")
+                             else num_expanded)
     for field in ("num_tokens", "num_expanded", "first_zero_row", "zero_padding", "sf_ld"):
         assert zero.constant(field) == copy.constant(field)
 
@@ -596,4 +628,97 @@ def test_a_call_launches_the_zero_kernel_right_after_the_copies(fake_h200, monke
     zero = plan.kernel(16).zero_launch
     assert launches[1][2] == (zero.grid_x, zero.threads, 0, 7, zero.args.params_address)
     pointers = EXPAND_ARGS.pointer_packer.unpack_from(zero.args.buffer)
-    assert pointers == (0x1000, 0x2000, 0x3000, 0x4000, 0, 0)
+    assert pointers == (0x1000, 0x2000, 0x3000, 0x4000, 0, 0, 0)
+
+
+# -- column-major scale factors by position (ExpandTuning.sf_by_position) -----------
+
+SF_BY_POSITION = dataclasses.replace(DEFAULT_TUNING, sf_by_position=1)
+PACKED_SF = {"sf_columns": 14, "sf_dtype": "int32", "num_per_channels": 128,
+             "sf_col_major": True}
+
+
+def _sf_plan(num_tokens=4096, num_expanded=48130, tuning=SF_BY_POSITION, sf=PACKED_SF,
+             **options):
+    # kimi-k2-prefill-e256-plan's shape (fp8 rows, packed SF), X not a multiple of 4
+    problem = ExpandProblem(num_tokens, 7168, 8, num_expanded, "float8_e4m3fn", **sf)
+    return ExpandPlan(problem, 1, 0, tuning, **options)
+
+
+@pytest.mark.parametrize(("options", "sf_pass"), [
+    ({}, SF_PASS_ZEROS),
+    ({"with_pos_to_token": True}, SF_PASS_ALL),
+    ({"zero_padding": False}, SF_PASS_NONE),  # only the pad columns: in line
+    ({"zero_padding": False, "with_pos_to_token": True}, SF_PASS_ALL),
+])
+def test_the_sf_pass_blocks_lead_the_copy_kernels_grid(fake_h200, options, sf_pass):
+    plan = _sf_plan(**options)
+    copy = plan.kernel(16)
+    assert copy.constant("sf_pass") == sf_pass == plan.sf_pass(16)
+    assert copy.zero_launch is None and copy.name == "expand_to_fused_bulk_zero_rows_plain"
+    pass_blocks = copy.constant("sf_pass_blocks")
+    if sf_pass == SF_PASS_NONE:
+        assert pass_blocks == 0
+        return
+    # a one-warp block's 32 positions each, up to align(X, 4): pad columns included
+    assert pass_blocks == -(-48132 // 32)
+    # the zero-fill blocks walk the data rows only (X, not align(X, 4))
+    assert plan.zero_rows_end(sf_pass) == 48130
+    walked = 48130 - copy.constant("first_zero_row")
+    zero_blocks = -(-walked // copy.constant("rows_per_zero_block"))
+    assert copy.grid_x == pass_blocks + 4096 + zero_blocks
+
+
+def test_no_sf_pass_beside_the_zero_kernel(fake_h200):
+    """The zero kernel starts once every copy block has: no pass blocks there."""
+    tuning = dataclasses.replace(SF_BY_POSITION, zero_kernel_from_bytes=0,
+                                 zero_kernel_beside_registers=1)
+    plan = _sf_plan(num_tokens=32, num_expanded=14850, tuning=tuning, with_pos_to_token=True)
+    copy = plan.kernel(16)
+    assert copy.constant("sf_pass") == SF_PASS_NONE and copy.constant("sf_pass_blocks") == 0
+    assert copy.name.endswith("_overlapped") and copy.grid_x == 32
+    zero = copy.zero_launch
+    rows = zero.constant("rows_per_zero_block")
+    assert zero.grid_x == -(-14852 // rows)  # the zero kernel zeroes the pad columns
+
+
+def test_the_sf_pass_is_on_by_default(fake_h200):
+    assert DEFAULT_TUNING.sf_by_position == 1
+    assert _sf_plan(tuning=DEFAULT_TUNING).kernel(16).constant("sf_pass") == SF_PASS_ZEROS
+
+
+@pytest.mark.parametrize(("change", "why"), [
+    ({"sf": {**PACKED_SF, "sf_col_major": False, "sf_dtype": "float32", "sf_columns": 56}},
+     "row-major SF: a row's words are one run already"),
+    ({"num_tokens": 0, "num_expanded": 1024}, "no tokens: no copy kernel to overlap"),
+    ({"tuning": dataclasses.replace(DEFAULT_TUNING, sf_by_position=0)}, "switched off"),
+])
+def test_no_sf_pass(fake_h200, change, why):
+    plan = _sf_plan(**change)
+    launch = plan.kernel(16)
+    assert launch.constant("sf_pass") == SF_PASS_NONE, why
+    assert launch.constant("sf_pass_blocks") == 0
+    # the zero-fill blocks zero the column-major SF's pad columns themselves
+    problem = plan.problem
+    assert plan.zero_rows_end(SF_PASS_NONE) == (
+        align_up(problem.num_expanded, 4) if problem.sf_col_major else problem.num_expanded)
+
+
+def test_no_sf_pass_off_16_byte_rows_or_before_sm90(fake_h200, monkeypatch):
+    assert _sf_plan().kernel(8).constant("sf_pass") == SF_PASS_NONE
+    monkeypatch.setitem(launch_module._device_traits, 0, DeviceTraits(132, 8, 232448))
+    assert _sf_plan().kernel(16).constant("sf_pass") == SF_PASS_NONE
+
+
+def test_a_call_passes_pos_to_token_to_both_kernels(fake_h200, monkeypatch):
+    launches = []
+    monkeypatch.setattr(plan_module.driver, "launchKernel",
+                        lambda handle, *args: launches.append(handle))
+    monkeypatch.setattr(plan_module, "launch_overlapping_previous",
+                        lambda handle, *args: launches.append(handle))
+    plan = _sf_plan(with_pos_to_token=True)
+    plan.launch(7, 0x1000, 0x2000, 0x3000, 0x4000, 0x5000, 0x6000, 0x7000)
+    copy = plan.kernel(16)
+    assert launches == [copy.handle]
+    assert EXPAND_ARGS.pointer_packer.unpack_from(copy.args.buffer) == (
+        0x1000, 0x2000, 0x3000, 0x4000, 0x5000, 0x6000, 0x7000)

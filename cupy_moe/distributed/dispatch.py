@@ -166,7 +166,7 @@ def dispatch(x: Any, topk_ids: Any, topk_weights: Any, num_experts: int, *, grou
             recv_x, recv_sf, plan.token_topk_to_pos, plan.pos_to_expert,
             num_per_channels=problem.num_per_channels,
             use_tma_aligned_col_major_sf=problem.sf_col_major,
-            zero_padding=problem.zero_padding)
+            zero_padding=problem.zero_padding, pos_to_token=plan.pos_to_token)
     else:
         expanded_x = expand_to_fused(recv_x, plan.token_topk_to_pos, plan.pos_to_expert,
                                      zero_padding=problem.zero_padding)

@@ -20,7 +20,7 @@ from ..runtime.rules import (
     require_bool,
     require_int,
 )
-from .rules import ExpandProblem, check_expand, check_expand_with_sf
+from .rules import ExpandProblem, check_expand, check_expand_with_sf, check_pos_to_token
 from .tuning import DEFAULT_TUNING, ExpandTuning
 
 __all__ = ["expand_to_fused", "expand_to_fused_with_sf", "run_with_tuning"]
@@ -112,7 +112,8 @@ def expand_to_fused_with_sf(x: Any, x_sf: Any, token_topk_to_pos: Any, pos_to_ex
                             num_per_channels: int, use_tma_aligned_col_major_sf: bool = False,
                             out: Any = None, out_sf: Any = None,
                             validate: bool = False,
-                            zero_padding: bool = True) -> tuple[Any, Any]:
+                            zero_padding: bool = True,
+                            pos_to_token: Any = None) -> tuple[Any, Any]:
     """Scatter quantized token rows and their per-block scale factors.
 
     The routing contract is that of :func:`expand_to_fused`; each row's scale
@@ -149,6 +150,16 @@ def expand_to_fused_with_sf(x: Any, x_sf: Any, token_topk_to_pos: Any, pos_to_ex
         follow their data rows: zero with True, not written with False (the
         same consumers are safe: a grouped GEMM scales a row by that row's
         scale factors only). Only the pad columns above are zeroed either way.
+    pos_to_token : array [X], int32, optional
+        The token of each output row (-1 on padding rows): ``fused_mapping``'s
+        ``pos_to_token``. A hint, for speed only: with the column-major layout
+        on sm_90+ the GPU then writes the scale factors row by row, in whole
+        32-byte sectors, instead of scattering each token's words to its K rows
+        (benchmarks/results/ has the figures); the results are the same. It
+        must agree with the map: ``pos_to_token[token_topk_to_pos[t, k]] == t``
+        for every slot that is not dropped (``validate=True`` checks it).
+        Where it does not, which scale factors such a row gets is unspecified;
+        nothing outside the outputs is written, nothing outside ``x_sf`` read.
 
     Returns
     -------
@@ -164,38 +175,42 @@ def expand_to_fused_with_sf(x: Any, x_sf: Any, token_topk_to_pos: Any, pos_to_ex
             and type(use_tma_aligned_col_major_sf) is bool and type(zero_padding) is bool):
         plan = _sf_fast_path.lookup(
             (num_per_channels, use_tma_aligned_col_major_sf, zero_padding),
-            (x, x_sf, token_topk_to_pos, pos_to_expert, out, None))
+            (x, x_sf, token_topk_to_pos, pos_to_expert, pos_to_token, out, None))
         if plan is not None:
-            result = _run_torch_fast(plan, x, x_sf, token_topk_to_pos, pos_to_expert, out)
+            result = _run_torch_fast(plan, x, x_sf, token_topk_to_pos, pos_to_expert, out,
+                                     pos_to_token)
             if result is not None:
                 return result
     return _expand(DEFAULT_TUNING, x, x_sf, token_topk_to_pos, pos_to_expert, with_sf=True,
                    num_per_channels=num_per_channels,
                    use_tma_aligned_col_major_sf=use_tma_aligned_col_major_sf, out=out,
                    out_sf=out_sf, validate=validate, zero_padding=zero_padding,
-                   fast_path=_sf_fast_path)
+                   fast_path=_sf_fast_path, pos_to_token=pos_to_token)
 
 
 def run_with_tuning(tuning: ExpandTuning, x: Any, token_topk_to_pos: Any, pos_to_expert: Any,
                     *, x_sf: Any = None, num_per_channels: int | None = None,
                     use_tma_aligned_col_major_sf: bool = False, out: Any = None,
                     out_sf: Any = None, validate: bool = False,
-                    zero_padding: bool = True) -> tuple[Any, Any]:
+                    zero_padding: bool = True, pos_to_token: Any = None) -> tuple[Any, Any]:
     """Either op under a tuning of its own (tests and sweeps; no fast path).
 
     The op with scale factors when ``x_sf`` is given, else the plain one
-    (then ``out_sf`` of the result is None). Same rules and results as the
-    public ops; only the kernel choice and grid differ.
+    (then ``out_sf`` of the result is None; ``pos_to_token`` belongs to the
+    op with scale factors). Same rules and results as the public ops; only
+    the kernel choice and grid differ.
     """
     return _expand(tuning, x, x_sf, token_topk_to_pos, pos_to_expert, with_sf=x_sf is not None,
                    num_per_channels=num_per_channels,
                    use_tma_aligned_col_major_sf=use_tma_aligned_col_major_sf, out=out,
-                   out_sf=out_sf, validate=validate, zero_padding=zero_padding, fast_path=None)
+                   out_sf=out_sf, validate=validate, zero_padding=zero_padding, fast_path=None,
+                   pos_to_token=pos_to_token)
 
 
 def _expand(tuning: ExpandTuning, x, x_sf, token_topk_to_pos, pos_to_expert, *, with_sf: bool,
             num_per_channels, use_tma_aligned_col_major_sf, out, out_sf, validate,
-            zero_padding, fast_path: TorchFastPath | None) -> tuple[Any, Any]:
+            zero_padding, fast_path: TorchFastPath | None,
+            pos_to_token: Any = None) -> tuple[Any, Any]:
     """The full path of both ops: every rule, then the backend of the arrays' kind."""
     validate = require_bool("validate", validate)
     zero_padding = require_bool("zero_padding", zero_padding)
@@ -205,6 +220,11 @@ def _expand(tuning: ExpandTuning, x, x_sf, token_topk_to_pos, pos_to_expert, *, 
         descs["x_sf"] = describe("x_sf", x_sf)
     descs["token_topk_to_pos"] = describe("token_topk_to_pos", token_topk_to_pos)
     descs["pos_to_expert"] = describe("pos_to_expert", pos_to_expert)
+    if with_sf:
+        descs["pos_to_token"] = (None if pos_to_token is None
+                                 else describe("pos_to_token", pos_to_token))
+    elif pos_to_token is not None:
+        raise TypeError("pos_to_token is an argument of expand_to_fused_with_sf only")
     descs["out"] = None if out is None else describe("out", out)
     if with_sf:
         descs["out_sf"] = None if out_sf is None else describe("out_sf", out_sf)
@@ -220,23 +240,27 @@ def _expand(tuning: ExpandTuning, x, x_sf, token_topk_to_pos, pos_to_expert, *, 
     else:
         scalars = (zero_padding,)
         problem = check_expand(descs["x"], descs["token_topk_to_pos"], descs["pos_to_expert"])
-    _check_outputs(kind, problem, descs, x, x_sf, token_topk_to_pos, pos_to_expert, out, out_sf)
+    if pos_to_token is not None:
+        check_pos_to_token(descs["pos_to_token"], problem)
+    _check_outputs(kind, problem, descs, x, x_sf, token_topk_to_pos, pos_to_expert, out, out_sf,
+                   pos_to_token)
     if kind.on_gpu:
         global _run_torch_fast
         from .gpu import run_expand, run_torch_fast
         _run_torch_fast = run_torch_fast
         result, plan = run_expand(kind, problem, tuning, x, x_sf, token_topk_to_pos,
-                                  pos_to_expert, out, out_sf, validate, zero_padding)
+                                  pos_to_expert, out, out_sf, validate, zero_padding,
+                                  pos_to_token)
         if fast_path is not None and kind is ArrayKind.TORCH_CUDA and out_sf is None:
             fast_path.remember(scalars, tuple(descs.values()), plan)
         return result
     from .cpu import run_expand
     return run_expand(kind, problem, x, x_sf, token_topk_to_pos, pos_to_expert, out, out_sf,
-                      validate, zero_padding)
+                      validate, zero_padding, pos_to_token)
 
 
 def _check_outputs(kind: ArrayKind, problem: ExpandProblem, descs: dict, x, x_sf,
-                   token_topk_to_pos, pos_to_expert, out, out_sf) -> None:
+                   token_topk_to_pos, pos_to_expert, out, out_sf, pos_to_token=None) -> None:
     """Caller-provided outputs: shape, dtype, strides, writeable, extent, no overlap."""
     if out is None and out_sf is None:
         return
@@ -259,4 +283,4 @@ def _check_outputs(kind: ArrayKind, problem: ExpandProblem, descs: dict, x, x_sf
     written_sf = problem.out_sf_buffer_bytes() if problem.sf_col_major else 0
     check_no_overlap(kind, {"out": (out, 0), "out_sf": (out_sf, written_sf)},
                      {"x": x, "x_sf": x_sf, "token_topk_to_pos": token_topk_to_pos,
-                      "pos_to_expert": pos_to_expert})
+                      "pos_to_expert": pos_to_expert, "pos_to_token": pos_to_token})

@@ -14,7 +14,8 @@ from .rules import ExpandProblem, raise_routing_error
 
 def run_expand(kind: ArrayKind, problem: ExpandProblem, x: Any, x_sf: Any,
                token_topk_to_pos: Any, pos_to_expert: Any,
-               out: Any, out_sf: Any, validate: bool, zero_padding: bool) -> tuple[Any, Any]:
+               out: Any, out_sf: Any, validate: bool, zero_padding: bool,
+               pos_to_token: Any = None) -> tuple[Any, Any]:
     """Both ops on the CPU; ``x_sf`` is None for the op without scale factors.
 
     Returns ``(out, out_sf)`` of the caller's kind; caller-provided outputs are
@@ -25,8 +26,12 @@ def run_expand(kind: ArrayKind, problem: ExpandProblem, x: Any, x_sf: Any,
     topk_np = np.ascontiguousarray(to_numpy(token_topk_to_pos))
     p2e_np = np.ascontiguousarray(to_numpy(pos_to_expert))
     if validate:
-        raise_routing_error(reference.find_routing_errors(topk_np, p2e_np), problem,
-                            lambda i: int(topk_np.reshape(-1)[i]))
+        # pos_to_token is only read here: the reference needs no hint
+        p2t_np = (None if pos_to_token is None
+                  else np.ascontiguousarray(to_numpy(pos_to_token)))
+        raise_routing_error(reference.find_routing_errors(topk_np, p2e_np, p2t_np), problem,
+                            lambda i: int(topk_np.reshape(-1)[i]),
+                            lambda p: int(p2t_np[p]))
     out_np = None if out is None else to_numpy(out)
     x_np = to_numpy(x)
     if x_sf is None:

@@ -24,8 +24,8 @@ from .tuning import ExpandTuning
 
 # struct RoutingArgs of expand.cu
 ROUTING_ARGS = ArgStruct(("token_topk_to_pos", "ptr"), ("pos_to_expert", "ptr"),
-                         ("first_slot", "ptr"), ("found", "ptr"), ("num_slots", "i64"),
-                         ("num_expanded", "i32"))
+                         ("pos_to_token", "ptr"), ("first_slot", "ptr"), ("found", "ptr"),
+                         ("num_slots", "i64"), ("num_expanded", "i32"), ("top_k", "i32"))
 _NONE_FOUND = 0x7F7F7F7F7F7F7F7F  # ROUTING_NONE in the kernel source
 _routing_args = ArgBlock(ROUTING_ARGS)
 
@@ -45,7 +45,8 @@ def _allocate(lib, plan: ExpandPlan, x: Any, x_sf: Any, out: Any, out_sf: Any) -
 
 def run_expand(kind: ArrayKind, problem: ExpandProblem, tuning: ExpandTuning, x: Any,
                x_sf: Any, token_topk_to_pos: Any, pos_to_expert: Any, out: Any, out_sf: Any,
-               validate: bool, zero_padding: bool) -> tuple[tuple[Any, Any], ExpandPlan]:
+               validate: bool, zero_padding: bool,
+               pos_to_token: Any = None) -> tuple[tuple[Any, Any], ExpandPlan]:
     """Both ops on the GPU, after the public op checked every rule.
 
     ``x_sf`` is None for the op without scale factors. Returns ``((out,
@@ -58,17 +59,22 @@ def run_expand(kind: ArrayKind, problem: ExpandProblem, tuning: ExpandTuning, x:
         stream = lib.stream(device)
         token_topk_to_pos = lib.contiguous(token_topk_to_pos)
         pos_to_expert = lib.contiguous(pos_to_expert)
+        if pos_to_token is not None:
+            pos_to_token = lib.contiguous(pos_to_token)
         if validate:
-            _validate_routing(lib, problem, token_topk_to_pos, pos_to_expert, device, stream)
+            _validate_routing(lib, problem, token_topk_to_pos, pos_to_expert, pos_to_token,
+                              device, stream)
         x = lib.contiguous(x)
         if x_sf is not None:
             x_sf = lib.contiguous(x_sf)
-        plan = plan_for(problem, lib.item_bytes(x), device, tuning, zero_padding=zero_padding)
+        plan = plan_for(problem, lib.item_bytes(x), device, tuning, zero_padding=zero_padding,
+                        with_pos_to_token=pos_to_token is not None)
         out, out_sf = _allocate(lib, plan, x, x_sf, out, out_sf)
         plan.launch(stream, lib.pointer(x), lib.pointer(token_topk_to_pos),
                     lib.pointer(pos_to_expert), lib.pointer(out),
                     0 if x_sf is None else lib.pointer(x_sf),
-                    0 if out_sf is None else lib.pointer(out_sf))
+                    0 if out_sf is None else lib.pointer(out_sf),
+                    0 if pos_to_token is None else lib.pointer(pos_to_token))
     return (out, out_sf), plan
 
 
@@ -76,7 +82,7 @@ _raw_torch_stream = None
 
 
 def run_torch_fast(plan: ExpandPlan, x, x_sf, token_topk_to_pos, pos_to_expert,
-                   out) -> tuple[Any, Any] | None:
+                   out, pos_to_token=None) -> tuple[Any, Any] | None:
     """A torch call whose arguments' descriptions ``plan`` was made for (the
     fast path's hit); None when ``out`` overlaps an input, so that the full
     path raises. Written flat: it runs on every eager call."""
@@ -85,12 +91,13 @@ def run_torch_fast(plan: ExpandPlan, x, x_sf, token_topk_to_pos, pos_to_expert,
         _raw_torch_stream = raw_torch_stream_getter()
     x_ptr, map_ptr, p2e_ptr = x.data_ptr(), token_topk_to_pos.data_ptr(), pos_to_expert.data_ptr()
     sf_ptr = 0 if x_sf is None else x_sf.data_ptr()
+    p2t_ptr = 0 if pos_to_token is None else pos_to_token.data_ptr()
     if out is None:
         out = x.new_empty(*plan.out_shape)
     else:  # the one rule that depends on addresses, not on descriptions
         first = out.data_ptr()
         end = first + plan.out_bytes
-        for pointer, size in zip((x_ptr, map_ptr, p2e_ptr, sf_ptr), plan.input_bytes):
+        for pointer, size in zip((x_ptr, map_ptr, p2e_ptr, sf_ptr, p2t_ptr), plan.input_bytes):
             if pointer < end and first < pointer + size:
                 return None
     if x_sf is None:
@@ -103,12 +110,12 @@ def run_torch_fast(plan: ExpandPlan, x, x_sf, token_topk_to_pos, pos_to_expert,
     else:
         out_sf = x_sf.new_empty(*plan.out_sf_shape)
     plan.launch(_raw_torch_stream(plan.device), x_ptr, map_ptr, p2e_ptr, out.data_ptr(), sf_ptr,
-                out_sf.data_ptr())
+                out_sf.data_ptr(), p2t_ptr)
     return out, out_sf
 
 
 def _validate_routing(lib, problem: ExpandProblem, token_topk_to_pos: Any, pos_to_expert: Any,
-                      device: int, stream: int) -> None:
+                      pos_to_token: Any, device: int, stream: int) -> None:
     """Run the routing checks on ``stream``; one host synchronisation."""
     num_slots = problem.num_tokens * problem.top_k
     first_slot = cupy.empty(max(problem.num_expanded, 1), dtype=cupy.int64)
@@ -116,7 +123,9 @@ def _validate_routing(lib, problem: ExpandProblem, token_topk_to_pos: Any, pos_t
     for scratch in (first_slot, found):  # every byte 0x7F: the "none found" sentinel
         runtime.memsetAsync(scratch.data.ptr, 0x7F, scratch.nbytes, stream)
     _routing_args.set_all(lib.pointer(token_topk_to_pos), lib.pointer(pos_to_expert),
-                          first_slot.data.ptr, found.data.ptr, num_slots, problem.num_expanded)
+                          0 if pos_to_token is None else lib.pointer(pos_to_token),
+                          first_slot.data.ptr, found.data.ptr, num_slots, problem.num_expanded,
+                          problem.top_k)
     blocks = max(1, min(1024, ceil_div(max(num_slots, problem.num_expanded), 256)))
     # the routing kernels are the same in every variant: take the plain one's
     defines = kernel_defines(SF_NONE, ExpandTuning())
@@ -129,4 +138,5 @@ def _validate_routing(lib, problem: ExpandProblem, token_topk_to_pos: Any, pos_t
     runtime.streamSynchronize(stream)
     first = {kind: (-1 if value == _NONE_FOUND else int(value))
              for kind, value in zip(ROUTING_ERROR_KINDS, found_host)}
-    raise_routing_error(first, problem, lambda i: lib.flat_value(token_topk_to_pos, i))
+    raise_routing_error(first, problem, lambda i: lib.flat_value(token_topk_to_pos, i),
+                        lambda p: lib.flat_value(pos_to_token, p))

@@ -24,16 +24,21 @@ from .tuning import ExpandTuning
 
 SOURCE = "expand.cu"
 SF_NONE, SF_ROW_MAJOR, SF_COL_MAJOR = 0, 1, 2  # CUPY_MOE_SF_MODE of the kernel source
+# ExpandArgs.sf_pass: which scale factors the copy kernel's SF pass blocks write,
+# row by row (expand.cu's sf_by_position)
+SF_PASS_NONE, SF_PASS_ZEROS, SF_PASS_ALL = 0, 1, 2
 
 # struct ExpandArgs of expand.cu, field for field
 EXPAND_ARGS = ArgStruct(
     ("x", "ptr"), ("token_topk_to_pos", "ptr"), ("pos_to_expert", "ptr"), ("out", "ptr"),
-    ("x_sf", "ptr"), ("out_sf", "ptr"), ("row_bytes", "i64"), ("num_tokens", "i32"),
+    ("x_sf", "ptr"), ("out_sf", "ptr"), ("pos_to_token", "ptr"), ("row_bytes", "i64"),
+    ("num_tokens", "i32"),
     ("top_k", "i32"), ("num_expanded", "i32"), ("sf_columns", "i32"), ("sf_ld", "i32"),
     ("rows_per_zero_block", "i32"), ("vecs_per_thread", "i32"), ("slots_per_block", "i32"),
-    ("zero_padding", "i32"), ("first_zero_row", "i32"))
+    ("zero_padding", "i32"), ("first_zero_row", "i32"), ("sf_pass", "i32"),
+    ("sf_pass_blocks", "i32"))
 
-# packs a launch's six pointers into its argument block (the hot path's only packing)
+# packs a launch's seven pointers into its argument block (the hot path's only packing)
 _pack_pointers = EXPAND_ARGS.pointer_packer.pack_into
 
 BULK_SHARED_LIMIT = 16384  # the most dynamic shared memory the bulk kernel asks for
@@ -70,38 +75,62 @@ class ExpandLaunch:
 
 
 class ExpandPlan:
-    """The launches of one (problem, item size, device, tuning, zero_padding),
-    by access width."""
+    """The launches of one (problem, item size, device, tuning, zero_padding,
+    with_pos_to_token), by access width. ``with_pos_to_token``: the calls pass
+    each row's token (``launch``'s ``pos_to_token``), which lets the SF pass
+    blocks write every scale factor (ExpandTuning.sf_by_position)."""
 
     __slots__ = ("device", "first_zero_row", "input_bytes", "kernels", "out_bytes",
                  "out_sf_shape", "out_shape", "problem", "row_bytes", "sf_mode", "tuning",
-                 "zero_padding", "zero_rows_end")
+                 "with_pos_to_token", "zero_padding")
 
     def __init__(self, problem: ExpandProblem, item_bytes: int, device: int,
-                 tuning: ExpandTuning, *, zero_padding: bool = True) -> None:
+                 tuning: ExpandTuning, *, zero_padding: bool = True,
+                 with_pos_to_token: bool = False) -> None:
         self.device, self.problem, self.tuning = device, problem, tuning
-        self.zero_padding = zero_padding
+        self.zero_padding, self.with_pos_to_token = zero_padding, with_pos_to_token
         self.sf_mode = (SF_NONE if not problem.has_sf else
                         SF_COL_MAJOR if problem.sf_col_major else SF_ROW_MAJOR)
         self.row_bytes = problem.hidden * item_bytes
-        # Rows the zero-fill blocks walk, [first_zero_row, zero_rows_end): the
-        # X data rows, then the column-major SF's pad columns X .. align(X, 4).
-        # Leaving padding rows alone, the data rows of a call with tokens need
-        # no zeros, so the blocks start at X: only pad columns get blocks, and
-        # the other layouts (or X % 4 == 0) launch none. With no tokens the
-        # expert rows still need zeros (the kernel's rows_to_zero).
-        self.zero_rows_end = (problem.sf_leading_dim if self.sf_mode == SF_COL_MAJOR
-                              else problem.num_expanded)
+        # Zero-fill blocks walk rows from first_zero_row (zero_rows_end says
+        # to where). Leaving padding rows alone, the data rows of a call with
+        # tokens need no zeros, so the blocks start at X: only the column-major
+        # SF's pad columns get blocks, and the other layouts (or X % 4 == 0)
+        # launch none. With no tokens the expert rows still need zeros (the
+        # kernel's rows_to_zero).
         self.first_zero_row = (0 if zero_padding or problem.num_tokens == 0
                                else problem.num_expanded)
         self.kernels: dict[int, ExpandLaunch] = {}  # by access width in bytes
-        # sizes of x, token_topk_to_pos, pos_to_expert, x_sf; and of out: what
-        # the fast path's overlap test compares
+        # sizes of x, token_topk_to_pos, pos_to_expert, x_sf, pos_to_token; and
+        # of out: what the fast path's overlap test compares
         self.input_bytes = (problem.num_tokens * self.row_bytes,
                             problem.num_tokens * problem.top_k * 4, problem.num_expanded * 4,
-                            problem.num_tokens * problem.sf_columns * 4)
+                            problem.num_tokens * problem.sf_columns * 4,
+                            problem.num_expanded * 4 if with_pos_to_token else 0)
         self.out_bytes = problem.num_expanded * self.row_bytes
         self.out_shape, self.out_sf_shape = problem.out_shape(), problem.out_sf_shape()
+
+    def sf_pass(self, vec_bytes: int, zero_kernel: bool = False) -> int:
+        """SF_PASS_*: the scale factors that the copy kernel's SF pass blocks
+        write by position (column-major SF, 16-byte rows, sm_90+, calls with
+        tokens; where it was measured), unless the padding rows have a kernel
+        of their own (``zero_kernel``: its start waits for every copy block
+        to start, and pass blocks delayed it: Kimi-K2 small lost 1-3 points)."""
+        if not (self.tuning.sf_by_position and self.sf_mode == SF_COL_MAJOR and vec_bytes == 16
+                and self.problem.num_tokens > 0 and device_traits(self.device).major >= 9
+                and not zero_kernel):
+            return SF_PASS_NONE
+        if self.with_pos_to_token:
+            return SF_PASS_ALL
+        return SF_PASS_ZEROS if self.zero_padding else SF_PASS_NONE
+
+    def zero_rows_end(self, sf_pass: int) -> int:
+        """End of the rows the zero-fill blocks walk: the X data rows, then the
+        column-major SF's pad columns X .. align(X, 4) (unless the SF pass
+        zeroes those)."""
+        if self.sf_mode == SF_COL_MAJOR and sf_pass == SF_PASS_NONE:
+            return self.problem.sf_leading_dim
+        return self.problem.num_expanded
 
     def kernel(self, vec_bytes: int) -> ExpandLaunch:
         found = self.kernels.get(vec_bytes)
@@ -199,8 +228,11 @@ class ExpandPlan:
                 zero_whole_rows: bool = False, zero_kernel: bool = False) -> ExpandLaunch:
         """The copy kernel's launch; with ``zero_kernel``, its *_overlapped twin
         (token blocks only, letting the next kernel start at once) and the
-        padding rows left to expand_zero_padding_rows, which overlaps it."""
+        padding rows left to expand_zero_padding_rows, which overlaps it. With
+        an SF pass, its grid starts with the pass blocks (a thread a row)."""
         problem = self.problem
+        sf_pass = self.sf_pass(vec_bytes, zero_kernel)
+        zero_rows_end = self.zero_rows_end(sf_pass)
         if zero_kernel:
             kernel = ("expand_to_fused_bulk_overlapped" if kernel.startswith("expand_to_fused_bulk")
                       else f"{kernel}_overlapped")
@@ -214,34 +246,42 @@ class ExpandPlan:
         # zero-fill blocks are numbered across the z planes (the kernel's
         # rows_to_zero); whole-row ones across the y planes too
         planes = ceil_div(problem.top_k, slots_per_block)
-        zero_blocks = 0 if zero_kernel else ceil_div(self.zero_rows_end - self.first_zero_row,
+        zero_blocks = 0 if zero_kernel else ceil_div(zero_rows_end - self.first_zero_row,
                                                      rows_per_zero_block)
         spread = planes * chunks if zero_whole_rows else planes
-        grid = (problem.num_tokens + ceil_div(zero_blocks, spread), chunks, planes)
+        sf_pass_blocks = (0 if sf_pass == SF_PASS_NONE
+                          else ceil_div(problem.sf_leading_dim, threads))
+        grid = (sf_pass_blocks + problem.num_tokens + ceil_div(zero_blocks, spread), chunks,
+                planes)
         fields = dict(
             row_bytes=self.row_bytes, num_tokens=problem.num_tokens, top_k=problem.top_k,
             num_expanded=problem.num_expanded, sf_columns=problem.sf_columns,
             sf_ld=problem.sf_leading_dim, rows_per_zero_block=int(rows_per_zero_block),
             vecs_per_thread=int(vecs_per_thread), slots_per_block=int(slots_per_block),
-            zero_padding=int(self.zero_padding), first_zero_row=self.first_zero_row)
-        zero_launch = self._zero_launch(fields) if zero_kernel else None
+            zero_padding=int(self.zero_padding), first_zero_row=self.first_zero_row,
+            sf_pass=sf_pass, sf_pass_blocks=sf_pass_blocks)
+        zero_launch = self._zero_launch(fields, zero_rows_end) if zero_kernel else None
         return ExpandLaunch(kernel, handle, grid, threads, shared_bytes,
                             ArgBlock(EXPAND_ARGS, EXPAND_ARGS.constants(**fields)), zero_launch)
 
-    def _zero_launch(self, fields: dict[str, int]) -> ExpandLaunch:
+    def _zero_launch(self, fields: dict[str, int], zero_rows_end: int) -> ExpandLaunch:
         """expand_zero_padding_rows: blocks of ``tuning.threads`` threads, each
         whole rows of about ``zero_block_bytes_registers`` (1 .. 32 rows)."""
         tuning = self.tuning
         rows = min(32, max(1, int(tuning.zero_block_bytes_registers) // self.row_bytes))
-        blocks = ceil_div(self.zero_rows_end - self.first_zero_row, rows)
+        blocks = ceil_div(zero_rows_end - self.first_zero_row, rows)
         handle = function_handle(SOURCE, kernel_defines(self.sf_mode, tuning), self.device,
                                  "expand_zero_padding_rows")
-        constants = EXPAND_ARGS.constants(**{**fields, "rows_per_zero_block": rows})
+        # no SF pass blocks in its grid (the copy kernel has them)
+        constants = EXPAND_ARGS.constants(**{**fields, "rows_per_zero_block": rows,
+                                             "sf_pass_blocks": 0})
         return ExpandLaunch("expand_zero_padding_rows", handle, (blocks, 1, 1),
                             int(tuning.threads), 0, ArgBlock(EXPAND_ARGS, constants))
 
     def launch(self, stream: int, x: int, token_topk_to_pos: int, pos_to_expert: int,
-               out: int, x_sf: int, out_sf: int) -> None:
+               out: int, x_sf: int, out_sf: int, pos_to_token: int = 0) -> None:
+        """Launch on ``stream``; ``pos_to_token`` (an [X] int32 pointer) is
+        required when the plan was made ``with_pos_to_token``."""
         # Widest access (16, 8, 4, 2, 1 bytes) dividing the row and both bases.
         bits = self.row_bytes | 16 | x | out
         kernel = self.kernels.get(bits & -bits) or self.kernel(bits & -bits)
@@ -249,7 +289,8 @@ class ExpandPlan:
             return
         # written out, not through runtime.launch: this runs on every eager call
         block = kernel.args
-        _pack_pointers(block.buffer, 0, x, token_topk_to_pos, pos_to_expert, out, x_sf, out_sf)
+        _pack_pointers(block.buffer, 0, x, token_topk_to_pos, pos_to_expert, out, x_sf, out_sf,
+                       pos_to_token)
         driver.launchKernel(kernel.handle, kernel.grid_x, kernel.grid_y, kernel.grid_z,
                             kernel.threads, 1, 1, kernel.shared_bytes, stream,
                             block.params_address, 0)
@@ -257,7 +298,7 @@ class ExpandPlan:
         if zero is not None:  # right after the copy kernel, which lets it start
             block = zero.args
             _pack_pointers(block.buffer, 0, x, token_topk_to_pos, pos_to_expert, out, x_sf,
-                           out_sf)
+                           out_sf, pos_to_token)
             launch_overlapping_previous(zero.handle, zero.grid_x, zero.threads, 0, stream,
                                         block.params_address)
 
@@ -266,10 +307,12 @@ _plans = BoundedCache()
 
 
 def plan_for(problem: ExpandProblem, item_bytes: int, device: int,
-             tuning: ExpandTuning, *, zero_padding: bool = True) -> ExpandPlan:
-    key = (problem, item_bytes, device, tuning, zero_padding)
+             tuning: ExpandTuning, *, zero_padding: bool = True,
+             with_pos_to_token: bool = False) -> ExpandPlan:
+    key = (problem, item_bytes, device, tuning, zero_padding, with_pos_to_token)
     plan = _plans.get(key)
     if plan is None:
         plan = _plans.put(key, ExpandPlan(problem, item_bytes, device, tuning,
-                                          zero_padding=zero_padding))
+                                          zero_padding=zero_padding,
+                                          with_pos_to_token=with_pos_to_token))
     return plan

@@ -131,13 +131,16 @@ def _zero_pad_columns(out_sf: np.ndarray) -> None:
     padded[num_expanded:] = 0
 
 
-def find_routing_errors(token_topk_to_pos: np.ndarray, pos_to_expert: np.ndarray) -> dict[str, int]:
+def find_routing_errors(token_topk_to_pos: np.ndarray, pos_to_expert: np.ndarray,
+                        pos_to_token: np.ndarray | None = None) -> dict[str, int]:
     """First offending index of each kind of malformed map, -1 where none.
 
     Kinds, by flat index into ``token_topk_to_pos``: ``out_of_range`` (slot >=
     X), ``padding_target`` (slot names a row with ``pos_to_expert < 0``),
-    ``duplicate`` (slot repeats the row of an earlier slot); and, by row of
-    ``pos_to_expert``: ``untargeted`` (expert row no slot names).
+    ``duplicate`` (slot repeats the row of an earlier slot); by row of
+    ``pos_to_expert``: ``untargeted`` (expert row no slot names); and, given
+    ``pos_to_token``, by flat index: ``wrong_token`` (slot ``t*K + k`` whose
+    row's ``pos_to_token`` is not ``t``).
     """
     num_expanded = pos_to_expert.shape[0]
     flat = token_topk_to_pos.reshape(-1).astype(np.int64)
@@ -159,5 +162,8 @@ def find_routing_errors(token_topk_to_pos: np.ndarray, pos_to_expert: np.ndarray
     targeted = np.zeros(num_expanded, dtype=bool)
     targeted[rows] = True
     found["untargeted"] = first(np.flatnonzero((pos_to_expert >= 0) & ~targeted))
+    if pos_to_token is not None:
+        tokens = in_range_idx // max(token_topk_to_pos.shape[1], 1)
+        found["wrong_token"] = first(in_range_idx[pos_to_token[rows] != tokens])
     assert tuple(found) == ROUTING_ERROR_KINDS
     return found

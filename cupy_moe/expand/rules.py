@@ -133,18 +133,32 @@ def check_expand_with_sf(x: ArrayDesc, x_sf: ArrayDesc, token_topk_to_pos: Array
                          sf_col_major=use_tma_aligned_col_major_sf)
 
 
+def check_pos_to_token(pos_to_token: ArrayDesc, problem: ExpandProblem) -> None:
+    """``pos_to_token`` [X] int32: the token of each output row (-1 on padding
+    rows), as ``fused_mapping`` returns it."""
+    check_ndim("pos_to_token", pos_to_token, 1, "[X]")
+    check_dtype("pos_to_token", pos_to_token, (MAP_DTYPE,))
+    if pos_to_token.shape[0] != problem.num_expanded:
+        raise ValueError(f"pos_to_token.shape[0] must equal pos_to_expert.shape[0] "
+                         f"(X = {problem.num_expanded}); got {pos_to_token.shape[0]}")
+
+
 # Routing-map validation (validate=True). Each backend finds, in one pass, the
 # first offending flat index of each kind (-1 where there is none); the message
 # is worded here so that every backend reports the same error.
-ROUTING_ERROR_KINDS = ("out_of_range", "padding_target", "duplicate", "untargeted")
+ROUTING_ERROR_KINDS = ("out_of_range", "padding_target", "duplicate", "untargeted",
+                       "wrong_token")
 
 
-def raise_routing_error(first: dict[str, int], problem: ExpandProblem, map_value) -> None:
+def raise_routing_error(first: dict[str, int], problem: ExpandProblem, map_value,
+                        token_value=None) -> None:
     """Raise ValueError for the first kind of fault found, if any.
 
     ``first`` maps each kind of ``ROUTING_ERROR_KINDS`` to a flat index into
     ``token_topk_to_pos`` (a row of ``pos_to_expert`` for ``untargeted``), or
-    -1. ``map_value(i)`` reads ``token_topk_to_pos.flat[i]``.
+    -1. ``map_value(i)`` reads ``token_topk_to_pos.flat[i]``, ``token_value(p)``
+    ``pos_to_token[p]`` (``wrong_token``: a slot whose row names another token;
+    only looked for when the call passes ``pos_to_token``).
     """
     k = problem.top_k
     i = first["out_of_range"]
@@ -164,3 +178,9 @@ def raise_routing_error(first: dict[str, int], problem: ExpandProblem, map_value
     if p >= 0:
         raise ValueError(f"pos_to_expert[{p}] >= 0 marks an expert row that no slot of "
                          "token_topk_to_pos targets (row never targeted)")
+    i = first["wrong_token"]
+    if i >= 0:
+        p = map_value(i)
+        raise ValueError(f"pos_to_token[{p}] = {token_value(p)} disagrees with "
+                         f"token_topk_to_pos[{i // k}, {i % k}] = {p}: row {p} holds token "
+                         f"{i // k}")

@@ -88,6 +88,18 @@ class ExpandTuning:
     copies (medium batches), its own zero-fill blocks did as well or better.
     64 MB: the small-batch plans of 90-340 MB of padding gained 2-4% (Kimi-K2,
     Qwen3, Kimi-K2 fp8), the 19-47 MB ones (EP8, Qwen3 fp8) lost.
+
+    ``sf_by_position`` (0 or 1): column-major scale factors (16-byte rows,
+    sm_90+, T > 0, no zero kernel) are written by the copy kernel's first
+    blocks, which walk positions, a thread a row, so that stores fill whole
+    32-byte sectors: the zeros (padding rows, pad columns), and every scale
+    factor when the call passes ``pos_to_token``. The token-major blocks' SF
+    stores are 4 bytes each, ``align(X, 4) * 4`` bytes apart. Packed-SF
+    plans, % of the copy (benchmarks/NOTES.md, twentieth session): Kimi-K2
+    medium 88.9 -> 98.9 (99.9 given pos_to_token), prefill 85.2 -> 87.2
+    (92.0), medium EP8 67.6 -> 75.5, Qwen3 small 68.5 -> 71.8, medium 67.7
+    -> 76.3 (77.0); decode 3.83 -> 3.46 us. Beside the zero kernel (Kimi-K2
+    small, 145 MB of padding) it lost 1-3 points: off there.
     """
 
     # register kernel
@@ -117,6 +129,8 @@ class ExpandTuning:
     bulk_zero_rows_plain: int = 1
     zero_kernel_from_bytes: float = 64e6
     zero_kernel_beside_registers: int = 0
+    # scale factors
+    sf_by_position: int = 1
 
     def __post_init__(self) -> None:
         for field in fields(self):
@@ -135,7 +149,7 @@ class ExpandTuning:
                 raise ValueError(f"ExpandTuning.{name} must be in 1 .. 32; "
                                  f"got {getattr(self, name)}")
         for name in ("padding_zero_whole_rows", "bulk_zero_rows_plain",
-                     "zero_kernel_beside_registers"):
+                     "zero_kernel_beside_registers", "sf_by_position"):
             if getattr(self, name) not in (0, 1):
                 raise ValueError(f"ExpandTuning.{name} must be 0 or 1; "
                                  f"got {getattr(self, name)!r}")

@@ -162,8 +162,10 @@ def workload_inputs(workload: Workload, rng: np.random.Generator) -> dict[str, n
     """Host inputs of one manifest workload, keyed by argument name: ``x [T, H]``
     (and ``x_sf [T, S]``) of the workload's dtypes with random bits,
     ``token_topk_to_pos [T, K]`` and ``pos_to_expert [X]`` int32 from
-    :func:`fitted_routing`, or from :func:`plan_routing` for a workload with a
-    plan (``rng`` then draws the payload only); for ``fused_mapping``,
+    :func:`fitted_routing`, or from the workload's plan (:func:`plan_mapping`;
+    ``rng`` then draws the payload only; with a column-major SF layout also
+    ``pos_to_token [X]``, the hint a caller with the plan passes); for
+    ``fused_mapping``,
     ``topk_ids [T, K]`` of the workload's dtype from :func:`random_topk_ids`.
 
     The newer ops get one array a name of ``workload.shapes``: finite values
@@ -180,7 +182,12 @@ def workload_inputs(workload: Workload, rng: np.random.Generator) -> dict[str, n
     if workload.sf_dtype is not None:
         inputs["x_sf"] = random_bits(rng, workload.shapes["x_sf"], numpy_dtype(workload.sf_dtype))
     if workload.plan is not None:
-        inputs["token_topk_to_pos"], inputs["pos_to_expert"] = plan_routing(workload)
+        plan = plan_mapping(workload)
+        inputs["token_topk_to_pos"], inputs["pos_to_expert"] = (plan.token_topk_to_pos,
+                                                                plan.pos_to_expert)
+        if workload.use_tma_aligned_col_major_sf:
+            # the hint a caller with the plan passes (column-major SF only)
+            inputs["pos_to_token"] = plan.pos_to_token
     else:
         inputs["token_topk_to_pos"], inputs["pos_to_expert"] = fitted_routing(
             rng, workload.num_tokens, workload.top_k, workload.num_expanded)
