@@ -262,8 +262,8 @@ def main() -> int:
     cases += run_cases(rng, REGISTERS_ONLY if registers_only else ZERO_KERNEL,
                        (16, 2064, 7168), ((5, 3, 17), (0, 8, 6), (33, 9, 301)))
     # column-major scale factors: every one by the SF pass blocks where the call
-    # passes pos_to_token (the calls above: the zeros only), beside the zero
-    # kernel (no pass there) too; and in line, by the token and zero-fill blocks
+    # passes pos_to_token (the calls above: the zeros only; beside the zero
+    # kernel, its pass blocks); and in line, by the token and zero-fill blocks
     sizes = ((5, 3, 17), (0, 8, 6), (33, 9, 301))
     for tuning in ((REGISTERS_ONLY,) if registers_only
                    else (DEFAULT_TUNING, BULK_ZERO_PLAIN, ZERO_KERNEL)):

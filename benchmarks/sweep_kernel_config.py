@@ -133,11 +133,11 @@ CONFIGS: list[tuple[str, ExpandTuning]] = [
        _tuned(threads=threads, unroll=unroll, shrink_chunks_below=0.0, split_slots_below=0.0,
               zero_rows_registers=rows, zero_block_bytes_registers=0))
       for threads, unroll, rows in ((64, 16, 1), (128, 8, 1), (32, 16, 1), (64, 16, 2))),
-    # column-major scale factors by a second kernel that walks positions
-    # (whole-sector stores): the zeros only, or (calls passing pos_to_token)
-    # every scale factor
-    ("SF by position: zeros", _tuned(sf_by_position=1)),
-    ("SF by position: all, given pos_to_token", _tuned(sf_by_position=1)),
+    # column-major scale factors: by the token and zero-fill blocks (before
+    # the twentieth session), or every one by the SF pass blocks where the call
+    # passes pos_to_token (default: the pass writes the zeros only)
+    ("SF in line", _tuned(sf_by_position=0)),
+    ("SF by position: all, given pos_to_token", DEFAULT_TUNING),
 ]
 # configs whose calls pass pos_to_token (each row's token)
 WITH_POS_TO_TOKEN = {"SF by position: all, given pos_to_token"}

@@ -87,7 +87,10 @@ struct ExpandArgs {
     int zero_padding;                 // 1: zero padding rows; 0: leave them
     int first_zero_row;               // first row of zero-fill block 0: 0, or X
     int sf_pass;                      // SF_PASS_*: which scale factors the SF pass writes
-    int sf_pass_blocks;               // blocks x < this of plane (0, 0): the SF pass
+    int sf_pass_blocks;               // copy kernels: blocks x < this of plane (0, 0),
+                                      // the SF pass
+    int zero_row_blocks;              // expand_zero_padding_rows: blocks [0, this) zero
+                                      // rows, the rest are the SF pass
 };
 
 // Scale factors by position (column-major SF only; ExpandTuning.sf_by_position):
@@ -96,11 +99,15 @@ struct ExpandArgs {
 // tokens (ncu: 27.4 of 32 bytes a sector, the packed-SF prefill plan L2-bound
 // 8% behind the row-major one). The SF pass instead walks positions, a thread
 // a row, so that a warp's stores fill whole sectors. Its blocks come first in
-// the grid (x < sf_pass_blocks; only plane (0, 0)'s work, the others' return),
-// so that they run beside the first wave of copies, not after the last
-// (a second kernel started by programmatic dependent launch could start only
-// once every copy block had started: it ran at the tail, measured 3-6 points
-// of the copy behind these):
+// the copy kernel's grid (x < sf_pass_blocks; only plane (0, 0)'s work, the
+// others' return), so that they run beside the first wave of copies, not
+// after the last (a second kernel started by programmatic dependent launch
+// can start only once every copy block has started: as one, the pass ran at
+// the tail, 3-6 points of the copy behind). Where the padding rows have a
+// kernel of their own (whose copy kernel is token blocks only, all started
+// at once) they are that kernel's last blocks instead (x >= zero_row_blocks
+// of expand_zero_padding_rows; in the copy kernel they delayed the zero
+// kernel's start, 1-3 points behind):
 //   SF_PASS_NONE    the token and zero-fill blocks move and zero every scale
 //                   factor (no pass blocks)
 //   SF_PASS_ZEROS   the pass zeroes them (padding rows, the pad columns,
@@ -473,10 +480,15 @@ expand_to_fused_bulk_overlapped(const ExpandArgs a) {
 // the last: a block that waits keeps its SM slot until the copy kernel ends,
 // and when every block waited, the first wave of zero-fill blocks sat idle
 // through the copies instead of making room for the next.
-// With an SF pass (the copy kernel's pass blocks: sf_pass) it leaves scale
-// factors alone.
+// With an SF pass (sf_pass) its row blocks leave scale factors alone, and its
+// blocks from zero_row_blocks on are the pass's (sf_by_position).
 extern "C" __global__ void __launch_bounds__(EXPAND_THREADS)
 expand_zero_padding_rows(const ExpandArgs a) {
+    if (static_cast<int>(blockIdx.x) >= a.zero_row_blocks) {
+        sf_by_position(a, blockIdx.x - a.zero_row_blocks);
+        if (blockIdx.x == gridDim.x - 1) wait_for_previous_kernel();
+        return;
+    }
     const ZeroRows rows = rows_to_zero(a, blockIdx.x);  // each warp: the same ballot
     const i64 n_vec = a.row_bytes / 16;
     uint4* out = reinterpret_cast<uint4*>(a.out);

@@ -27,11 +27,11 @@ from cupy_moe.runtime.sizes import align_up  # noqa: E402
 
 
 def test_argument_blocks_match_the_kernel_structs():
-    # struct ExpandArgs: 7 pointers, an int64, 12 int32; RoutingArgs: 5
+    # struct ExpandArgs: 7 pointers, an int64, 13 int32; RoutingArgs: 5
     # pointers, an int64, two int32.
-    assert EXPAND_ARGS.size == 7 * 8 + 8 + 12 * 4
-    assert EXPAND_ARGS.names[-4:] == ("zero_padding", "first_zero_row", "sf_pass",
-                                      "sf_pass_blocks")
+    assert EXPAND_ARGS.size == 7 * 8 + 8 + 13 * 4 + 4  # padded to 8 bytes
+    assert EXPAND_ARGS.names[-5:] == ("zero_padding", "first_zero_row", "sf_pass",
+                                      "sf_pass_blocks", "zero_row_blocks")
     assert EXPAND_ARGS.pointer_count == 7
     assert ROUTING_ARGS.size == 5 * 8 + 8 + 2 * 4
 
@@ -521,8 +521,9 @@ def test_tuning_is_frozen():
 
 # -- padding rows by a kernel of their own (expand_zero_padding_rows) -------------------
 
+# (scale factors in line: the SF pass blocks beside it have tests of their own)
 ZERO_KERNEL = dataclasses.replace(DEFAULT_TUNING, zero_kernel_from_bytes=0,
-                                  zero_kernel_beside_registers=1)
+                                  zero_kernel_beside_registers=1, sf_by_position=0)
 
 
 def test_the_c_struct_has_the_host_fields_in_order():
@@ -669,17 +670,23 @@ def test_the_sf_pass_blocks_lead_the_copy_kernels_grid(fake_h200, options, sf_pa
     assert copy.grid_x == pass_blocks + 4096 + zero_blocks
 
 
-def test_no_sf_pass_beside_the_zero_kernel(fake_h200):
-    """The zero kernel starts once every copy block has: no pass blocks there."""
+@pytest.mark.parametrize("given", [False, True])
+def test_beside_the_zero_kernel_the_sf_pass_blocks_end_its_grid(fake_h200, given):
+    """The zero kernel starts once every copy block has: the pass blocks go
+    there, after its row blocks, not into the copy kernel."""
     tuning = dataclasses.replace(SF_BY_POSITION, zero_kernel_from_bytes=0,
                                  zero_kernel_beside_registers=1)
-    plan = _sf_plan(num_tokens=32, num_expanded=14850, tuning=tuning, with_pos_to_token=True)
+    plan = _sf_plan(num_tokens=32, num_expanded=14850, tuning=tuning, with_pos_to_token=given)
     copy = plan.kernel(16)
-    assert copy.constant("sf_pass") == SF_PASS_NONE and copy.constant("sf_pass_blocks") == 0
+    sf_pass = SF_PASS_ALL if given else SF_PASS_ZEROS
+    assert copy.constant("sf_pass") == sf_pass and copy.constant("sf_pass_blocks") == 0
     assert copy.name.endswith("_overlapped") and copy.grid_x == 32
     zero = copy.zero_launch
+    assert zero.constant("sf_pass") == sf_pass
     rows = zero.constant("rows_per_zero_block")
-    assert zero.grid_x == -(-14852 // rows)  # the zero kernel zeroes the pad columns
+    row_blocks = -(-14850 // rows)  # data rows only: the pass zeroes the pad columns
+    assert zero.constant("zero_row_blocks") == row_blocks
+    assert zero.grid_x == row_blocks + -(-14852 // zero.threads)
 
 
 def test_the_sf_pass_is_on_by_default(fake_h200):
@@ -692,6 +699,7 @@ def test_the_sf_pass_is_on_by_default(fake_h200):
      "row-major SF: a row's words are one run already"),
     ({"num_tokens": 0, "num_expanded": 1024}, "no tokens: no copy kernel to overlap"),
     ({"tuning": dataclasses.replace(DEFAULT_TUNING, sf_by_position=0)}, "switched off"),
+    ({"num_expanded": 4096 * 8}, "X = T*K: no padding rows by shapes, nothing to zero"),
 ])
 def test_no_sf_pass(fake_h200, change, why):
     plan = _sf_plan(**change)
@@ -699,6 +707,7 @@ def test_no_sf_pass(fake_h200, change, why):
     assert launch.constant("sf_pass") == SF_PASS_NONE, why
     assert launch.constant("sf_pass_blocks") == 0
     # the zero-fill blocks zero the column-major SF's pad columns themselves
+    assert launch.constant("zero_row_blocks") == 0
     problem = plan.problem
     assert plan.zero_rows_end(SF_PASS_NONE) == (
         align_up(problem.num_expanded, 4) if problem.sf_col_major else problem.num_expanded)
@@ -722,3 +731,9 @@ def test_a_call_passes_pos_to_token_to_both_kernels(fake_h200, monkeypatch):
     assert launches == [copy.handle]
     assert EXPAND_ARGS.pointer_packer.unpack_from(copy.args.buffer) == (
         0x1000, 0x2000, 0x3000, 0x4000, 0x5000, 0x6000, 0x7000)
+
+
+def test_a_tightly_packed_call_takes_the_pass_only_given_pos_to_token(fake_h200):
+    tight = {"num_expanded": 4096 * 8}
+    assert _sf_plan(**tight).kernel(16).constant("sf_pass") == SF_PASS_NONE
+    assert _sf_plan(**tight, with_pos_to_token=True).kernel(16).constant("sf_pass") == SF_PASS_ALL

@@ -24,8 +24,8 @@ from .tuning import ExpandTuning
 
 SOURCE = "expand.cu"
 SF_NONE, SF_ROW_MAJOR, SF_COL_MAJOR = 0, 1, 2  # CUPY_MOE_SF_MODE of the kernel source
-# ExpandArgs.sf_pass: which scale factors the copy kernel's SF pass blocks write,
-# row by row (expand.cu's sf_by_position)
+# ExpandArgs.sf_pass: which scale factors the SF pass blocks write, row by row
+# (expand.cu's sf_by_position)
 SF_PASS_NONE, SF_PASS_ZEROS, SF_PASS_ALL = 0, 1, 2
 
 # struct ExpandArgs of expand.cu, field for field
@@ -36,7 +36,7 @@ EXPAND_ARGS = ArgStruct(
     ("top_k", "i32"), ("num_expanded", "i32"), ("sf_columns", "i32"), ("sf_ld", "i32"),
     ("rows_per_zero_block", "i32"), ("vecs_per_thread", "i32"), ("slots_per_block", "i32"),
     ("zero_padding", "i32"), ("first_zero_row", "i32"), ("sf_pass", "i32"),
-    ("sf_pass_blocks", "i32"))
+    ("sf_pass_blocks", "i32"), ("zero_row_blocks", "i32"))
 
 # packs a launch's seven pointers into its argument block (the hot path's only packing)
 _pack_pointers = EXPAND_ARGS.pointer_packer.pack_into
@@ -110,19 +110,20 @@ class ExpandPlan:
         self.out_bytes = problem.num_expanded * self.row_bytes
         self.out_shape, self.out_sf_shape = problem.out_shape(), problem.out_sf_shape()
 
-    def sf_pass(self, vec_bytes: int, zero_kernel: bool = False) -> int:
-        """SF_PASS_*: the scale factors that the copy kernel's SF pass blocks
-        write by position (column-major SF, 16-byte rows, sm_90+, calls with
-        tokens; where it was measured), unless the padding rows have a kernel
-        of their own (``zero_kernel``: its start waits for every copy block
-        to start, and pass blocks delayed it: Kimi-K2 small lost 1-3 points)."""
+    def sf_pass(self, vec_bytes: int) -> int:
+        """SF_PASS_*: the scale factors that the SF pass blocks write by
+        position (column-major SF, 16-byte rows, sm_90+, calls with tokens;
+        where it was measured). Without ``pos_to_token`` the pass only writes
+        zeros: only where the shapes say some rows are padding (X > T*K; a
+        tightly packed call would pay for pass blocks with nothing to zero but
+        pad columns)."""
         if not (self.tuning.sf_by_position and self.sf_mode == SF_COL_MAJOR and vec_bytes == 16
-                and self.problem.num_tokens > 0 and device_traits(self.device).major >= 9
-                and not zero_kernel):
+                and self.problem.num_tokens > 0 and device_traits(self.device).major >= 9):
             return SF_PASS_NONE
         if self.with_pos_to_token:
             return SF_PASS_ALL
-        return SF_PASS_ZEROS if self.zero_padding else SF_PASS_NONE
+        padded = self.problem.num_expanded > self.problem.num_tokens * self.problem.top_k
+        return SF_PASS_ZEROS if self.zero_padding and padded else SF_PASS_NONE
 
     def zero_rows_end(self, sf_pass: int) -> int:
         """End of the rows the zero-fill blocks walk: the X data rows, then the
@@ -229,9 +230,12 @@ class ExpandPlan:
         """The copy kernel's launch; with ``zero_kernel``, its *_overlapped twin
         (token blocks only, letting the next kernel start at once) and the
         padding rows left to expand_zero_padding_rows, which overlaps it. With
-        an SF pass, its grid starts with the pass blocks (a thread a row)."""
+        an SF pass, the copy kernel's grid starts with the pass blocks (a
+        thread a row), or, beside the zero kernel, that kernel's grid ends with
+        them (the zero kernel starts once every copy block has: pass blocks
+        there delayed it)."""
         problem = self.problem
-        sf_pass = self.sf_pass(vec_bytes, zero_kernel)
+        sf_pass = self.sf_pass(vec_bytes)
         zero_rows_end = self.zero_rows_end(sf_pass)
         if zero_kernel:
             kernel = ("expand_to_fused_bulk_overlapped" if kernel.startswith("expand_to_fused_bulk")
@@ -249,7 +253,7 @@ class ExpandPlan:
         zero_blocks = 0 if zero_kernel else ceil_div(zero_rows_end - self.first_zero_row,
                                                      rows_per_zero_block)
         spread = planes * chunks if zero_whole_rows else planes
-        sf_pass_blocks = (0 if sf_pass == SF_PASS_NONE
+        sf_pass_blocks = (0 if sf_pass == SF_PASS_NONE or zero_kernel
                           else ceil_div(problem.sf_leading_dim, threads))
         grid = (sf_pass_blocks + problem.num_tokens + ceil_div(zero_blocks, spread), chunks,
                 planes)
@@ -259,23 +263,26 @@ class ExpandPlan:
             sf_ld=problem.sf_leading_dim, rows_per_zero_block=int(rows_per_zero_block),
             vecs_per_thread=int(vecs_per_thread), slots_per_block=int(slots_per_block),
             zero_padding=int(self.zero_padding), first_zero_row=self.first_zero_row,
-            sf_pass=sf_pass, sf_pass_blocks=sf_pass_blocks)
+            sf_pass=sf_pass, sf_pass_blocks=sf_pass_blocks, zero_row_blocks=0)
         zero_launch = self._zero_launch(fields, zero_rows_end) if zero_kernel else None
         return ExpandLaunch(kernel, handle, grid, threads, shared_bytes,
                             ArgBlock(EXPAND_ARGS, EXPAND_ARGS.constants(**fields)), zero_launch)
 
     def _zero_launch(self, fields: dict[str, int], zero_rows_end: int) -> ExpandLaunch:
         """expand_zero_padding_rows: blocks of ``tuning.threads`` threads, each
-        whole rows of about ``zero_block_bytes_registers`` (1 .. 32 rows)."""
+        whole rows of about ``zero_block_bytes_registers`` (1 .. 32 rows);
+        then, with an SF pass (``fields["sf_pass"]``), the pass blocks, a
+        thread a row."""
         tuning = self.tuning
         rows = min(32, max(1, int(tuning.zero_block_bytes_registers) // self.row_bytes))
-        blocks = ceil_div(zero_rows_end - self.first_zero_row, rows)
+        row_blocks = ceil_div(zero_rows_end - self.first_zero_row, rows)
+        pass_blocks = (0 if fields["sf_pass"] == SF_PASS_NONE
+                       else ceil_div(self.problem.sf_leading_dim, int(tuning.threads)))
         handle = function_handle(SOURCE, kernel_defines(self.sf_mode, tuning), self.device,
                                  "expand_zero_padding_rows")
-        # no SF pass blocks in its grid (the copy kernel has them)
         constants = EXPAND_ARGS.constants(**{**fields, "rows_per_zero_block": rows,
-                                             "sf_pass_blocks": 0})
-        return ExpandLaunch("expand_zero_padding_rows", handle, (blocks, 1, 1),
+                                             "zero_row_blocks": row_blocks})
+        return ExpandLaunch("expand_zero_padding_rows", handle, (row_blocks + pass_blocks, 1, 1),
                             int(tuning.threads), 0, ArgBlock(EXPAND_ARGS, constants))
 
     def launch(self, stream: int, x: int, token_topk_to_pos: int, pos_to_expert: int,

@@ -90,16 +90,19 @@ class ExpandTuning:
     Qwen3, Kimi-K2 fp8), the 19-47 MB ones (EP8, Qwen3 fp8) lost.
 
     ``sf_by_position`` (0 or 1): column-major scale factors (16-byte rows,
-    sm_90+, T > 0, no zero kernel) are written by the copy kernel's first
-    blocks, which walk positions, a thread a row, so that stores fill whole
-    32-byte sectors: the zeros (padding rows, pad columns), and every scale
-    factor when the call passes ``pos_to_token``. The token-major blocks' SF
+    sm_90+, T > 0) are written by pass blocks that walk positions, a thread a
+    row, so that stores fill whole 32-byte sectors (the copy kernel's first
+    blocks; the zero kernel's last ones beside it): the zeros (padding rows,
+    pad columns; where X > T*K), and every scale factor when the call passes
+    ``pos_to_token``. The token-major blocks' SF
     stores are 4 bytes each, ``align(X, 4) * 4`` bytes apart. Packed-SF
     plans, % of the copy (benchmarks/NOTES.md, twentieth session): Kimi-K2
     medium 88.9 -> 98.9 (99.9 given pos_to_token), prefill 85.2 -> 87.2
     (92.0), medium EP8 67.6 -> 75.5, Qwen3 small 68.5 -> 71.8, medium 67.7
-    -> 76.3 (77.0); decode 3.83 -> 3.46 us. Beside the zero kernel (Kimi-K2
-    small, 145 MB of padding) it lost 1-3 points: off there.
+    -> 76.3 (77.0); decode 3.83 -> 3.46 us. Kimi-K2 small (145 MB of
+    padding: the zero kernel's plans) lost 1-3 points with the pass blocks
+    in the copy kernel and gained 2.8 (4.8) with them in the zero kernel, as
+    now (that measured in an earlier build of the same blocks).
     """
 
     # register kernel
