@@ -155,9 +155,10 @@ def expand_to_fused_with_sf(x: Any, x_sf: Any, token_topk_to_pos: Any, pos_to_ex
         ``pos_to_token``. A hint, for speed only: with the column-major layout
         on sm_90+ the GPU then writes the scale factors row by row, in whole
         32-byte sectors, instead of scattering each token's words to its K rows
-        (benchmarks/results/ has the figures); the results are the same. It
-        must agree with the map: ``pos_to_token[token_topk_to_pos[t, k]] == t``
-        for every slot that is not dropped (``validate=True`` checks it).
+        (benchmarks/results/sweep_sf_by_position_h200.md); the results are the
+        same. It must agree with the map:
+        ``pos_to_token[token_topk_to_pos[t, k]] == t`` for every slot that is
+        not dropped (``validate=True`` checks it, after the map's own faults).
         Where it does not, which scale factors such a row gets is unspecified;
         nothing outside the outputs is written, nothing outside ``x_sf`` read.
 
@@ -169,7 +170,9 @@ def expand_to_fused_with_sf(x: Any, x_sf: Any, token_topk_to_pos: Any, pos_to_ex
     ------
     TypeError, ValueError
         As in :func:`expand_to_fused`, plus the scale-factor rules
-        (``num_per_channels`` that is not an int is a TypeError).
+        (``num_per_channels`` that is not an int is a TypeError) and
+        ``pos_to_token``'s ([X] int32, the kind of the other arrays; with
+        ``validate=True``, agreeing with the map).
     """
     if (validate is False and out_sf is None and type(num_per_channels) is int
             and type(use_tma_aligned_col_major_sf) is bool and type(zero_padding) is bool):
