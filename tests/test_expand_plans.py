@@ -441,13 +441,19 @@ def test_plain_op_fast_path_keys_zero_padding(expand_fast_paths):
     assert len(replayed) == 3
 
 
+def _sf_op_tensors():
+    """x, x_sf, token_topk_to_pos, pos_to_expert, pos_to_token of a small SF call."""
+    torch = pytest.importorskip("torch")
+    return (torch.zeros(3, 256, dtype=torch.uint8), torch.zeros(3, 1, dtype=torch.int32),
+            torch.tensor([[0, 1], [2, -1], [3, -1]], dtype=torch.int32),
+            torch.tensor([0, 0, 1, 1, -1], dtype=torch.int32),
+            torch.tensor([0, 0, 1, 2, -1], dtype=torch.int32))
+
+
 def test_sf_op_fast_path_keys_zero_padding(expand_fast_paths):
     torch = pytest.importorskip("torch")
     api, replayed = expand_fast_paths
-    x = torch.zeros(3, 256, dtype=torch.uint8)
-    x_sf = torch.zeros(3, 1, dtype=torch.int32)
-    t2p = torch.tensor([[0, 1], [2, -1], [3, -1]], dtype=torch.int32)
-    p2e = torch.tensor([0, 0, 1, 1, -1], dtype=torch.int32)
+    x, x_sf, t2p, p2e, _ = _sf_op_tensors()
     # x, x_sf, token_topk_to_pos, pos_to_expert; pos_to_token, out, out_sf absent
     descs = tuple(describe("", a) for a in (x, x_sf, t2p, p2e)) + (None, None, None)
     leave = _FakePlan()
@@ -467,11 +473,7 @@ def test_sf_op_fast_path_keys_zero_padding(expand_fast_paths):
 def test_sf_op_fast_path_keys_pos_to_token(expand_fast_paths):
     torch = pytest.importorskip("torch")
     api, replayed = expand_fast_paths
-    x = torch.zeros(3, 256, dtype=torch.uint8)
-    x_sf = torch.zeros(3, 1, dtype=torch.int32)
-    t2p = torch.tensor([[0, 1], [2, -1], [3, -1]], dtype=torch.int32)
-    p2e = torch.tensor([0, 0, 1, 1, -1], dtype=torch.int32)
-    p2t = torch.tensor([0, 0, 1, 2, -1], dtype=torch.int32)
+    x, x_sf, t2p, p2e, p2t = _sf_op_tensors()
     given = _FakePlan()
     api._sf_fast_path.remember(
         (128, True, True), tuple(describe("", a) for a in (x, x_sf, t2p, p2e, p2t)) + (None,) * 2,
