@@ -51,6 +51,8 @@ BULK_ZERO_PLAIN = dataclasses.replace(BULK_ALWAYS, bulk_whole_row_zero_from=0,
 # every call with tokens padding-heavy, its padding rows by expand_zero_padding_rows
 ZERO_KERNEL = dataclasses.replace(DEFAULT_TUNING, padding_share_registers=0.0,
                                   zero_kernel_from_bytes=0)
+# beside it, column-major scale factors by SF pass blocks at the end of its grid
+ZERO_KERNEL_SF_PASS = dataclasses.replace(ZERO_KERNEL, sf_pass_beside_zero_kernel=1)
 
 # swiglu_quantize_fp8's *_block_rows with up to 32 rows a block
 FEW_ROW_BLOCKS = QuantizeTuning(block_rows_from_bytes=0, block_rows_blocks_per_sm=0.01)
@@ -262,13 +264,16 @@ def main() -> int:
     cases += run_cases(rng, REGISTERS_ONLY if registers_only else ZERO_KERNEL,
                        (16, 2064, 7168), ((5, 3, 17), (0, 8, 6), (33, 9, 301)))
     # column-major scale factors: every one by the SF pass blocks where the call
-    # passes pos_to_token (the calls above: the zeros only; beside the zero
-    # kernel, its pass blocks); and in line, by the token and zero-fill blocks
+    # passes pos_to_token (the calls above: the zeros only); beside the zero
+    # kernel, its pass blocks; and in line, by the token and zero-fill blocks
     sizes = ((5, 3, 17), (0, 8, 6), (33, 9, 301))
     for tuning in ((REGISTERS_ONLY,) if registers_only
-                   else (DEFAULT_TUNING, BULK_ZERO_PLAIN, ZERO_KERNEL)):
+                   else (DEFAULT_TUNING, BULK_ZERO_PLAIN, ZERO_KERNEL_SF_PASS)):
         cases += run_cases(rng, tuning, (16, 2064, 7168), sizes,
                            layouts=("col-f32", "col-ue8m0"), given_tokens=True)
+    if not registers_only:
+        cases += run_cases(rng, ZERO_KERNEL_SF_PASS, (16, 2064, 7168), sizes,
+                           layouts=("col-f32", "col-ue8m0"))
     for tuning in ((REGISTERS_ONLY,) if registers_only else (DEFAULT_TUNING, BULK_ZERO_PLAIN)):
         cases += run_cases(rng, dataclasses.replace(tuning, sf_by_position=0), (16, 2064, 7168),
                            sizes, layouts=("col-f32", "col-ue8m0"))

@@ -138,9 +138,14 @@ CONFIGS: list[tuple[str, ExpandTuning]] = [
     # passes pos_to_token (default: the pass writes the zeros only)
     ("SF in line", _tuned(sf_by_position=0)),
     ("SF by position: all, given pos_to_token", DEFAULT_TUNING),
+    # beside the zero kernel (Kimi-K2 small plans), as its last blocks
+    ("SF pass beside the zero kernel", _tuned(sf_pass_beside_zero_kernel=1)),
+    ("SF pass beside the zero kernel, given pos_to_token",
+     _tuned(sf_pass_beside_zero_kernel=1)),
 ]
 # configs whose calls pass pos_to_token (each row's token)
-WITH_POS_TO_TOKEN = {"SF by position: all, given pos_to_token"}
+WITH_POS_TO_TOKEN = {"SF by position: all, given pos_to_token",
+                     "SF pass beside the zero kernel, given pos_to_token"}
 assert len({name for name, _ in CONFIGS}) == len(CONFIGS), "config names must differ"
 
 _stream = raw_torch_stream_getter()

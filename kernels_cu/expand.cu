@@ -105,9 +105,10 @@ struct ExpandArgs {
 // can start only once every copy block has started: as one, the pass ran at
 // the tail, 3-6 points of the copy behind). Where the padding rows have a
 // kernel of their own (whose copy kernel is token blocks only, all started
-// at once) they are that kernel's last blocks instead (x >= zero_row_blocks
-// of expand_zero_padding_rows; in the copy kernel they delayed the zero
-// kernel's start, 1-3 points behind):
+// at once) they may be that kernel's last blocks instead (x >=
+// zero_row_blocks of expand_zero_padding_rows; ExpandTuning.
+// sf_pass_beside_zero_kernel): in the copy kernel they delayed the zero
+// kernel's start, 1-3 points behind:
 //   SF_PASS_NONE    the token and zero-fill blocks move and zero every scale
 //                   factor (no pass blocks)
 //   SF_PASS_ZEROS   the pass zeroes them (padding rows, the pad columns,

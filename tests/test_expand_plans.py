@@ -677,7 +677,7 @@ def test_beside_the_zero_kernel_the_sf_pass_blocks_end_its_grid(fake_h200, given
     """The zero kernel starts once every copy block has: the pass blocks go
     there, after its row blocks, not into the copy kernel."""
     tuning = dataclasses.replace(SF_BY_POSITION, zero_kernel_from_bytes=0,
-                                 zero_kernel_beside_registers=1)
+                                 zero_kernel_beside_registers=1, sf_pass_beside_zero_kernel=1)
     plan = _sf_plan(num_tokens=32, num_expanded=14850, tuning=tuning, with_pos_to_token=given)
     copy = plan.kernel(16)
     sf_pass = SF_PASS_ALL if given else SF_PASS_ZEROS
@@ -689,6 +689,19 @@ def test_beside_the_zero_kernel_the_sf_pass_blocks_end_its_grid(fake_h200, given
     row_blocks = -(-14850 // rows)  # data rows only: the pass zeroes the pad columns
     assert zero.constant("zero_row_blocks") == row_blocks
     assert zero.grid_x == row_blocks + -(-14852 // zero.threads)
+
+
+@pytest.mark.parametrize("given", [False, True])
+def test_no_sf_pass_beside_the_zero_kernel_by_default(fake_h200, given):
+    tuning = dataclasses.replace(DEFAULT_TUNING, zero_kernel_from_bytes=0,
+                                 zero_kernel_beside_registers=1)
+    plan = _sf_plan(num_tokens=32, num_expanded=14850, tuning=tuning, with_pos_to_token=given)
+    copy = plan.kernel(16)
+    assert copy.constant("sf_pass") == SF_PASS_NONE and copy.constant("sf_pass_blocks") == 0
+    zero = copy.zero_launch
+    rows = zero.constant("rows_per_zero_block")
+    # its row blocks zero the pad columns (rows X .. align(X, 4)) too; no pass blocks
+    assert zero.constant("zero_row_blocks") == zero.grid_x == -(-14852 // rows)
 
 
 def test_the_sf_pass_is_on_by_default(fake_h200):

@@ -110,15 +110,18 @@ class ExpandPlan:
         self.out_bytes = problem.num_expanded * self.row_bytes
         self.out_shape, self.out_sf_shape = problem.out_shape(), problem.out_sf_shape()
 
-    def sf_pass(self, vec_bytes: int) -> int:
+    def sf_pass(self, vec_bytes: int, zero_kernel: bool = False) -> int:
         """SF_PASS_*: the scale factors that the SF pass blocks write by
         position (column-major SF, 16-byte rows, sm_90+, calls with tokens;
-        where it was measured). Without ``pos_to_token`` the pass only writes
-        zeros: only where the shapes say some rows are padding (X > T*K; a
-        tightly packed call would pay for pass blocks with nothing to zero but
-        pad columns)."""
-        if not (self.tuning.sf_by_position and self.sf_mode == SF_COL_MAJOR and vec_bytes == 16
-                and self.problem.num_tokens > 0 and device_traits(self.device).major >= 9):
+        where it was measured); beside the zero kernel only with
+        ``tuning.sf_pass_beside_zero_kernel``. Without ``pos_to_token`` the
+        pass only writes zeros: only where the shapes say some rows are
+        padding (X > T*K; a tightly packed call would pay for pass blocks with
+        nothing to zero but pad columns)."""
+        tuning = self.tuning
+        if not (tuning.sf_by_position and self.sf_mode == SF_COL_MAJOR and vec_bytes == 16
+                and self.problem.num_tokens > 0 and device_traits(self.device).major >= 9
+                and (tuning.sf_pass_beside_zero_kernel or not zero_kernel)):
             return SF_PASS_NONE
         if self.with_pos_to_token:
             return SF_PASS_ALL
@@ -232,10 +235,10 @@ class ExpandPlan:
         padding rows left to expand_zero_padding_rows, which overlaps it. With
         an SF pass, the copy kernel's grid starts with the pass blocks (a
         thread a row), or, beside the zero kernel, that kernel's grid ends with
-        them (the zero kernel starts once every copy block has: pass blocks
-        there delayed it)."""
+        them (the zero kernel starts once every copy block has: pass blocks in
+        the copy kernel delayed it)."""
         problem = self.problem
-        sf_pass = self.sf_pass(vec_bytes)
+        sf_pass = self.sf_pass(vec_bytes, zero_kernel)
         zero_rows_end = self.zero_rows_end(sf_pass)
         if zero_kernel:
             kernel = ("expand_to_fused_bulk_overlapped" if kernel.startswith("expand_to_fused_bulk")

@@ -92,17 +92,20 @@ class ExpandTuning:
     ``sf_by_position`` (0 or 1): column-major scale factors (16-byte rows,
     sm_90+, T > 0) are written by pass blocks that walk positions, a thread a
     row, so that stores fill whole 32-byte sectors (the copy kernel's first
-    blocks; the zero kernel's last ones beside it): the zeros (padding rows,
-    pad columns; where X > T*K), and every scale factor when the call passes
-    ``pos_to_token``. The token-major blocks' SF
+    blocks): the zeros (padding rows, pad columns; where X > T*K), and every
+    scale factor when the call passes ``pos_to_token``. Beside the zero kernel
+    only with ``sf_pass_beside_zero_kernel`` (0 or 1), as the zero kernel's
+    last blocks (pass blocks in the copy kernel delay its start: it starts
+    once every copy block has). The token-major blocks' SF
     stores are 4 bytes each, ``align(X, 4) * 4`` bytes apart. Packed-SF
     plans, % of the copy (benchmarks/NOTES.md, twentieth session): Kimi-K2
     medium 88.9 -> 98.9 (99.9 given pos_to_token), prefill 85.2 -> 87.2
     (92.0), medium EP8 67.6 -> 75.5, Qwen3 small 68.5 -> 71.8, medium 67.7
     -> 76.3 (77.0); decode 3.83 -> 3.46 us. Kimi-K2 small (145 MB of
     padding: the zero kernel's plans) lost 1-3 points with the pass blocks
-    in the copy kernel and gained 2.8 (4.8) with them in the zero kernel, as
-    now (that measured in an earlier build of the same blocks).
+    in the copy kernel and gained 2.8 (4.8) with them in the zero kernel (an
+    earlier build of those blocks; the current one is not yet run on a GPU,
+    hence ``sf_pass_beside_zero_kernel`` 0).
     """
 
     # register kernel
@@ -134,6 +137,7 @@ class ExpandTuning:
     zero_kernel_beside_registers: int = 0
     # scale factors
     sf_by_position: int = 1
+    sf_pass_beside_zero_kernel: int = 0
 
     def __post_init__(self) -> None:
         for field in fields(self):
@@ -152,7 +156,8 @@ class ExpandTuning:
                 raise ValueError(f"ExpandTuning.{name} must be in 1 .. 32; "
                                  f"got {getattr(self, name)}")
         for name in ("padding_zero_whole_rows", "bulk_zero_rows_plain",
-                     "zero_kernel_beside_registers", "sf_by_position"):
+                     "zero_kernel_beside_registers", "sf_by_position",
+                     "sf_pass_beside_zero_kernel"):
             if getattr(self, name) not in (0, 1):
                 raise ValueError(f"ExpandTuning.{name} must be 0 or 1; "
                                  f"got {getattr(self, name)!r}")
