@@ -587,6 +587,8 @@ def test_padding_heavy_calls_may_zero_by_a_second_kernel(fake_h200, num_tokens, 
         assert copy.shared_bytes == copy.constant("vecs_per_thread") * 32 * 16
     assert zero.handle == "expand_zero_padding_rows" and zero.threads == ZERO_KERNEL.threads
     assert zero.constant("rows_per_zero_block") == rows
+    # every block a row block (blocks from zero_row_blocks on would be SF pass ones)
+    assert zero.constant("zero_row_blocks") == zero.grid_x
     # its blocks cover every data row and the column-major SF's pad columns
     zero_rows_end = plan.zero_rows_end(SF_PASS_NONE)
     assert zero.grid == (-(-zero_rows_end // rows), 1, 1)
