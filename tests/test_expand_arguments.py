@@ -207,7 +207,8 @@ def test_numpy_integer_and_bool_scalars_are_accepted(kind, rng):
     (np.zeros(4, np.int64), ValueError, "pos_to_token must be one of int32; got int64"),
     (np.zeros(5, np.int32), ValueError,
      "pos_to_token.shape[0] must equal pos_to_expert.shape[0] (X = 4); got 5"),
-    ([0, 0, 1, 1], TypeError, "pos_to_token"),
+    ([0, 0, 1, 1], TypeError,
+     "pos_to_token must be a numpy.ndarray, cupy.ndarray or torch.Tensor; got builtins.list"),
 ])
 def test_pos_to_token_rules(pos_to_token, error, message):
     x = np.zeros((2, 128), ml_dtypes.float8_e4m3fn)
@@ -223,7 +224,8 @@ def test_pos_to_token_of_another_kind_is_rejected():
     x = np.zeros((2, 128), ml_dtypes.float8_e4m3fn)
     x_sf = np.zeros((2, 1), np.int32)
     t2p, p2e = np.array([[0, 1], [2, 3]], np.int32), np.zeros(4, np.int32)
-    with pytest.raises(TypeError, match="pos_to_token"):
+    with pytest.raises(TypeError, match=re.escape(
+            "all arrays must be of one kind: x is numpy.ndarray, pos_to_token is torch.Tensor")):
         cupy_moe.expand_to_fused_with_sf(x, x_sf, t2p, p2e, num_per_channels=128,
                                          use_tma_aligned_col_major_sf=True,
                                          pos_to_token=torch.zeros(4, dtype=torch.int32))
