@@ -13,9 +13,9 @@ What it measures, per workload (inputs from ``workload_inputs``: random bits,
 the workload's seeded plan):
 - ours: the public op (``cupy_moe.expand_to_fused`` /
   ``expand_to_fused_with_sf``) on torch CUDA tensors, outputs preallocated
-  (``out=``, ``out_sf=``), as ``cupy-moe bench`` times it (column-major SF
-  plans: given the plan's ``pos_to_token``, a hint the seed's op does not
-  take);
+  (``out=``, ``out_sf=``), as ``cupy-moe bench`` times it (given the plan's
+  ``pos_to_token``, a hint the seed's op does not take; the default kernels
+  read it on the column-major SF plans only);
 - seed: the pull request's op (``MoeExpandToFusedFwdOp`` /
   ``MoeExpandToFusedWithSFFwdOp``) called as its own benchmark calls it,
   ``op(*inputs)`` with int32 maps and fp8 as ``torch.float8_e4m3fn``; it

@@ -53,6 +53,9 @@ ZERO_KERNEL = dataclasses.replace(DEFAULT_TUNING, padding_share_registers=0.0,
                                   zero_kernel_from_bytes=0)
 # beside it, column-major scale factors by SF pass blocks at the end of its grid
 ZERO_KERNEL_SF_PASS = dataclasses.replace(ZERO_KERNEL, sf_pass_beside_zero_kernel=1)
+# rows by position (expand_to_fused_gather) on every call that passes
+# pos_to_token; 40 rows a block: 5 a warp, the last block short
+GATHER = dataclasses.replace(DEFAULT_TUNING, gather_x_bytes_below=math.inf, gather_rows=40)
 
 # swiglu_quantize_fp8's *_block_rows with up to 32 rows a block
 FEW_ROW_BLOCKS = QuantizeTuning(block_rows_from_bytes=0, block_rows_blocks_per_sm=0.01)
@@ -87,8 +90,15 @@ def run_case(rng, tuning: ExpandTuning, num_tokens, hidden, top_k, num_expanded,
     pos_to_expert = np.full(num_expanded, -1, dtype=np.int32)
     pos_to_expert[token_topk_to_pos[(token_topk_to_pos >= 0) & (token_topk_to_pos < num_expanded)]] = 1
     dmap, dp2e = cupy.asarray(token_topk_to_pos), cupy.asarray(pos_to_expert)
+    pos_to_token = None
+    if given_tokens:  # each row's token, as fused_mapping gives it
+        pos_to_token = np.full(num_expanded, -1, dtype=np.int32)
+        valid = (token_topk_to_pos >= 0) & (token_topk_to_pos < num_expanded)
+        pos_to_token[token_topk_to_pos[valid]] = np.nonzero(valid)[0]
+        pos_to_token = cupy.asarray(pos_to_token)
     if layout == "none":
-        got, _ = run_with_tuning(tuning, cupy.asarray(x.astype(np.uint16)), dmap, dp2e)
+        got, _ = run_with_tuning(tuning, cupy.asarray(x.astype(np.uint16)), dmap, dp2e,
+                                 pos_to_token=pos_to_token)
         want = reference.expand_to_fused_numpy(x.astype(np.uint16), token_topk_to_pos, pos_to_expert)
         assert np.array_equal(cupy.asnumpy(got), want)
         return
@@ -96,12 +106,6 @@ def run_case(rng, tuning: ExpandTuning, num_tokens, hidden, top_k, num_expanded,
                            "col-ue8m0": (True, np.int32)}[layout]
     s = sf_columns(hidden, npc, packed_ue8m0=sf_dtype is np.int32)
     x_sf = rng.integers(0, 2**32, (num_tokens, s), dtype=np.uint32).view(sf_dtype)
-    pos_to_token = None
-    if given_tokens:  # each row's token, as fused_mapping gives it
-        pos_to_token = np.full(num_expanded, -1, dtype=np.int32)
-        valid = (token_topk_to_pos >= 0) & (token_topk_to_pos < num_expanded)
-        pos_to_token[token_topk_to_pos[valid]] = np.nonzero(valid)[0]
-        pos_to_token = cupy.asarray(pos_to_token)
     got_x, got_sf = run_with_tuning(
         tuning, cupy.asarray(x), dmap, dp2e, x_sf=cupy.asarray(x_sf), num_per_channels=npc,
         use_tma_aligned_col_major_sf=col_major, pos_to_token=pos_to_token)
@@ -123,6 +127,39 @@ def run_cases(rng, tuning: ExpandTuning, hiddens, sizes, *,
                     run_case(rng, tuning, num_tokens, hidden, top_k, num_expanded, layout=layout,
                              malformed=malformed, given_tokens=given_tokens)
                     cases += 1
+    return cases
+
+
+def run_wrong_hint_cases(rng) -> int:
+    """The gather kernel given a pos_to_token that disagrees with the map:
+    tokens past T, negative, huge. Each expert row must hold x[pos_to_token[p]]
+    where that is a token, else zeros (the kernel's documented choice); the
+    sanitizer looks for reads outside x and x_sf."""
+    cases = 0
+    for layout in ("none", "row", "col-f32"):
+        for num_tokens, top_k, num_expanded in ((5, 3, 17), (33, 9, 301)):
+            x = rng.integers(0, 256, (num_tokens, 64), dtype=np.uint8)
+            pos_to_expert = rng.integers(-1, 2, num_expanded).astype(np.int32)
+            pos_to_token = rng.integers(-3, num_tokens + 3, num_expanded).astype(np.int32)
+            pos_to_token[::7] = np.iinfo(np.int32).max
+            token_topk_to_pos = np.full((num_tokens, top_k), -1, dtype=np.int32)
+            args = (cupy.asarray(token_topk_to_pos), cupy.asarray(pos_to_expert))
+            kwargs = {"pos_to_token": cupy.asarray(pos_to_token)}
+            if layout != "none":
+                x_sf = rng.integers(0, 2**32, (num_tokens, 1), dtype=np.uint32).view(np.float32)
+                kwargs.update(x_sf=cupy.asarray(x_sf), num_per_channels=128,
+                              use_tma_aligned_col_major_sf=layout == "col-f32")
+            # the plain op takes 2-byte rows: the same bytes as uint16
+            payload = x.view(np.uint16) if layout == "none" else x
+            got, got_sf = run_with_tuning(GATHER, cupy.asarray(payload), *args, **kwargs)
+            has_token = (pos_to_expert >= 0) & (pos_to_token >= 0) & (pos_to_token < num_tokens)
+            sources = np.where(has_token, pos_to_token, 0)
+            want = np.where(has_token[:, None], x[sources], 0)
+            assert np.array_equal(cupy.asnumpy(got).view(np.uint8), want)
+            if got_sf is not None:
+                want_sf = np.where(has_token[:, None], bits(x_sf)[sources], 0)
+                assert np.array_equal(bits(cupy.asnumpy(got_sf)), want_sf)
+            cases += 1
     return cases
 
 
@@ -277,6 +314,10 @@ def main() -> int:
     for tuning in ((REGISTERS_ONLY,) if registers_only else (DEFAULT_TUNING, BULK_ZERO_PLAIN)):
         cases += run_cases(rng, dataclasses.replace(tuning, sf_by_position=0), (16, 2064, 7168),
                            sizes, layouts=("col-f32", "col-ue8m0"))
+    # rows by position, given pos_to_token (plain stores only: initcheck sees them);
+    # X == 0 and T == 0 too, then a hint that disagrees with the map
+    cases += run_cases(rng, GATHER, (16, 2064, 7168), (*sizes, (4, 2, 0)), given_tokens=True)
+    cases += run_wrong_hint_cases(rng)
     # validate=True: the routing kernels, on a good map and on a bad one
     x = cupy.zeros((3, 64), dtype=cupy.uint16)
     good = cupy.asarray(np.array([[0, 1], [2, -1], [3, 4]], dtype=np.int32))

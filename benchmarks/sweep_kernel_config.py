@@ -142,11 +142,18 @@ CONFIGS: list[tuple[str, ExpandTuning]] = [
     ("SF pass beside the zero kernel", _tuned(sf_pass_beside_zero_kernel=1)),
     ("SF pass beside the zero kernel, given pos_to_token",
      _tuned(sf_pass_beside_zero_kernel=1)),
+    # rows by position (expand_to_fused_gather), given pos_to_token: where x is
+    # below 16 MB (every plan but Kimi-K2's prefill ones), by rows a block; on
+    # every call
+    *((f"gather: x below 16 MB, {rows} rows a block",
+       _tuned(gather_x_bytes_below=16e6, gather_rows=rows)) for rows in (8, 16, 32, 64)),
+    ("gather: every call", _tuned(gather_x_bytes_below=math.inf)),
 ]
 # configs whose calls pass pos_to_token (each row's token; the workloads that
-# have one, the column-major plans: elsewhere they run as the default does)
+# have one, the plan workloads: elsewhere they run as the default does)
 WITH_POS_TO_TOKEN = {"SF by position: all, given pos_to_token",
-                     "SF pass beside the zero kernel, given pos_to_token"}
+                     "SF pass beside the zero kernel, given pos_to_token",
+                     *(name for name, _ in CONFIGS if name.startswith("gather: "))}
 assert len({name for name, _ in CONFIGS}) == len(CONFIGS), "config names must differ"
 
 _stream = raw_torch_stream_getter()
@@ -305,7 +312,7 @@ def main() -> int:
             for name, tuning in configs:
                 if isinstance(cells[name].get(w.label), str):
                     continue  # already failed
-                # the plan's pos_to_token (workload_inputs: column-major plans)
+                # the plan's pos_to_token (workload_inputs: plan workloads)
                 given = name in WITH_POS_TO_TOKEN and "pos_to_token" in inputs
                 problem = (_check(w, tuning, inputs, expected, outs, given) if round_index == 0
                            else None)

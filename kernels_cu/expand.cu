@@ -91,6 +91,7 @@ struct ExpandArgs {
                                       // the SF pass
     int zero_row_blocks;              // expand_zero_padding_rows: blocks [0, this) zero
                                       // rows, the rest are the SF pass
+    int rows_per_gather_block;        // expand_to_fused_gather: 1 .. EXPAND_THREADS
 };
 
 // Scale factors by position (column-major SF only; ExpandTuning.sf_by_position):
@@ -197,8 +198,9 @@ __device__ __forceinline__ void zero_fill(const ExpandArgs& a, i64 zero_block, i
 // pass blocks writes all S scale factors of row p, p in [0, sf_ld): zeros
 // for the pad columns, for padding rows when zero_padding is set and for expert
 // rows when there are no tokens; x_sf[pos_to_token[p]] for an expert row with
-// SF_PASS_ALL (a token outside [0, T) is skipped, never read). A warp's
-// stores of one column are 32 consecutive words: whole sectors.
+// SF_PASS_ALL (zeros where that is no token in [0, T), as the gather kernel
+// gives the row's data: never read). A warp's stores of one column are 32
+// consecutive words: whole sectors.
 __device__ __forceinline__ void sf_by_position(const ExpandArgs& a, int pass_block) {
 #if CUPY_MOE_SF_MODE == SF_COL_MAJOR
     const i64 p = static_cast<i64>(pass_block) * blockDim.x + threadIdx.x;
@@ -210,7 +212,7 @@ __device__ __forceinline__ void sf_by_position(const ExpandArgs& a, int pass_blo
         } else if (a.num_tokens > 0) {
             if (a.sf_pass != SF_PASS_ALL) return;  // its token block writes it
             token = __ldg(a.pos_to_token + p);
-            if (token < 0 || token >= a.num_tokens) return;
+            if (token >= a.num_tokens) token = -1;
         }
     }
     unsigned int* dst = a.out_sf + p;
@@ -502,6 +504,86 @@ expand_zero_padding_rows(const ExpandArgs a) {
     }
     zero_sf_rows(a, rows, EXPAND_THREADS);
     if (blockIdx.x == gridDim.x - 1) wait_for_previous_kernel();
+}
+
+// ---------------------------------------------------------------------------
+// Rows by position (calls that pass pos_to_token, where the host asks for it:
+// ExpandTuning.gather_x_bytes_below; 16-byte rows and bases). The token-major
+// kernels above read a token's row once and store it K times, and zero the
+// padding rows in blocks of another kind; on padding-heavy plans of short
+// rows (Qwen3's 3 KiB fp8 rows at 512 tokens: three rows in four are
+// padding) they are bound by instruction issue, 7-9% behind the seed's
+// kernel. Here every block does the same work, rows_per_gather_block
+// consecutive output rows, a warp a row at a time, each row whole: its
+// token's row of x (read through L2, where x stays while it is small: each
+// token's row is read K times and every store is evict-first) or zeros.
+// Row-major scale factors travel with their row; column-major ones are the
+// SF pass's (blocks x < sf_pass_blocks, SF_PASS_ALL: whole sectors). Row p
+// gets:
+//   padding row (pos_to_expert[p] < 0)       zeros, or nothing (zero_padding 0)
+//   expert row, pos_to_token[p] in [0, T)    x[pos_to_token[p]] and its scale factors
+//   expert row, any other pos_to_token[p]    zeros (T == 0, or a hint that
+//                                            disagrees with the map)
+// token_topk_to_pos is not read: the hint stands for it (validate=True checks
+// that the two agree; where they do, the results are the token-major kernels').
+#define GATHER_UNROLL 8  // 16-byte loads a lane has in flight: a 3 KiB row in one round
+
+#define GATHER_SKIP (-2)   // a row this warp leaves alone (or no row)
+#define GATHER_ZEROS (-1)  // a row of zeros
+
+extern "C" __global__ void __launch_bounds__(EXPAND_THREADS)
+expand_to_fused_gather(const ExpandArgs a) {
+    int block;
+    if (!copy_or_zero_block(a, block)) return;
+    constexpr int WARPS = EXPAND_THREADS / 32;
+    const int lane = threadIdx.x & 31;
+    const i64 n_vec = a.row_bytes / 16;
+    // this warp's rows: first + WARPS * j, at most 32 of them (the host keeps
+    // rows_per_gather_block <= EXPAND_THREADS)
+    const i64 first = static_cast<i64>(block) * a.rows_per_gather_block + (threadIdx.x >> 5);
+    const i64 end = min(static_cast<i64>(block + 1) * a.rows_per_gather_block,
+                        static_cast<i64>(a.num_expanded));
+    // Lane j looks up the warp's row j up front (both loads at once), so
+    // that no row waits on a chain of dependent loads.
+    int lane_source = GATHER_SKIP;
+    const i64 lane_row = first + static_cast<i64>(lane) * WARPS;
+    if (lane_row < end) {
+        const int expert = __ldg(a.pos_to_expert + lane_row);
+        const int token = __ldg(a.pos_to_token + lane_row);
+        lane_source = expert < 0 ? (a.zero_padding ? GATHER_ZEROS : GATHER_SKIP)
+                    : token >= 0 && token < a.num_tokens ? token : GATHER_ZEROS;
+    }
+    for (int j = 0; j < 32; ++j) {
+        const i64 p = first + static_cast<i64>(j) * WARPS;
+        if (p >= end) break;  // the same for every lane
+        const int source = __shfl_sync(0xffffffffu, lane_source, j);
+        if (source == GATHER_SKIP) continue;
+        uint4* dst = reinterpret_cast<uint4*>(a.out) + p * n_vec;
+        if (source == GATHER_ZEROS) {
+            for (i64 i = lane; i < n_vec; i += 32) store_once(dst + i, make_uint4(0, 0, 0, 0));
+        } else {
+            const uint4* src = reinterpret_cast<const uint4*>(a.x) + source * n_vec;
+            for (i64 base = lane; base < n_vec; base += 32 * GATHER_UNROLL) {
+                uint4 held[GATHER_UNROLL];
+#pragma unroll
+                for (int u = 0; u < GATHER_UNROLL; ++u) {
+                    const i64 i = base + u * 32;
+                    if (i < n_vec) held[u] = __ldg(src + i);
+                }
+#pragma unroll
+                for (int u = 0; u < GATHER_UNROLL; ++u) {
+                    const i64 i = base + u * 32;
+                    if (i < n_vec) store_once(dst + i, held[u]);
+                }
+            }
+        }
+#if CUPY_MOE_SF_MODE == SF_ROW_MAJOR
+        unsigned int* sf_dst = a.out_sf + p * a.sf_columns;
+        const unsigned int* sf_src = a.x_sf + static_cast<i64>(max(source, 0)) * a.sf_columns;
+        for (int s = lane; s < a.sf_columns; s += 32)
+            sf_dst[s] = source == GATHER_ZEROS ? 0u : __ldg(sf_src + s);
+#endif
+    }
 }
 
 // ---------------------------------------------------------------------------

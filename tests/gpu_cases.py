@@ -98,13 +98,15 @@ def pos_to_token_of(token_topk_to_pos, num_expanded: int):
     return p2t[:num_expanded]
 
 
-def expand_op(tuning, *args, **kwargs):
-    """``expand_to_fused``: the public op when ``tuning`` is None, else under ``tuning``."""
+def expand_op(tuning, x, token_topk_to_pos, pos_to_expert, **kwargs):
+    """``expand_to_fused``: the public op when ``tuning`` is None, else under
+    ``tuning`` (with ``pos_to_token`` drawn from the map for a ``GivenPosToToken``)."""
     if tuning is None:
-        return cupy_moe.expand_to_fused(*args, **kwargs)
+        return cupy_moe.expand_to_fused(x, token_topk_to_pos, pos_to_expert, **kwargs)
     if isinstance(tuning, GivenPosToToken):
+        kwargs["pos_to_token"] = pos_to_token_of(token_topk_to_pos, pos_to_expert.shape[0])
         tuning = tuning.tuning
-    return run_with_tuning(tuning, *args, **kwargs)[0]
+    return run_with_tuning(tuning, x, token_topk_to_pos, pos_to_expert, **kwargs)[0]
 
 
 def expand_sf_op(tuning, x, x_sf, *args, **kwargs):

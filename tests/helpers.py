@@ -24,10 +24,9 @@ def bits(array: np.ndarray) -> np.ndarray:
 
 
 class GivenPosToToken:
-    """A kernel path (conftest's KERNEL_PATHS) whose calls pass ``pos_to_token``
-    (each row's token, drawn from the call's own map) under ``tuning``; the op
-    without scale factors takes no ``pos_to_token`` and runs under ``tuning``
-    alone."""
+    """A kernel path (conftest's KERNEL_PATHS) whose calls of either op pass
+    ``pos_to_token`` (each row's token, drawn from the call's own map) under
+    ``tuning``."""
 
     def __init__(self, tuning) -> None:
         self.tuning = tuning

@@ -157,12 +157,10 @@ def test_workload_inputs_of_a_plan_workload(label, rng):
     w = plan_workload(label)
     first = workload_inputs(w, rng)
     again = workload_inputs(w, np.random.default_rng(1))
-    # the column-major SF op gets the plan's pos_to_token too (the hint)
+    # both ops get the plan's pos_to_token too (the hint)
     assert list(first) == ["x"] + (["x_sf"] if w.sf_columns else []) + [
-        "token_topk_to_pos", "pos_to_expert"] + (
-        ["pos_to_token"] if w.use_tma_aligned_col_major_sf else [])
-    if w.use_tma_aligned_col_major_sf:
-        np.testing.assert_array_equal(first["pos_to_token"], plan_mapping(w).pos_to_token)
+        "token_topk_to_pos", "pos_to_expert", "pos_to_token"]
+    np.testing.assert_array_equal(first["pos_to_token"], plan_mapping(w).pos_to_token)
     assert first["x"].shape == w.shapes["x"] and first["x"].dtype.name == w.dtype
     if w.sf_columns:
         assert first["x_sf"].shape == w.shapes["x_sf"]
@@ -391,7 +389,7 @@ def test_bench_cpu_workload_of_a_plan_is_bit_exact(label, rng):
 
 def test_shapes_text_names_the_plan():
     assert runner._shapes_text(plan_workload("kimi-k2-small-e128-plan")) == (
-        "T=32 H=7168 K=8 X=14848 plan E=128 A=128 routed=256")
+        "T=32 H=7168 K=8 X=14848 plan E=128 A=128 routed=256 +pos_to_token")
     assert runner._shapes_text(plan_workload("kimi-k2-medium-e48-ep8-plan-sf-packed")) == (
         "T=512 H=7168 K=8 X=6144 plan E=48/384 A=128 routed=516 S=14 int32/col +pos_to_token")
     assert runner._shapes_text(load_workloads("expand_to_fused")[0]) == (
@@ -509,7 +507,8 @@ def test_the_report_shows_the_floor(cpu_torch_backend, rng, tmp_path):
                         "| graph us | torch-ref us | nosync us | x ref | x nosync |")
     gbps = w.bytes / 4.0 / 1e3
     assert lines[2] == (f"| expand | kimi-k2-decode-e128-plan | T=1 H=7168 K=8 X=1024 plan "
-                        f"E=128 A=128 routed=8 | {w.bytes / 1e6:.2f} | 4.0 | {gbps:.0f} "
+                        f"E=128 A=128 routed=8 +pos_to_token | {w.bytes / 1e6:.2f} | 4.0 "
+                        f"| {gbps:.0f} "
                         f"| {100 * gbps / 3.0e3:.1f} | 87.5 | 2.5 | 62.5 | 3.5 | - | - | - | - "
                         "| - "
                         "| - | - |")

@@ -200,8 +200,21 @@ def test_numpy_integer_and_bool_scalars_are_accepted(kind, rng):
                       oracle_expand(x.view(np.uint16).reshape(3, 128), T2P, P2E))
 
 
-# -- pos_to_token (expand_to_fused_with_sf's hint) -----------------------------------
+# -- pos_to_token (both ops' hint) ---------------------------------------------------
 
+def _call_with_pos_to_token(op, pos_to_token, **kwargs):
+    """A small call of ``op`` ("plain" or "sf") given ``pos_to_token``."""
+    t2p, p2e = np.array([[0, 1], [2, 3]], np.int32), np.zeros(4, np.int32)
+    if op == "plain":
+        return cupy_moe.expand_to_fused(np.zeros((2, 128), np.uint16), t2p, p2e,
+                                        pos_to_token=pos_to_token, **kwargs)
+    return cupy_moe.expand_to_fused_with_sf(
+        np.zeros((2, 128), ml_dtypes.float8_e4m3fn), np.zeros((2, 1), np.int32), t2p, p2e,
+        num_per_channels=128, use_tma_aligned_col_major_sf=True, pos_to_token=pos_to_token,
+        **kwargs)
+
+
+@pytest.mark.parametrize("op", ["plain", "sf"])
 @pytest.mark.parametrize(("pos_to_token", "error", "message"), [
     (np.zeros((4, 1), np.int32), ValueError, "pos_to_token must be 1-D [X]; got shape (4, 1)"),
     (np.zeros(4, np.int64), ValueError, "pos_to_token must be one of int32; got int64"),
@@ -209,33 +222,25 @@ def test_numpy_integer_and_bool_scalars_are_accepted(kind, rng):
      "pos_to_token.shape[0] must equal pos_to_expert.shape[0] (X = 4); got 5"),
     ([0, 0, 1, 1], TypeError,
      "pos_to_token must be a numpy.ndarray, cupy.ndarray or torch.Tensor; got builtins.list"),
+    (torch.zeros(4, dtype=torch.int32), TypeError,
+     "all arrays must be of one kind: x is numpy.ndarray, pos_to_token is torch.Tensor"),
 ])
-def test_pos_to_token_rules(pos_to_token, error, message):
-    x = np.zeros((2, 128), ml_dtypes.float8_e4m3fn)
-    x_sf = np.zeros((2, 1), np.int32)
-    t2p, p2e = np.array([[0, 1], [2, 3]], np.int32), np.zeros(4, np.int32)
+def test_pos_to_token_rules(op, pos_to_token, error, message):
     with pytest.raises(error, match=re.escape(message)):
-        cupy_moe.expand_to_fused_with_sf(x, x_sf, t2p, p2e, num_per_channels=128,
-                                         use_tma_aligned_col_major_sf=True,
-                                         pos_to_token=pos_to_token)
+        _call_with_pos_to_token(op, pos_to_token)
 
 
-def test_pos_to_token_of_another_kind_is_rejected():
-    x = np.zeros((2, 128), ml_dtypes.float8_e4m3fn)
-    x_sf = np.zeros((2, 1), np.int32)
-    t2p, p2e = np.array([[0, 1], [2, 3]], np.int32), np.zeros(4, np.int32)
-    with pytest.raises(TypeError, match=re.escape(
-            "all arrays must be of one kind: x is numpy.ndarray, pos_to_token is torch.Tensor")):
-        cupy_moe.expand_to_fused_with_sf(x, x_sf, t2p, p2e, num_per_channels=128,
-                                         use_tma_aligned_col_major_sf=True,
-                                         pos_to_token=torch.zeros(4, dtype=torch.int32))
+def test_out_overlapping_pos_to_token_is_rejected():
+    out = np.zeros((4, 128), np.uint16)
+    with pytest.raises(ValueError, match="out overlaps pos_to_token in memory"):
+        _call_with_pos_to_token("plain", out.reshape(-1)[:8].view(np.int32), out=out)
 
 
-def test_pos_to_token_belongs_to_the_op_with_scale_factors():
-    x, t2p, p2e = np.zeros((2, 8), np.uint16), np.array([[0, 1]], np.int32), np.zeros(2, np.int32)
-    with pytest.raises(TypeError, match="pos_to_token is an argument of "
-                                        "expand_to_fused_with_sf only"):
-        run_with_tuning(DEFAULT_TUNING, x[:1], t2p, p2e, pos_to_token=np.zeros(2, np.int32))
+def test_run_with_tuning_passes_pos_to_token_to_the_plain_op():
+    with pytest.raises(ValueError, match=re.escape(
+            "pos_to_token.shape[0] must equal pos_to_expert.shape[0] (X = 2); got 3")):
+        run_with_tuning(DEFAULT_TUNING, np.zeros((1, 8), np.uint16), np.array([[0, 1]], np.int32),
+                        np.zeros(2, np.int32), pos_to_token=np.zeros(3, np.int32))
 
 
 def test_out_sf_overlapping_pos_to_token_is_rejected():

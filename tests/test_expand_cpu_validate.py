@@ -88,7 +88,7 @@ def test_validate_with_sf(kind, rng):
                   validate=True)
 
 
-# pos_to_token (the SF op's hint): checked after every other kind of fault
+# pos_to_token (both ops' hint): checked after every other kind of fault
 POS_TO_TOKEN_CASES = [
     pytest.param([[0, 1], [2, 3]], [0, 0, 1, 1], [0, 0, 0, 1],
                  "pos_to_token[2] = 0 disagrees with token_topk_to_pos[1, 0] = 2: row 2 holds "
@@ -103,14 +103,20 @@ POS_TO_TOKEN_CASES = [
 
 @smoke
 @pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("op", ["plain", "sf"])
 @pytest.mark.parametrize(("token_topk_to_pos", "pos_to_expert", "pos_to_token", "message"),
                          POS_TO_TOKEN_CASES)
-def test_validate_checks_pos_to_token(kind, token_topk_to_pos, pos_to_expert, pos_to_token,
+def test_validate_checks_pos_to_token(kind, op, token_topk_to_pos, pos_to_expert, pos_to_token,
                                       message, rng):
     x, x_sf = sf_inputs(rng, 2, 128, 128, "int32")
+    hint = {"pos_to_token": as_kind(kind, i32(pos_to_token))}
     with pytest.raises(ValueError, match=exact(message)):
-        expand_sf(kind, x, x_sf, i32(token_topk_to_pos), i32(pos_to_expert), npc=128,
-                  col_major=True, validate=True, pos_to_token=as_kind(kind, i32(pos_to_token)))
+        if op == "plain":
+            expand(kind, x.view(np.uint16), i32(token_topk_to_pos), i32(pos_to_expert),
+                   validate=True, **hint)
+        else:
+            expand_sf(kind, x, x_sf, i32(token_topk_to_pos), i32(pos_to_expert), npc=128,
+                      col_major=True, validate=True, **hint)
 
 
 @smoke
@@ -128,6 +134,10 @@ def test_pos_to_token_is_a_hint_the_results_do_not_follow(kind, rng):
                     validate=True, pos_to_token=as_kind(kind, pos_to_token))
     for name, a, b in zip(("expanded_x", "expanded_x_sf"), got, want, strict=True):
         assert_bits_equal(a, b, name)
+    rows = x.view(np.uint16)
+    assert_bits_equal(expand(kind, rows, token_topk_to_pos, pos_to_expert, validate=True,
+                             pos_to_token=as_kind(kind, pos_to_token)),
+                      expand(kind, rows, token_topk_to_pos, pos_to_expert), "expanded_x")
 
 
 @smoke

@@ -63,8 +63,10 @@ def test_manifest_expand_with_sf(workload, kind, kernel_path):
     _skip_large_plan_on_forced_path(workload, kernel_path)
     rng = np.random.default_rng()
     inputs = workload_inputs(workload, rng)
-    # with the plan's pos_to_token (column-major plan workloads) and without
-    hints = (None, inputs["pos_to_token"]) if "pos_to_token" in inputs else (None,)
+    # with the plan's pos_to_token and without, where the default kernels read
+    # it (column-major plan workloads; the "gather" kernel path gives every call one)
+    given = "pos_to_token" in inputs and workload.use_tma_aligned_col_major_sf
+    hints = (None, inputs["pos_to_token"]) if given else (None,)
     for poison, hint in [(False, None), *((True, hint) for hint in hints)]:
         check_expand_with_sf(kind, inputs["x"], inputs["x_sf"], inputs["token_topk_to_pos"],
                              inputs["pos_to_expert"],

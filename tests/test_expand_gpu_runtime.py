@@ -67,18 +67,26 @@ def test_validate_checks_pos_to_token_as_the_cpu_does(pos_to_token, kind):
     assert str(gpu_error.value) == str(cpu_error.value)
 
 
+HINT_TOKENS = 300
+
+
+def _plan_with_dropped_slots(rng):
+    """The NumPy plan of HINT_TOKENS tokens, top-4 of 7 experts, every fifth
+    token's first slot dropped, experts aligned to 64 rows."""
+    topk_ids = rng.integers(0, 7, size=(HINT_TOKENS, 4))
+    topk_ids[::5, 0] = -1
+    return reference.fused_mapping_numpy(topk_ids, 7, alignment=64)
+
+
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("zero_padding", [True, False])
 def test_public_op_given_pos_to_token(kind, zero_padding):
     """The hint through the public op (and, for torch, its fast path on the
     second call): the same bits as without it, validate=True accepting it."""
     rng = np.random.default_rng()
-    num_tokens, hidden, top_k = 300, 2048, 4
-    topk_ids = rng.integers(0, 7, size=(num_tokens, top_k))
-    topk_ids[::5, 0] = -1
-    plan = reference.fused_mapping_numpy(topk_ids, 7, alignment=64)
-    x = random_bits(rng, (num_tokens, hidden), numpy_dtype("float8_e4m3fn"))
-    x_sf = random_bits(rng, (num_tokens, 4), np.dtype("int32"))
+    plan = _plan_with_dropped_slots(rng)
+    x = random_bits(rng, (HINT_TOKENS, 2048), numpy_dtype("float8_e4m3fn"))
+    x_sf = random_bits(rng, (HINT_TOKENS, 4), np.dtype("int32"))
     want_x, want_sf = reference.expand_to_fused_with_sf_numpy(
         x, x_sf, plan.token_topk_to_pos, plan.pos_to_expert, col_major=True)
     args = (to_device(kind, x, "float8_e4m3fn"), to_device(kind, x_sf, "int32"),
@@ -95,6 +103,42 @@ def test_public_op_given_pos_to_token(kind, zero_padding):
         assert_bits_equal(full[:, :plan.pos_to_expert.shape[0]].T[expert_rows],
                           want_sf[expert_rows], "expanded_x_sf")
         assert not full[:, plan.pos_to_expert.shape[0]:].any()
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("pos_to_token", [[0, 0, 0, -1], [0, -1, 1, -1]])
+def test_plain_op_validate_checks_pos_to_token_as_the_cpu_does(pos_to_token, kind):
+    token_topk_to_pos = np.array([[0, 1], [2, -1]], dtype=np.int32)
+    pos_to_expert = np.array([0, 0, 1, -1], dtype=np.int32)
+    pos_to_token = np.array(pos_to_token, dtype=np.int32)
+    x = np.arange(2 * 64, dtype=np.uint16).reshape(2, 64).view(numpy_dtype("bfloat16"))
+    with pytest.raises(ValueError, match="pos_to_token") as cpu_error:
+        cupy_moe.expand_to_fused(x, token_topk_to_pos, pos_to_expert, validate=True,
+                                 pos_to_token=pos_to_token)
+    with pytest.raises(ValueError) as gpu_error:
+        cupy_moe.expand_to_fused(to_device(kind, x, "bfloat16"),
+                                 map_to_device(kind, token_topk_to_pos),
+                                 map_to_device(kind, pos_to_expert), validate=True,
+                                 pos_to_token=map_to_device(kind, pos_to_token))
+    assert str(gpu_error.value) == str(cpu_error.value)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("zero_padding", [True, False])
+def test_public_plain_op_given_pos_to_token(kind, zero_padding):
+    """As the SF op's test above: the same bits with the hint as without, through
+    the full path and (torch) the fast path."""
+    rng = np.random.default_rng()
+    plan = _plan_with_dropped_slots(rng)
+    x = random_bits(rng, (HINT_TOKENS, 2048), numpy_dtype("bfloat16"))
+    want = reference.expand_to_fused_numpy(x, plan.token_topk_to_pos, plan.pos_to_expert)
+    args = (to_device(kind, x, "bfloat16"), map_to_device(kind, plan.token_topk_to_pos),
+            map_to_device(kind, plan.pos_to_expert))
+    expert_rows = plan.pos_to_expert >= 0 if not zero_padding else slice(None)
+    for validate in (True, False, False):
+        got = cupy_moe.expand_to_fused(*args, pos_to_token=map_to_device(kind, plan.pos_to_token),
+                                       validate=validate, zero_padding=zero_padding)
+        assert_bits_equal(to_host_bits(kind, got)[expert_rows], want[expert_rows], "expanded_x")
 
 
 @pytest.mark.parametrize("kind", KINDS)

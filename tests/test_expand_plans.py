@@ -27,11 +27,12 @@ from cupy_moe.runtime.sizes import align_up  # noqa: E402
 
 
 def test_argument_blocks_match_the_kernel_structs():
-    # struct ExpandArgs: 7 pointers, an int64, 13 int32; RoutingArgs: 5
+    # struct ExpandArgs: 7 pointers, an int64, 14 int32; RoutingArgs: 5
     # pointers, an int64, two int32.
-    assert EXPAND_ARGS.size == 7 * 8 + 8 + 13 * 4 + 4  # padded to 8 bytes
-    assert EXPAND_ARGS.names[-5:] == ("zero_padding", "first_zero_row", "sf_pass",
-                                      "sf_pass_blocks", "zero_row_blocks")
+    assert EXPAND_ARGS.size == 7 * 8 + 8 + 14 * 4
+    assert EXPAND_ARGS.names[-6:] == ("zero_padding", "first_zero_row", "sf_pass",
+                                      "sf_pass_blocks", "zero_row_blocks",
+                                      "rows_per_gather_block")
     assert EXPAND_ARGS.pointer_count == 7
     assert ROUTING_ARGS.size == 5 * 8 + 8 + 2 * 4
 
@@ -423,7 +424,8 @@ def test_plain_op_fast_path_keys_zero_padding(expand_fast_paths):
     x = torch.zeros(3, 8, dtype=torch.bfloat16)
     t2p = torch.tensor([[0, 1], [2, -1], [3, -1]], dtype=torch.int32)
     p2e = torch.tensor([0, 0, 1, 1, -1], dtype=torch.int32)
-    descs = (describe("", x), describe("", t2p), describe("", p2e), None)
+    # x, token_topk_to_pos, pos_to_expert; pos_to_token and out absent
+    descs = (describe("", x), describe("", t2p), describe("", p2e), None, None)
     leave, keep = _FakePlan(), _FakePlan()
     api._plain_fast_path.remember((False,), descs, leave)
 
@@ -487,6 +489,21 @@ def test_sf_op_fast_path_keys_pos_to_token(expand_fast_paths):
     assert isinstance(result[0], torch.Tensor) and replayed == [given]
 
 
+def test_plain_op_fast_path_keys_pos_to_token(expand_fast_paths):
+    torch = pytest.importorskip("torch")
+    api, replayed = expand_fast_paths
+    x = torch.zeros(3, 8, dtype=torch.bfloat16)
+    _, _, t2p, p2e, p2t = _sf_op_tensors()
+    given = _FakePlan()
+    api._plain_fast_path.remember(
+        (True,), tuple(describe("", a) for a in (x, t2p, p2e, p2t)) + (None,), given)
+    assert api.expand_to_fused(x, t2p, p2e, pos_to_token=p2t) == "replayed"
+    assert replayed == [given]
+    # without it the key differs: the full path (the CPU reference here)
+    assert isinstance(api.expand_to_fused(x, t2p, p2e), torch.Tensor)
+    assert replayed == [given]
+
+
 @pytest.mark.parametrize(("change", "message"), [
     ({"zero_rows_registers": 0}, r"zero_rows_registers must be in 1 \.\. 32; got 0"),
     ({"zero_rows_bulk_whole": 33}, r"zero_rows_bulk_whole must be in 1 \.\. 32; got 33"),
@@ -510,6 +527,10 @@ def test_sf_op_fast_path_keys_pos_to_token(expand_fast_paths):
     ({"medium_copy_bytes": "128e6"}, r"medium_copy_bytes must be a number >= 0; got '128e6'"),
     ({"padding_zero_stage_bytes": 1000},
      r"padding_zero_stage_bytes must be a multiple of 16 \(bulk stores\); got 1000"),
+    ({"gather_rows": 0}, r"gather_rows must be in 1 \.\. threads \(256\); got 0"),
+    ({"threads": 128, "gather_rows": 129},
+     r"gather_rows must be in 1 \.\. threads \(128\); got 129"),
+    ({"gather_x_bytes_below": -1}, r"gather_x_bytes_below must be a number >= 0; got -1"),
 ])
 def test_tuning_rejects_values_the_kernels_cannot_take(change, message):
     with pytest.raises(ValueError, match=message):
@@ -754,3 +775,92 @@ def test_a_tightly_packed_call_takes_the_pass_only_given_pos_to_token(fake_h200)
     tight = {"num_expanded": 4096 * 8}
     assert _sf_plan(**tight).kernel(16).constant("sf_pass") == SF_PASS_NONE
     assert _sf_plan(**tight, with_pos_to_token=True).kernel(16).constant("sf_pass") == SF_PASS_ALL
+
+
+# -- rows by position (expand_to_fused_gather; ExpandTuning.gather_x_bytes_below) ----
+
+GATHER = dataclasses.replace(DEFAULT_TUNING, gather_x_bytes_below=8e6)
+QWEN3_FP8_ROW_SF = {"sf_columns": 24, "sf_dtype": "float32", "num_per_channels": 128}
+
+
+def _gather_plan(num_tokens=512, hidden=3072, num_expanded=16385, tuning=GATHER,
+                 sf=QWEN3_FP8_ROW_SF, with_pos_to_token=True, **options):
+    # qwen3-30b-medium-e128-plan-sf-row-major's shape (fp8 rows), one row more
+    problem = ExpandProblem(num_tokens, hidden, 8, num_expanded, "float8_e4m3fn", **sf)
+    return ExpandPlan(problem, 1, 0, tuning, with_pos_to_token=with_pos_to_token, **options)
+
+
+@pytest.mark.parametrize(("sf", "sf_pass"), [
+    ({}, SF_PASS_NONE),
+    (QWEN3_FP8_ROW_SF, SF_PASS_NONE),  # row-major: a warp writes its row's words
+    (PACKED_SF, SF_PASS_ALL),  # column-major: whole sectors, by the pass blocks
+])
+@pytest.mark.parametrize("zero_padding", [True, False])
+def test_gather_blocks_take_rows_by_position(fake_h200, sf, sf_pass, zero_padding):
+    plan = _gather_plan(sf=sf, zero_padding=zero_padding)
+    launch = plan.kernel(16)
+    assert plan.gathers(16)
+    assert launch.name == launch.handle == "expand_to_fused_gather"
+    assert (launch.threads, launch.shared_bytes, launch.zero_launch) == (256, 0, None)
+    assert launch.constant("rows_per_gather_block") == 16
+    assert launch.constant("sf_pass") == sf_pass
+    pass_blocks = -(-16388 // 256) if sf_pass == SF_PASS_ALL else 0  # align(X, 4) rows
+    assert launch.constant("sf_pass_blocks") == pass_blocks
+    assert launch.grid == (pass_blocks + -(-16385 // 16), 1, 1)
+    assert launch.constant("zero_padding") == int(zero_padding)
+    # the token-major kernels' fields stay 0
+    for name in ("rows_per_zero_block", "vecs_per_thread", "slots_per_block",
+                 "first_zero_row", "zero_row_blocks"):
+        assert launch.constant(name) == 0, name
+
+
+def test_gather_rows_a_block_from_the_tuning(fake_h200):
+    tuning = dataclasses.replace(GATHER, gather_rows=40)
+    launch = _gather_plan(tuning=tuning, sf={}).kernel(16)
+    assert launch.constant("rows_per_gather_block") == 40
+    assert launch.grid == (-(-16385 // 40), 1, 1)
+
+
+def test_gather_with_no_tokens_zeroes_by_position(fake_h200):
+    launch = _gather_plan(num_tokens=0, num_expanded=1024, sf=PACKED_SF).kernel(16)
+    assert launch.name == "expand_to_fused_gather"
+    assert launch.constant("sf_pass") == SF_PASS_ALL
+    assert launch.grid == (4 + 64, 1, 1)
+
+
+def test_gather_is_not_bound_to_sm90(fake_h200, monkeypatch):
+    monkeypatch.setitem(launch_module._device_traits, 0, DeviceTraits(108, 8, 166912))
+    launch = _gather_plan(sf=PACKED_SF).kernel(16)
+    assert launch.name == "expand_to_fused_gather"
+    assert launch.constant("sf_pass") == SF_PASS_ALL
+
+
+@pytest.mark.parametrize(("change", "why"), [
+    ({"with_pos_to_token": False}, "no hint: no token to read a row from"),
+    ({"tuning": DEFAULT_TUNING}, "off by default (not yet run on a GPU)"),
+    ({"tuning": dataclasses.replace(GATHER, gather_x_bytes_below=512 * 3072)},
+     "x of 512 * 3072 bytes is not below 512 * 3072"),
+])
+def test_no_gather(fake_h200, change, why):
+    plan = _gather_plan(**change)
+    assert not plan.gathers(16), why
+    assert plan.kernel(16).name != "expand_to_fused_gather", why
+    assert plan.kernel(16).constant("rows_per_gather_block") == 0
+
+
+def test_gather_takes_16_byte_accesses_only(fake_h200):
+    plan = _gather_plan()
+    assert plan.gathers(16) and not plan.gathers(8)
+    assert plan.kernel(8).name == "expand_to_fused_v8"
+
+
+def test_a_call_passes_pos_to_token_to_the_gather_kernel(fake_h200, monkeypatch):
+    launches = []
+    monkeypatch.setattr(plan_module.driver, "launchKernel",
+                        lambda handle, gx, gy, gz, *args: launches.append((handle, gx, gy, gz)))
+    plan = _gather_plan(sf={})
+    plan.launch(7, 0x1000, 0x2000, 0x3000, 0x4000, 0, 0, 0x7000)
+    launch = plan.kernel(16)
+    assert launches == [(launch.handle, *launch.grid)]
+    assert EXPAND_ARGS.pointer_packer.unpack_from(launch.args.buffer) == (
+        0x1000, 0x2000, 0x3000, 0x4000, 0, 0, 0x7000)

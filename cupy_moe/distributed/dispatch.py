@@ -169,7 +169,8 @@ def dispatch(x: Any, topk_ids: Any, topk_weights: Any, num_experts: int, *, grou
             zero_padding=problem.zero_padding, pos_to_token=plan.pos_to_token)
     else:
         expanded_x = expand_to_fused(recv_x, plan.token_topk_to_pos, plan.pos_to_expert,
-                                     zero_padding=problem.zero_padding)
+                                     zero_padding=problem.zero_padding,
+                                     pos_to_token=plan.pos_to_token)
         expanded_sf = None
     handle = DispatchHandle(info.rank, world, num_tokens, problem.hidden, local_experts,
                             tuple(send_splits), tuple(recv_splits), send_token, recv_src_token,

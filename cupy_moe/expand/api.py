@@ -34,7 +34,8 @@ _run_torch_fast = None
 
 
 def expand_to_fused(x: Any, token_topk_to_pos: Any, pos_to_expert: Any, *,
-                    out: Any = None, validate: bool = False, zero_padding: bool = True) -> Any:
+                    out: Any = None, validate: bool = False, zero_padding: bool = True,
+                    pos_to_token: Any = None) -> Any:
     """Scatter token rows to the expert-major rows of a grouped-GEMM input.
 
     ``out[p] = x[t]`` for every slot with ``token_topk_to_pos[t, k] = p >= 0``;
@@ -58,7 +59,8 @@ def expand_to_fused(x: Any, token_topk_to_pos: Any, pos_to_expert: Any, *,
         else, before anything is written. Faults are looked for in this order:
         a slot >= X, a slot naming a padding row, a slot repeating an earlier
         slot's row, an expert row no slot names; the ValueError names the
-        first index of the first kind found. On the GPU this costs one host
+        first index of the first kind found (then a ``pos_to_token`` that
+        disagrees with the map). On the GPU this costs one host
         synchronisation (so not inside CUDA-graph capture). Without it a
         malformed map never writes outside the outputs, but which rows it
         fills is unspecified.
@@ -76,6 +78,16 @@ def expand_to_fused(x: Any, token_topk_to_pos: Any, pos_to_expert: Any, *,
         reads every row: a plain GEMM over all X rows, a sum or checksum of
         the output, or a comparison with a zero-padded result sees garbage
         in (or from) the padding rows.
+    pos_to_token : array [X], int32, optional
+        The token of each output row (-1 on padding rows): ``fused_mapping``'s
+        ``pos_to_token``. A hint, for speed only, that lets the GPU write the
+        output row by row instead of token by token where
+        ``ExpandTuning.gather_x_bytes_below`` says so (off by default: not yet
+        measured); the results are the same. It must agree with the map:
+        ``pos_to_token[token_topk_to_pos[t, k]] == t`` for every slot that is
+        not dropped (``validate=True`` checks it, after the map's own faults).
+        Where it does not, what such a row gets is unspecified; nothing
+        outside the outputs is written, nothing outside ``x`` read.
 
     Returns
     -------
@@ -92,20 +104,23 @@ def expand_to_fused(x: Any, token_topk_to_pos: Any, pos_to_expert: Any, *,
     ValueError
         A shape, dtype or device rule fails (the message names the argument and
         the numbers), ``out`` is read-only or overlaps an input, or
-        ``validate=True`` finds a malformed map.
+        ``validate=True`` finds a malformed map (or a ``pos_to_token`` that
+        disagrees with it). ``pos_to_token`` must be [X] int32 of the other
+        arrays' kind.
     """
     # zero_padding is in the key, as a bool only: 1 == True would find True's plan
     if validate is False and type(zero_padding) is bool:
         plan = _plain_fast_path.lookup((zero_padding,),
-                                       (x, token_topk_to_pos, pos_to_expert, out))
+                                       (x, token_topk_to_pos, pos_to_expert, pos_to_token, out))
         if plan is not None:
-            result = _run_torch_fast(plan, x, None, token_topk_to_pos, pos_to_expert, out)
+            result = _run_torch_fast(plan, x, None, token_topk_to_pos, pos_to_expert, out,
+                                     pos_to_token)
             if result is not None:
                 return result[0]
     return _expand(DEFAULT_TUNING, x, None, token_topk_to_pos, pos_to_expert, with_sf=False,
                    num_per_channels=None, use_tma_aligned_col_major_sf=False, out=out,
                    out_sf=None, validate=validate, zero_padding=zero_padding,
-                   fast_path=_plain_fast_path)[0]
+                   fast_path=_plain_fast_path, pos_to_token=pos_to_token)[0]
 
 
 def expand_to_fused_with_sf(x: Any, x_sf: Any, token_topk_to_pos: Any, pos_to_expert: Any, *,
@@ -155,12 +170,14 @@ def expand_to_fused_with_sf(x: Any, x_sf: Any, token_topk_to_pos: Any, pos_to_ex
         ``pos_to_token``. A hint, for speed only: with the column-major layout
         on sm_90+ the GPU then writes the scale factors row by row, in whole
         32-byte sectors, instead of scattering each token's words to its K rows
-        (benchmarks/results/sweep_sf_by_position_h200.md); the results are the
-        same. It must agree with the map:
-        ``pos_to_token[token_topk_to_pos[t, k]] == t`` for every slot that is
-        not dropped (``validate=True`` checks it, after the map's own faults).
-        Where it does not, which scale factors such a row gets is unspecified;
-        nothing outside the outputs is written, nothing outside ``x_sf`` read.
+        (benchmarks/results/sweep_sf_by_position_h200.md); where
+        ``ExpandTuning.gather_x_bytes_below`` says so (off by default: not yet
+        measured), the data rows too. The results are the same. It must agree
+        with the map: ``pos_to_token[token_topk_to_pos[t, k]] == t`` for every
+        slot that is not dropped (``validate=True`` checks it, after the map's
+        own faults). Where it does not, what such a row gets (data and scale
+        factors) is unspecified; nothing outside the outputs is written,
+        nothing outside ``x`` and ``x_sf`` read.
 
     Returns
     -------
@@ -199,9 +216,8 @@ def run_with_tuning(tuning: ExpandTuning, x: Any, token_topk_to_pos: Any, pos_to
     """Either op under a tuning of its own (tests and sweeps; no fast path).
 
     The op with scale factors when ``x_sf`` is given, else the plain one
-    (then ``out_sf`` of the result is None; ``pos_to_token`` belongs to the
-    op with scale factors). Same rules and results as the public ops; only
-    the kernel choice and grid differ.
+    (then ``out_sf`` of the result is None). Same rules and results as the
+    public ops; only the kernel choice and grid differ.
     """
     return _expand(tuning, x, x_sf, token_topk_to_pos, pos_to_expert, with_sf=x_sf is not None,
                    num_per_channels=num_per_channels,
@@ -223,11 +239,8 @@ def _expand(tuning: ExpandTuning, x, x_sf, token_topk_to_pos, pos_to_expert, *, 
         descs["x_sf"] = describe("x_sf", x_sf)
     descs["token_topk_to_pos"] = describe("token_topk_to_pos", token_topk_to_pos)
     descs["pos_to_expert"] = describe("pos_to_expert", pos_to_expert)
-    if with_sf:
-        descs["pos_to_token"] = (None if pos_to_token is None
-                                 else describe("pos_to_token", pos_to_token))
-    elif pos_to_token is not None:
-        raise TypeError("pos_to_token is an argument of expand_to_fused_with_sf only")
+    descs["pos_to_token"] = None if pos_to_token is None else describe("pos_to_token",
+                                                                        pos_to_token)
     descs["out"] = None if out is None else describe("out", out)
     if with_sf:
         descs["out_sf"] = None if out_sf is None else describe("out_sf", out_sf)

@@ -101,7 +101,8 @@ def run_torch_fast(plan: ExpandPlan, x, x_sf, token_topk_to_pos, pos_to_expert,
             if pointer < end and first < pointer + size:
                 return None
     if x_sf is None:
-        plan.launch(_raw_torch_stream(plan.device), x_ptr, map_ptr, p2e_ptr, out.data_ptr(), 0, 0)
+        plan.launch(_raw_torch_stream(plan.device), x_ptr, map_ptr, p2e_ptr, out.data_ptr(), 0, 0,
+                    p2t_ptr)
         return out, None
     if plan.sf_mode == SF_COL_MAJOR:
         problem = plan.problem

@@ -3,7 +3,7 @@
 Everything about a call that depends only on its sizes, dtypes, device,
 tuning and ``zero_padding`` is worked out once and kept in an ``ExpandPlan``:
 the kernel handles, the grids and each launch's argument block with its
-constant fields packed. A call then packs six pointers and launches.
+constant fields packed. A call then packs seven pointers and launches.
 """
 
 from __future__ import annotations
@@ -36,7 +36,11 @@ EXPAND_ARGS = ArgStruct(
     ("top_k", "i32"), ("num_expanded", "i32"), ("sf_columns", "i32"), ("sf_ld", "i32"),
     ("rows_per_zero_block", "i32"), ("vecs_per_thread", "i32"), ("slots_per_block", "i32"),
     ("zero_padding", "i32"), ("first_zero_row", "i32"), ("sf_pass", "i32"),
-    ("sf_pass_blocks", "i32"), ("zero_row_blocks", "i32"))
+    ("sf_pass_blocks", "i32"), ("zero_row_blocks", "i32"), ("rows_per_gather_block", "i32"))
+
+# the fields that differ between launches (ExpandPlan._fields: the rest are the problem's)
+_LAUNCH_FIELDS = ("rows_per_zero_block", "vecs_per_thread", "slots_per_block", "first_zero_row",
+                  "sf_pass", "sf_pass_blocks", "zero_row_blocks", "rows_per_gather_block")
 
 # packs a launch's seven pointers into its argument block (the hot path's only packing)
 _pack_pointers = EXPAND_ARGS.pointer_packer.pack_into
@@ -128,6 +132,13 @@ class ExpandPlan:
         padded = self.problem.num_expanded > self.problem.num_tokens * self.problem.top_k
         return SF_PASS_ZEROS if self.zero_padding and padded else SF_PASS_NONE
 
+    def gathers(self, vec_bytes: int) -> bool:
+        """Whether the output is written by position (expand_to_fused_gather):
+        calls that pass ``pos_to_token``, 16-byte accesses, ``x`` smaller than
+        ``tuning.gather_x_bytes_below``."""
+        return (self.with_pos_to_token and vec_bytes == 16
+                and self.problem.num_tokens * self.row_bytes < self.tuning.gather_x_bytes_below)
+
     def zero_rows_end(self, sf_pass: int) -> int:
         """End of the rows the zero-fill blocks walk: the X data rows, then the
         column-major SF's pad columns X .. align(X, 4) (unless the SF pass
@@ -152,8 +163,11 @@ class ExpandPlan:
         the tokens' chunks are too few to fill the chip, chunks shrink to one
         access per thread and then each block takes one slot. Padding-heavy
         shapes (ExpandTuning says which) take the register kernel unless its
-        chunks would shrink.
+        chunks would shrink. Calls that pass ``pos_to_token`` with a small
+        ``x`` may instead write the output by position (``gathers``).
         """
+        if self.gathers(vec_bytes):
+            return self._gather_launch()
         tuning, problem = self.tuning, self.problem
         n_vec = self.row_bytes // vec_bytes
         num_tokens = problem.num_tokens
@@ -260,16 +274,39 @@ class ExpandPlan:
                           else ceil_div(problem.sf_leading_dim, threads))
         grid = (sf_pass_blocks + problem.num_tokens + ceil_div(zero_blocks, spread), chunks,
                 planes)
-        fields = dict(
-            row_bytes=self.row_bytes, num_tokens=problem.num_tokens, top_k=problem.top_k,
-            num_expanded=problem.num_expanded, sf_columns=problem.sf_columns,
-            sf_ld=problem.sf_leading_dim, rows_per_zero_block=int(rows_per_zero_block),
-            vecs_per_thread=int(vecs_per_thread), slots_per_block=int(slots_per_block),
-            zero_padding=int(self.zero_padding), first_zero_row=self.first_zero_row,
-            sf_pass=sf_pass, sf_pass_blocks=sf_pass_blocks, zero_row_blocks=0)
+        fields = self._fields(
+            rows_per_zero_block=int(rows_per_zero_block), vecs_per_thread=int(vecs_per_thread),
+            slots_per_block=int(slots_per_block), first_zero_row=self.first_zero_row,
+            sf_pass=sf_pass, sf_pass_blocks=sf_pass_blocks)
         zero_launch = self._zero_launch(fields, zero_rows_end) if zero_kernel else None
         return ExpandLaunch(kernel, handle, grid, threads, shared_bytes,
                             ArgBlock(EXPAND_ARGS, EXPAND_ARGS.constants(**fields)), zero_launch)
+
+    def _fields(self, **launch_fields: int) -> dict[str, int]:
+        """The argument block's constant fields: the problem's, then
+        ``launch_fields`` (the launch's own; 0 for those it leaves out)."""
+        problem = self.problem
+        return dict(
+            row_bytes=self.row_bytes, num_tokens=problem.num_tokens, top_k=problem.top_k,
+            num_expanded=problem.num_expanded, sf_columns=problem.sf_columns,
+            sf_ld=problem.sf_leading_dim, zero_padding=int(self.zero_padding),
+            **{**dict.fromkeys(_LAUNCH_FIELDS, 0), **launch_fields})
+
+    def _gather_launch(self) -> ExpandLaunch:
+        """expand_to_fused_gather: blocks of ``tuning.gather_rows`` output rows,
+        after the SF pass blocks (column-major SF: every scale factor, by
+        ``pos_to_token``; a thread a row)."""
+        tuning, problem = self.tuning, self.problem
+        threads, rows = int(tuning.threads), int(tuning.gather_rows)
+        sf_pass = SF_PASS_ALL if self.sf_mode == SF_COL_MAJOR else SF_PASS_NONE
+        sf_pass_blocks = ceil_div(problem.sf_leading_dim, threads) if sf_pass else 0
+        handle = function_handle(SOURCE, kernel_defines(self.sf_mode, tuning), self.device,
+                                 "expand_to_fused_gather")
+        fields = self._fields(sf_pass=sf_pass, sf_pass_blocks=sf_pass_blocks,
+                              rows_per_gather_block=rows)
+        return ExpandLaunch("expand_to_fused_gather", handle,
+                            (sf_pass_blocks + ceil_div(problem.num_expanded, rows), 1, 1),
+                            threads, 0, ArgBlock(EXPAND_ARGS, EXPAND_ARGS.constants(**fields)))
 
     def _zero_launch(self, fields: dict[str, int], zero_rows_end: int) -> ExpandLaunch:
         """expand_zero_padding_rows: blocks of ``tuning.threads`` threads, each

@@ -106,6 +106,17 @@ class ExpandTuning:
     in the copy kernel and gained 2.8 (4.8) with them in the zero kernel (an
     earlier build of those blocks; the current one is not yet run on a GPU,
     hence ``sf_pass_beside_zero_kernel`` 0).
+
+    ``gather_x_bytes_below``: calls that pass ``pos_to_token`` (16-byte rows
+    and bases) whose ``x`` holds fewer bytes than this write the output by
+    position instead (expand.cu's ``expand_to_fused_gather``): blocks of
+    ``gather_rows`` consecutive output rows (1 .. ``threads``), a warp a row,
+    each row its token's row of ``x`` (read through L2, so ``x`` should fit
+    there: it is read K times) or zeros; column-major scale factors by the SF
+    pass. Every block does the same work, where the token-major kernels pair
+    token blocks with zero-fill blocks (instruction-bound on Qwen3's 3 KiB
+    fp8 rows, 0.91-0.93 of the seed's kernel). 0: never (not yet run on a
+    GPU).
     """
 
     # register kernel
@@ -138,6 +149,9 @@ class ExpandTuning:
     # scale factors
     sf_by_position: int = 1
     sf_pass_beside_zero_kernel: int = 0
+    # rows by position (calls that pass pos_to_token)
+    gather_x_bytes_below: float = 0.0
+    gather_rows: int = 16
 
     def __post_init__(self) -> None:
         for field in fields(self):
@@ -148,6 +162,9 @@ class ExpandTuning:
         if self.threads % 32 or not 32 <= self.threads <= 1024:
             raise ValueError(f"ExpandTuning.threads must be whole warps in 32 .. 1024 (the "
                              f"zero-fill ballots); got {self.threads}")
+        if not 1 <= self.gather_rows <= self.threads:  # a lane looks up each of a warp's rows
+            raise ValueError(f"ExpandTuning.gather_rows must be in 1 .. threads "
+                             f"({self.threads}); got {self.gather_rows}")
         if not 1 <= self.unroll <= 16:
             raise ValueError(f"ExpandTuning.unroll must be in 1 .. 16; got {self.unroll}")
         for name in ("zero_rows_registers", "zero_rows_bulk", "zero_rows_bulk_whole",

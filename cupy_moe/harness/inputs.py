@@ -163,8 +163,8 @@ def workload_inputs(workload: Workload, rng: np.random.Generator) -> dict[str, n
     (and ``x_sf [T, S]``) of the workload's dtypes with random bits,
     ``token_topk_to_pos [T, K]`` and ``pos_to_expert [X]`` int32 from
     :func:`fitted_routing`, or from the workload's plan (:func:`plan_mapping`;
-    ``rng`` then draws the payload only; with a column-major SF layout also
-    ``pos_to_token [X]``, the hint a caller with the plan passes); for
+    ``rng`` then draws the payload only; then also ``pos_to_token [X]``, the
+    hint a caller with the plan passes); for
     ``fused_mapping``,
     ``topk_ids [T, K]`` of the workload's dtype from :func:`random_topk_ids`.
 
@@ -185,9 +185,7 @@ def workload_inputs(workload: Workload, rng: np.random.Generator) -> dict[str, n
         plan = plan_mapping(workload)
         inputs["token_topk_to_pos"], inputs["pos_to_expert"] = (plan.token_topk_to_pos,
                                                                 plan.pos_to_expert)
-        if workload.use_tma_aligned_col_major_sf:
-            # the hint a caller with the plan passes (column-major SF only)
-            inputs["pos_to_token"] = plan.pos_to_token
+        inputs["pos_to_token"] = plan.pos_to_token  # the hint a caller with the plan passes
     else:
         inputs["token_topk_to_pos"], inputs["pos_to_expert"] = fitted_routing(
             rng, workload.num_tokens, workload.top_k, workload.num_expanded)

@@ -169,8 +169,8 @@ def _shapes_text(w: Workload) -> str:
         text += f" S={w.sf_columns} {w.sf_dtype}/{layout}"
         if w.round_sf and not w.packed_ue8m0:  # packed exponents are rounded anyway
             text += " round"
-        if w.plan is not None and w.use_tma_aligned_col_major_sf and w.op in OP_NAMES:
-            text += " +pos_to_token"  # the call passes the plan's (workload_inputs)
+    if w.plan is not None and w.op in OP_NAMES:
+        text += " +pos_to_token"  # the call passes the plan's (workload_inputs)
     if w.op in NEWER_OP_FAMILIES:
         # the optional inputs the call passes
         text += "".join(f" +{name}" for name in ("topk_weights", "row_scale", "pos_to_expert")
@@ -233,7 +233,7 @@ def _call(w: Workload, args: dict[str, Any], **kwargs) -> tuple:
         return fused_mapping(args["topk_ids"], w.num_experts, alignment=w.alignment, **kwargs)
     if w.op == "expand_to_fused":
         return (expand_to_fused(args["x"], args["token_topk_to_pos"], args["pos_to_expert"],
-                                **kwargs),)
+                                pos_to_token=args.get("pos_to_token"), **kwargs),)
     return expand_to_fused_with_sf(
         args["x"], args["x_sf"], args["token_topk_to_pos"], args["pos_to_expert"],
         num_per_channels=w.num_per_channels,

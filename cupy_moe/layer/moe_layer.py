@@ -233,10 +233,12 @@ class MoeLayer:
             self.state["expanded"], self.state["expanded_sf"] = self._op(
                 expand_to_fused_with_sf, self.state["x_fp8"], self.state["x_sf"],
                 plan.token_topk_to_pos, plan.pos_to_expert,
-                num_per_channels=self.num_per_channels, zero_padding=self.zero_padding)
+                num_per_channels=self.num_per_channels, zero_padding=self.zero_padding,
+                pos_to_token=plan.pos_to_token)
         else:
             self.state["expanded"] = self._op(expand_to_fused, self.x, plan.token_topk_to_pos,
-                                              plan.pos_to_expert, zero_padding=self.zero_padding)
+                                              plan.pos_to_expert, zero_padding=self.zero_padding,
+                                              pos_to_token=plan.pos_to_token)
 
     def _step_dequantize_gate_up(self) -> None:
         self.state["gate_up_input"] = self._dequantize(self.state["expanded"],
