@@ -20,7 +20,10 @@ place the time of a step: "no SF words" moves no scale factors
 (sf_columns = 0), "no zero-fill blocks" launches the token blocks only,
 "zero-fill blocks find no padding rows" reads a pos_to_expert with none (the
 blocks' cost without their stores). Their outputs are wrong by design and
-are not checked.
+are not checked. The "floor" row (bandwidth-bound shapes) times, in the same
+run, a device-to-device copy of the routed rows' bytes plus a memset of the
+padding rows' bytes (``runner.split_bytes``: what ``cupy-moe bench`` reports
+as copy+memset), as a % of the copy like the configs.
 
 Only configs that still make sense on the current kernels are here; the
 ones measured before and the switches dropped because they lost are in
@@ -46,7 +49,7 @@ from cupy_moe.expand.tuning import DEFAULT_TUNING, ExpandTuning
 from cupy_moe.harness.ab_sweep import pick_variants
 from cupy_moe.harness.inputs import workload_inputs
 from cupy_moe.harness.manifest import Workload, load_workloads
-from cupy_moe.harness.runner import GRAPH_MAX_BYTES, reference_outputs
+from cupy_moe.harness.runner import GRAPH_MAX_BYTES, reference_outputs, split_bytes
 from cupy_moe.harness.timing import GpuTimer, torch_graph_us
 from cupy_moe.runtime.arrays import describe, numpy_to_torch
 from cupy_moe.runtime.gpu_arrays import raw_torch_stream_getter
@@ -256,6 +259,17 @@ def _diagnostic_launches(w: Workload, args: dict, outs: tuple):
     return result
 
 
+FLOOR_ROW = "floor: copy of the routed rows + memset of the padding rows"
+
+
+def _floor(w: Workload, host: dict, timer: GpuTimer, iters: int, copy_tbps: float) -> float:
+    """The copy + memset floor of ``w`` on ``host`` inputs, as a % of the copy."""
+    copy_bytes, zero_bytes = split_bytes(w, host)
+    us = timer.copy_us(copy_bytes // 2, iters) + (timer.memset_us(zero_bytes, iters)
+                                                  if zero_bytes else 0.0)
+    return 100 * w.bytes / us / 1e6 / copy_tbps
+
+
 def _cell_text(values: list[float] | str, unit: str) -> str:
     if isinstance(values, str):
         return values
@@ -326,6 +340,9 @@ def main() -> int:
         for name, run in _diagnostic_launches(w, inputs, outs):
             cells.setdefault(name, {})[w.label] = [_time(w, run, timer, args.iters, copy_tbps)
                                                    for _ in range(args.rounds)]
+        if w.bytes > GRAPH_MAX_BYTES:  # (decode and small shapes: graph µs, no floor)
+            cells.setdefault(FLOOR_ROW, {})[w.label] = [
+                _floor(w, host, timer, args.iters, copy_tbps) for _ in range(args.rounds)]
         print(w.label, "done", file=sys.stderr, flush=True)
 
     units = {w.label: "us" if w.bytes <= GRAPH_MAX_BYTES else "%" for w in workloads}
