@@ -803,7 +803,7 @@ def test_gather_blocks_take_rows_by_position(fake_h200, sf, sf_pass, zero_paddin
     assert launch.name == launch.handle == "expand_to_fused_gather"
     assert (launch.threads, launch.shared_bytes, launch.zero_launch) == (256, 0, None)
     assert launch.constant("rows_per_gather_block") == 16
-    assert launch.constant("sf_pass") == sf_pass
+    assert launch.constant("sf_pass") == sf_pass == plan.sf_pass(16)
     pass_blocks = -(-16388 // 256) if sf_pass == SF_PASS_ALL else 0  # align(X, 4) rows
     assert launch.constant("sf_pass_blocks") == pass_blocks
     assert launch.grid == (pass_blocks + -(-16385 // 16), 1, 1)
@@ -830,9 +830,10 @@ def test_gather_with_no_tokens_zeroes_by_position(fake_h200):
 
 def test_gather_is_not_bound_to_sm90(fake_h200, monkeypatch):
     monkeypatch.setitem(launch_module._device_traits, 0, DeviceTraits(108, 8, 166912))
-    launch = _gather_plan(sf=PACKED_SF).kernel(16)
+    plan = _gather_plan(sf=PACKED_SF)
+    launch = plan.kernel(16)
     assert launch.name == "expand_to_fused_gather"
-    assert launch.constant("sf_pass") == SF_PASS_ALL
+    assert launch.constant("sf_pass") == SF_PASS_ALL == plan.sf_pass(16)
 
 
 @pytest.mark.parametrize(("change", "why"), [

@@ -121,7 +121,10 @@ class ExpandPlan:
         ``tuning.sf_pass_beside_zero_kernel``. Without ``pos_to_token`` the
         pass only writes zeros: only where the shapes say some rows are
         padding (X > T*K; a tightly packed call would pay for pass blocks with
-        nothing to zero but pad columns)."""
+        nothing to zero but pad columns). Beside the gather kernel
+        (``gathers``), whose rows carry no column-major SF, every one."""
+        if self.gathers(vec_bytes):
+            return SF_PASS_ALL if self.sf_mode == SF_COL_MAJOR else SF_PASS_NONE
         tuning = self.tuning
         if not (tuning.sf_by_position and self.sf_mode == SF_COL_MAJOR and vec_bytes == 16
                 and self.problem.num_tokens > 0 and device_traits(self.device).major >= 9
@@ -298,7 +301,7 @@ class ExpandPlan:
         ``pos_to_token``; a thread a row)."""
         tuning, problem = self.tuning, self.problem
         threads, rows = int(tuning.threads), int(tuning.gather_rows)
-        sf_pass = SF_PASS_ALL if self.sf_mode == SF_COL_MAJOR else SF_PASS_NONE
+        sf_pass = self.sf_pass(16)
         sf_pass_blocks = ceil_div(problem.sf_leading_dim, threads) if sf_pass else 0
         handle = function_handle(SOURCE, kernel_defines(self.sf_mode, tuning), self.device,
                                  "expand_to_fused_gather")
