@@ -4,8 +4,9 @@
 //
 // One launch does all of it (padding-heavy plans may instead leave their
 // padding rows to a second kernel that overlaps it: the *_overlapped copy
-// kernels and expand_zero_padding_rows, at the end). The grid's x dimension
-// holds two kinds of
+// kernels and expand_zero_padding_rows; calls that pass each row's token may
+// write the output by position instead: expand_to_fused_gather, at the end).
+// The token-major kernels' grid: its x dimension holds two kinds of
 // blocks, its y dimension splits a row into column chunks of
 // EXPAND_THREADS * vecs_per_thread accesses, its z dimension splits the K
 // slots into groups of slots_per_block (small batches only: more, smaller
