@@ -97,11 +97,12 @@ def test_dispatch_passes_zero_padding_to_the_expand(one_rank, fp8, monkeypatch):
     dispatch_module = importlib.import_module("cupy_moe.distributed.dispatch")
 
     name = "expand_to_fused_with_sf" if fp8 else "expand_to_fused"
-    passed = []
+    passed, hinted = [], []
     op = getattr(dispatch_module, name)
 
     def spy(*args, **kwargs):
         passed.append(kwargs.get("zero_padding"))
+        hinted.append(kwargs.get("pos_to_token") is not None)  # the local plan's
         return op(*args, **kwargs)
 
     monkeypatch.setattr(dispatch_module, name, spy)
@@ -110,6 +111,7 @@ def test_dispatch_passes_zero_padding_to_the_expand(one_rank, fp8, monkeypatch):
         ep_moe_layer(*inputs, top_k=4, num_experts=8, alignment=8, fp8=fp8,
                      zero_padding=zero_padding)
     assert passed == [True, False]
+    assert hinted == [True, True]
 
 
 def test_partition():
