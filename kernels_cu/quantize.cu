@@ -71,6 +71,15 @@
 //   row-major, 1.3 us; Kimi-K2 prefill 83.9 -> 88.8% of the copy with it,
 //   eighteenth session). Tile t is column tile t % passes of row group t /
 //   passes.
+// swiglu_quantize_fp8_*_{vec,vec1,rows,rows768}_slots: the same kernels
+//   over the T * K slots instead of the R rows, for calls that pass
+//   token_topk_to_pos (slot_to_row) with zero_padding off
+//   (QuantizeTuning.by_slot_from_rows_per_slot): slot s's work is row
+//   slot_to_row[s], weighted by topk_weights[s], where that row is in [0,
+//   R); a dropped slot's warps write nothing, padding rows are never
+//   visited, and block 0 zeroes the column-major SF pad columns. A sparse
+//   plan's cost is then its slots', not its X rows' maps (Qwen3, T = 32:
+//   256 slots for 14,848 rows).
 // *_any: every H and alignment. A lane takes 32 consecutive columns of one
 //   row (element accesses), npc / 32 lanes one block; a row is lanes_per_row
 //   = S * npc / 32 lanes, the grid's lanes row after row (a warp may end one
@@ -133,8 +142,9 @@ struct QuantizeArgs {
     const float* topk_weights;     // [num_weights], or null
     const int* pos_to_token_topk;  // [R], or null (null exactly when topk_weights is)
     const int* pos_to_expert;      // [R], or null
+    const int* slot_to_row;        // *_slots: [T * K] token_topk_to_pos (row of each slot)
     i64 num_rows;                  // R
-    i64 num_weights;               // T * K (with weights)
+    i64 num_weights;               // T * K (with weights; *_slots: the slots it visits)
     i64 row_magic;                 // *_any: row of lane l = (l * row_magic) >> row_shift
     i64 block_magic;               // *_vec: row of block b = (b * block_magic) >> block_shift
     i64 pass_magic;                // *_rows: row of warp w = (w * pass_magic) >> pass_shift
@@ -242,6 +252,22 @@ __device__ __forceinline__ void store_padding_scale_factor(const QuantizeArgs& a
         store_scale_factor(a, row, block, 0.0f, true);
     else if (row == a.num_rows - 1)
         store_scale_factor(a, row, block, 0.0f, true, false);
+}
+
+// The column-major SF pad columns R .. sf_ld of every block column (4-byte
+// elements: float32, or packed words), by the calling block's threads. The
+// *_slots kernels call it from block 0: their warps visit the slots' rows,
+// which need not include row R-1, the pad columns' owner elsewhere.
+__device__ __forceinline__ void zero_sf_pad_columns(const QuantizeArgs& a) {
+    if (a.sf_layout == SF_ROW_MAJOR_F32) return;
+    const int pad = static_cast<int>(a.sf_ld - a.num_rows);  // 0 .. 3
+    const int columns = a.sf_layout == SF_COL_MAJOR_F32 ? a.sf_blocks : (a.sf_blocks + 3) >> 2;
+    for (int i = static_cast<int>(threadIdx.x); i < pad * columns;
+         i += static_cast<int>(blockDim.x)) {
+        const int column = i / pad;
+        static_cast<unsigned*>(a.out_sf)[static_cast<i64>(column) * a.sf_ld + a.num_rows +
+                                         (i - column * pad)] = 0u;
+    }
 }
 
 // Four values scaled and coded, the first in the low byte.
@@ -369,47 +395,70 @@ __device__ __forceinline__ void store_zero_codes(unsigned char* out, i64 index) 
 // *_vec: chunks numbered row after row (both ops); LOADS chunks a lane
 // (swiglu at decode, *_vec1: one; every LOADS keeps to the lanes of a
 // block, 4 at least, since lane j < LOADS of a group computes instruction
-// j's scale).
-template <typename In, bool SWIGLU, int LOADS = VecLayout<In>::LOADS>
+// j's scale). BY_SLOT (swiglu *_vec_slots, *_vec1_slots): the chunks of the
+// T * K slots' rows, numbered slot after slot; slot s's chunks go to row
+// slot_to_row[s] (none where that is outside [0, R)), weighted by
+// topk_weights[s]; nothing else is written but the SF pad columns.
+template <typename In, bool SWIGLU, int LOADS = VecLayout<In>::LOADS, bool BY_SLOT = false>
 __device__ __forceinline__ void quantize_vec_body(const QuantizeArgs& a) {
     constexpr int CHUNK = VecLayout<In>::CHUNK;
+    static_assert(SWIGLU || !BY_SLOT, "by slot: swiglu only");
     const int lane = threadIdx.x & 31;
     const unsigned warp = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     const i64 row_chunks = a.hidden / CHUNK;
-    const i64 total_chunks = a.num_rows * row_chunks;
+    const i64 total_chunks = (BY_SLOT ? a.num_weights : a.num_rows) * row_chunks;
     // chunks per block: npc / CHUNK = 2^(group_log2 + log2(32 / CHUNK))
     const int group_log2 = a.group_log2 + (5 - VecLayout<In>::CHUNK_LOG2);
     const int group = 1 << group_log2;                // lanes per block in one instruction
     const int in_group = lane & (group - 1);
     const i64 first = static_cast<i64>(warp) * (32 * LOADS) + lane;
+    if (BY_SLOT && blockIdx.x == 0) zero_sf_pad_columns(a);
 
     // swiglu: each chunk's row's maps first, all of them (one latency), then
     // the data and the weights together
     bool padding[LOADS];
     int slot[LOADS];
+    i64 target[LOADS];  // BY_SLOT: the chunk's row (its slot's), or 0 where none
     const bool weighted = SWIGLU && a.topk_weights != nullptr;
 #pragma unroll
     for (int k = 0; k < LOADS; ++k) {
         const i64 chunk = first + 32 * k;
         padding[k] = chunk >= total_chunks;  // past the last row: nothing to do
         slot[k] = 0;
+        target[k] = 0;
         if (SWIGLU && !padding[k]) {
             const i64 row = magic_divide(static_cast<unsigned>(chunk >> group_log2),
                                          a.block_magic, a.block_shift);
-            const int expert = a.pos_to_expert != nullptr ? __ldg(a.pos_to_expert + row) : 0;
-            if (weighted) slot[k] = __ldg(a.pos_to_token_topk + row);
-            padding[k] = expert < 0 || (weighted && (slot[k] < 0 || slot[k] >= a.num_weights));
+            if constexpr (BY_SLOT) {
+                const int to = __ldg(a.slot_to_row + row);
+                padding[k] = to < 0 || to >= a.num_rows;
+                slot[k] = static_cast<int>(row);
+                target[k] = padding[k] ? 0 : to;
+            } else {
+                const int expert = a.pos_to_expert != nullptr ? __ldg(a.pos_to_expert + row) : 0;
+                if (weighted) slot[k] = __ldg(a.pos_to_token_topk + row);
+                padding[k] = expert < 0 || (weighted && (slot[k] < 0 || slot[k] >= a.num_weights));
+            }
         }
     }
+    // BY_SLOT: where chunk `chunk` (numbered slot after slot) of instruction k
+    // lies in the output, in chunks (the row-major numbering: itself)
+    auto out_chunk = [&](int k, i64 chunk) -> i64 {
+        if constexpr (BY_SLOT)
+            return chunk + (target[k] - static_cast<i64>(slot[k])) * row_chunks;
+        else
+            return chunk;
+    };
     if (SWIGLU) {
         // A warp whose chunks are all padding (most of a decode plan's rows)
         // stores zero codes and zero scale factors, what the arithmetic below
         // gives for zero words, without running it. Warp-uniform: the
-        // shuffles below need every lane.
+        // shuffles below need every lane. (BY_SLOT: dropped slots, nothing.)
         bool any_live = false;
 #pragma unroll
         for (int k = 0; k < LOADS; ++k) any_live = any_live || !padding[k];
         if (!__any_sync(QUANT_FULL_MASK, any_live)) {
+            if (BY_SLOT) return;
             if (a.zero_padding) {
 #pragma unroll
                 for (int k = 0; k < LOADS; ++k)
@@ -435,11 +484,14 @@ __device__ __forceinline__ void quantize_vec_body(const QuantizeArgs& a) {
     // h's rows hold 2 * row_chunks chunks: output chunk c of row r is gate
     // chunk r * 2 * row_chunks + c (= c + r * row_chunks), up row_chunks on
     auto load = [&](int k) {
-        const i64 chunk = first + 32 * k;
+        const i64 chunk = out_chunk(k, first + 32 * k);
         const uint4* src = reinterpret_cast<const uint4*>(a.x) + chunk;
         if (SWIGLU) {
-            src += static_cast<i64>(magic_divide(static_cast<unsigned>(chunk >> group_log2),
-                                                 a.block_magic, a.block_shift)) * row_chunks;
+            if constexpr (BY_SLOT)
+                src += target[k] * row_chunks;
+            else
+                src += static_cast<i64>(magic_divide(static_cast<unsigned>(chunk >> group_log2),
+                                                     a.block_magic, a.block_shift)) * row_chunks;
             unpack_chunk(load_once(src + row_chunks), raw[1][k]);
         }
         unpack_chunk(load_once(src), raw[0][k]);
@@ -463,25 +515,31 @@ __device__ __forceinline__ void quantize_vec_body(const QuantizeArgs& a) {
     float v[LOADS][CHUNK], amax[LOADS], scale[LOADS];
     chunk_values<In, SWIGLU, LOADS>(raw, weight, v, amax);
     const float sf = group_scales<LOADS>(amax, lane, group, a.round_sf != 0, scale);
-    // (swiglu, zero_padding off: a padding row's chunks are not written)
-    const bool store_padding = !SWIGLU || a.zero_padding;
+    // (swiglu, zero_padding off or by slot: a padding row's chunks are not written)
+    const bool store_padding = !SWIGLU || (a.zero_padding && !BY_SLOT);
 #pragma unroll
     for (int k = 0; k < LOADS; ++k)
         if (first + 32 * k < total_chunks && (store_padding || !padding[k]))
-            store_codes<In>(a.out, first + 32 * k, v[k], scale[k]);
+            store_codes<In>(a.out, out_chunk(k, first + 32 * k), v[k], scale[k]);
     if (in_group >= LOADS) return;
     const i64 chunk = first + 32 * in_group;
     if (chunk >= total_chunks) return;
     const unsigned block = static_cast<unsigned>(chunk >> group_log2);
-    const unsigned row = magic_divide(block, a.block_magic, a.block_shift);
+    const unsigned row = magic_divide(block, a.block_magic, a.block_shift);  // BY_SLOT: the slot
     bool row_padding = false;
+    i64 out_row = row;
 #pragma unroll
     for (int k = 0; k < LOADS; ++k)
-        if (in_group == k) row_padding = SWIGLU && padding[k];
-    if (row_padding)
-        store_padding_scale_factor(a, row, static_cast<int>(block - row * a.sf_blocks));
-    else
-        store_scale_factor(a, row, static_cast<int>(block - row * a.sf_blocks), sf, false);
+        if (in_group == k) {
+            row_padding = SWIGLU && padding[k];
+            if (BY_SLOT) out_row = target[k];
+        }
+    if (row_padding) {
+        if (!BY_SLOT)
+            store_padding_scale_factor(a, row, static_cast<int>(block - row * a.sf_blocks));
+    } else {
+        store_scale_factor(a, out_row, static_cast<int>(block - row * a.sf_blocks), sf, false);
+    }
 }
 
 // quantize_fp8_*_tiles (see the top): tile w of warp w. Lane l's chunk in
@@ -563,13 +621,22 @@ struct RowsSegment {
 };
 
 // Segment `segment`, of row row32 (< num_rows), and the row's maps (all lanes
-// read the same words: one transaction each).
-template <typename In, int LOADS>
+// read the same words: one transaction each). BY_SLOT: row32 is a slot (<
+// num_weights), the row slot_to_row's (expert -1 where that is outside [0,
+// R): no row), the slot its own.
+template <typename In, int LOADS, bool BY_SLOT = false>
 __device__ __forceinline__ RowsSegment rows_segment(const QuantizeArgs& a, unsigned segment,
                                                    unsigned row32, int lane, int row_chunks) {
     constexpr int SEGMENT_CHUNKS = 32 * LOADS;  // 1024 columns (*_rows768: 768)
     RowsSegment s;
     s.row = row32;
+    if constexpr (BY_SLOT) {
+        const int to = __ldg(a.slot_to_row + row32);
+        const bool in_range = to >= 0 && to < a.num_rows;
+        s.row = in_range ? to : 0;
+        s.expert = in_range ? 0 : -1;
+        s.slot = static_cast<int>(row32);
+    }
     const int segment_first = static_cast<int>(segment - row32 * a.passes) * SEGMENT_CHUNKS;
     s.segment_first = segment_first;
     s.first = segment_first + lane;
@@ -582,8 +649,10 @@ __device__ __forceinline__ RowsSegment rows_segment(const QuantizeArgs& a, unsig
     s.stores_sf = in_group < LOADS && s.sf_chunk < row_chunks;
     s.out_row = a.out + s.row * a.hidden;
     s.weighted = a.topk_weights != nullptr;
-    s.expert = a.pos_to_expert != nullptr ? __ldg(a.pos_to_expert + s.row) : 0;
-    s.slot = s.weighted ? __ldg(a.pos_to_token_topk + s.row) : 0;
+    if constexpr (!BY_SLOT) {
+        s.expert = a.pos_to_expert != nullptr ? __ldg(a.pos_to_expert + s.row) : 0;
+        s.slot = s.weighted ? __ldg(a.pos_to_token_topk + s.row) : 0;
+    }
     return s;
 }
 
@@ -666,18 +735,24 @@ __device__ __forceinline__ void rows_quantize(const QuantizeArgs& a, const RowsS
     if (s.stores_sf) store_scale_factor(a, s.row, s.sf_chunk >> s.group_log2, sf, false);
 }
 
-template <typename In, int LOADS = VecLayout<In>::LOADS>
+// BY_SLOT (*_rows_slots, *_rows768_slots): the segments of the T * K slots'
+// rows, slot after slot, as in *_vec_slots: a dropped slot's warps write
+// nothing, block 0 zeroes the SF pad columns.
+template <typename In, int LOADS = VecLayout<In>::LOADS, bool BY_SLOT = false>
 __device__ __forceinline__ void swiglu_rows_one_segment(const QuantizeArgs& a) {
     const int lane = threadIdx.x & 31;
     const unsigned warp = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (BY_SLOT && blockIdx.x == 0) zero_sf_pad_columns(a);
     const unsigned row32 = magic_divide(warp, a.pass_magic, a.pass_shift);
-    if (row32 >= a.num_rows) return;  // the grid's last warps (whole warps: no shuffle waits)
+    // the grid's last warps (whole warps: no shuffle waits)
+    if (row32 >= (BY_SLOT ? a.num_weights : a.num_rows)) return;
     const int row_chunks = a.hidden >> VecLayout<In>::CHUNK_LOG2;
-    const RowsSegment s = rows_segment<In, LOADS>(a, warp, row32, lane, row_chunks);
+    const RowsSegment s = rows_segment<In, LOADS, BY_SLOT>(a, warp, row32, lane, row_chunks);
     // a padding row (pos_to_expert < 0, or with weights a slot outside
-    // [0, T*K)): zero codes and scale factors, h never read
+    // [0, T*K)): zero codes and scale factors, h never read (BY_SLOT: a
+    // dropped slot, nothing)
     if (s.expert < 0 || (s.weighted && (s.slot < 0 || s.slot >= a.num_weights))) {
-        rows_store_zeros<In, LOADS>(a, s, row_chunks);
+        if (!BY_SLOT) rows_store_zeros<In, LOADS>(a, s, row_chunks);
         return;
     }
     unsigned raw[2][LOADS][4];  // [gate, up][chunk][word]
@@ -911,6 +986,22 @@ __device__ __forceinline__ void swiglu_block_rows_body(const QuantizeArgs& a) {
     extern "C" __global__ void __launch_bounds__(QUANT_MAX_THREADS)                          \
     swiglu_quantize_fp8_##IN_NAME##_any(const QuantizeArgs a) {                              \
         quantize_any_body<IN_TYPE, true>(a);                                                 \
+    }                                                                                        \
+    extern "C" __global__ void __launch_bounds__(QUANT_MAX_THREADS)                          \
+    swiglu_quantize_fp8_##IN_NAME##_vec_slots(const QuantizeArgs a) {                        \
+        quantize_vec_body<IN_TYPE, true, VecLayout<IN_TYPE>::LOADS, true>(a);                \
+    }                                                                                        \
+    extern "C" __global__ void __launch_bounds__(QUANT_MAX_THREADS)                          \
+    swiglu_quantize_fp8_##IN_NAME##_vec1_slots(const QuantizeArgs a) {                       \
+        quantize_vec_body<IN_TYPE, true, 1, true>(a);                                        \
+    }                                                                                        \
+    extern "C" __global__ void QUANT_ROWS_BOUNDS                                              \
+    swiglu_quantize_fp8_##IN_NAME##_rows_slots(const QuantizeArgs a) {                       \
+        swiglu_rows_one_segment<IN_TYPE, VecLayout<IN_TYPE>::LOADS, true>(a);                \
+    }                                                                                        \
+    extern "C" __global__ void QUANT_ROWS768_BOUNDS_##IN_NAME                                \
+    swiglu_quantize_fp8_##IN_NAME##_rows768_slots(const QuantizeArgs a) {                    \
+        swiglu_rows_one_segment<IN_TYPE, VecLayout<IN_TYPE>::LOADS * 3 / 4, true>(a);        \
     }
 
 DEFINE_QUANTIZE_KERNELS(bf16, unsigned short)

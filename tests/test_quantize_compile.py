@@ -18,6 +18,10 @@ KERNELS = [*(f"{op}_{dtype}_{access}" for op in ("quantize_fp8", "swiglu_quantiz
            "quantize_fp8_bf16_tiles", "quantize_fp8_f32_tiles",
            *(f"swiglu_quantize_fp8_{dtype}_{rows}" for dtype in ("bf16", "f32")
              for rows in ("rows", "rows768"))]
+# the few-live-rows kernels, and the *_slots twins of the coalesced swiglu ones
+SWIGLU_EXTRA = [f"swiglu_quantize_fp8_{dtype}_{name}" for dtype in ("bf16", "f32")
+                for name in ("vec1", "block_rows", "vec_slots", "vec1_slots", "rows_slots",
+                             "rows768_slots")]
 SELFTESTS = ["quantize_selftest_reciprocal", "quantize_selftest_e4m3",
              "quantize_selftest_product_nan", "quantize_selftest_swiglu"]
 
@@ -32,7 +36,7 @@ def test_every_quantize_variant_compiles(arch, software_e4m3, rows_min_blocks, w
                             packed_sf_word_stores=word_stores)
     cubin = compile_for_arch("quantize.cu", tuning.defines(), arch)
     assert cubin[:4] == b"\x7fELF"
-    for name in KERNELS + SELFTESTS:
+    for name in KERNELS + SWIGLU_EXTRA + SELFTESTS:
         assert name.encode() in cubin, name
 
 
@@ -47,6 +51,19 @@ def test_the_gpu_backend_names_only_compiled_kernels():
              for vector in (False, True) for rows in (False, True) for width in SEGMENT_WIDTHS
              for tiles in (False, True)}
     assert names == set(KERNELS)
+    # swiglu's few-live-rows kernels and the *_slots twins (never of *_block_rows)
+    swiglu_names = {kernel_name(QuantizeProblem(1, 1, dtype, 128, False, False, False,
+                                                swiglu=True),
+                                True, rows=rows, narrow="" if rows else narrow,
+                                segment_columns=width, by_slot=by_slot)
+                    for dtype in ("bfloat16", "float32") for rows in (False, True)
+                    for width in SEGMENT_WIDTHS for by_slot in (False, True)
+                    for narrow in ("", "vec1", "block_rows")
+                    if not (by_slot and narrow == "block_rows")}
+    assert swiglu_names - set(KERNELS) == set(SWIGLU_EXTRA)
+    # the element-access kernel has no *_slots twin
+    assert kernel_name(QuantizeProblem(1, 1, "bfloat16", 128, False, False, False, swiglu=True),
+                       False, by_slot=True) == "swiglu_quantize_fp8_bf16_any"
 
 
 def _c_field_type(declaration: str) -> str:

@@ -391,7 +391,7 @@ def test_a_plan_launches_tiles_for_column_major_float32_sf(monkeypatch):
                                   num_per_channels=128, round_sf=packed, packed_ue8m0=packed,
                                   col_major=col_major)
         plan = gpu.QuantizePlan(problem, 0, TILES)
-        plan.launch(7, 0x1000, 0x2000, 0x3000, 0, 0, 0)
+        plan.launch(7, 0x1000, 0x2000, 0x3000, 0, 0, 0, 0)
         assert launches[-1][0] == f"quantize_fp8_bf16_{kernel}"
         assert _packed_fields(gpu, plan)["passes"] == (56 if kernel == "tiles" else 7)
     # packed UE8M0 with packed_sf_tiles: *_tiles too
@@ -399,7 +399,7 @@ def test_a_plan_launches_tiles_for_column_major_float32_sf(monkeypatch):
                               num_per_channels=128, round_sf=True, packed_ue8m0=True,
                               col_major=True)
     plan = gpu.QuantizePlan(problem, 0, PACKED_TILES)
-    plan.launch(7, 0x1000, 0x2000, 0x3000, 0, 0, 0)
+    plan.launch(7, 0x1000, 0x2000, 0x3000, 0, 0, 0, 0)
     assert launches[-1][0] == "quantize_fp8_bf16_tiles"
     assert _packed_fields(gpu, plan)["sf_layout"] == 2
 
@@ -548,6 +548,12 @@ def test_too_many_warps_for_one_launch():
     ({"segment_columns": (True,)},
      "QuantizeTuning.segment_columns must be a tuple of widths in (768, 1024); got "
      "(True,)"),
+    ({"by_slot_from_rows_per_slot": -1},
+     "QuantizeTuning.by_slot_from_rows_per_slot must be a number >= 0; got -1"),
+    ({"by_slot_from_rows_per_slot": float("nan")},
+     "QuantizeTuning.by_slot_from_rows_per_slot must be a number >= 0; got nan"),
+    ({"by_slot_from_rows_per_slot": True},
+     "QuantizeTuning.by_slot_from_rows_per_slot must be a number >= 0; got True"),
 ])
 def test_bad_tunings(kwargs, message):
     with pytest.raises(ValueError, match=re.escape(message)):
@@ -620,7 +626,7 @@ def test_a_plan_packs_what_the_kernel_reads(monkeypatch, swiglu):
     # packed_sf_tiles=False: quantize_fp8's packed SF would take *_tiles, tested above)
     plan = gpu.QuantizePlan(problem, 0, QuantizeTuning(narrow_live_rows=0,
                                                        packed_sf_tiles=False))
-    plan.launch(7, 0x1000, 0x2000, 0x3000, 0x4000, 0x5000, 0x6000)
+    plan.launch(7, 0x1000, 0x2000, 0x3000, 0x4000, 0x5000, 0x6000, 0x7000)
     op = "swiglu_quantize_fp8" if swiglu else "quantize_fp8"
     handle, grid_x, grid_y, grid_z, threads, _, _, shared, stream, _, _ = launches[0]
     # swiglu with 7168 = 7 segments of 1024 columns: the row-major kernel
@@ -633,7 +639,8 @@ def test_a_plan_packs_what_the_kernel_reads(monkeypatch, swiglu):
     fields = _packed_fields(gpu, plan)
     assert fields == {
         "x": 0x1000, "out": 0x2000, "out_sf": 0x3000, "topk_weights": 0x4000,
-        "pos_to_token_topk": 0x5000, "pos_to_expert": 0x6000, "num_rows": 9,
+        "pos_to_token_topk": 0x5000, "pos_to_expert": 0x6000, "slot_to_row": 0x7000,
+        "num_rows": 9,
         "num_weights": 24 if swiglu else 0, "row_magic": shape.row_magic,
         "block_magic": shape.block_magic, "hidden": 7168, "sf_blocks": 56, "sf_ld": 12,
         "group_log2": 2, "lanes_per_row": 224, "row_shift": shape.row_shift,
@@ -641,10 +648,10 @@ def test_a_plan_packs_what_the_kernel_reads(monkeypatch, swiglu):
         "pass_shift": shape.pass_shift, "passes": 7, "sf_layout": 2, "round_sf": 1,
         "block_rows": 0, "zero_padding": 1}
     # a pointer off 16-byte alignment takes the element-access kernel, its grid
-    plan.launch(7, 0x1002, 0x2000, 0x3000, 0, 0, 0)
+    plan.launch(7, 0x1002, 0x2000, 0x3000, 0, 0, 0, 0)
     assert launches[-1][0] == f"{op}_bf16_any"
     assert launches[-1][1] == shape.blocks and launches[-1][4] == shape.threads
-    plan.launch(7, 0x1000, 0x2008, 0x3000, 0, 0, 0)
+    plan.launch(7, 0x1000, 0x2008, 0x3000, 0, 0, 0, 0)
     assert launches[-1][0] == f"{op}_bf16_any"
 
 
@@ -669,7 +676,7 @@ def test_swiglu_takes_one_chunk_a_lane_where_few_rows_are_live(monkeypatch, num_
                               col_major=True, swiglu=True, num_weights=num_weights,
                               has_pos_to_expert=True)
     plan = gpu.QuantizePlan(problem, 0, DEFAULT_TUNING)
-    plan.launch(7, 0x1000, 0x2000, 0x3000, 0x4000, 0x5000, 0x6000)
+    plan.launch(7, 0x1000, 0x2000, 0x3000, 0x4000, 0x5000, 0x6000, 0)
     suffix = "f32" if dtype == "float32" else "bf16"
     assert launches[0][0] == f"swiglu_quantize_fp8_{suffix}_{kernel}"
     chunk = 4 if dtype == "float32" else 8
@@ -704,12 +711,12 @@ def test_unzeroed_sparse_plans_take_whole_rows_blocks(monkeypatch, num_rows, hid
                               col_major=True, swiglu=True, num_weights=num_weights,
                               has_pos_to_expert=True, zero_padding=zero_padding)
     plan = gpu.QuantizePlan(problem, 0, DEFAULT_TUNING)
-    plan.launch(7, 0x1000, 0x2000, 0x3000, 0x4000, 0x5000, 0x6000)
+    plan.launch(7, 0x1000, 0x2000, 0x3000, 0x4000, 0x5000, 0x6000, 0)
     assert launches[0][0] == f"swiglu_quantize_fp8_bf16_{kernel}"
     never = QuantizeTuning(unzeroed_block_rows_from_bytes=math.inf)
     if kernel == "block_rows" and num_weights > 64:
         gpu.QuantizePlan(problem, 0, never).launch(7, 0x1000, 0x2000, 0x3000, 0x4000, 0x5000,
-                                                   0x6000)
+                                                   0x6000, 0)
         assert launches[-1][0] == "swiglu_quantize_fp8_bf16_rows"
 
 
@@ -736,7 +743,7 @@ def test_block_rows_where_the_tuning_asks(monkeypatch):
                               num_per_channels=128, round_sf=False, packed_ue8m0=False,
                               col_major=True, swiglu=True, num_weights=8, has_pos_to_expert=True)
     plan = gpu.QuantizePlan(problem, 0, BLOCK_ROWS)
-    plan.launch(7, 0x1000, 0x2000, 0x3000, 0x4000, 0x5000, 0x6000)
+    plan.launch(7, 0x1000, 0x2000, 0x3000, 0x4000, 0x5000, 0x6000, 0)
     assert launches[0][0] == "swiglu_quantize_fp8_bf16_block_rows"
     assert (launches[0][1], launches[0][4]) == (128, 256)  # 8 rows a block
     fields = _packed_fields(gpu, plan)
@@ -746,7 +753,7 @@ def test_block_rows_where_the_tuning_asks(monkeypatch):
                            round_sf=False, packed_ue8m0=False, col_major=True, swiglu=True,
                            num_weights=4096, has_pos_to_expert=True)
     plan = gpu.QuantizePlan(wide, 0, BLOCK_ROWS)
-    plan.launch(7, 0x1000, 0x2000, 0x3000, 0x4000, 0x5000, 0x6000)
+    plan.launch(7, 0x1000, 0x2000, 0x3000, 0x4000, 0x5000, 0x6000, 0)
     assert launches[-1][0] == "swiglu_quantize_fp8_bf16_rows"
     assert _packed_fields(gpu, plan)["block_rows"] == 0
 
@@ -764,7 +771,7 @@ def test_segment_width_picks_the_row_major_kernel(monkeypatch, hidden, tuning, k
     gpu, launches = _fake_device(monkeypatch)
     problem = _swiglu_problem(40960, hidden, 32768)
     plan = gpu.QuantizePlan(problem, 0, tuning)
-    plan.launch(7, 0x1000, 0x2000, 0x3000, 0x4000, 0x5000, 0x6000)
+    plan.launch(7, 0x1000, 0x2000, 0x3000, 0x4000, 0x5000, 0x6000, 0)
     assert launches[-1][0] == f"swiglu_quantize_fp8_bf16_{kernel}"
     fields = _packed_fields(gpu, plan)
     assert fields["passes"] == passes
@@ -783,7 +790,8 @@ def test_a_tuned_plan_compiles_and_launches_its_variant(monkeypatch):
                               round_sf=True, packed_ue8m0=True, col_major=True, swiglu=True,
                               num_weights=24, has_pos_to_expert=True)
     tuning = QuantizeTuning(rows_min_blocks=5, narrow_live_rows=0)
-    gpu.QuantizePlan(problem, 0, tuning).launch(7, 0x1000, 0x2000, 0x3000, 0x4000, 0x5000, 0x6000)
+    gpu.QuantizePlan(problem, 0, tuning).launch(7, 0x1000, 0x2000, 0x3000, 0x4000, 0x5000, 0x6000,
+                                                0)
     assert compiled == [tuning.defines()] * 2  # both kernels of the plan: the variant's module
     handle, grid_x, _, _, threads = launches[0][:5]
     # 9 rows x 7 segments = 63 warps, 2 a 64-thread block
@@ -798,7 +806,7 @@ def test_plan_kernels_by_dtype_width_and_layout(monkeypatch):
             (1000, "float32", 0, False, False), (1024, "uint16", 1, True, False)):
         problem = QuantizeProblem(5, hidden, dtype, 32, packed, packed, col_major)
         plan = gpu.QuantizePlan(problem, 0, DEFAULT_TUNING)
-        plan.launch(0, 0x1000, 0x2000, 0x3000, 0, 0, 0)
+        plan.launch(0, 0x1000, 0x2000, 0x3000, 0, 0, 0, 0)
         name = f"quantize_fp8_{'f32' if dtype == 'float32' else 'bf16'}_"
         # column-major float32 SF with H % 128 == 0: *_tiles (the default)
         assert launches[-1][0] == name + ("any" if hidden % 32 else "tiles" if col_major
@@ -808,7 +816,7 @@ def test_plan_kernels_by_dtype_width_and_layout(monkeypatch):
         assert fields["sf_ld"] == 8 and fields["sf_blocks"] == -(-hidden // 32)
     problem = QuantizeProblem(0, 100, "float32", 128, False, False, True)
     count = len(launches)
-    gpu.QuantizePlan(problem, 0, DEFAULT_TUNING).launch(0, 0x1000, 0x2000, 0x3000, 0, 0, 0)
+    gpu.QuantizePlan(problem, 0, DEFAULT_TUNING).launch(0, 0x1000, 0x2000, 0x3000, 0, 0, 0, 0)
     assert len(launches) == count  # no rows: nothing launched
 
 
@@ -851,10 +859,78 @@ def test_a_narrow_grid_too_large_for_one_launch_takes_the_wide_one(monkeypatch):
         launch_shape(2**21, 16384, 128, 132, vec1, swiglu=True, narrow_columns=8)
     plan = gpu.QuantizePlan(problem, 0, vec1)
     assert not plan.shape.narrow and plan.shape.rows
-    plan.launch(7, 0x1000, 0x2000, 0x3000, 0x4000, 0x5000, 0x6000)
+    plan.launch(7, 0x1000, 0x2000, 0x3000, 0x4000, 0x5000, 0x6000, 0)
     assert launches[0][0] == "swiglu_quantize_fp8_bf16_rows"
     plan = gpu.QuantizePlan(problem, 0, DEFAULT_TUNING)
     assert plan.shape.narrow and plan.shape.block_rows == 32
-    plan.launch(7, 0x1000, 0x2000, 0x3000, 0x4000, 0x5000, 0x6000)
+    plan.launch(7, 0x1000, 0x2000, 0x3000, 0x4000, 0x5000, 0x6000, 0)
     assert launches[-1][0] == "swiglu_quantize_fp8_bf16_block_rows"
     assert (launches[-1][1], launches[-1][4]) == (2**21 // 32, 1024)
+
+
+# -- token_topk_to_pos: the *_slots kernels -----------------------------------------------
+
+BY_SLOT = QuantizeTuning(by_slot_from_rows_per_slot=0)
+
+
+def _slot_problem(num_rows: int, hidden: int, num_slots: int, *, zero_padding: bool = False,
+                  hint: bool = True, dtype: str = "bfloat16", npc: int = 128):
+    from cupy_moe.quantize.rules import QuantizeProblem
+
+    return QuantizeProblem(num_rows=num_rows, hidden=hidden, in_dtype=dtype,
+                           num_per_channels=npc, round_sf=False, packed_ue8m0=False,
+                           col_major=True, swiglu=True, num_weights=num_slots,
+                           has_pos_to_expert=True, zero_padding=zero_padding,
+                           has_token_topk_to_pos=hint)
+
+
+@pytest.mark.parametrize(("num_rows", "hidden", "num_slots", "npc", "tuning", "kernel"), [
+    # Qwen3 T = 32: 14848 rows, 256 slots of I = 768; Kimi-K2 and DeepSeek-V3 EP8
+    (14848, 768, 256, 128, BY_SLOT, "rows768_slots"),
+    (23808, 2048, 256, 128, BY_SLOT, "rows_slots"),
+    (3072, 2048, 256, 128, BY_SLOT, "rows_slots"),
+    (3072, 1056, 256, 32, BY_SLOT, "vec_slots"),          # no whole segments
+    (1024, 2048, 8, 128, BY_SLOT, "vec1_slots"),          # decode: never *_block_rows
+    (4096, 16384, 64, 128, BY_SLOT, "vec1_slots"),        # 1 MiB of slots' codes too
+    # the threshold: 58 rows a slot
+    (14848, 768, 256, 128, QuantizeTuning(by_slot_from_rows_per_slot=58), "rows768_slots"),
+    (14848, 768, 256, 128, QuantizeTuning(by_slot_from_rows_per_slot=58.5), "rows768"),
+    (14848, 768, 256, 128, DEFAULT_TUNING, "rows768"),    # off by default
+    (3072, 100, 256, 32, BY_SLOT, "any"),                 # H % npc != 0: no coalesced kernel
+])
+def test_the_hint_picks_the_slots_kernels(monkeypatch, num_rows, hidden, num_slots, npc, tuning,
+                                          kernel):
+    gpu, launches = _fake_device(monkeypatch)
+    plan = gpu.QuantizePlan(_slot_problem(num_rows, hidden, num_slots, npc=npc), 0, tuning)
+    plan.launch(7, 0x1000, 0x2000, 0x3000, 0x4000, 0x5000, 0x6000, 0x7000)
+    assert launches[-1][0] == f"swiglu_quantize_fp8_bf16_{kernel}"
+    assert plan.by_slot == kernel.endswith("_slots")
+    fields = _packed_fields(gpu, plan)
+    assert (fields["num_rows"], fields["num_weights"]) == (num_rows, num_slots)
+    assert fields["slot_to_row"] == 0x7000 and fields["zero_padding"] == 0
+    if plan.by_slot:
+        # the coalesced grid over the slots: a warp a segment of a slot's row,
+        # or (vec1) a lane a 16-byte chunk, or (vec) a lane 32 columns
+        warps = {"rows768_slots": num_slots, "rows_slots": num_slots * hidden // 1024,
+                 "vec_slots": num_slots * hidden // 1024,
+                 "vec1_slots": num_slots * hidden // 256}[kernel]
+        assert launches[-1][1] * launches[-1][4] == warps * 32
+        # misaligned: the element-access kernel over the X rows (the hint unread)
+        plan.launch(7, 0x1008, 0x2000, 0x3000, 0x4000, 0x5000, 0x6000, 0x7000)
+        rows_shape = launch_shape(num_rows, hidden, npc, 132, swiglu=True)
+        assert launches[-1][0] == "swiglu_quantize_fp8_bf16_any"
+        assert (launches[-1][1], launches[-1][4]) == (rows_shape.blocks, rows_shape.threads)
+
+
+@pytest.mark.parametrize("problem_kwargs", [
+    {"zero_padding": True},   # padding rows must be zeroed: every row is visited
+    {"hint": False},          # no token_topk_to_pos
+    {"num_slots": 0},         # T = 0: the rows' kernel zeroes the SF pad columns
+], ids=["zero-padding", "no-hint", "no-slots"])
+def test_the_slots_kernels_only_where_they_apply(monkeypatch, problem_kwargs):
+    gpu, launches = _fake_device(monkeypatch)
+    kwargs = {"num_slots": 256, **problem_kwargs}
+    plan = gpu.QuantizePlan(_slot_problem(14848, 768, **kwargs), 0, BY_SLOT)
+    plan.launch(7, 0x1000, 0x2000, 0x3000, 0x4000, 0x5000, 0x6000, 0x7000)
+    assert not plan.by_slot
+    assert not launches[-1][0].endswith("_slots")

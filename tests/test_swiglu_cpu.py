@@ -371,6 +371,23 @@ EXPERTS = np.array([0, 0, 1, -1], np.int32)
      "out must have shape (4, 128); got (4, 256)"),
     ({"out_sf": np.zeros((4, 2), np.float32)}, ValueError,
      "out_sf must have shape (4, 1); got (4, 2)"),
+    ({"token_topk_to_pos": SLOTS.reshape(2, 2)}, ValueError,
+     ("token_topk_to_pos is given but topk_weights and pos_to_token_topk are not: it is the "
+      "inverse of pos_to_token_topk (slot t * K + k's row)")),
+    ({"topk_weights": W, "pos_to_token_topk": SLOTS, "token_topk_to_pos": SLOTS}, ValueError,
+     "token_topk_to_pos must be 2-D [T, K]; got shape (4,)"),
+    ({"topk_weights": W, "pos_to_token_topk": SLOTS,
+      "token_topk_to_pos": SLOTS.reshape(2, 2).astype(np.int64)}, ValueError,
+     "token_topk_to_pos must be one of int32; got int64"),
+    ({"topk_weights": W, "pos_to_token_topk": SLOTS,
+      "token_topk_to_pos": SLOTS.reshape(1, 4)}, ValueError,
+     "token_topk_to_pos must have topk_weights' shape [T, K] = [2, 2]; got shape (1, 4)"),
+    ({"topk_weights": W, "pos_to_token_topk": SLOTS, "token_topk_to_pos": [[0, 1], [2, 3]]},
+     TypeError, "token_topk_to_pos must be a numpy.ndarray, cupy.ndarray or torch.Tensor"),
+    ({"topk_weights": W, "pos_to_token_topk": SLOTS,
+      "token_topk_to_pos": torch.from_numpy(SLOTS.reshape(2, 2))}, TypeError,
+     "all arrays must be of one kind: h is numpy.ndarray, token_topk_to_pos is torch.Tensor"),
+    ({"validate": 1}, TypeError, "validate must be True or False; got int 1"),
 ])
 def test_bad_arguments(args, error, message):
     kwargs = dict(args)
@@ -379,8 +396,97 @@ def test_bad_arguments(args, error, message):
         swiglu_quantize_fp8(h, **kwargs)
 
 
+def test_output_overlapping_token_topk_to_pos_is_rejected():
+    maps = np.zeros(4 * 128 // 4, dtype=np.int32)
+    maps[:4] = SLOTS
+    out = maps.view(np.uint8).reshape(4, 128)
+    with pytest.raises(ValueError, match=re.escape("out overlaps token_topk_to_pos in memory")):
+        swiglu_quantize_fp8(H, topk_weights=W, pos_to_token_topk=SLOTS,
+                            token_topk_to_pos=maps[:4].reshape(2, 2), out=out)
+
+
 def test_output_overlapping_a_map_is_rejected():
     maps = np.zeros(4 * 128 // 4 + 4, dtype=np.int32)
     out = maps.view(np.uint8)[:512].reshape(4, 128)
     with pytest.raises(ValueError, match=re.escape("out overlaps pos_to_expert in memory")):
         swiglu_quantize_fp8(H, pos_to_expert=maps[:4], out=out)
+
+
+# -- token_topk_to_pos (the hint of the *_slots kernels) ---------------------------------
+
+# a plan of T = 2 tokens, K = 2, X = 6: slot 0 -> row 0, slot 1 -> row 3,
+# slot 3 -> row 1, slot 2 dropped; rows 2, 4, 5 padding
+PLAN_EXPERTS = np.array([0, 0, -1, 1, -1, -1], np.int32)
+PLAN_SLOTS = np.array([0, 3, -1, 1, -1, -1], np.int32)
+PLAN_ROWS = np.array([[0, 3], [-1, 1]], np.int32)
+
+
+def _plan_call(kind, token_topk_to_pos, **kwargs):
+    convert = to_torch if kind == "torch" else (lambda a: a)
+    h = _gate_up(np.random.default_rng(7), 6, 64, 32, "float32")
+    return swiglu_quantize_fp8(
+        convert(h), num_per_channels=32, topk_weights=convert(np.ones((2, 2), F32)),
+        pos_to_token_topk=convert(PLAN_SLOTS), pos_to_expert=convert(PLAN_EXPERTS),
+        token_topk_to_pos=convert(np.asarray(token_topk_to_pos, np.int32)), **kwargs)
+
+
+@pytest.mark.parametrize("kind", ["numpy", "torch"])
+@pytest.mark.parametrize(("rows", "message"), [
+    ([[6, 3], [-1, 1]], "token_topk_to_pos[0, 0] = 6 is out of range: h has X = 6 rows"),
+    # out of range is looked for first, whatever comes before it
+    ([[2, 7], [-1, 1]], "token_topk_to_pos[0, 1] = 7 is out of range: h has X = 6 rows"),
+    ([[2, 3], [-1, 1]], "token_topk_to_pos[0, 0] = 2 names a padding row (pos_to_expert[2] < 0)"),
+    ([[3, 0], [-1, 1]], ("token_topk_to_pos[0, 0] = 3 disagrees with pos_to_token_topk[3] = 1: "
+                         "row 3 holds slot 1, not 0")),
+    # two slots naming one row: the second disagrees
+    ([[0, 3], [-1, 0]], ("token_topk_to_pos[1, 1] = 0 disagrees with pos_to_token_topk[0] = 0: "
+                         "row 0 holds slot 0, not 3")),
+    ([[0, 3], [-1, -1]], ("row 1 is live (pos_to_token_topk[1] = 3) but "
+                          "token_topk_to_pos[1, 1] = -1 does not name it")),
+    ([[0, -5], [-1, 1]], ("row 3 is live (pos_to_token_topk[3] = 1) but "
+                          "token_topk_to_pos[0, 1] = -5 does not name it")),
+])
+def test_validate_checks_token_topk_to_pos_against_the_maps(kind, rows, message):
+    out = np.full((6, 64), 0x5A, np.uint8)
+    given = to_torch(out) if kind == "torch" else out
+    with pytest.raises(ValueError, match=re.escape(message)):
+        _plan_call(kind, rows, validate=True, out=given)
+    host = from_torch(given) if kind == "torch" else given
+    assert (host == 0x5A).all()  # nothing written
+    _plan_call(kind, rows)  # without validate: not checked (the CPU ignores the hint)
+
+
+@pytest.mark.parametrize("kind", ["numpy", "torch"])
+@pytest.mark.parametrize("zero_padding", [True, False])
+def test_token_topk_to_pos_changes_no_result(kind, zero_padding):
+    """The plan's own hint passes validate, and every row is what it is
+    without the hint, bit for bit (zero_padding off: into the same
+    poisoned outputs)."""
+    back = from_torch if kind == "torch" else (lambda a: a)
+    convert = to_torch if kind == "torch" else (lambda a: a)
+    results = []
+    for hint in (None, PLAN_ROWS):
+        out = convert(np.full((6, 64), 0x5A, np.uint8))
+        out_sf = convert(np.full((6, 2), -1.0, F32))
+        h = _gate_up(np.random.default_rng(7), 6, 64, 32, "float32")
+        codes, sf = swiglu_quantize_fp8(
+            convert(h), num_per_channels=32, topk_weights=convert(np.ones((2, 2), F32)),
+            pos_to_token_topk=convert(PLAN_SLOTS), pos_to_expert=convert(PLAN_EXPERTS),
+            token_topk_to_pos=None if hint is None else convert(hint), validate=True,
+            zero_padding=zero_padding, out=out, out_sf=out_sf)
+        results.append((back(codes).view(np.uint8), back(sf).view(np.uint32)))
+    assert_bits_equal(results[1][0], results[0][0], "codes")
+    assert_bits_equal(results[1][1], results[0][1], "scale factors")
+    assert (results[1][0][[2, 4, 5]] == (0 if zero_padding else 0x5A)).all()
+
+
+def test_validate_without_the_hint_checks_nothing():
+    """validate=True without token_topk_to_pos: the maps alone define the
+    rows (out-of-range slots are padding), so there is nothing to check."""
+    h = _gate_up(np.random.default_rng(7), 6, 64, 32, "float32")
+    slots = np.array([0, 99, -1, -7, 3, 2], np.int32)
+    want = swiglu_quantize_fp8(h, num_per_channels=32, topk_weights=np.ones((2, 2), F32),
+                               pos_to_token_topk=slots)
+    got = swiglu_quantize_fp8(h, num_per_channels=32, topk_weights=np.ones((2, 2), F32),
+                              pos_to_token_topk=slots, validate=True)
+    assert_bits_equal(got[0].view(np.uint8), want[0].view(np.uint8), "codes")

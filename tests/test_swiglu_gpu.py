@@ -8,6 +8,8 @@ fast path."""
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 from gpu_cases import GPU_MARKS, KINDS, cupy, needs_torch_cuda, to_host_bits, torch
@@ -276,6 +278,118 @@ def test_torch_fast_path_stays_exact(monkeypatch):
     with pytest.raises(AssertionError, match="the fast path should have taken this call"):
         cupy_moe.quantize.swiglu_quantize_fp8(device_array("torch", first, "bfloat16"),
                                               **device_maps, **settings, zero_padding=False)
+    # with token_topk_to_pos, or validate=True: the full path too
+    slot_rows = map_array("torch", np.full((6, 4), -1, np.int32))
+    for extra in ({"token_topk_to_pos": slot_rows}, {"validate": True}):
+        with pytest.raises(AssertionError, match="the fast path should have taken this call"):
+            cupy_moe.quantize.swiglu_quantize_fp8(device_array("torch", first, "bfloat16"),
+                                                  **device_maps, **settings, **extra)
+
+
+# -- token_topk_to_pos: the *_slots kernels ---------------------------------------------
+
+def slot_plan(rng, num_tokens: int, top_k: int, num_experts: int, local_experts: int,
+              alignment: int, extra_rows: int):
+    """A routing plan with remote experts (ids >= local_experts dropped) and X
+    the default (worst-case) X plus ``extra_rows`` (< 0: fewer rows, the
+    slots past them dropped): its maps, weights and ``token_topk_to_pos``
+    (host), and X."""
+    topk_ids = rng.integers(0, num_experts, size=(num_tokens, top_k)).astype(np.int32)
+    topk_ids[rng.random(topk_ids.shape) < 0.05] = -1
+    worst = cupy_moe.fused_mapping(topk_ids, local_experts, alignment=alignment)
+    num_rows = max(0, worst.pos_to_expert.shape[0] + extra_rows)
+    plan = cupy_moe.fused_mapping(topk_ids, local_experts, alignment=alignment,
+                                  num_expanded=num_rows)
+    maps = {"topk_weights": rng.standard_normal((num_tokens, top_k)).astype(np.float32),
+            "pos_to_token_topk": plan.pos_to_token_topk, "pos_to_expert": plan.pos_to_expert}
+    return maps, plan.token_topk_to_pos, num_rows
+
+
+# by_slot_from_rows_per_slot=0: every call with the hint and zero_padding off;
+# the coalesced kernel by I (*_rows_slots 2048, *_rows768_slots 768,
+# *_vec_slots 1056), or *_vec1_slots (few slots), or *_vec_slots alone
+BY_SLOT_TUNINGS = {
+    "slots": QuantizeTuning(by_slot_from_rows_per_slot=0),
+    "slots-vec1": QuantizeTuning(by_slot_from_rows_per_slot=0, narrow_live_rows=2**31),
+    "slots-vec": QuantizeTuning(by_slot_from_rows_per_slot=0, segment_columns=(),
+                                narrow_live_rows=0),
+}
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("tuning_name", sorted(BY_SLOT_TUNINGS))
+@pytest.mark.parametrize("inter", [2048, 768, 1056, 100])
+@pytest.mark.parametrize("misalign", [False, True], ids=["aligned", "misaligned"])
+def test_by_slot_kernels_write_the_live_rows_only(kind, tuning_name, inter, misalign):
+    """Given token_topk_to_pos with zero_padding=False: every live row bit-
+    exact, padding rows (inside segments, past the last one) and dropped
+    slots (remote experts, rows past X) leave the poisoned outputs as they
+    were, the column-major SF pad columns are zeroed (by block 0, whichever
+    rows are live); T = 0 (no slots) falls back to the rows. I = 100 with
+    32-column blocks and misaligned h take the element-access kernel."""
+    rng = np.random.default_rng()
+    tuning = BY_SLOT_TUNINGS[tuning_name]
+    for num_tokens, num_experts, local, alignment, extra in (
+            (3, 16, 16, 8, 0), (9, 64, 16, 4, 1), (40, 32, 32, 1, -21), (5, 16, 8, 3, 3),
+            (0, 8, 8, 4, 6)):
+        maps, slot_rows, num_rows = slot_plan(rng, num_tokens, 4, num_experts, local,
+                                              alignment, extra)
+        _, padding = swiglu_values_numpy(np.zeros((num_rows, 2), np.float32), **maps)
+        h = as_input_dtype(random_h(rng, num_rows, inter, 128), "bfloat16")
+        for layout in ("row-f32", "col-f32", "col-ue8m0"):
+            packed, col_major, round_sf = LAYOUTS[layout]
+            settings = {"num_per_channels": int(rng.choice([32, 128])), "round_sf": round_sf,
+                        "packed_ue8m0": packed, "use_tma_aligned_col_major_sf": col_major}
+            oracle = swiglu_quantize_fp8_numpy(h, **maps, **settings)
+            given = poisoned_outputs(kind, rng, num_rows, inter, oracle[1].shape[1],
+                                     packed=packed, col_major=col_major, misalign=misalign)
+            poison_codes = to_host_bits(kind, given[0])
+            poison_sf = sf_bits(kind, given[1], num_rows, col_major=col_major)
+            result = call_op("swiglu_quantize_fp8", tuning,
+                             device_array(kind, h, "bfloat16", misalign=misalign),
+                             **maps_on_device(kind, maps),
+                             token_topk_to_pos=map_array(kind, slot_rows), **settings,
+                             zero_padding=False, out=given[0], out_sf=given[1])
+            check_padding_left(kind, result, given, oracle, padding, poison_codes, poison_sf,
+                               col_major, f"T={num_tokens} X={num_rows} I={inter} {layout} "
+                               f"npc={settings['num_per_channels']}")
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_by_slot_validate_gives_the_cpus_message(kind):
+    """validate=True on the GPU finds each kind of disagreeing hint with the
+    CPU's message, before anything is written; a plan's own hint passes."""
+    rng = np.random.default_rng()
+    maps, slot_rows, num_rows = slot_plan(rng, 6, 4, 16, 16, 4, 2)
+    h = as_input_dtype(random_h(rng, num_rows, 256, 128), "bfloat16")
+    live_slot = int(np.flatnonzero(slot_rows.reshape(-1) >= 0)[0])
+    padding_row = int(np.flatnonzero(maps["pos_to_expert"] < 0)[0])
+    faults = []
+    for value in (num_rows, padding_row):
+        wrong = slot_rows.copy()
+        wrong.reshape(-1)[live_slot] = value
+        faults.append(wrong)
+    swapped = slot_rows.copy().reshape(-1)
+    named = np.flatnonzero(swapped >= 0)
+    swapped[named[:2]] = swapped[named[1::-1]]  # two slots trade rows
+    faults.append(swapped.reshape(slot_rows.shape))
+    dropped = slot_rows.copy()
+    dropped.reshape(-1)[live_slot] = -1  # a live row no slot names
+    faults.append(dropped)
+    for wrong in faults:
+        with pytest.raises(ValueError) as on_cpu:
+            cupy_moe.quantize.swiglu_quantize_fp8(h, **maps, token_topk_to_pos=wrong,
+                                                  validate=True)
+        out = device_array(kind, np.full((num_rows, 256 // 2), 0x5A, np.uint8), "uint8")
+        with pytest.raises(ValueError, match=re.escape(str(on_cpu.value))):
+            cupy_moe.quantize.swiglu_quantize_fp8(
+                device_array(kind, h, "bfloat16"), **maps_on_device(kind, maps),
+                token_topk_to_pos=map_array(kind, wrong), validate=True, out=out)
+        assert (to_host_bits(kind, out) == 0x5A).all()  # nothing written
+    result = cupy_moe.quantize.swiglu_quantize_fp8(
+        device_array(kind, h, "bfloat16"), **maps_on_device(kind, maps),
+        token_topk_to_pos=map_array(kind, slot_rows), validate=True)
+    check_result(kind, result, swiglu_quantize_fp8_numpy(h, **maps), col_major=False)
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -294,6 +408,27 @@ def test_padding_rows_skip_their_inputs(kind):
             **settings),
             swiglu_quantize_fp8_numpy(h, pos_to_expert=experts, **settings),
             col_major=col_major, what=layout)
+
+
+def check_padding_left(kind, result, given, oracle, padding, poison_codes, poison_sf,
+                       col_major: bool, what: str) -> np.ndarray:
+    """A zero_padding=False result written into the poisoned ``given``: live
+    rows the oracle's bit for bit, padding rows' codes and scale factors the
+    poison, the column-major SF pad columns zero. Returns the codes wanted."""
+    num_rows = padding.shape[0]
+    assert result[0] is given[0] and result[1] is given[1]
+    want_codes = np.where(padding[:, None], poison_codes, oracle[0].view(np.uint8))
+    assert_bits_equal(to_host_bits(kind, result[0]), want_codes, f"{what} codes")
+    want_sf = expected_sf_bits(oracle[1], col_major=col_major)
+    if col_major:  # [S, align(X, 4)]: rows are columns, the pad columns zero
+        keep = np.zeros(want_sf.shape[1], bool)
+        keep[:num_rows] = padding
+        want_sf = np.where(keep[None, :], poison_sf, want_sf)
+    else:
+        want_sf = np.where(padding[:, None], poison_sf, want_sf)
+    assert_bits_equal(sf_bits(kind, result[1], num_rows, col_major=col_major),
+                      want_sf, f"{what} scale factors")
+    return want_codes
 
 
 # every kernel's padding path: the default's (wide at these X: *_rows,
@@ -339,20 +474,9 @@ def test_zero_padding_off_leaves_padding_rows(kind, tuning_name, inter, misalign
                              device_array(kind, h, "bfloat16", misalign=misalign),
                              **maps_on_device(kind, maps), **settings, zero_padding=False,
                              out=given[0], out_sf=given[1])
-            assert result[0] is given[0] and result[1] is given[1]
             what = f"X={num_rows} I={inter} {layout} npc={settings['num_per_channels']}"
-            want_codes = np.where(padding[:, None], poison_codes,
-                                  oracle[0].view(np.uint8))
-            assert_bits_equal(to_host_bits(kind, result[0]), want_codes, f"{what} codes")
-            want_sf = expected_sf_bits(oracle[1], col_major=col_major)
-            if col_major:  # [S, align(X, 4)]: rows are columns, the pad columns zero
-                keep = np.zeros(want_sf.shape[1], bool)
-                keep[:num_rows] = padding
-                want_sf = np.where(keep[None, :], poison_sf, want_sf)
-            else:
-                want_sf = np.where(padding[:, None], poison_sf, want_sf)
-            assert_bits_equal(sf_bits(kind, result[1], num_rows, col_major=col_major),
-                              want_sf, f"{what} scale factors")
+            want_codes = check_padding_left(kind, result, given, oracle, padding,
+                                            poison_codes, poison_sf, col_major, what)
             # the oracle agrees: given the poisoned outputs, it keeps them too
             host_out = poison_codes.copy().view(np.uint8)
             numpy_codes, _ = swiglu_quantize_fp8_numpy(h, **maps, **settings,

@@ -29,7 +29,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..runtime.arrays import ArrayKind, bytes_to_allocation_end, common_kind, describe
+import numpy as np
+
+from ..runtime.arrays import (
+    ArrayKind,
+    bytes_to_allocation_end,
+    common_kind,
+    describe,
+    torch_to_numpy,
+)
 from ..runtime.fast_path import TorchFastPath
 from ..runtime.rules import check_no_overlap, check_out, check_strides, require_bool, require_int
 from .launch_shape import DEFAULT_TUNING, QuantizeTuning
@@ -37,6 +45,7 @@ from .rules import (
     FP8_OUT_DTYPES,
     QuantizeProblem,
     check_quantize,
+    check_slot_rows,
     check_swiglu,
 )
 
@@ -123,7 +132,9 @@ def swiglu_quantize_fp8(h: Any, *, num_per_channels: int = 128, topk_weights: An
                         pos_to_token_topk: Any = None, pos_to_expert: Any = None,
                         round_sf: bool = False, packed_ue8m0: bool = False,
                         use_tma_aligned_col_major_sf: bool = False, out: Any = None,
-                        out_sf: Any = None, zero_padding: bool = True) -> tuple[Any, Any]:
+                        out_sf: Any = None, zero_padding: bool = True,
+                        token_topk_to_pos: Any = None,
+                        validate: bool = False) -> tuple[Any, Any]:
     """SwiGLU of a grouped GEMM's output rows, weighted, cast to fp8 e4m3.
 
     Row p of ``h = [gate | up]`` gives the float32 activations
@@ -185,6 +196,26 @@ def swiglu_quantize_fp8(h: Any, *, num_per_channels: int = 128, topk_weights: An
         unused (DeepGEMM's contiguous layout with ``pos_to_expert`` as its
         grouped_layout), then ``reduce_fused``, which reads slots' rows only.
         Not for anything that reads every row.
+    token_topk_to_pos : array [T, K], int32, optional
+        The row of each slot, -1 where dropped (``fused_mapping``'s): the
+        inverse of ``pos_to_token_topk``, so it needs the weights. A hint,
+        for speed only: with ``zero_padding=False`` the GPU can then visit
+        the T * K slots instead of the X rows, where
+        ``QuantizeTuning.by_slot_from_rows_per_slot`` says so (off by
+        default: not yet measured); the results are the same. It must name
+        exactly the live rows, each from its own slot:
+        ``token_topk_to_pos.flat[s] == p`` for every live row p with
+        ``pos_to_token_topk[p] == s``, and no other entry >= 0
+        (``validate=True`` checks it). Where it does not, which rows are
+        written is unspecified; nothing outside the outputs is written,
+        nothing outside ``h`` read.
+    validate : bool
+        Check ``token_topk_to_pos`` against the maps before anything is
+        written; the ValueError names the first fault (a row >= X, a slot
+        naming a padding row, a slot naming a row that holds another slot, a
+        live row its slot does not name). On the GPU this costs one host
+        synchronisation (so not inside CUDA-graph capture). Without
+        ``token_topk_to_pos`` there is nothing to check.
 
     Returns
     -------
@@ -194,23 +225,27 @@ def swiglu_quantize_fp8(h: Any, *, num_per_channels: int = 128, topk_weights: An
     ------
     TypeError, ValueError
         As in :func:`quantize_fp8`; also for ``topk_weights`` without
-        ``pos_to_token_topk`` (or the reverse) and for maps of the wrong
-        dtype or length.
+        ``pos_to_token_topk`` (or the reverse), for maps of the wrong dtype
+        or length, for ``token_topk_to_pos`` without the weights or of
+        another shape than theirs, and (``validate=True``) for a
+        ``token_topk_to_pos`` that disagrees with the maps.
     """
-    if (out is None and out_sf is None and type(num_per_channels) is int
+    if (validate is False and out is None and out_sf is None and type(num_per_channels) is int
             and type(round_sf) is bool and type(packed_ue8m0) is bool
             and type(use_tma_aligned_col_major_sf) is bool and type(zero_padding) is bool):
         plan = _swiglu_fast_path.lookup(
             (num_per_channels, round_sf, packed_ue8m0, use_tma_aligned_col_major_sf,
              zero_padding),
-            (h, topk_weights, pos_to_token_topk, pos_to_expert))
+            (h, topk_weights, pos_to_token_topk, pos_to_expert, token_topk_to_pos))
         if plan is not None:
-            return _run_torch_fast(plan, h, topk_weights, pos_to_token_topk, pos_to_expert)
+            return _run_torch_fast(plan, h, topk_weights, pos_to_token_topk, pos_to_expert,
+                                   token_topk_to_pos)
     return _quantize(DEFAULT_TUNING, h, topk_weights, pos_to_token_topk, pos_to_expert,
                      swiglu=True, num_per_channels=num_per_channels, round_sf=round_sf,
                      packed_ue8m0=packed_ue8m0,
                      use_tma_aligned_col_major_sf=use_tma_aligned_col_major_sf, out=out,
-                     out_sf=out_sf, zero_padding=zero_padding, fast_path=_swiglu_fast_path)
+                     out_sf=out_sf, zero_padding=zero_padding, fast_path=_swiglu_fast_path,
+                     token_topk_to_pos=token_topk_to_pos, validate=validate)
 
 
 def run_with_tuning(tuning: QuantizeTuning, op: str, x: Any, **kwargs: Any) -> tuple[Any, Any]:
@@ -225,7 +260,7 @@ def run_with_tuning(tuning: QuantizeTuning, op: str, x: Any, **kwargs: Any) -> t
     settings = {"num_per_channels": 128, "round_sf": False, "packed_ue8m0": False,
                 "use_tma_aligned_col_major_sf": False, "out": None, "out_sf": None}
     if swiglu:
-        settings["zero_padding"] = True
+        settings.update(zero_padding=True, token_topk_to_pos=None, validate=False)
     unknown = set(kwargs) - set(settings)
     if unknown:
         raise TypeError(f"{op}() got unexpected keyword arguments {sorted(unknown)}")
@@ -237,7 +272,8 @@ def run_with_tuning(tuning: QuantizeTuning, op: str, x: Any, **kwargs: Any) -> t
 def _quantize(tuning: QuantizeTuning, x, topk_weights, pos_to_token_topk, pos_to_expert, *,
               swiglu: bool, num_per_channels, round_sf, packed_ue8m0,
               use_tma_aligned_col_major_sf, out, out_sf, zero_padding=True,
-              fast_path: TorchFastPath | None) -> tuple[Any, Any]:
+              fast_path: TorchFastPath | None, token_topk_to_pos: Any = None,
+              validate: bool = False) -> tuple[Any, Any]:
     """The full path of both ops: every rule, then the backend of the arrays' kind."""
     scalars = (require_int("num_per_channels", num_per_channels),
                require_bool("round_sf", round_sf),
@@ -245,10 +281,11 @@ def _quantize(tuning: QuantizeTuning, x, topk_weights, pos_to_token_topk, pos_to
                require_bool("use_tma_aligned_col_major_sf", use_tma_aligned_col_major_sf))
     if swiglu:  # the fast path's key: swiglu's flags after the shared ones
         scalars += (require_bool("zero_padding", zero_padding),)
+        validate = require_bool("validate", validate)
     # in the fast path's key order
     if swiglu:
         inputs = {"h": x, "topk_weights": topk_weights, "pos_to_token_topk": pos_to_token_topk,
-                  "pos_to_expert": pos_to_expert}
+                  "pos_to_expert": pos_to_expert, "token_topk_to_pos": token_topk_to_pos}
         descs = {name: None if a is None and name != "h" else describe(name, a)
                  for name, a in inputs.items()}
     else:
@@ -261,16 +298,19 @@ def _quantize(tuning: QuantizeTuning, x, topk_weights, pos_to_token_topk, pos_to
                 "packed_ue8m0": scalars[2], "col_major": scalars[3]}
     if swiglu:
         problem = check_swiglu(descs["h"], descs["topk_weights"], descs["pos_to_token_topk"],
-                               descs["pos_to_expert"], **settings, zero_padding=scalars[4])
+                               descs["pos_to_expert"], **settings, zero_padding=scalars[4],
+                               token_topk_to_pos=descs["token_topk_to_pos"])
     else:
         problem = check_quantize(descs["x"], **settings)
     _check_outputs(kind, problem, out_descs, out, out_sf, inputs)
+    if validate and token_topk_to_pos is not None:
+        _validate_slot_rows(kind, problem, token_topk_to_pos, pos_to_token_topk, pos_to_expert)
     if kind.on_gpu:
         global _run_torch_fast
         from .gpu import run_quantize, run_torch_fast
         _run_torch_fast = run_torch_fast
         result, plan = run_quantize(kind, problem, tuning, x, topk_weights, pos_to_token_topk,
-                                    pos_to_expert, out, out_sf)
+                                    pos_to_expert, token_topk_to_pos, out, out_sf)
         if (fast_path is not None and kind is ArrayKind.TORCH_CUDA and out is None
                 and out_sf is None):
             fast_path.remember(scalars, tuple(descs.values()), plan)
@@ -278,6 +318,20 @@ def _quantize(tuning: QuantizeTuning, x, topk_weights, pos_to_token_topk, pos_to
     from .cpu import run_quantize
     return run_quantize(kind, problem, x, topk_weights, pos_to_token_topk, pos_to_expert, out,
                         out_sf)
+
+
+def _validate_slot_rows(kind: ArrayKind, problem: QuantizeProblem, token_topk_to_pos: Any,
+                        pos_to_token_topk: Any, pos_to_expert: Any) -> None:
+    """``validate=True``: the hint against the maps, on host copies (on the
+    GPU one synchronisation with the current stream)."""
+    if kind.on_gpu:
+        from ..runtime.gpu_arrays import gpu_library
+        to_numpy = gpu_library(kind).to_numpy
+    else:
+        to_numpy = torch_to_numpy if kind is ArrayKind.TORCH_CPU else np.asarray
+    check_slot_rows(to_numpy(token_topk_to_pos), to_numpy(pos_to_token_topk),
+                    None if pos_to_expert is None else to_numpy(pos_to_expert),
+                    problem.num_rows)
 
 
 def _check_outputs(kind: ArrayKind, problem: QuantizeProblem, out_descs: dict, out, out_sf,

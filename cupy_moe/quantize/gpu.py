@@ -10,6 +10,7 @@ only, so calls can be captured in CUDA graphs.
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 from typing import Any
 
 import cupy
@@ -41,7 +42,8 @@ SOURCE = "quantize.cu"
 # struct QuantizeArgs of quantize.cu, field for field
 QUANTIZE_ARGS = ArgStruct(
     ("x", "ptr"), ("out", "ptr"), ("out_sf", "ptr"), ("topk_weights", "ptr"),
-    ("pos_to_token_topk", "ptr"), ("pos_to_expert", "ptr"), ("num_rows", "i64"),
+    ("pos_to_token_topk", "ptr"), ("pos_to_expert", "ptr"), ("slot_to_row", "ptr"),
+    ("num_rows", "i64"),
     ("num_weights", "i64"), ("row_magic", "i64"), ("block_magic", "i64"),
     ("pass_magic", "i64"), ("hidden", "i32"), ("sf_blocks", "i32"), ("sf_ld", "i32"),
     ("group_log2", "i32"), ("lanes_per_row", "i32"), ("row_shift", "i32"), ("block_shift", "i32"),
@@ -52,16 +54,30 @@ _pack_pointers = QUANTIZE_ARGS.pointer_packer.pack_into
 
 def kernel_name(problem: QuantizeProblem, vector: bool, rows: bool = False,
                 narrow: str = "", segment_columns: int = SEGMENT_COLUMNS,
-                tiles: bool = False) -> str:
+                tiles: bool = False, by_slot: bool = False) -> str:
     """The kernel: coalesced (``vector``; swiglu's row-major one with ``rows``,
     ``*_rows768`` with 768-column segments, its few-live-rows one with
     ``narrow``, ``"vec1"`` or ``"block_rows"``; quantize_fp8's ``*_tiles``
-    with ``tiles``) or element accesses."""
+    with ``tiles``; swiglu's ``*_slots`` twin of ``*_vec``, ``*_vec1``,
+    ``*_rows`` or ``*_rows768`` with ``by_slot``) or element accesses."""
     op = "swiglu_quantize_fp8" if problem.swiglu else "quantize_fp8"
     dtype = "f32" if problem.in_dtype == "float32" else "bf16"
     segments = "rows" if segment_columns == SEGMENT_COLUMNS else f"rows{segment_columns}"
     coalesced = segments if rows else "tiles" if tiles else narrow or "vec"
-    return f"{op}_{dtype}_{coalesced if vector else 'any'}"
+    if not vector:
+        return f"{op}_{dtype}_any"
+    return f"{op}_{dtype}_{coalesced}{'_slots' if by_slot else ''}"
+
+
+def takes_slots(problem: QuantizeProblem, tuning: QuantizeTuning) -> bool:
+    """Whether the coalesced launch visits the T * K slots (the ``*_slots``
+    kernels) instead of the X rows: swiglu given ``token_topk_to_pos`` with
+    ``zero_padding=False``, at least one slot, whole scale-factor blocks
+    (the coalesced kernels' condition), and at least
+    ``tuning.by_slot_from_rows_per_slot`` rows a slot."""
+    return (problem.swiglu and problem.has_token_topk_to_pos and not problem.zero_padding
+            and problem.num_weights > 0 and problem.hidden % problem.num_per_channels == 0
+            and problem.num_rows >= tuning.by_slot_from_rows_per_slot * problem.num_weights)
 
 
 def sf_layout(problem: QuantizeProblem) -> int:
@@ -74,9 +90,11 @@ class QuantizePlan:
     """The launches of one (problem, device, tuning): both kernels (coalesced
     16-byte accesses, when H % npc == 0 and a call's pointers are 16-byte
     aligned; else element accesses), their grids and the argument block with
-    its constant fields packed."""
+    its constant fields packed. With ``by_slot`` the coalesced kernel is a
+    ``*_slots`` one, its grid over the T * K slots; the element-access one
+    (misaligned pointers) still visits the X rows, as without the hint."""
 
-    __slots__ = ("args", "device", "handles", "problem", "shape")
+    __slots__ = ("args", "by_slot", "device", "handles", "problem", "shape")
 
     def __init__(self, problem: QuantizeProblem, device: int, tuning: QuantizeTuning) -> None:
         self.problem, self.device = problem, device
@@ -104,13 +122,27 @@ class QuantizePlan:
             self.shape = launch_shape(problem.num_rows, problem.hidden,
                                       problem.num_per_channels, multiprocessors, tuning,
                                       swiglu=problem.swiglu, sf_layout=sf_layout(problem))
+        self.by_slot = takes_slots(problem, tuning)
+        if self.by_slot:
+            # the coalesced grid over the slots, with the few-live-rows rule
+            # by their count (never *_block_rows: it walks rows); *_any's
+            # grid stays the rows' (its fields do not depend on the count)
+            slot_tuning = replace(tuning, block_rows_from_bytes=float("inf"))
+            slot_shape = launch_shape(
+                problem.num_weights, problem.hidden, problem.num_per_channels,
+                multiprocessors, slot_tuning, swiglu=True,
+                narrow_columns=columns if problem.num_weights <= tuning.narrow_live_rows else 0,
+                sf_layout=sf_layout(problem))
+            self.shape = slot_shape._replace(threads=self.shape.threads,
+                                             blocks=self.shape.blocks)
         defines = tuning.defines()
         self.handles = {vector: function_handle(SOURCE, defines, device,
                                                 kernel_name(problem, vector,
                                                             vector and self.shape.rows,
                                                             self.narrow_kernel(vector),
                                                             self.shape.segment_columns,
-                                                            self.shape.tiles))
+                                                            self.shape.tiles,
+                                                            vector and self.by_slot))
                         for vector in (True, False)}
         shape = self.shape
         self.args = ArgBlock(QUANTIZE_ARGS, QUANTIZE_ARGS.constants(
@@ -131,7 +163,10 @@ class QuantizePlan:
         return "block_rows" if self.shape.block_rows else "vec1"
 
     def launch(self, stream: int, x: int, out: int, out_sf: int, topk_weights: int,
-               pos_to_token_topk: int, pos_to_expert: int) -> None:
+               pos_to_token_topk: int, pos_to_expert: int, slot_to_row: int) -> None:
+        """One launch on ``stream``; the pointers are 0 for absent arrays
+        (``slot_to_row``: ``token_topk_to_pos``, which a ``by_slot`` plan
+        needs)."""
         shape = self.shape
         vector = shape.vec_blocks > 0 and (x | out) % 16 == 0
         blocks, threads = shape.grid(vector)
@@ -139,7 +174,7 @@ class QuantizePlan:
             return
         block = self.args
         _pack_pointers(block.buffer, 0, x, out, out_sf, topk_weights, pos_to_token_topk,
-                       pos_to_expert)
+                       pos_to_expert, slot_to_row)
         driver.launchKernel(self.handles[vector], blocks, 1, 1, threads, 1, 1, 0, stream,
                             block.params_address, 0)
 
@@ -185,7 +220,8 @@ def _allocate_cupy(problem: QuantizeProblem, out: Any, out_sf: Any) -> tuple[Any
 
 
 def run_quantize(kind: ArrayKind, problem: QuantizeProblem, tuning: QuantizeTuning, x: Any,
-                 topk_weights: Any, pos_to_token_topk: Any, pos_to_expert: Any, out: Any,
+                 topk_weights: Any, pos_to_token_topk: Any, pos_to_expert: Any,
+                 token_topk_to_pos: Any, out: Any,
                  out_sf: Any) -> tuple[tuple[Any, Any], QuantizePlan]:
     """Either op on the GPU, after the public op checked every rule.
 
@@ -200,7 +236,8 @@ def run_quantize(kind: ArrayKind, problem: QuantizeProblem, tuning: QuantizeTuni
         # contiguous copies stay referenced until after the launch: a copy
         # freed earlier could become the outputs' memory
         inputs = [None if a is None else lib.contiguous(a)
-                  for a in (x, topk_weights, pos_to_token_topk, pos_to_expert)]
+                  for a in (x, topk_weights, pos_to_token_topk, pos_to_expert,
+                            token_topk_to_pos)]
         plan = plan_for(problem, device, tuning)
         if kind is ArrayKind.TORCH_CUDA:
             out, out_sf = _allocate_torch(problem, inputs[0], out, out_sf)
@@ -215,7 +252,7 @@ _raw_torch_stream = None
 
 
 def run_torch_fast(plan: QuantizePlan, x: Any, topk_weights: Any, pos_to_token_topk: Any,
-                   pos_to_expert: Any) -> tuple[Any, Any]:
+                   pos_to_expert: Any, token_topk_to_pos: Any) -> tuple[Any, Any]:
     """A torch call (fresh outputs, contiguous inputs) whose descriptions
     ``plan`` was made for: the fast path's hit. Written flat: it runs on every
     eager call."""
@@ -226,5 +263,6 @@ def run_torch_fast(plan: QuantizePlan, x: Any, topk_weights: Any, pos_to_token_t
     plan.launch(_raw_torch_stream(plan.device), x.data_ptr(), out.data_ptr(), out_sf.data_ptr(),
                 0 if topk_weights is None else topk_weights.data_ptr(),
                 0 if pos_to_token_topk is None else pos_to_token_topk.data_ptr(),
-                0 if pos_to_expert is None else pos_to_expert.data_ptr())
+                0 if pos_to_expert is None else pos_to_expert.data_ptr(),
+                0 if token_topk_to_pos is None else token_topk_to_pos.data_ptr())
     return out, out_sf

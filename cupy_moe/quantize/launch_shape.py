@@ -99,6 +99,16 @@ class QuantizeTuning:
     4.3) and the medium plans (2-24 KiB, 5.8-22.6 -> 10.9-38.2). inf:
     never. (``*_block_rows`` with a block's live rows spread over its
     warps, blocks of 256-1024 threads, lost or tied there: removed.)
+    ``by_slot_from_rows_per_slot``: swiglu_quantize_fp8 calls given
+    ``token_topk_to_pos`` with ``zero_padding=False`` and at least this
+    many rows a slot (X / (T * K)) take the ``*_slots`` kernels: the
+    coalesced kernel of T * K rows (``*_vec1`` up to ``narrow_live_rows``
+    slots, else ``*_rows`` / ``*_rows768`` / ``*_vec``), each slot's work
+    its row's, so padding rows cost nothing, not even their maps' loads.
+    Predicted (twenty-second session, from the nineteenth's "live rows"
+    figures, us a call in a graph): Qwen3 T = 32 (58 rows a slot) 4.9 ->
+    ~3.0, DeepSeek-V3 EP8 T = 32 (12) 4.0 -> ~2.3, Kimi-K2 T = 32 (93) 6.7
+    -> ~3.6. Not yet measured: inf (never) by default.
     ``software_e4m3`` compiles the integer e4m3 rounding on sm_89+ too, in
     place of the hardware conversion (the GPU tests check that both give the
     same codes).
@@ -162,6 +172,7 @@ class QuantizeTuning:
     block_rows_from_bytes: float = float(1 << 20)
     block_rows_blocks_per_sm: float = 1.0
     unzeroed_block_rows_from_bytes: float = float(128 << 10)
+    by_slot_from_rows_per_slot: float = float("inf")
     segment_columns: tuple[int, ...] = (SEGMENT_COLUMNS, 768)
     sf_column_tiles: bool = True
     packed_sf_tiles: bool = True
@@ -190,6 +201,7 @@ class QuantizeTuning:
         _require_number("block_rows_blocks_per_sm", self.block_rows_blocks_per_sm,
                         positive=True)
         _require_number("unzeroed_block_rows_from_bytes", self.unzeroed_block_rows_from_bytes)
+        _require_number("by_slot_from_rows_per_slot", self.by_slot_from_rows_per_slot)
         if not isinstance(self.segment_columns, tuple) or not all(
                 type(width) is int and width in SEGMENT_WIDTHS for width in self.segment_columns):
             raise ValueError(f"QuantizeTuning.segment_columns must be a tuple of widths in "

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from ..expand.rules import SF_TOKEN_ALIGN, SUPPORTED_NUM_PER_CHANNELS, sf_columns
 from ..runtime.arrays import ArrayDesc
 from ..runtime.rules import check_dtype, check_ndim
@@ -31,6 +33,8 @@ class QuantizeProblem:
     ``hidden`` the columns of the fp8 output (H, or I). ``num_weights`` is
     T * K when ``topk_weights`` is given, else -1. ``zero_padding`` (swiglu):
     whether padding rows are written (zeros) or left as they are.
+    ``has_token_topk_to_pos`` (swiglu): the call passed the slots' rows
+    (with weights, so T * K is ``num_weights``).
     """
 
     num_rows: int
@@ -44,6 +48,7 @@ class QuantizeProblem:
     num_weights: int = -1
     has_pos_to_expert: bool = False
     zero_padding: bool = True
+    has_token_topk_to_pos: bool = False
 
     @property
     def sf_blocks(self) -> int:
@@ -124,7 +129,8 @@ def check_quantize(x: ArrayDesc, *, num_per_channels: int, round_sf: bool, packe
 def check_swiglu(h: ArrayDesc, topk_weights: ArrayDesc | None,
                  pos_to_token_topk: ArrayDesc | None, pos_to_expert: ArrayDesc | None, *,
                  num_per_channels: int, round_sf: bool, packed_ue8m0: bool,
-                 col_major: bool, zero_padding: bool = True) -> QuantizeProblem:
+                 col_major: bool, zero_padding: bool = True,
+                 token_topk_to_pos: ArrayDesc | None = None) -> QuantizeProblem:
     """Rules of ``swiglu_quantize_fp8``; returns the call's sizes."""
     check_settings(num_per_channels, round_sf, packed_ue8m0, col_major)
     check_ndim("h", h, 2, "[X, 2I]")
@@ -157,7 +163,64 @@ def check_swiglu(h: ArrayDesc, topk_weights: ArrayDesc | None,
         if desc.shape[0] != num_rows:
             raise ValueError(f"{name}.shape[0] must equal h.shape[0] (X = {num_rows}); "
                              f"got {desc.shape[0]}")
+    if token_topk_to_pos is not None:
+        if topk_weights is None:
+            raise ValueError("token_topk_to_pos is given but topk_weights and "
+                             "pos_to_token_topk are not: it is the inverse of "
+                             "pos_to_token_topk (slot t * K + k's row)")
+        check_ndim("token_topk_to_pos", token_topk_to_pos, 2, "[T, K]")
+        check_dtype("token_topk_to_pos", token_topk_to_pos, (MAP_DTYPE,))
+        if tuple(token_topk_to_pos.shape) != tuple(topk_weights.shape):
+            raise ValueError(f"token_topk_to_pos must have topk_weights' shape [T, K] = "
+                             f"{list(topk_weights.shape)}; got shape "
+                             f"{tuple(token_topk_to_pos.shape)}")
     return QuantizeProblem(num_rows, width // 2, h.dtype, num_per_channels, round_sf,
                            packed_ue8m0, col_major, swiglu=True, num_weights=num_weights,
                            has_pos_to_expert=pos_to_expert is not None,
-                           zero_padding=zero_padding)
+                           zero_padding=zero_padding,
+                           has_token_topk_to_pos=token_topk_to_pos is not None)
+
+
+def check_slot_rows(token_topk_to_pos, pos_to_token_topk, pos_to_expert, num_rows: int) -> None:
+    """``validate=True`` of swiglu_quantize_fp8: ``token_topk_to_pos`` (NumPy
+    [T, K]) must name exactly the rows the maps make live, each from its
+    own slot. Faults are looked for in this order, the first index of the
+    first kind found raised: a slot's row >= X, a slot naming a padding row
+    (``pos_to_expert < 0``), a slot naming a row that holds another slot
+    (``pos_to_token_topk``: duplicates too), a live row its slot does not
+    name. A negative entry is a dropped slot."""
+    top_k = token_topk_to_pos.shape[1]
+    rows_of = token_topk_to_pos.reshape(-1).astype(np.int64)
+    num_slots = rows_of.size
+    named = np.flatnonzero(rows_of >= 0)
+    past = named[rows_of[named] >= num_rows]
+    if past.size:
+        s = int(past[0])
+        raise ValueError(f"token_topk_to_pos[{s // top_k}, {s % top_k}] = {rows_of[s]} is out "
+                         f"of range: h has X = {num_rows} rows")
+    rows = rows_of[named]
+    if pos_to_expert is not None:
+        padding = named[pos_to_expert[rows] < 0]
+        if padding.size:
+            s = int(padding[0])
+            raise ValueError(f"token_topk_to_pos[{s // top_k}, {s % top_k}] = {rows_of[s]} "
+                             f"names a padding row (pos_to_expert[{rows_of[s]}] < 0)")
+    other = named[pos_to_token_topk[rows] != named]
+    if other.size:
+        s = int(other[0])
+        p = int(rows_of[s])
+        raise ValueError(f"token_topk_to_pos[{s // top_k}, {s % top_k}] = {p} disagrees with "
+                         f"pos_to_token_topk[{p}] = {pos_to_token_topk[p]}: row {p} holds "
+                         f"slot {pos_to_token_topk[p]}, not {s}")
+    slot_of = pos_to_token_topk.astype(np.int64)
+    live = (slot_of >= 0) & (slot_of < num_slots)
+    if pos_to_expert is not None:
+        live &= pos_to_expert >= 0
+    live_rows = np.flatnonzero(live)
+    unnamed = live_rows[rows_of[slot_of[live_rows]] != live_rows]
+    if unnamed.size:
+        p = int(unnamed[0])
+        s = int(slot_of[p])
+        raise ValueError(f"row {p} is live (pos_to_token_topk[{p}] = {s}) but "
+                         f"token_topk_to_pos[{s // top_k}, {s % top_k}] = {rows_of[s]} does "
+                         f"not name it")
