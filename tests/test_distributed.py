@@ -106,12 +106,23 @@ def test_dispatch_passes_zero_padding_to_the_expand(one_rank, fp8, monkeypatch):
         return op(*args, **kwargs)
 
     monkeypatch.setattr(dispatch_module, name, spy)
+    # fp8: the local plan's token_topk_to_pos reaches SwiGLU too, and agrees
+    # with its maps (validate=True raises where it does not)
+    layer_module = importlib.import_module("cupy_moe.layer.moe_layer")
+    swiglu, slot_hinted = layer_module.swiglu_quantize_fp8, []
+
+    def swiglu_spy(*args, **kwargs):
+        slot_hinted.append(kwargs.get("token_topk_to_pos") is not None)
+        return swiglu(*args, **kwargs, validate=True)
+
+    monkeypatch.setattr(layer_module, "swiglu_quantize_fp8", swiglu_spy)
     inputs = random_moe_inputs(SMALL, 19, seed=2, device="cpu")
     for zero_padding in (True, False):
         ep_moe_layer(*inputs, top_k=4, num_experts=8, alignment=8, fp8=fp8,
                      zero_padding=zero_padding)
     assert passed == [True, False]
     assert hinted == [True, True]
+    assert slot_hinted == ([True, True] if fp8 else [])
 
 
 def test_partition():

@@ -317,7 +317,7 @@ def test_leaving_padding_rows_gives_the_same_output(kind, fp8, monkeypatch):
 
     layer_module = importlib.import_module("cupy_moe.layer.moe_layer")
 
-    passed, hinted = [], []
+    passed, hinted, slot_hinted = [], [], []
 
     def spy_on(name):
         op = getattr(layer_module, name)
@@ -326,6 +326,9 @@ def test_leaving_padding_rows_gives_the_same_output(kind, fp8, monkeypatch):
             passed.append((name, kwargs.get("zero_padding")))
             if name.startswith("expand"):  # the plan's pos_to_token, the hint
                 hinted.append(kwargs.get("pos_to_token") is not None)
+            else:  # swiglu: the plan's token_topk_to_pos, its hint, agreeing with the maps
+                slot_hinted.append(kwargs.get("token_topk_to_pos") is not None)
+                kwargs = {**kwargs, "validate": True}
             return op(*args, **kwargs)
         return spy
 
@@ -343,6 +346,7 @@ def test_leaving_padding_rows_gives_the_same_output(kind, fp8, monkeypatch):
     assert passed == ([("expand_to_fused_with_sf", False), ("swiglu_quantize_fp8", False)]
                       if fp8 else [("expand_to_fused", False)])
     assert hinted == [True, True]  # the zero-padded run's expand, then this one's
+    assert slot_hinted == ([True, True] if fp8 else [])
     padding = np.asarray(layer.state["plan"].pos_to_expert) < 0
     assert padding.any()
     name = "gate_up_input" if fp8 else "expanded"

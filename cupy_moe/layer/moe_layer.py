@@ -255,7 +255,7 @@ class MoeLayer:
                 swiglu_quantize_fp8, h, num_per_channels=self.num_per_channels,
                 topk_weights=self.state["topk_weights"],
                 pos_to_token_topk=plan.pos_to_token_topk, pos_to_expert=plan.pos_to_expert,
-                zero_padding=self.zero_padding)
+                zero_padding=self.zero_padding, token_topk_to_pos=plan.token_topk_to_pos)
         else:
             self.state["act"] = self._swiglu_bf16(h, plan.pos_to_expert)
 
