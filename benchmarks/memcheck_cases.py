@@ -5,8 +5,8 @@ batches too, by a tuning whose bulk_min_blocks is 0; the padding rows'
 kernel of its own, by one that asks for it on every call), odd H, T == 0, X == 0,
 a malformed map with positions past X, the column-major pad columns and
 validate=True; fused_mapping; reduce_fused, quantize_fp8 and
-swiglu_quantize_fp8; each result is also checked bit-exact against the NumPy
-reference. Run it under the sanitizer from benchmarks/gpu_check.sh.
+swiglu_quantize_fp8 (by slot too, with a hint that disagrees); each result is
+also checked bit-exact against the NumPy reference. Run it under the sanitizer from benchmarks/gpu_check.sh.
 
     python benchmarks/memcheck_cases.py [--registers-only] [--mapping-only]
 
@@ -69,6 +69,13 @@ VEC_COLUMNS = QuantizeTuning(sf_column_tiles=False)
 # one store (off by default)
 PACKED_VEC = QuantizeTuning(packed_sf_tiles=False, packed_sf_word_stores=True)
 PACKED_WORDS = QuantizeTuning(packed_sf_word_stores=True)
+
+
+# swiglu_quantize_fp8's *_slots kernels on every call given token_topk_to_pos
+# with zero_padding=False: by I (*_rows_slots, *_rows768_slots, *_vec_slots)
+# and with one chunk a lane (*_vec1_slots)
+BY_SLOT = QuantizeTuning(by_slot_from_rows_per_slot=0)
+BY_SLOT_VEC1 = QuantizeTuning(by_slot_from_rows_per_slot=0, narrow_live_rows=2**31)
 
 
 def bits(a: np.ndarray) -> np.ndarray:
@@ -272,6 +279,71 @@ def run_combine_quantize_cases(rng) -> int:
     return cases
 
 
+def run_slot_cases(rng) -> int:
+    """swiglu_quantize_fp8 by slot: a real plan's token_topk_to_pos (remote
+    experts, slots past X), then one that disagrees with the maps (rows
+    past X, negative, INT_MAX; in-range rows named once). Each row a slot
+    names must be that slot's (h of the row, the slot's weight), every other
+    row left as poisoned, the column-major SF pad columns zero; the
+    sanitizer looks for accesses outside h and the outputs."""
+    cases = 0
+    # I: *_rows_slots, *_rows768_slots, *_vec_slots (1280: no whole segments);
+    # every I a multiple of 128, so that every call takes a *_slots kernel
+    for num_tokens, hidden, alignment, cut in ((7, 2048, 8, 0), (33, 768, 4, 20),
+                                               (5, 1280, 1, 3), (2, 256, 16, 0)):
+        top_k = 4
+        topk_ids = rng.integers(0, 16, (num_tokens, top_k)).astype(np.int32)
+        worst = worst_case_rows(num_tokens * top_k, 8, alignment)
+        plan = cupy_moe.fused_mapping(topk_ids, 8, alignment=alignment,
+                                      num_expanded=max(0, worst - cut))
+        num_rows = plan.pos_to_expert.shape[0]
+        weights = rng.standard_normal((num_tokens, top_k)).astype(np.float32)
+        h = (rng.standard_normal((num_rows, 2 * hidden)) * 3).astype(ml_dtypes.bfloat16)
+        wrong = rng.integers(-3, num_rows + 3, num_tokens * top_k).astype(np.int32)
+        wrong[::5] = np.iinfo(np.int32).max
+        in_range = (wrong >= 0) & (wrong < num_rows)
+        _, first = np.unique(wrong, return_index=True)
+        repeated = np.ones(wrong.size, bool)
+        repeated[first] = False
+        wrong[in_range & repeated] = -1
+        for hint in (plan.token_topk_to_pos, wrong.reshape(num_tokens, top_k)):
+            # the rows the hint names, as maps of their own: the oracle's input
+            named = np.flatnonzero((hint.reshape(-1) >= 0) & (hint.reshape(-1) < num_rows))
+            slots = np.full(num_rows, -1, np.int32)
+            slots[hint.reshape(-1)[named]] = named
+            for tuning, (npc, packed, col_major) in ((BY_SLOT, (128, False, False)),
+                                                     (BY_SLOT, (32, False, True)),
+                                                     (BY_SLOT_VEC1, (128, True, True))):
+                settings = {"num_per_channels": npc, "round_sf": packed, "packed_ue8m0": packed,
+                            "use_tma_aligned_col_major_sf": col_major}
+                want = cupy_moe.swiglu_quantize_fp8(h, topk_weights=weights,
+                                                    pos_to_token_topk=slots, **settings)
+                out = cupy.full(want[0].shape, 0x7F, dtype=cupy.uint8)
+                sf_rows, sf_cols = want[1].shape
+                sf_dtype = np.asarray(want[1]).dtype
+                shape = (sf_cols, -(-sf_rows // 4) * 4) if col_major else (sf_rows, sf_cols)
+                buffer = cupy.full(shape, -1, np.int32).view(sf_dtype)  # all bits set
+                out_sf = buffer[:, :sf_rows].T if col_major else buffer
+                run_quantize_with_tuning(
+                    tuning, "swiglu_quantize_fp8", cupy.asarray(h.view(np.uint16)),
+                    topk_weights=cupy.asarray(weights),
+                    pos_to_token_topk=cupy.asarray(plan.pos_to_token_topk),
+                    pos_to_expert=cupy.asarray(plan.pos_to_expert),
+                    token_topk_to_pos=cupy.asarray(hint), zero_padding=False, out=out,
+                    out_sf=out_sf, **settings)
+                live = slots >= 0
+                codes = cupy.asnumpy(out)
+                assert np.array_equal(bits(codes)[live], bits(np.asarray(want[0]))[live])
+                assert (codes[~live] == 0x7F).all()
+                got_sf = bits(cupy.asnumpy(out_sf))
+                assert np.array_equal(got_sf[live], bits(np.asarray(want[1]))[live])
+                assert (got_sf[~live] == 0xFFFFFFFF).all()
+                if col_major:  # the pad columns of the buffer behind out_sf: zero
+                    assert not bits(cupy.asnumpy(buffer))[:, num_rows:].any()
+                cases += 1
+    return cases
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--registers-only", action="store_true",
@@ -330,6 +402,7 @@ def main() -> int:
         raise AssertionError("validate=True accepted a map with an out-of-range slot")
     cases += run_mapping_cases(rng)
     cases += run_combine_quantize_cases(rng)
+    cases += run_slot_cases(rng)
     cupy.cuda.Device().synchronize()
     print(f"memcheck cases: {cases + 2} calls, all bit-exact")
     return 0

@@ -21,6 +21,11 @@ workload's shapes and SF layout unless named:
                 kernels (narrow_live_rows = 0, unzeroed_block_rows_from_bytes
                 = inf), *_vec1, *_block_rows (about
                 one, two, four blocks an SM)
+  by slot       zero_padding=False given the plan's token_topk_to_pos, on
+                the *_slots kernels (QuantizeTuning by_slot_from_rows_per_slot
+                = 0): the T * K slots visited, not the X rows; "by slot,
+                vec1" on *_vec1_slots, "by slot, wide" on *_rows_slots / *_rows768_slots
+                / *_vec_slots, whatever the slot count
   all padding   pos_to_expert all -1: only the zero codes and scale factors
                 (no h loads, no arithmetic)
   live rows     only the plan's live rows (X = their count): the chain of a
@@ -45,7 +50,7 @@ import cupy_moe
 from cupy_moe.harness import runner
 from cupy_moe.quantize.api import run_with_tuning
 from cupy_moe.quantize.launch_shape import QuantizeTuning
-from cupy_moe.harness.inputs import workload_inputs
+from cupy_moe.harness.inputs import plan_mapping, workload_inputs
 from cupy_moe.harness.manifest import load_workloads
 from cupy_moe.harness.timing import torch_graph_us
 
@@ -53,21 +58,27 @@ from cupy_moe.harness.timing import torch_graph_us
 # the few-live-rows kernels on every call (at decode the plan's own choice
 # anyway; on small batches, T * K > 64 rows may be live, the wide kernel's)
 BLOCK_ROWS = QuantizeTuning(narrow_live_rows=2**31, block_rows_from_bytes=0)
+# the *_slots kernels on every call given token_topk_to_pos, zero_padding=False
+BY_SLOT = QuantizeTuning(by_slot_from_rows_per_slot=0)
 
 
 def variants(w, host: dict[str, np.ndarray]) -> dict[str, object]:
     dev = {name: runner._to_torch(array) for name, array in host.items()}
+    slot_rows = runner._to_torch(plan_mapping(w).token_topk_to_pos)
     options = dict(num_per_channels=w.num_per_channels, round_sf=w.round_sf,
                    packed_ue8m0=w.packed_ue8m0,
                    use_tma_aligned_col_major_sf=w.use_tma_aligned_col_major_sf)
 
-    def op(h, pos_to_expert, weights=True, tuning=None, zero_padding=True):
+    def op(h, pos_to_expert, weights=True, tuning=None, zero_padding=True, by_slot=False):
         """One variant's call into preallocated outputs (the plan's own tuning
-        unless ``tuning`` is given)."""
+        unless ``tuning`` is given; ``by_slot``: given the plan's
+        token_topk_to_pos)."""
         maps = dict(pos_to_expert=pos_to_expert, zero_padding=zero_padding, **options)
         if weights:
             maps.update(topk_weights=dev["topk_weights"],
                         pos_to_token_topk=dev["pos_to_token_topk"])
+        if by_slot:
+            maps.update(token_topk_to_pos=slot_rows)
         if tuning is None:
             run = cupy_moe.swiglu_quantize_fp8
         else:
@@ -104,6 +115,12 @@ def variants(w, host: dict[str, np.ndarray]) -> dict[str, object]:
                                 tuning=replace(BLOCK_ROWS, block_rows_blocks_per_sm=2.0)),
         "... block rows x4": op(dev["h"], dev["pos_to_expert"], zero_padding=False,
                                 tuning=replace(BLOCK_ROWS, block_rows_blocks_per_sm=4.0)),
+        "by slot": op(dev["h"], dev["pos_to_expert"], zero_padding=False, tuning=BY_SLOT,
+                      by_slot=True),
+        "by slot, vec1": op(dev["h"], dev["pos_to_expert"], zero_padding=False, by_slot=True,
+                       tuning=replace(BY_SLOT, narrow_live_rows=2**31)),
+        "by slot, wide": op(dev["h"], dev["pos_to_expert"], zero_padding=False, by_slot=True,
+                       tuning=replace(BY_SLOT, narrow_live_rows=0)),
         "all padding": op(dev["h"], torch.full_like(dev["pos_to_expert"], -1)),
         "live rows": op(h_live, dev["pos_to_expert"][torch.from_numpy(live).to(dev['h'].device)],
                         weights=False),
