@@ -6,7 +6,8 @@ kernel of its own, by one that asks for it on every call), odd H, T == 0, X == 0
 a malformed map with positions past X, the column-major pad columns and
 validate=True; fused_mapping; reduce_fused, quantize_fp8 and
 swiglu_quantize_fp8 (by slot too, with a hint that disagrees); each result is
-also checked bit-exact against the NumPy reference. Run it under the sanitizer from benchmarks/gpu_check.sh.
+also checked bit-exact against the NumPy reference. Run it under the
+sanitizer from benchmarks/gpu_check.sh.
 
     python benchmarks/memcheck_cases.py [--registers-only] [--mapping-only]
 
