@@ -166,7 +166,10 @@ def swiglu_quantize_fp8(h: Any, *, num_per_channels: int = 128, topk_weights: An
     an H200). With ``zero_padding=False`` the whole-rows kernel also takes
     plans with at least 128 KiB of codes per row that may be live
     (``QuantizeTuning.unzeroed_block_rows_from_bytes``; Kimi-K2, T = 32,
-    E = 384: 10.4 -> 6.7 us).
+    E = 384: 10.4 -> 6.7 us). Given ``token_topk_to_pos`` too, such calls
+    can visit the T * K slots instead of the X rows (the ``*_slots``
+    kernels, ``QuantizeTuning.by_slot_from_rows_per_slot``; off by default
+    until measured).
 
     Parameters
     ----------
