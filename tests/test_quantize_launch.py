@@ -934,3 +934,38 @@ def test_the_slots_kernels_only_where_they_apply(monkeypatch, problem_kwargs):
     plan.launch(7, 0x1000, 0x2000, 0x3000, 0x4000, 0x5000, 0x6000, 0x7000)
     assert not plan.by_slot
     assert not launches[-1][0].endswith("_slots")
+
+
+@pytest.mark.parametrize(("hidden", "npc", "narrow", "widths"), [
+    (2048, 128, False, (1024, 768)),   # *_rows_slots
+    (768, 32, False, (1024, 768)),     # *_rows768_slots
+    (1280, 128, False, (1024, 768)),   # *_vec_slots (no whole segments)
+    (2048, 128, False, ()),            # *_vec_slots
+    (2048, 32, True, (1024, 768)),     # *_vec1_slots
+    (96, 32, True, (1024, 768)),
+])
+@pytest.mark.parametrize("chunk", [8, 4], ids=["bf16", "f32"])
+def test_the_slots_kernels_write_each_named_row_once(hidden, npc, narrow, widths, chunk, rng):
+    """The *_slots grids: the coalesced kernel's over T * K work rows (as
+    quantize.cu numbers them: slot after slot), each slot's columns and
+    scale factors moved to the row token_topk_to_pos names. Every named row
+    gets each column and scale factor once; rows no slot names (padding,
+    dropped slots, names outside [0, X)) nothing."""
+    num_slots, num_rows = 37, 150
+    rows = rng.permutation(num_rows)[:num_slots].astype(np.int64)
+    rows[rng.random(num_slots) < 0.3] = -1
+    rows[[3, 9]] = [num_rows, 2**31 - 1]  # outside [0, X): written nowhere
+    tuning = QuantizeTuning(segment_columns=widths, block_rows_from_bytes=float("inf"))
+    shape, written, sf_stores, _ = emulate_grid(num_slots, hidden, npc, tuning=tuning,
+                                                vector=True, chunk=chunk, swiglu=True,
+                                                narrow=narrow)
+    assert (written == 1).all() and (sf_stores == 1).all()  # every slot's work, once
+    named = (rows >= 0) & (rows < num_rows)
+    row_written = np.zeros((num_rows, hidden), np.int64)
+    row_sf = np.zeros((num_rows, hidden // npc), np.int64)
+    np.add.at(row_written, rows[named], written[named])
+    np.add.at(row_sf, rows[named], sf_stores[named])
+    live = np.zeros(num_rows, bool)
+    live[rows[named]] = True
+    assert (row_written[live] == 1).all() and (row_written[~live] == 0).all()
+    assert (row_sf[live] == 1).all() and (row_sf[~live] == 0).all()
