@@ -334,25 +334,10 @@ def test_by_slot_kernels_write_the_live_rows_only(kind, tuning_name, inter, misa
             (0, 8, 8, 4, 6)):
         maps, slot_rows, num_rows = slot_plan(rng, num_tokens, 4, num_experts, local,
                                               alignment, extra)
-        _, padding = swiglu_values_numpy(np.zeros((num_rows, 2), np.float32), **maps)
         h = as_input_dtype(random_h(rng, num_rows, inter, 128), "bfloat16")
-        for layout in ("row-f32", "col-f32", "col-ue8m0"):
-            packed, col_major, round_sf = LAYOUTS[layout]
-            settings = {"num_per_channels": int(rng.choice([32, 128])), "round_sf": round_sf,
-                        "packed_ue8m0": packed, "use_tma_aligned_col_major_sf": col_major}
-            oracle = swiglu_quantize_fp8_numpy(h, **maps, **settings)
-            given = poisoned_outputs(kind, rng, num_rows, inter, oracle[1].shape[1],
-                                     packed=packed, col_major=col_major, misalign=misalign)
-            poison_codes = to_host_bits(kind, given[0])
-            poison_sf = sf_bits(kind, given[1], num_rows, col_major=col_major)
-            result = call_op("swiglu_quantize_fp8", tuning,
-                             device_array(kind, h, "bfloat16", misalign=misalign),
-                             **maps_on_device(kind, maps),
-                             token_topk_to_pos=map_array(kind, slot_rows), **settings,
-                             zero_padding=False, out=given[0], out_sf=given[1])
-            check_padding_left(kind, result, given, oracle, padding, poison_codes, poison_sf,
-                               col_major, f"T={num_tokens} X={num_rows} I={inter} {layout} "
-                               f"npc={settings['num_per_channels']}")
+        list(unzeroed_in_every_layout(kind, rng, tuning, h, maps, misalign,
+                                      f"{tuning_name} T={num_tokens}",
+                                      token_topk_to_pos=map_array(kind, slot_rows)))
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -380,7 +365,7 @@ def test_by_slot_validate_gives_the_cpus_message(kind):
         with pytest.raises(ValueError) as on_cpu:
             cupy_moe.quantize.swiglu_quantize_fp8(h, **maps, token_topk_to_pos=wrong,
                                                   validate=True)
-        out = device_array(kind, np.full((num_rows, 256 // 2), 0x5A, np.uint8), "uint8")
+        out = device_array(kind, np.full((num_rows, 256), 0x5A, np.uint8), "uint8")
         with pytest.raises(ValueError, match=re.escape(str(on_cpu.value))):
             cupy_moe.quantize.swiglu_quantize_fp8(
                 device_array(kind, h, "bfloat16"), **maps_on_device(kind, maps),
@@ -431,6 +416,33 @@ def check_padding_left(kind, result, given, oracle, padding, poison_codes, poiso
     return want_codes
 
 
+def unzeroed_in_every_layout(kind, rng, tuning, h, maps: dict, misalign: bool, what: str,
+                             **extra):
+    """``h`` (bf16, host) through swiglu_quantize_fp8(zero_padding=False,
+    **extra) under ``tuning`` in each SF layout (random block size) into
+    poisoned outputs, checked by check_padding_left; yields each layout's
+    settings, the codes wanted, the poison and a label."""
+    num_rows, inter = h.shape[0], h.shape[1] // 2
+    _, padding = swiglu_values_numpy(np.zeros((num_rows, 2), np.float32), **maps)
+    for layout in ("row-f32", "col-f32", "col-ue8m0"):
+        packed, col_major, round_sf = LAYOUTS[layout]
+        settings = {"num_per_channels": int(rng.choice([32, 128])), "round_sf": round_sf,
+                    "packed_ue8m0": packed, "use_tma_aligned_col_major_sf": col_major}
+        oracle = swiglu_quantize_fp8_numpy(h, **maps, **settings)
+        given = poisoned_outputs(kind, rng, num_rows, inter, oracle[1].shape[1],
+                                 packed=packed, col_major=col_major, misalign=misalign)
+        poison_codes = to_host_bits(kind, given[0])
+        poison_sf = sf_bits(kind, given[1], num_rows, col_major=col_major)
+        result = call_op("swiglu_quantize_fp8", tuning,
+                         device_array(kind, h, "bfloat16", misalign=misalign),
+                         **maps_on_device(kind, maps), **extra, **settings, zero_padding=False,
+                         out=given[0], out_sf=given[1])
+        label = f"{what} X={num_rows} I={inter} {layout} npc={settings['num_per_channels']}"
+        want_codes = check_padding_left(kind, result, given, oracle, padding, poison_codes,
+                                        poison_sf, col_major, label)
+        yield settings, want_codes, poison_codes, label
+
+
 # every kernel's padding path: the default's (wide at these X: *_rows,
 # *_rows768, *_vec by I), *_vec (never row-major), *_vec1 and *_block_rows
 # (few live rows), and *_any (misaligned h)
@@ -458,25 +470,9 @@ def test_zero_padding_off_leaves_padding_rows(kind, tuning_name, inter, misalign
         maps["pos_to_expert"] = np.where(rng.random(num_rows) < 0.6, -1,
                                          rng.integers(0, 8, num_rows)).astype(np.int32)
         maps["pos_to_expert"][-1] = -1 if num_rows == 37 else 3
-        _, padding = swiglu_values_numpy(np.zeros((num_rows, 2), np.float32), **{
-            name: array for name, array in maps.items()})
         h = as_input_dtype(random_h(rng, num_rows, inter, 128), "bfloat16")
-        for layout in ("row-f32", "col-f32", "col-ue8m0"):
-            packed, col_major, round_sf = LAYOUTS[layout]
-            settings = {"num_per_channels": int(rng.choice([32, 128])), "round_sf": round_sf,
-                        "packed_ue8m0": packed, "use_tma_aligned_col_major_sf": col_major}
-            oracle = swiglu_quantize_fp8_numpy(h, **maps, **settings)
-            given = poisoned_outputs(kind, rng, num_rows, inter, oracle[1].shape[1],
-                                     packed=packed, col_major=col_major, misalign=misalign)
-            poison_codes = to_host_bits(kind, given[0])
-            poison_sf = sf_bits(kind, given[1], num_rows, col_major=col_major)
-            result = call_op("swiglu_quantize_fp8", tuning,
-                             device_array(kind, h, "bfloat16", misalign=misalign),
-                             **maps_on_device(kind, maps), **settings, zero_padding=False,
-                             out=given[0], out_sf=given[1])
-            what = f"X={num_rows} I={inter} {layout} npc={settings['num_per_channels']}"
-            want_codes = check_padding_left(kind, result, given, oracle, padding,
-                                            poison_codes, poison_sf, col_major, what)
+        for settings, want_codes, poison_codes, what in unzeroed_in_every_layout(
+                kind, rng, tuning, h, maps, misalign, tuning_name):
             # the oracle agrees: given the poisoned outputs, it keeps them too
             host_out = poison_codes.copy().view(np.uint8)
             numpy_codes, _ = swiglu_quantize_fp8_numpy(h, **maps, **settings,
