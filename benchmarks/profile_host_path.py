@@ -51,7 +51,11 @@ def main() -> int:
     m = torch.from_numpy(token_topk_to_pos).cuda()
     p = torch.from_numpy(pos_to_expert).cuda()
     cupy_moe.expand_to_fused(x, m, p)  # full path once: compiles, remembers the call's key
-    plan = _plain_fast_path.lookup((), (x, m, p, None))
+    # the keys as expand/api.py builds them: (zero_padding,) and x,
+    # token_topk_to_pos, pos_to_expert, pos_to_token, out; the SF op's
+    # (num_per_channels, col-major, zero_padding) and its arrays, out_sf last
+    plain_key = ((True,), (x, m, p, None, None))
+    plan = _plain_fast_path.lookup(*plain_key)
     out = torch.empty((16, 7168), dtype=torch.bfloat16, device="cuda")
     rows = torch.arange(1, device="cuda").repeat_interleave(8)[m.reshape(-1) >= 0]
     # the SF op on kimi-k2-decode-sf-row-major: fp8 rows, 56 float32 scale factors
@@ -59,7 +63,8 @@ def main() -> int:
         torch.float8_e4m3fn)
     x_sf = torch.rand(1, 56, device="cuda")
     cupy_moe.expand_to_fused_with_sf(x8, x_sf, m, p, num_per_channels=128)
-    sf_plan = _sf_fast_path.lookup((128, False), (x8, x_sf, m, p, None, None))
+    sf_key = ((128, False, True), (x8, x_sf, m, p, None, None, None))
+    sf_plan = _sf_fast_path.lookup(*sf_key)
     if plan is None or sf_plan is None:
         raise SystemExit("the torch fast path did not remember the first calls' keys")
     stream = raw_torch_stream_getter()
@@ -74,7 +79,7 @@ def main() -> int:
         "torch_fields(x) (one tensor's part of the fast-path key)": lambda: torch_fields("x", x),
         "describe(x) (the full path's description of a tensor)": lambda: describe("x", x),
         "fast-path lookup (3 tensors' fields, key, device; finds the plan)":
-            lambda: _plain_fast_path.lookup((), (x, m, p, None)),
+            lambda: _plain_fast_path.lookup(*plain_key),
         "x.data_ptr()": x.data_ptr,
         "pack pointers + cuLaunchKernel (plan.launch)": lambda: plan.launch(
             0, x.data_ptr(), m.data_ptr(), p.data_ptr(), out.data_ptr(), 0, 0),
@@ -85,7 +90,7 @@ def main() -> int:
         "whole call, allocating": lambda: cupy_moe.expand_to_fused(x, m, p),
         "torch index_select of the same rows": lambda: x.index_select(0, rows),
         "SF op fast-path lookup (4 tensors' fields, key, device)":
-            lambda: _sf_fast_path.lookup((128, False), (x8, x_sf, m, p, None, None)),
+            lambda: _sf_fast_path.lookup(*sf_key),
         "SF op (row-major SF), run_torch_fast, allocating":
             lambda: run_torch_fast(sf_plan, x8, x_sf, m, p, None),
         "SF op (row-major SF), whole call, allocating": lambda: cupy_moe.expand_to_fused_with_sf(
