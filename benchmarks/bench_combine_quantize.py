@@ -171,7 +171,8 @@ def bench_workload(w: Workload, timer: GpuTimer, peers: dict, iters: int, copy_t
     # the harness's own call and check: what is timed is what `cupy-moe bench` times
     ours = runner._call(w, args)
     problem = runner._mismatch(ours, runner.reference_outputs(w, host),
-                               runner._torch_to_host, runner.output_names(w))
+                               runner._torch_to_host, runner.output_names(w),
+                               runner.compared_rows(w, host))
     if problem:
         record["status"] = f"MISMATCH {problem}"
         return record

@@ -223,3 +223,53 @@ def test_the_cpu_table_rows_of_the_fp8_producers(rng):
     assert lines[3].startswith(f"| swiglu | {SMALL[3]} | T=1 I=768 K=8 X=1024 npc=128 plan "
                                "E=128 A=128 routed=8 S=6 float32/col +topk_weights "
                                "+pos_to_expert | 0.84 | ")
+
+
+# --- SwiGLU with zero_padding=False and the plan's hint (the -unzeroed entries) ------
+
+UNZEROED = "swiglu-dsv3-ep8-decode-plan-col-major-unzeroed"
+
+
+def test_unzeroed_workloads_pass_the_flag_and_the_hint(rng, monkeypatch):
+    """The call gets zero_padding=False and the plan's token_topk_to_pos; the
+    result is checked on the live rows only (the padding rows of a fresh
+    output hold anything), and the record is timed."""
+    w = WORKLOADS[UNZEROED]
+    assert not w.zero_padding and w.shapes["token_topk_to_pos"] == (1, 8)
+    op = needs_op(w.op)
+    host = workload_inputs(w, rng)
+    assert np.array_equal(host["token_topk_to_pos"], plan_mapping(w).token_topk_to_pos)
+    seen = []
+
+    def spy(*args, **kwargs):
+        seen.append((kwargs["zero_padding"], kwargs["token_topk_to_pos"] is not None))
+        codes, sf = op(*args, **kwargs)
+        # garbage in every padding row, as a kernel may leave them
+        live = runner.compared_rows(w, host)
+        np.asarray(codes).view(np.uint8)[~live] = 0xA5
+        return codes, sf
+
+    monkeypatch.setattr(runner, w.op, spy)
+    record = runner.bench_cpu_workload(w, 1, rng)
+    assert record.status == "ok" and record.cpu_us > 0
+    assert seen and set(seen) == {(False, True)}
+
+
+def test_unzeroed_workloads_still_catch_a_wrong_live_row(rng, monkeypatch):
+    w = WORKLOADS[UNZEROED]
+    host = workload_inputs(w, rng)
+    live = runner.compared_rows(w, host)
+    # the plan's live rows: its routed rows, the only ones compared
+    assert live.sum() == w.routed_rows and live.shape == (w.num_expanded,)
+    first_live = int(np.flatnonzero(live)[0])
+    monkeypatch.setattr(runner, w.op, corrupted(needs_op(w.op), 0, (first_live, 3)))
+    record = runner.bench_cpu_workload(w, 1, rng)
+    # reported among the compared rows: the first live row is row 0 of them
+    assert record.status == "MISMATCH y_fp8: 1 elements differ, first at (0, 3)"
+
+
+def test_compared_rows_are_every_row_but_for_unzeroed_swiglu(rng):
+    for label in ("quant-kimi-k2-decode-row-major",
+                  "swiglu-dsv3-ep8-decode-plan-col-major"):
+        w = WORKLOADS[label]
+        assert runner.compared_rows(w, workload_inputs(w, rng)) is None

@@ -543,6 +543,16 @@ NEWER_INDEX = {"reduce_fused": REDUCE_INDEX, "quantize_fp8": QUANT_INDEX,
      f"{SWIGLU_ENTRY}: pos_to_expert must be true or false; got [1024] (list)"),
     ("swiglu_quantize_fp8", {"num_per_channels": 0}, ValueError,
      f"{SWIGLU_ENTRY}: num_per_channels must be >= 1; got 0"),
+    ("swiglu_quantize_fp8", {"zero_padding": "no"}, TypeError,
+     f"{SWIGLU_ENTRY}: zero_padding must be true or false; got 'no' (str)"),
+    # the hint only where the kernels read it: weighted, padding rows left
+    ("swiglu_quantize_fp8", {"token_topk_to_pos": True}, ValueError,
+     (f"{SWIGLU_ENTRY}: token_topk_to_pos needs topk_weights (it is the inverse of "
+      "pos_to_token_topk) and zero_padding false (the only calls whose kernels read it)")),
+    ("swiglu_quantize_fp8", {"token_topk_to_pos": True, "zero_padding": False,
+                             "topk_weights": False}, ValueError,
+     (f"{SWIGLU_ENTRY}: token_topk_to_pos needs topk_weights (it is the inverse of "
+      "pos_to_token_topk) and zero_padding false (the only calls whose kernels read it)")),
     # labels are unique across all ops, the newer ones too
     ("quantize_fp8", {"label": "reduce-kimi-k2-decode"}, ValueError,
      ("workloads.yaml: label 'reduce-kimi-k2-decode' of quantize_fp8 is already one of "
@@ -565,6 +575,34 @@ def test_the_newer_ops_optional_keys_default_to_false():
     assert not w.use_tma_aligned_col_major_sf and w.sf_dtype == "float32"
     # without pos_to_expert every row of h is read
     assert w.bytes == 1024 * 4096 * 2 + 1024 * 2048 + 1024 * 16 * 4
+    # zero_padding defaults to true, as in the op; no hint
+    assert w.zero_padding and "token_topk_to_pos" not in w.shapes
+
+
+def test_an_unzeroed_swiglu_entry_passes_the_hint_and_writes_the_routed_rows():
+    parsed = parse_manifest(with_entry("swiglu_quantize_fp8", SWIGLU_INDEX, zero_padding=False,
+                                       token_topk_to_pos=True))
+    w = parsed["swiglu_quantize_fp8"][SWIGLU_INDEX]
+    assert not w.zero_padding and w.shapes["token_topk_to_pos"] == (1, 8)
+    # Kimi-K2 decode: X = 1024, R = 8 routed rows of I = 2048, S = 16 floats:
+    # the 8 rows of h read, their codes and SF written, the hint (1 * 8 int32)
+    # and the 8 routed rows' weights read; no pos_to_expert, no pos_to_token_topk
+    assert w.bytes == 8 * 4096 * 2 + 8 * 2048 + 8 * 16 * 4 + 8 * 4 + 8 * 4
+    unhinted = parse_manifest(with_entry("swiglu_quantize_fp8", SWIGLU_INDEX,
+                                         zero_padding=False))["swiglu_quantize_fp8"][SWIGLU_INDEX]
+    # without the hint the maps are read whole
+    assert unhinted.bytes == (8 * 4096 * 2 + 8 * 2048 + 8 * 16 * 4 + 1024 * 4 + 1024 * 4
+                              + 8 * 4)
+    # the manifest's own: decode to medium of every model, each beside its zeroed twin
+    unzeroed = [w for w in load_workloads("swiglu_quantize_fp8") if not w.zero_padding]
+    zeroed = {w.label: w for w in load_workloads("swiglu_quantize_fp8") if w.zero_padding}
+    assert len(unzeroed) == 9
+    for w in unzeroed:
+        twin = zeroed[w.label.removesuffix("-unzeroed")]
+        assert "token_topk_to_pos" in w.shapes and w.num_tokens in (1, 32, 512)
+        assert (w.num_expanded, w.routed_rows, w.plan) == (twin.num_expanded, twin.routed_rows,
+                                                           twin.plan)
+        assert w.bytes < twin.bytes
 
 
 def test_a_newer_workload_built_by_hand_checks_its_shapes_against_the_plan():

@@ -49,7 +49,8 @@ def sweep_table(workloads: Sequence[Workload], variants: Sequence[tuple[str, Any
         inputs = {name: to_device(array) for name, array in host.items()}
         for name, variant in variants:
             outs = run(w, inputs, variant, None)
-            problem = runner._mismatch(outs, expected, to_host, runner.output_names(w))
+            problem = runner._mismatch(outs, expected, to_host, runner.output_names(w),
+                                       runner.compared_rows(w, host))
             if problem:
                 cells[name].append(f"MISMATCH {problem}")
                 continue

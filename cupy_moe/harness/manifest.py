@@ -95,11 +95,11 @@ _KEYS: dict[str, dict[str, str]] = {
     "reduce_fused": {**_PLAN_ROW_KEYS, "hidden": "int", "row_scale": "bool"},
     "quantize_fp8": {"label": "str", "x": "shape", **_QUANT_KEYS, "dtype": "str"},
     "swiglu_quantize_fp8": {**_PLAN_ROW_KEYS, "intermediate": "int", "pos_to_expert": "bool",
-                            **_QUANT_KEYS},
+                            **_QUANT_KEYS, "zero_padding": "bool", "token_topk_to_pos": "bool"},
 }
 # keys that may be left out (their default in Workload applies: false for the
-# flags); an expand entry has exactly one of pos_to_expert and plan (checked
-# on its own)
+# flags but zero_padding, true as in the ops); an expand entry has exactly one
+# of pos_to_expert and plan (checked on its own)
 _QUANT_OPTIONAL = {"round_sf", "packed_ue8m0", "use_tma_aligned_col_major_sf"}
 _OPTIONAL = {
     "expand_to_fused": {"pos_to_expert", "plan"},
@@ -107,7 +107,8 @@ _OPTIONAL = {
     "fused_mapping": set(),
     "reduce_fused": {"topk_weights", "row_scale"},
     "quantize_fp8": _QUANT_OPTIONAL,
-    "swiglu_quantize_fp8": {"topk_weights", "pos_to_expert"} | _QUANT_OPTIONAL,
+    "swiglu_quantize_fp8": ({"topk_weights", "pos_to_expert", "zero_padding", "token_topk_to_pos"}
+                            | _QUANT_OPTIONAL),
 }
 # the keys of an entry's plan, all ints: key -> least value; ep_ranks may be
 # left out (1: every expert is local)
@@ -203,8 +204,10 @@ class Workload:
     ``token_topk_to_pos [T, K]`` and, where the call passes them,
     ``topk_weights [T, K]`` and ``row_scale [X]``. ``quantize_fp8``: ``x [T,
     H]``. ``swiglu_quantize_fp8``: ``h [X, 2I]`` and, where passed,
-    ``topk_weights [T, K]`` (with ``pos_to_token_topk [X]``) and
-    ``pos_to_expert [X]``; its :attr:`hidden` is I, the width it quantizes.
+    ``topk_weights [T, K]`` (with ``pos_to_token_topk [X]``),
+    ``pos_to_expert [X]`` and ``token_topk_to_pos [T, K]`` (the plan's hint;
+    only with ``zero_padding`` False, where the call leaves padding rows
+    unwritten); its :attr:`hidden` is I, the width it quantizes.
     Both plan-row ops need a ``plan`` whose exact X every ``[X, ...]`` shape
     must have; ``tokens_topk`` (T, K) states the plan's slots where no input
     shows them (an unweighted SwiGLU; the parser always gives it). The fp8
@@ -228,6 +231,7 @@ class Workload:
     round_sf: bool = False
     packed_ue8m0: bool = False
     tokens_topk: tuple[int, int] | None = None
+    zero_padding: bool = True
 
     # T, H, K, X: read off the shapes (not arguments). fused_mapping has no H
     # (None); its X is the rows of the plan the op sizes by default, the
@@ -299,9 +303,10 @@ class Workload:
         if self.tokens_topk is not None and tuple(self.tokens_topk) != (num_tokens, top_k):
             raise ValueError(f"{self.label}: tokens_topk {tuple(self.tokens_topk)} is not "
                              f"({num_tokens}, {top_k}) of the inputs")
-        if "topk_weights" in shapes and tuple(shapes["topk_weights"]) != (num_tokens, top_k):
-            raise ValueError(f"{self.label}: topk_weights {list(shapes['topk_weights'])} is not "
-                             f"[T, K] = [{num_tokens}, {top_k}]")
+        for name in ("topk_weights", "token_topk_to_pos"):
+            if name in shapes and tuple(shapes[name]) != (num_tokens, top_k):
+                raise ValueError(f"{self.label}: {name} {list(shapes[name])} is not "
+                                 f"[T, K] = [{num_tokens}, {top_k}]")
         num_expanded, routed, used = self.plan.sizes(num_tokens, top_k)
         for name in (rows_name, "row_scale", "pos_to_token_topk", "pos_to_expert"):
             if name in shapes and shapes[name][0] != num_expanded:
@@ -346,7 +351,8 @@ class Workload:
                                   sf_columns=self.sf_columns)
         if self.op == "swiglu_quantize_fp8":
             return roofline_bytes(self.op, self.shapes, self.elem_bytes,
-                                  routed_rows=self.routed_rows, sf_columns=self.sf_columns)
+                                  routed_rows=self.routed_rows, sf_columns=self.sf_columns,
+                                  zero_padding=self.zero_padding)
         if self.plan is not None:
             return roofline_bytes(self.op, self.shapes, self.elem_bytes,
                                   used_tokens=self.used_tokens)
@@ -527,12 +533,19 @@ def _parse_plan_rows(op_name: str, where: str, raw: Mapping[str, Any]) -> Worklo
             shapes["pos_to_token_topk"] = (num_expanded,)
         if raw.get("pos_to_expert", False):
             shapes["pos_to_expert"] = (num_expanded,)
+        if raw.get("token_topk_to_pos", False):
+            if not weighted or raw.get("zero_padding", True):
+                raise ValueError(f"{where}: token_topk_to_pos needs topk_weights (it is the "
+                                 "inverse of pos_to_token_topk) and zero_padding false (the "
+                                 "only calls whose kernels read it)")
+            shapes["token_topk_to_pos"] = (num_tokens, top_k)
     return Workload(op=op_name, label=raw["label"], shapes=shapes, dtype=raw["dtype"],
                     num_per_channels=raw.get("num_per_channels"),
                     use_tma_aligned_col_major_sf=raw.get("use_tma_aligned_col_major_sf", False),
                     plan=plan, round_sf=raw.get("round_sf", False),
                     packed_ue8m0=raw.get("packed_ue8m0", False),
-                    tokens_topk=(num_tokens, top_k))
+                    tokens_topk=(num_tokens, top_k),
+                    zero_padding=raw.get("zero_padding", True))
 
 
 def parse_manifest(data: Any) -> dict[str, list[Workload]]:
@@ -608,7 +621,8 @@ def roofline_bytes(op_name: str, shapes: Mapping[str, tuple[int, ...]], elem_byt
     ``num_expanded=``: its outputs' sizes are not input shapes). The expand
     ops take ``used_tokens=`` (default T), the tokens whose rows are read;
     ``reduce_fused`` and ``swiglu_quantize_fp8`` ``routed_rows=`` (R, the
-    rows holding a slot), the fp8 producers ``sf_columns=`` (S).
+    rows holding a slot), the fp8 producers ``sf_columns=`` (S),
+    ``swiglu_quantize_fp8`` also ``zero_padding=`` (default True).
     """
     _require_op(op_name, ROOFLINES)
     return ROOFLINES[op_name](shapes, elem_bytes, **sizes)

@@ -195,7 +195,7 @@ def quantize_fp8_bytes(shapes: Shapes, elem_bytes: int, *, sf_columns: int) -> i
 
 
 def swiglu_quantize_fp8_bytes(shapes: Shapes, elem_bytes: int, *, routed_rows: int,
-                              sf_columns: int) -> int:
+                              sf_columns: int, zero_padding: bool = True) -> int:
     """Bytes of ``swiglu_quantize_fp8`` over ``h [X, 2I]``: the rows it must
     read, ``y_fp8 [X, I]`` and ``y_sf [X, S]`` written whole (padding rows
     too: they are zeros), and the maps and weights.
@@ -208,14 +208,24 @@ def swiglu_quantize_fp8_bytes(shapes: Shapes, elem_bytes: int, *, routed_rows: i
 
         rows*2I*e + X*I + 4*X*S + [4*X pos_to_expert] + [4*X + 4*R weights]
 
-    where rows is R with ``pos_to_expert``, else X.
+    where rows is R with ``pos_to_expert``, else X. With ``zero_padding``
+    False only the R routed rows of ``y_fp8`` and ``y_sf`` are written (X
+    becomes R in the two output terms); given ``token_topk_to_pos [T, K]``
+    as well, the slots name their rows, so R rows of ``h`` are read and the
+    maps read are the hint and the R weights (4*T*K + 4*R) instead of
+    ``pos_to_expert`` and ``pos_to_token_topk``.
     """
     num_expanded, width = shapes["h"]
     routed = _routed_rows(num_expanded, routed_rows)
-    read_rows = routed if "pos_to_expert" in shapes else num_expanded
+    by_slot = not zero_padding and "token_topk_to_pos" in shapes
+    read_rows = routed if "pos_to_expert" in shapes or by_slot else num_expanded
+    written_rows = num_expanded if zero_padding else routed
     total = (read_rows * width * elem_bytes
-             + num_expanded * (width // 2) * FP8_BYTES
-             + num_expanded * sf_columns * SF_BYTES)
+             + written_rows * (width // 2) * FP8_BYTES
+             + written_rows * sf_columns * SF_BYTES)
+    if by_slot:
+        num_tokens, top_k = shapes["token_topk_to_pos"]
+        return total + num_tokens * top_k * INDEX_BYTES + routed * WEIGHT_BYTES
     if "pos_to_expert" in shapes:
         total += num_expanded * INDEX_BYTES
     if "topk_weights" in shapes:
@@ -226,7 +236,7 @@ def swiglu_quantize_fp8_bytes(shapes: Shapes, elem_bytes: int, *, routed_rows: i
 # An op's function takes (shapes, elem_bytes) and, for fused_mapping, the
 # keywords num_experts and num_expanded (the expand ops: used_tokens,
 # optional; reduce_fused: routed_rows; quantize_fp8: sf_columns;
-# swiglu_quantize_fp8: both).
+# swiglu_quantize_fp8: both, and zero_padding, optional).
 ROOFLINES: dict[str, Callable[..., int]] = {
     "expand_to_fused": expand_to_fused_bytes,
     "expand_to_fused_with_sf": expand_to_fused_with_sf_bytes,

@@ -172,9 +172,13 @@ def _shapes_text(w: Workload) -> str:
     if w.plan is not None and w.op in OP_NAMES:
         text += " +pos_to_token"  # the call passes the plan's (workload_inputs)
     if w.op in NEWER_OP_FAMILIES:
-        # the optional inputs the call passes
-        text += "".join(f" +{name}" for name in ("topk_weights", "row_scale", "pos_to_expert")
-                        if name in w.shapes)
+        # the optional inputs the call passes (reduce_fused's token_topk_to_pos
+        # is not optional: SwiGLU's is the plan's hint)
+        optional = ("topk_weights", "row_scale", "pos_to_expert") + (
+            ("token_topk_to_pos",) if w.op == "swiglu_quantize_fp8" else ())
+        text += "".join(f" +{name}" for name in optional if name in w.shapes)
+    if w.op == "swiglu_quantize_fp8" and not w.zero_padding:
+        text += " zero_padding=False"
     return text
 
 
@@ -218,7 +222,9 @@ def _call_newer(w: Workload, op: Callable[..., Any], args: dict[str, Any], **kwa
         return tuple(op(args["x"], **sf_kwargs, **kwargs))
     return tuple(op(args["h"], topk_weights=args.get("topk_weights"),
                     pos_to_token_topk=args.get("pos_to_token_topk"),
-                    pos_to_expert=args.get("pos_to_expert"), **sf_kwargs, **kwargs))
+                    pos_to_expert=args.get("pos_to_expert"),
+                    token_topk_to_pos=args.get("token_topk_to_pos"),
+                    zero_padding=w.zero_padding, **sf_kwargs, **kwargs))
 
 
 def _call(w: Workload, args: dict[str, Any], **kwargs) -> tuple:
@@ -255,10 +261,30 @@ def output_names(w: Workload) -> tuple[str, ...]:
     return _EXPAND_OUTPUT_NAMES[:2 if w.sf_columns is not None else 1]
 
 
+def compared_rows(w: Workload, host: dict[str, np.ndarray]) -> np.ndarray | None:
+    """The output rows a result is checked on: None for every row, or (a
+    SwiGLU call with ``zero_padding`` False, whose padding rows hold
+    whatever the memory held) a bool mask of the live rows, those the maps
+    route a slot to (``pos_to_expert >= 0`` and, weighted, a slot in [0, T *
+    K)), as the op defines them."""
+    if w.op != "swiglu_quantize_fp8" or w.zero_padding:
+        return None
+    live = np.ones(w.num_expanded, dtype=bool)
+    if "pos_to_expert" in host:
+        live &= host["pos_to_expert"] >= 0
+    if "pos_to_token_topk" in host:
+        slots = host["pos_to_token_topk"]
+        live &= (slots >= 0) & (slots < w.num_tokens * w.top_k)
+    return live
+
+
 def _mismatch(results, expected, to_host: Callable[[Any], np.ndarray],
-              names: Sequence[str] = _EXPAND_OUTPUT_NAMES) -> str | None:
+              names: Sequence[str] = _EXPAND_OUTPUT_NAMES,
+              rows: np.ndarray | None = None) -> str | None:
     """Where ``results`` differ from ``expected`` bit for bit (shape, item
-    size, bits), the output named by ``names``; None if nowhere."""
+    size, bits), the output named by ``names``; None if nowhere. ``rows``:
+    compare only those rows (a bool mask over every output's first axis;
+    the indices reported are then among them)."""
     if len(results) != len(expected):
         return f"{len(results)} outputs, expected {len(expected)}"
     for name, got, want in zip(names, results, expected):
@@ -268,6 +294,8 @@ def _mismatch(results, expected, to_host: Callable[[Any], np.ndarray],
         got_bits, want_bits = _bits(got), _bits(want)
         if got_bits.shape != want_bits.shape:
             return f"{name}: shape {got_bits.shape} != {want_bits.shape}"
+        if rows is not None:
+            got_bits, want_bits = got_bits[rows], want_bits[rows]
         wrong = np.argwhere(got_bits != want_bits)
         if wrong.size:
             return (f"{name}: {len(wrong)} elements differ, first at "
@@ -368,7 +396,7 @@ def bench_gpu_workload(w: Workload, timer: GpuTimer, backend: str, iters: int,
         args = {name: _to_cupy(a) for name, a in host.items()}
         to_host, sync = cupy.asnumpy, cupy.cuda.Device().synchronize
     names = output_names(w)
-    problem = _mismatch(_call(w, args), expected, to_host, names)
+    problem = _mismatch(_call(w, args), expected, to_host, names, compared_rows(w, host))
     if problem:
         record.status = f"MISMATCH {problem}"
         return record
@@ -431,7 +459,8 @@ def bench_cpu_workload(w: Workload, iters: int, rng: np.random.Generator) -> Rec
     record = _new_record(w)
     host = workload_inputs(w, rng)
     expected = reference_outputs(w, host)
-    problem = _mismatch(_call(w, host), expected, np.asarray, output_names(w))
+    problem = _mismatch(_call(w, host), expected, np.asarray, output_names(w),
+                        compared_rows(w, host))
     if problem:
         record.status = f"MISMATCH {problem}"
         return record
