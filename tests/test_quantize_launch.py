@@ -969,3 +969,16 @@ def test_the_slots_kernels_write_each_named_row_once(hidden, npc, narrow, widths
     live[rows[named]] = True
     assert (row_written[live] == 1).all() and (row_written[~live] == 0).all()
     assert (row_sf[live] == 1).all() and (row_sf[~live] == 0).all()
+
+
+def test_too_many_slots_for_one_launch_keep_the_rows_grid(monkeypatch):
+    """A slot grid past one launch's lanes (here with rows per slot 0.5: the
+    tuning allows it) falls back to the rows' kernels, which fit."""
+    gpu, launches = _fake_device(monkeypatch)
+    tuning = QuantizeTuning(by_slot_from_rows_per_slot=0.5, narrow_live_rows=0)
+    # 2^22 slots of 2^14 columns: 2^31 lanes of 32 columns, one more than a
+    # launch takes; the X = 2^21 rows: 2^30
+    plan = gpu.QuantizePlan(_slot_problem(2**21, 2**14, 2**22), 0, tuning)
+    assert not plan.by_slot
+    plan.launch(7, 0x1000, 0x2000, 0x3000, 0x4000, 0x5000, 0x6000, 0x7000)
+    assert launches[-1][0] == "swiglu_quantize_fp8_bf16_rows"

@@ -128,13 +128,18 @@ class QuantizePlan:
             # by their count (never *_block_rows: it walks rows); *_any's
             # grid stays the rows' (its fields do not depend on the count)
             slot_tuning = replace(tuning, block_rows_from_bytes=float("inf"))
-            slot_shape = launch_shape(
-                problem.num_weights, problem.hidden, problem.num_per_channels,
-                multiprocessors, slot_tuning, swiglu=True,
-                narrow_columns=columns if problem.num_weights <= tuning.narrow_live_rows else 0,
-                sf_layout=sf_layout(problem))
-            self.shape = slot_shape._replace(threads=self.shape.threads,
-                                             blocks=self.shape.blocks)
+            try:
+                slot_shape = launch_shape(
+                    problem.num_weights, problem.hidden, problem.num_per_channels,
+                    multiprocessors, slot_tuning, swiglu=True,
+                    narrow_columns=(columns if problem.num_weights <= tuning.narrow_live_rows
+                                    else 0),
+                    sf_layout=sf_layout(problem))
+            except ValueError:  # more slots than one launch takes: the rows' grid
+                self.by_slot = False
+            else:
+                self.shape = slot_shape._replace(threads=self.shape.threads,
+                                                 blocks=self.shape.blocks)
         defines = tuning.defines()
         self.handles = {vector: function_handle(SOURCE, defines, device,
                                                 kernel_name(problem, vector,
