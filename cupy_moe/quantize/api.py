@@ -216,9 +216,10 @@ def swiglu_quantize_fp8(h: Any, *, num_per_channels: int = 128, topk_weights: An
         Check ``token_topk_to_pos`` against the maps before anything is
         written; the ValueError names the first fault (a row >= X, a slot
         naming a padding row, a slot naming a row that holds another slot, a
-        live row its slot does not name). On the GPU this costs one host
-        synchronisation (so not inside CUDA-graph capture). Without
-        ``token_topk_to_pos`` there is nothing to check.
+        live row its slot does not name). On the GPU the three maps are
+        copied to the host, each copy waiting for the current stream (so
+        not inside CUDA-graph capture). Without ``token_topk_to_pos`` there
+        is nothing to check.
 
     Returns
     -------
@@ -326,7 +327,7 @@ def _quantize(tuning: QuantizeTuning, x, topk_weights, pos_to_token_topk, pos_to
 def _validate_slot_rows(kind: ArrayKind, problem: QuantizeProblem, token_topk_to_pos: Any,
                         pos_to_token_topk: Any, pos_to_expert: Any) -> None:
     """``validate=True``: the hint against the maps, on host copies (on the
-    GPU one synchronisation with the current stream)."""
+    GPU each copy waits for the current stream)."""
     if kind.on_gpu:
         from ..runtime.gpu_arrays import gpu_library
         to_numpy = gpu_library(kind).to_numpy
