@@ -145,6 +145,23 @@ def quantize_fp8_numpy(x: np.ndarray, *, num_per_channels: int = 128, round_sf: 
                    out=out, out_sf=out_sf)
 
 
+def swiglu_padding_rows(num_rows: int, *, pos_to_expert: np.ndarray | None = None,
+                        pos_to_token_topk: np.ndarray | None = None,
+                        num_slots: int | None = None) -> np.ndarray:
+    """The rows ``swiglu_quantize_fp8`` treats as padding (bool ``[X]``):
+    ``pos_to_expert[p] < 0`` where given, or, where ``pos_to_token_topk`` is
+    given (with weights: ``num_slots`` = T * K), a slot outside ``[0, T * K)``.
+    The kernels' rule; the oracle, ``validate=True`` and the bench's check of
+    unzeroed results all take it from here."""
+    padding = np.zeros(num_rows, dtype=bool)
+    if pos_to_expert is not None:
+        padding |= np.asarray(pos_to_expert) < 0
+    if pos_to_token_topk is not None:
+        slots = np.asarray(pos_to_token_topk).astype(np.int64)
+        padding |= (slots < 0) | (slots >= num_slots)
+    return padding
+
+
 def swiglu_values_numpy(h: np.ndarray, *, topk_weights: np.ndarray | None = None,
                         pos_to_token_topk: np.ndarray | None = None,
                         pos_to_expert: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
@@ -159,18 +176,18 @@ def swiglu_values_numpy(h: np.ndarray, *, topk_weights: np.ndarray | None = None
     values = as_float32(h)
     num_rows, width = values.shape
     inter = width // 2
-    padding = np.zeros(num_rows, dtype=bool)
-    if pos_to_expert is not None:
-        padding |= np.asarray(pos_to_expert) < 0
     weight = None
     if topk_weights is not None:
         flat = np.ascontiguousarray(topk_weights, dtype=np.float32).reshape(-1)
+        padding = swiglu_padding_rows(num_rows, pos_to_expert=pos_to_expert,
+                                      pos_to_token_topk=pos_to_token_topk,
+                                      num_slots=flat.shape[0])
         slots = np.asarray(pos_to_token_topk).astype(np.int64)
-        outside = (slots < 0) | (slots >= flat.shape[0])
-        padding |= outside
-        weight = flat[np.where(outside, 0, slots)] if flat.shape[0] else np.zeros(
+        weight = flat[np.where(padding, 0, slots)] if flat.shape[0] else np.zeros(
             num_rows, dtype=np.float32)
         weight = weight[:, None]
+    else:
+        padding = swiglu_padding_rows(num_rows, pos_to_expert=pos_to_expert)
     # only the live rows' arithmetic (a decode plan's rows are mostly
     # padding), in row chunks on threads: NumPy's ufuncs release the GIL, and
     # exp_f32's exact fma emulation costs ~100 float64 operations an element

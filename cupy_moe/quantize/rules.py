@@ -14,6 +14,7 @@ from ..expand.rules import SF_TOKEN_ALIGN, SUPPORTED_NUM_PER_CHANNELS, sf_column
 from ..runtime.arrays import ArrayDesc
 from ..runtime.rules import check_dtype, check_ndim
 from ..runtime.sizes import align_up, ceil_div
+from .reference import swiglu_padding_rows
 
 # bfloat16 (uint16 carries its bits where an array library has none) or float32
 QUANTIZE_IN_DTYPES = ("bfloat16", "float32", "uint16")
@@ -213,10 +214,9 @@ def check_slot_rows(token_topk_to_pos, pos_to_token_topk, pos_to_expert, num_row
                          f"pos_to_token_topk[{p}] = {pos_to_token_topk[p]}: row {p} holds "
                          f"slot {pos_to_token_topk[p]}, not {s}")
     slot_of = pos_to_token_topk.astype(np.int64)
-    live = (slot_of >= 0) & (slot_of < num_slots)
-    if pos_to_expert is not None:
-        live &= pos_to_expert >= 0
-    live_rows = np.flatnonzero(live)
+    live_rows = np.flatnonzero(~swiglu_padding_rows(num_rows, pos_to_expert=pos_to_expert,
+                                                    pos_to_token_topk=slot_of,
+                                                    num_slots=num_slots))
     unnamed = live_rows[rows_of[slot_of[live_rows]] != live_rows]
     if unnamed.size:
         p = int(unnamed[0])
