@@ -1,0 +1,391 @@
+// CUDA on the CPU: just enough of the CUDA C++ device language to run the
+// kernels of kernels_cu/ on a machine without a GPU, for tests (build.py
+// compiles them with this header forced in; nothing in the package uses it).
+//
+// Each thread of a block is a fiber with its own stack; a block's fibers
+// take turns on one OS thread, switching only at the synchronising
+// intrinsics (__syncthreads, __syncwarp, the warp shuffles, votes and
+// matches), so a block runs deterministically and every warp-level exchange
+// sees exactly the lanes that reached it. Blocks run on a few OS threads at
+// once (every block at once for a cooperative launch, whose grid barrier
+// needs them all resident). __shared__ variables are static thread_local:
+// one copy per OS thread, and an OS thread runs one block at a time.
+//
+// What it checks beyond the results: a barrier that can never complete (a
+// __syncthreads some threads skip, a warp op whose mask names a lane that
+// left) is reported as a deadlock, and __trap() as an error, instead of
+// hanging. What it does not model: timing, memory-ordering races between
+// blocks (each block's view is sequentially consistent), the GPU's NaN
+// payloads (x86 makes other NaNs; the hardware e4m3 cvt is emulated with
+// the ops' one NaN code, which the GPU tests pin), and out-of-bounds
+// accesses (the tests put canaries around the outputs).
+#pragma once
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <math.h>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <type_traits>
+#include <utility>
+
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline
+#define __launch_bounds__(...)
+#define __restrict__ __restrict
+#define __align__(n) __attribute__((aligned(n)))
+#define __shared__ static thread_local
+
+struct uint3 { unsigned x, y, z; };
+typedef uint3 dim3;
+struct __align__(16) uint4 { unsigned x, y, z, w; };
+struct __align__(8) uint2 { unsigned x, y; };
+inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w) { return {x, y, z, w}; }
+inline uint2 make_uint2(unsigned x, unsigned y) { return {x, y}; }
+
+namespace emu {
+
+// ---------------------------------------------------------------- fibers
+struct Block;
+
+struct Fiber {
+    void* sp = nullptr;       // saved stack pointer while switched out
+    unsigned char* stack = nullptr;
+    uint3 thread_idx{};
+    unsigned lane = 0, warp = 0;
+    bool done = false;
+};
+
+struct WarpGroup {  // one warp-level exchange among the lanes of `mask`
+    unsigned mask = 0, arrived = 0, left = 0, generation = 0;
+    int state = 0;  // 0 free, 1 gathering the lanes' values, 2 lanes reading them
+    unsigned long long slot[32];
+};
+
+struct Warp {
+    WarpGroup groups[4];
+    unsigned exited = 0;  // lanes that returned from the kernel
+};
+
+struct Block {
+    uint3 block_idx{}, block_dim{}, grid_dim{};
+    unsigned threads = 0, live = 0, arrived = 0, generation = 0;
+    unsigned shared_bytes = 0;
+    unsigned long long progress = 0;  // bumped whenever a fiber gets further
+    Fiber* fibers = nullptr;
+    Warp* warps = nullptr;
+    void (*kernel)(void**) = nullptr;
+    void** params = nullptr;
+    const char* error = nullptr;
+    char error_text[256];
+    void* scheduler_sp = nullptr;
+};
+
+extern thread_local Block* current_block;
+extern thread_local Fiber* current_fiber;
+void yield_to_scheduler();
+[[noreturn]] void fail(const char* format, ...);
+unsigned char* dynamic_shared();
+unsigned shared_offset(const void* p);
+void* shared_pointer(unsigned offset);
+unsigned* cooperative_workspace();
+
+inline void note_progress() { ++current_block->progress; }
+
+// ---------------------------------------------------------------- block barrier
+inline void syncthreads() {
+    Block* b = current_block;
+    const unsigned generation = b->generation;
+    if (++b->arrived == b->live) {
+        b->arrived = 0;
+        ++b->generation;
+    }
+    note_progress();
+    while (b->generation == generation) yield_to_scheduler();
+}
+
+// ---------------------------------------------------------------- warp exchanges
+inline WarpGroup& join_group(unsigned mask) {
+    Fiber* f = current_fiber;
+    Warp& w = current_block->warps[f->warp];
+    if (!(mask >> f->lane & 1u)) fail("warp op: lane %u not in its own mask 0x%08x", f->lane, mask);
+    if (mask & w.exited) fail("warp op: mask 0x%08x names lanes that exited (0x%08x)", mask, w.exited);
+    WarpGroup* free_group = nullptr;
+    for (WarpGroup& g : w.groups) {
+        if (g.state == 1 && g.mask == mask) return g;
+        if (g.state == 1 && (g.mask & mask))
+            fail("warp op: overlapping masks 0x%08x and 0x%08x in one warp", g.mask, mask);
+        if (g.state == 0 && !free_group) free_group = &g;
+    }
+    if (!free_group) fail("warp op: more than 4 exchanges pending in one warp");
+    free_group->state = 1;
+    free_group->mask = mask;
+    free_group->arrived = free_group->left = 0;
+    return *free_group;
+}
+
+// All lanes of `mask` deposit `value`; returns once all did. The slots stay
+// readable until each lane has called release().
+inline WarpGroup& rendezvous(unsigned mask, unsigned long long value) {
+    Fiber* f = current_fiber;
+    WarpGroup& g = join_group(mask);
+    g.slot[f->lane] = value;
+    g.arrived |= 1u << f->lane;
+    note_progress();
+    if (g.arrived == mask) {
+        g.state = 2;
+        ++g.generation;
+        return g;
+    }
+    const unsigned generation = g.generation;
+    while (g.generation == generation) yield_to_scheduler();
+    return g;
+}
+
+// Second half of an exchange: the group is free again once every lane has
+// read its result. No wait: a lane that runs on takes another group, and it
+// cannot get more than one exchange ahead (the next one waits for all).
+inline void release(WarpGroup& g, unsigned mask) {
+    g.left |= 1u << current_fiber->lane;
+    if (g.left == mask) g.state = 0;
+}
+
+template <typename T>
+inline unsigned long long to_bits(T v) {
+    static_assert(sizeof(T) <= 8, "warp exchange of more than 8 bytes");
+    unsigned long long bits = 0;
+    std::memcpy(&bits, &v, sizeof(T));
+    return bits;
+}
+
+template <typename T>
+inline T from_bits(unsigned long long bits) {
+    T v;
+    std::memcpy(&v, &bits, sizeof(T));
+    return v;
+}
+
+template <typename T>
+inline T shuffle_from(unsigned mask, T v, unsigned source) {
+    WarpGroup& g = rendezvous(mask, to_bits(v));
+    const T result = (mask >> source & 1u) ? from_bits<T>(g.slot[source]) : v;
+    release(g, mask);
+    return result;
+}
+
+inline unsigned ballot(unsigned mask, bool predicate) {
+    WarpGroup& g = rendezvous(mask, predicate ? 1 : 0);
+    unsigned result = 0;
+    for (unsigned lane = 0; lane < 32; ++lane)
+        if ((mask >> lane & 1u) && g.slot[lane]) result |= 1u << lane;
+    release(g, mask);
+    return result;
+}
+
+template <typename T>
+inline unsigned match_any(unsigned mask, T v) {
+    WarpGroup& g = rendezvous(mask, to_bits(v));
+    unsigned result = 0;
+    for (unsigned lane = 0; lane < 32; ++lane)
+        if ((mask >> lane & 1u) && g.slot[lane] == to_bits(v)) result |= 1u << lane;
+    release(g, mask);
+    return result;
+}
+
+inline void syncwarp(unsigned mask) {
+    WarpGroup& g = rendezvous(mask, 0);
+    release(g, mask);
+}
+
+}  // namespace emu
+
+// ---------------------------------------------------------------- built-in variables
+#define threadIdx (::emu::current_fiber->thread_idx)
+#define blockIdx (::emu::current_block->block_idx)
+#define blockDim (::emu::current_block->block_dim)
+#define gridDim (::emu::current_block->grid_dim)
+
+// ---------------------------------------------------------------- intrinsics
+inline void __syncthreads() { emu::syncthreads(); }
+inline void __syncwarp(unsigned mask = 0xffffffffu) { emu::syncwarp(mask); }
+inline unsigned __ballot_sync(unsigned mask, int predicate) { return emu::ballot(mask, predicate != 0); }
+inline int __any_sync(unsigned mask, int predicate) { return emu::ballot(mask, predicate != 0) != 0; }
+inline int __all_sync(unsigned mask, int predicate) { return emu::ballot(mask, predicate != 0) == mask; }
+template <typename T>
+inline unsigned __match_any_sync(unsigned mask, T v) { return emu::match_any(mask, v); }
+
+template <typename T>
+inline T __shfl_sync(unsigned mask, T v, int source, int width = 32) {
+    const unsigned lane = emu::current_fiber->lane;
+    const unsigned base = lane & ~static_cast<unsigned>(width - 1);
+    return emu::shuffle_from(mask, v, base + (static_cast<unsigned>(source) & (width - 1)));
+}
+template <typename T>
+inline T __shfl_xor_sync(unsigned mask, T v, int lane_mask, int width = 32) {
+    const unsigned lane = emu::current_fiber->lane;
+    const unsigned base = lane & ~static_cast<unsigned>(width - 1);
+    unsigned source = lane ^ static_cast<unsigned>(lane_mask);
+    if (source >= base + width) source = lane;
+    return emu::shuffle_from(mask, v, source);
+}
+template <typename T>
+inline T __shfl_up_sync(unsigned mask, T v, unsigned delta, int width = 32) {
+    const unsigned lane = emu::current_fiber->lane;
+    const unsigned base = lane & ~static_cast<unsigned>(width - 1);
+    const unsigned source = lane >= base + delta ? lane - delta : lane;
+    return emu::shuffle_from(mask, v, source);
+}
+template <typename T>
+inline T __shfl_down_sync(unsigned mask, T v, unsigned delta, int width = 32) {
+    const unsigned lane = emu::current_fiber->lane;
+    const unsigned base = lane & ~static_cast<unsigned>(width - 1);
+    const unsigned source = lane + delta < base + width ? lane + delta : lane;
+    return emu::shuffle_from(mask, v, source);
+}
+
+[[noreturn]] inline void __trap() { emu::fail("__trap()"); }
+
+template <typename T> inline T __ldg(const T* p) { return *p; }
+template <typename T> inline T __ldcs(const T* p) { return *p; }
+template <typename T> inline void __stcs(T* p, T v) { *p = v; }
+
+template <typename T> inline T atomicAdd(T* p, T v) { return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST); }
+template <typename T> inline T atomicSub(T* p, T v) { return __atomic_fetch_sub(p, v, __ATOMIC_SEQ_CST); }
+template <typename T> inline T atomicOr(T* p, T v) { return __atomic_fetch_or(p, v, __ATOMIC_SEQ_CST); }
+template <typename T> inline T atomicAnd(T* p, T v) { return __atomic_fetch_and(p, v, __ATOMIC_SEQ_CST); }
+template <typename T> inline T atomicExch(T* p, T v) { return __atomic_exchange_n(p, v, __ATOMIC_SEQ_CST); }
+template <typename T>
+inline T atomicMin(T* p, T v) {
+    T old = __atomic_load_n(p, __ATOMIC_SEQ_CST);
+    while (v < old && !__atomic_compare_exchange_n(p, &old, v, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST)) {}
+    return old;
+}
+template <typename T>
+inline T atomicMax(T* p, T v) {
+    T old = __atomic_load_n(p, __ATOMIC_SEQ_CST);
+    while (v > old && !__atomic_compare_exchange_n(p, &old, v, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST)) {}
+    return old;
+}
+template <typename T>
+inline T atomicCAS(T* p, T compare, T v) {
+    __atomic_compare_exchange_n(p, &compare, v, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
+    return compare;
+}
+
+inline int __popc(unsigned v) { return __builtin_popcount(v); }
+inline int __popcll(unsigned long long v) { return __builtin_popcountll(v); }
+inline int __ffs(int v) { return __builtin_ffs(v); }
+inline int __ffsll(long long v) { return __builtin_ffsll(v); }
+inline int __clz(int v) { return v ? __builtin_clz(static_cast<unsigned>(v)) : 32; }
+inline unsigned __brev(unsigned v) {
+    unsigned r = 0;
+    for (int i = 0; i < 32; ++i) r |= ((v >> i) & 1u) << (31 - i);
+    return r;
+}
+
+inline float __uint_as_float(unsigned v) { float f; std::memcpy(&f, &v, 4); return f; }
+inline unsigned __float_as_uint(float f) { unsigned v; std::memcpy(&v, &f, 4); return v; }
+inline float __int_as_float(int v) { float f; std::memcpy(&f, &v, 4); return f; }
+inline int __float_as_int(float f) { int v; std::memcpy(&v, &f, 4); return v; }
+
+// IEEE float32 with round to nearest even: the CPU's own (SSE, no
+// contraction: build.py compiles with -ffp-contract=off; fmaf is exact).
+inline float __fadd_rn(float a, float b) { return a + b; }
+inline float __fsub_rn(float a, float b) { return a - b; }
+inline float __fmul_rn(float a, float b) { return a * b; }
+inline float __fdiv_rn(float a, float b) { return a / b; }
+inline float __frcp_rn(float a) { return 1.0f / a; }
+inline float __fmaf_rn(float a, float b, float c) { return std::fmaf(a, b, c); }
+
+// CUDA's min/max overloads: the usual arithmetic conversions of the pair
+template <typename A, typename B>
+inline std::common_type_t<A, B> min(A a, B b) {
+    return a < b ? static_cast<std::common_type_t<A, B>>(a) : static_cast<std::common_type_t<A, B>>(b);
+}
+template <typename A, typename B>
+inline std::common_type_t<A, B> max(A a, B b) {
+    return a > b ? static_cast<std::common_type_t<A, B>>(a) : static_cast<std::common_type_t<A, B>>(b);
+}
+
+inline unsigned long long __cvta_generic_to_shared(const void* p) { return emu::shared_offset(p); }
+
+// ---------------------------------------------------------------- PTX the sources inline
+// (build.py rewrites each asm statement into one of these)
+namespace emu {
+
+inline unsigned short cvt_e4m3_one(float v) {
+    // cvt.rn.satfinite to e4m3fn: round to nearest even, clamp to +-448,
+    // NaN to 0x7F (the GPU's canonical NaN is positive; x86's are not)
+    unsigned bits = __float_as_uint(v);
+    const unsigned sign = (bits >> 24) & 0x80u;
+    unsigned magnitude = bits & 0x7FFFFFFFu;
+    if (magnitude > 0x7F800000u) return 0x7F;
+    magnitude = std::min(magnitude, 0x43E00000u);
+    unsigned code;
+    if (magnitude >= 0x3C800000u) {
+        code = ((magnitude + 0x7FFFFu + ((magnitude >> 20) & 1u)) >> 20) - (120u << 3);
+    } else {
+        code = static_cast<unsigned>(std::nearbyint(static_cast<double>(__uint_as_float(magnitude)) * 512.0));
+    }
+    return static_cast<unsigned short>(sign | code);
+}
+
+// cvt.rn.satfinite.e4m3x2.f32 d, a, b: a's code in the upper byte
+inline unsigned short cvt_e4m3x2(float a, float b) {
+    return static_cast<unsigned short>((cvt_e4m3_one(a) << 8) | cvt_e4m3_one(b));
+}
+
+inline float cvt_f32_f16(unsigned short h) {
+    _Float16 v;
+    std::memcpy(&v, &h, 2);
+    return static_cast<float>(v);
+}
+
+inline unsigned short cvt_rn_f16_f32(float f) {
+    const _Float16 v = static_cast<_Float16>(f);
+    unsigned short h;
+    std::memcpy(&h, &v, 2);
+    return h;
+}
+
+// rcp.approx.ftz.f32: the correctly rounded reciprocal stands in for the
+// approximation (the kernels refine it with a Newton step, which keeps an
+// already correct result)
+inline float rcp_approx_ftz(float d) {
+    if (std::fpclassify(d) == FP_SUBNORMAL) d = std::copysign(0.0f, d);
+    return 1.0f / d;
+}
+
+inline unsigned dynamic_smem_size() { return current_block->shared_bytes; }
+
+inline void bulk_load(unsigned stage, const void* src, unsigned bytes) {
+    std::memcpy(shared_pointer(stage), src, bytes);
+}
+
+inline void bulk_store(void* dst, unsigned stage, unsigned bytes) {
+    std::memcpy(dst, shared_pointer(stage), bytes);
+}
+
+// the cooperative launch's workspace address, as %envreg1 (high) / %envreg2 (low)
+inline unsigned envreg(int which) {
+    const unsigned long long address = reinterpret_cast<unsigned long long>(cooperative_workspace());
+    return which == 1 ? static_cast<unsigned>(address >> 32) : static_cast<unsigned>(address);
+}
+
+void spin_pause();
+
+inline unsigned atom_add_release(unsigned* p, unsigned v) {
+    return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST);
+}
+
+inline unsigned ld_acquire(const unsigned* p) {
+    spin_pause();  // the only use is a spin loop on another block's arrival
+    return __atomic_load_n(p, __ATOMIC_SEQ_CST);
+}
+
+}  // namespace emu

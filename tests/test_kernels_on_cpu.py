@@ -1,0 +1,176 @@
+"""The kernels of kernels_cu/ run on the CPU (tests/cuda_on_cpu: each CUDA
+thread a fiber), through the ops' own GPU code: plans, argument blocks and
+launch shapes as on an H200. Bit-exact against the NumPy oracle, outputs
+poisoned, canaries around them.
+
+These run everywhere a C++ compiler is (CI included): they check the kernels'
+logic, which rows and columns each writes and what, not their speed, and not
+what only the hardware decides (NaN payloads, memory ordering between
+blocks). Kernels not yet run on a GPU are covered here first.
+"""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from cuda_on_cpu import build
+from cuda_on_cpu.device import POISON, emulated_gpu
+
+pytestmark = pytest.mark.skipif(not build.compiler_available(),
+                                reason=f"no C++ compiler ({build.CXX}) to build the kernels with")
+
+from cupy_moe.expand.api import run_with_tuning as expand_with_tuning  # noqa: E402
+from cupy_moe.expand.reference import expand_to_fused_numpy  # noqa: E402
+from cupy_moe.expand.tuning import ExpandTuning  # noqa: E402
+from cupy_moe.mapping.reference import fused_mapping_numpy  # noqa: E402
+from cupy_moe.quantize.api import run_with_tuning as quantize_with_tuning  # noqa: E402
+from cupy_moe.quantize.launch_shape import QuantizeTuning  # noqa: E402
+from cupy_moe.quantize.reference import (  # noqa: E402
+    quantize_fp8_numpy,
+    swiglu_padding_rows,
+    swiglu_quantize_fp8_numpy,
+)
+
+SF_LAYOUTS = {  # (packed_ue8m0, use_tma_aligned_col_major_sf, round_sf)
+    "row-f32": (False, False, False),
+    "col-f32": (False, True, False),
+    "col-ue8m0": (True, True, True),
+}
+
+
+def _plan(rng, num_tokens, top_k, num_experts, local_experts, alignment, extra_rows=3):
+    """A padded plan of random routing: expert ids past ``local_experts``
+    are remote (dropped), one slot in eight dropped outright; ``extra_rows``
+    of padding past the tight bound (X not a multiple of 4: the column-major
+    scale factors have pad columns)."""
+    ids = rng.integers(0, num_experts, (num_tokens, top_k)).astype(np.int32)
+    ids[rng.random(ids.shape) < 0.125] = -1
+    tight = fused_mapping_numpy(ids, local_experts, alignment=alignment).pos_to_expert.shape[0]
+    plan = fused_mapping_numpy(ids, local_experts, alignment=alignment,
+                               num_expanded=tight + extra_rows)
+    weights = rng.random((num_tokens, top_k), dtype=np.float32)
+    return plan, weights
+
+
+BY_SLOT = {
+    "rows": QuantizeTuning(by_slot_from_rows_per_slot=0, narrow_live_rows=0),
+    "vec1": QuantizeTuning(by_slot_from_rows_per_slot=0, narrow_live_rows=2**31),
+    "vec": QuantizeTuning(by_slot_from_rows_per_slot=0, segment_columns=(), narrow_live_rows=0),
+}
+
+
+@pytest.mark.parametrize("layout", sorted(SF_LAYOUTS))
+@pytest.mark.parametrize("tuning_name", sorted(BY_SLOT))
+@pytest.mark.parametrize(("inter", "dtype"), [(2048, "bfloat16"), (768, "bfloat16"),
+                                              (1024, "float32"), (96, "bfloat16")])
+def test_swiglu_by_slot_writes_the_live_rows_only(monkeypatch, rng, layout, tuning_name, inter,
+                                                  dtype):
+    """The ``*_slots`` kernels (swiglu given token_topk_to_pos, zero_padding
+    off): every live row as the oracle's, padding rows untouched (still
+    poison), the column-major SF pad columns zeroed, nothing outside the
+    outputs written."""
+    packed, col_major, round_sf = SF_LAYOUTS[layout]
+    npc = 32 if inter == 96 else int(rng.choice([32, 128]))
+    plan, weights = _plan(rng, 11, 4, 24, 16, 8)
+    num_rows = plan.pos_to_expert.shape[0]
+    h = rng.standard_normal((num_rows, 2 * inter)).astype(np.float32)
+    h = h.astype(ml_dtypes.bfloat16) if dtype == "bfloat16" else h
+    maps = {"topk_weights": weights, "pos_to_token_topk": plan.pos_to_token_topk,
+            "pos_to_expert": plan.pos_to_expert}
+    settings = {"num_per_channels": npc, "round_sf": round_sf, "packed_ue8m0": packed,
+                "use_tma_aligned_col_major_sf": col_major}
+    want_codes, want_sf = swiglu_quantize_fp8_numpy(h, **maps, **settings)
+    gpu = emulated_gpu(monkeypatch, seed=int(rng.integers(1, 2**62)))
+    codes, sf = quantize_with_tuning(BY_SLOT[tuning_name], "swiglu_quantize_fp8", h, **maps,
+                                     **settings, zero_padding=False,
+                                     token_topk_to_pos=plan.token_topk_to_pos)
+    assert gpu.launches[-1].endswith("_slots")
+    gpu.check_canaries()
+    padding = swiglu_padding_rows(num_rows, pos_to_expert=plan.pos_to_expert,
+                                  pos_to_token_topk=plan.pos_to_token_topk,
+                                  num_slots=weights.size)
+    assert padding.any() and (~padding).any()
+    codes = codes.view(np.uint8)
+    np.testing.assert_array_equal(codes[~padding], want_codes.view(np.uint8)[~padding])
+    assert (codes[padding] == POISON).all()
+    sf_rows = np.ascontiguousarray(sf).view(np.uint8).reshape(num_rows, -1)
+    want_rows = np.ascontiguousarray(want_sf).view(np.uint8).reshape(num_rows, -1)
+    np.testing.assert_array_equal(sf_rows[~padding], want_rows[~padding])
+    assert (sf_rows[padding] == POISON).all()
+    if col_major:  # the pad columns R .. align(R, 4) of each SF column: zeros
+        leading_dim = -(-num_rows // 4) * 4
+        assert leading_dim > num_rows
+        full = np.lib.stride_tricks.as_strided(sf.T, (sf.shape[1], leading_dim), sf.T.strides)
+        assert (full[:, num_rows:] == 0).all()
+
+
+@pytest.mark.parametrize("tuning_name", sorted(BY_SLOT))
+def test_swiglu_by_slot_equals_the_rows_kernels(monkeypatch, rng, tuning_name):
+    """Visiting slots or rows, the live rows come out the same (here with
+    the rows kernels zeroing padding: the oracle's whole result)."""
+    plan, weights = _plan(rng, 7, 8, 40, 40, 4)
+    h = rng.standard_normal((plan.pos_to_expert.shape[0], 1024)).astype(ml_dtypes.bfloat16)
+    maps = {"topk_weights": weights, "pos_to_token_topk": plan.pos_to_token_topk,
+            "pos_to_expert": plan.pos_to_expert}
+    emulated_gpu(monkeypatch, seed=int(rng.integers(1, 2**62)))
+    by_rows = quantize_with_tuning(QuantizeTuning(), "swiglu_quantize_fp8", h, **maps)
+    want = swiglu_quantize_fp8_numpy(h, **maps)
+    np.testing.assert_array_equal(by_rows[0].view(np.uint8), want[0].view(np.uint8))
+    np.testing.assert_array_equal(by_rows[1], want[1])
+
+
+@pytest.mark.parametrize("layout", sorted(SF_LAYOUTS))
+@pytest.mark.parametrize(("hidden", "dtype", "tuning"), [
+    (7168, "bfloat16", QuantizeTuning()),
+    (2048, "float32", QuantizeTuning()),
+    (4096, "bfloat16", QuantizeTuning(packed_sf_tiles=False)),
+    (100, "bfloat16", QuantizeTuning()),   # H % npc != 0: the element-access kernel
+])
+def test_quantize_matches_the_oracle(monkeypatch, rng, layout, hidden, dtype, tuning):
+    """quantize_fp8's kernels (run on the GPU before: a check of the
+    emulation as much as of them)."""
+    packed, col_major, round_sf = SF_LAYOUTS[layout]
+    x = rng.standard_normal((37, hidden)).astype(np.float32) * 10
+    x = x.astype(ml_dtypes.bfloat16) if dtype == "bfloat16" else x
+    settings = {"num_per_channels": 128, "round_sf": round_sf, "packed_ue8m0": packed,
+                "use_tma_aligned_col_major_sf": col_major}
+    want = quantize_fp8_numpy(x, **settings)
+    gpu = emulated_gpu(monkeypatch, seed=int(rng.integers(1, 2**62)))
+    got = quantize_with_tuning(tuning, "quantize_fp8", x, **settings)
+    gpu.check_canaries()
+    np.testing.assert_array_equal(got[0].view(np.uint8), want[0].view(np.uint8))
+    np.testing.assert_array_equal(np.asarray(got[1]), want[1])
+
+
+GATHER = ExpandTuning(gather_x_bytes_below=float("inf"))
+
+
+@pytest.mark.parametrize("zero_padding", [True, False])
+@pytest.mark.parametrize(("hidden", "item", "tuning"), [
+    (3072, 2, GATHER),                   # the gather kernel (Qwen3's rows)
+    (7168, 2, GATHER),
+    (1004, 2, GATHER),                   # rows not of 16-byte chunks: no gather
+    (3072, 2, ExpandTuning()),           # the default's kernels
+    (7168, 2, ExpandTuning(bulk_min_blocks=0.0)),  # the bulk kernel
+])
+def test_expand_matches_the_oracle(monkeypatch, rng, zero_padding, hidden, item, tuning):
+    """expand_to_fused on a padded plan, given pos_to_token: rows as the
+    oracle's; with zero_padding off, padding rows untouched."""
+    plan, _ = _plan(rng, 29, 8, 32, 24, 16)
+    x = rng.integers(0, 256, (29, hidden), dtype=np.uint8) if item == 1 else \
+        rng.integers(0, 2**16, (29, hidden), dtype=np.uint16)
+    want = expand_to_fused_numpy(x, plan.token_topk_to_pos, plan.pos_to_expert)
+    gpu = emulated_gpu(monkeypatch, seed=int(rng.integers(1, 2**62)))
+    got, _ = expand_with_tuning(tuning, x, plan.token_topk_to_pos, plan.pos_to_expert,
+                                zero_padding=zero_padding, pos_to_token=plan.pos_to_token)
+    gpu.check_canaries()
+    assert ("expand_to_fused_gather" in gpu.launches) == (tuning is GATHER
+                                                         and hidden * item % 16 == 0)
+    padding = plan.pos_to_expert < 0
+    np.testing.assert_array_equal(got[~padding], want[~padding])
+    if zero_padding:
+        assert (got[padding] == 0).all()
+    else:
+        assert (got[padding].view(np.uint8) == POISON).all()
