@@ -168,7 +168,8 @@ def _compile(source: str, defines: tuple[tuple[str, int], ...], arch: int) -> Pa
                 f"-DCUPY_MOE_SOURCES_HASH=0x{sources_hash()}ULL",
                 *(f"-D{name}={value}" for name, value in defines)]
     # IEEE float32 as the kernels' NVRTC options ask: no contraction into fmas
-    flags = [*language, "-O2", "-fPIC", "-shared", "-ffp-contract=off", "-fno-fast-math",
+    flags = [*language, "-O2", "-fno-strict-aliasing", "-fPIC", "-shared", "-ffp-contract=off",
+             "-fno-fast-math",
              "-pthread"]
     key = hashlib.sha256("\0".join([CXX, *flags, source, sources_hash(), header,
                                     (HERE / "build.py").read_text()]).encode()).hexdigest()[:24]

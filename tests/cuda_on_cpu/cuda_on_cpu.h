@@ -302,6 +302,21 @@ inline float __fdiv_rn(float a, float b) { return a / b; }
 inline float __frcp_rn(float a) { return 1.0f / a; }
 inline float __fmaf_rn(float a, float b, float c) { return std::fmaf(a, b, c); }
 
+// CUDA's fmaxf / fminf: a NaN operand, signaling ones included, gives the
+// other (C's, IEEE maxNum, give NaN for a signaling one, as x86's 0x7FA20000).
+inline float emu_fmaxf(float a, float b) {
+    if (a != a) return b;
+    if (b != b) return a;
+    return a > b || (a == b && !std::signbit(a)) ? a : b;
+}
+inline float emu_fminf(float a, float b) {
+    if (a != a) return b;
+    if (b != b) return a;
+    return a < b || (a == b && std::signbit(a)) ? a : b;
+}
+#define fmaxf emu_fmaxf
+#define fminf emu_fminf
+
 // CUDA's min/max overloads: the usual arithmetic conversions of the pair
 template <typename A, typename B>
 inline std::common_type_t<A, B> min(A a, B b) {
@@ -377,15 +392,22 @@ inline unsigned envreg(int which) {
     return which == 1 ? static_cast<unsigned>(address >> 32) : static_cast<unsigned>(address);
 }
 
-void spin_pause();
+unsigned wait_while_equal(const unsigned* p, unsigned seen);
+void wake_all(unsigned* p);
+extern thread_local unsigned last_acquired;
 
+// The grid barrier's arrival and its spin on the word: the spin sleeps
+// until the word differs from what this thread last read of it.
 inline unsigned atom_add_release(unsigned* p, unsigned v) {
-    return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST);
+    const unsigned before = __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST);
+    wake_all(p);
+    last_acquired = before;
+    return before;
 }
 
 inline unsigned ld_acquire(const unsigned* p) {
-    spin_pause();  // the only use is a spin loop on another block's arrival
-    return __atomic_load_n(p, __ATOMIC_SEQ_CST);
+    last_acquired = wait_while_equal(p, last_acquired);
+    return last_acquired;
 }
 
 }  // namespace emu

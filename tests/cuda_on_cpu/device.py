@@ -10,6 +10,7 @@ them; ``check_canaries()`` asserts no kernel wrote outside its outputs.
 
 from __future__ import annotations
 
+import ctypes
 import types
 from dataclasses import dataclass, field
 
@@ -52,6 +53,12 @@ class EmulatedGpu:
         seed = self.seed and self.seed * 1000003 + len(self.launches)
         module.launch(handle.name, (gx, gy, gz), (bx, by, bz), shared_bytes, params, seed=seed)
 
+    def launch_cooperative(self, handle, gx, gy, gz, bx, by, bz, shared_bytes, stream, params):
+        self.launches.append(handle.name)
+        module = build.module(handle.source, handle.defines, 900 if self.major >= 9 else 800)
+        module.launch(handle.name, (gx, gy, gz), (bx, by, bz), shared_bytes, params,
+                      cooperative=True)
+
     def launch_overlapping_previous(self, handle, blocks, threads, shared_bytes, stream,
                                     params_address):
         self.launch_kernel(handle, blocks, 1, 1, threads, 1, 1, shared_bytes, stream,
@@ -78,10 +85,11 @@ class EmulatedGpu:
 
 
 class _HostArrays:
-    """gpu_arrays.Cupy's interface over NumPy arrays (host pointers)."""
+    """gpu_arrays.Cupy's interface over NumPy arrays (host pointers); the
+    outputs it allocates are ``array_type`` views, poisoned, with canaries."""
 
-    def __init__(self, gpu: EmulatedGpu) -> None:
-        self.gpu = gpu
+    def __init__(self, gpu: EmulatedGpu, array_type: type) -> None:
+        self.gpu, self.array_type = gpu, array_type
 
     def stream(self, device):
         return 0
@@ -90,7 +98,7 @@ class _HostArrays:
         return 0
 
     def contiguous(self, a):
-        return a if a.flags.c_contiguous else np.ascontiguousarray(a)
+        return a if a.flags.c_contiguous else np.ascontiguousarray(a).view(self.array_type)
 
     def pointer(self, a):
         return a.ctypes.data
@@ -99,19 +107,19 @@ class _HostArrays:
         return a.itemsize
 
     def empty(self, shape, like):
-        return self.gpu.empty(shape, like.dtype)
+        return self.gpu.empty(shape, like.dtype).view(self.array_type)
 
     def empty_col_major(self, rows, columns, leading_dim, like):
-        return self.gpu.empty((columns, leading_dim), like.dtype)[:, :rows].T
+        return self.empty((columns, leading_dim), like)[:, :rows].T
 
     def empty_int32(self, count, like):
-        return self.gpu.empty((count,), np.int32)
+        return self.gpu.empty((count,), np.int32).view(self.array_type)
 
     def flat_value(self, a, index):
         return int(a.reshape(-1)[index])
 
     def to_numpy(self, a):
-        return np.array(a)
+        return np.array(a).view(np.ndarray)
 
 
 class _NoDevice:
@@ -125,41 +133,73 @@ class _NoDevice:
         return None
 
 
-def emulated_gpu(monkeypatch, major: int = 9, seed: int = 0) -> EmulatedGpu:
-    """Route the expand and quantize ops' NumPy calls through their GPU code
-    (``seed``: see EmulatedGpu)."""
-    from cupy_moe.expand import api as expand_api
-    from cupy_moe.expand import gpu as expand_gpu
-    from cupy_moe.expand import plan as expand_plan
-    from cupy_moe.quantize import api as quantize_api
-    from cupy_moe.quantize import gpu as quantize_gpu
-    from cupy_moe.runtime.arrays import ArrayKind, common_kind
+def _runtime_stand_in():
+    """The few cupy.cuda.runtime calls of the ops' validate paths, on host memory."""
+    return types.SimpleNamespace(
+        memsetAsync=lambda pointer, value, size, stream: ctypes.memset(pointer, value, size),
+        memcpyAsync=lambda dst, src, size, kind, stream: ctypes.memmove(dst, src, size),
+        memcpyDeviceToHost=2, streamSynchronize=lambda stream: None, getDevice=lambda: 0)
+
+
+def emulated_gpu(monkeypatch, major: int = 9, seed: int = 0,
+                 device_arrays: type | None = None) -> EmulatedGpu:
+    """Route the ops' GPU code to the CPU: NumPy arrays (or, with
+    ``device_arrays``, only arrays of that ndarray subclass, the others
+    staying on the CPU backend) pass for CuPy arrays of device 0 (an H200 by
+    its traits, or ``major=8`` for the pre-Hopper paths); each kernel launch
+    runs on the CPU (``seed``: see EmulatedGpu)."""
+    import importlib
+
+    from cupy_moe.runtime import arrays
+    from cupy_moe.runtime.arrays import ArrayDesc, ArrayKind, common_kind
 
     gpu = EmulatedGpu(major=major, seed=seed)
-    host = _HostArrays(gpu)
+    host = _HostArrays(gpu, device_arrays or np.ndarray)
+    apis = [importlib.import_module(f"cupy_moe.{name}.api")
+            for name in ("expand", "quantize", "combine", "mapping")]
+    apis.append(importlib.import_module("cupy_moe.layer.moe_layer"))
+    gpu_modules = [importlib.import_module(f"cupy_moe.{name}")
+                   for name in ("expand.gpu", "expand.plan", "quantize.gpu", "combine.gpu",
+                                "mapping.gpu", "runtime.launch")]
+    if device_arrays is None:
+        def numpy_as_cupy(descs):
+            kind, device = common_kind(descs)
+            return (ArrayKind.CUPY, 0) if kind is ArrayKind.NUMPY else (kind, device)
 
-    def numpy_as_cupy(descs):
-        kind, device = common_kind(descs)
-        return (ArrayKind.CUPY, 0) if kind is ArrayKind.NUMPY else (kind, device)
+        for api in apis:
+            monkeypatch.setattr(api, "common_kind", numpy_as_cupy)
+    else:
+        def describe(name, array, _describe=arrays.describe):
+            if isinstance(array, device_arrays):
+                return ArrayDesc(ArrayKind.CUPY, array.shape, array.dtype.name, 0,
+                                 array.flags.c_contiguous, False, True)
+            return _describe(name, array)
 
-    driver = types.SimpleNamespace(launchKernel=gpu.launch_kernel)
-    fake_cupy = types.SimpleNamespace(empty=gpu.empty, uint8=np.uint8, int32=np.int32,
-                                      float32=np.float32)
-    for api in (expand_api, quantize_api):
-        monkeypatch.setattr(api, "common_kind", numpy_as_cupy)
-    for module in (expand_gpu, quantize_gpu):
-        monkeypatch.setattr(module, "gpu_library", lambda kind: host)
-        monkeypatch.setattr(module, "OnDevice", _NoDevice)
-    monkeypatch.setattr(quantize_gpu, "cupy", fake_cupy)
-    for module in (expand_plan, quantize_gpu):
-        monkeypatch.setattr(module, "function_handle", gpu.function_handle)
-        monkeypatch.setattr(module, "device_traits", gpu.device_traits)
-        monkeypatch.setattr(module, "driver", driver)
-    monkeypatch.setattr(expand_plan, "launch_overlapping_previous",
-                        gpu.launch_overlapping_previous)
-    # fresh plans: a cached one may hold a real device's handles
-    monkeypatch.setattr(quantize_gpu, "_plans", type(quantize_gpu._plans)())
-    monkeypatch.setattr(expand_plan, "_plans", type(expand_plan._plans)())
+        for api in apis:
+            monkeypatch.setattr(api, "describe", describe)
+    driver = types.SimpleNamespace(
+        launchKernel=gpu.launch_kernel, launchCooperativeKernel=gpu.launch_cooperative,
+        funcSetAttribute=lambda *args: None, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES=8)
+    stand_ins = {"gpu_library": lambda kind: host, "OnDevice": _NoDevice,
+                 "function_handle": gpu.function_handle, "device_traits": gpu.device_traits,
+                 "driver": driver, "runtime": _runtime_stand_in(),
+                 "launch_overlapping_previous": gpu.launch_overlapping_previous,
+                 "cupy": _cupy_stand_in(gpu, device_arrays or np.ndarray)}
+    for module in gpu_modules:
+        for name, value in stand_ins.items():
+            if hasattr(module, name):
+                monkeypatch.setattr(module, name, value)
+        if hasattr(module, "_plans"):  # fresh plans: a cached one holds a real device's handles
+            monkeypatch.setattr(module, "_plans", type(module._plans)())
     return gpu
 
 
+def _cupy_stand_in(gpu: EmulatedGpu, array_type: type):
+    """The cupy functions the ops' GPU code calls itself (outputs, scratch)."""
+    def empty(shape, dtype=np.float32):
+        shape = (shape,) if isinstance(shape, int) else tuple(shape)
+        return gpu.empty(shape, dtype).view(array_type)
+
+    return types.SimpleNamespace(empty=empty, ascontiguousarray=np.ascontiguousarray,
+                                 uint8=np.uint8, int32=np.int32, int64=np.int64,
+                                 float32=np.float32)
