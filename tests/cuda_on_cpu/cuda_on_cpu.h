@@ -400,7 +400,8 @@ extern thread_local unsigned last_acquired;
 // until the word differs from what this thread last read of it.
 inline unsigned atom_add_release(unsigned* p, unsigned v) {
     const unsigned before = __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST);
-    wake_all(p);
+    // the waiters wait for the top bit to flip: only the last arrival wakes them
+    if ((before ^ (before + v)) & 0x80000000u) wake_all(p);
     last_acquired = before;
     return before;
 }
