@@ -22,7 +22,11 @@ pytestmark = pytest.mark.skipif(not build.compiler_available(),
                                 reason=f"no C++ compiler ({build.CXX}) to build the kernels with")
 
 from cupy_moe.expand.api import run_with_tuning as expand_with_tuning  # noqa: E402
-from cupy_moe.expand.reference import expand_to_fused_numpy  # noqa: E402
+from cupy_moe.combine.reference import reduce_fused_numpy  # noqa: E402
+from cupy_moe.expand.reference import (  # noqa: E402
+    expand_to_fused_numpy,
+    expand_to_fused_with_sf_numpy,
+)
 from cupy_moe.expand.tuning import ExpandTuning  # noqa: E402
 from cupy_moe.mapping.reference import fused_mapping_numpy  # noqa: E402
 from cupy_moe.quantize.api import run_with_tuning as quantize_with_tuning  # noqa: E402
@@ -145,6 +149,9 @@ def test_quantize_matches_the_oracle(monkeypatch, rng, layout, hidden, dtype, tu
 
 
 GATHER = ExpandTuning(gather_x_bytes_below=float("inf"))
+BULK = ExpandTuning(bulk_min_blocks=0.0, padding_share_registers=float("inf"),
+                    medium_padding_share_registers=float("inf"),
+                    bulk_whole_row_zero_from=float("inf"))
 
 
 @pytest.mark.parametrize("zero_padding", [True, False])
@@ -153,7 +160,7 @@ GATHER = ExpandTuning(gather_x_bytes_below=float("inf"))
     (7168, 2, GATHER),
     (1004, 2, GATHER),                   # rows not of 16-byte chunks: no gather
     (3072, 2, ExpandTuning()),           # the default's kernels
-    (7168, 2, ExpandTuning(bulk_min_blocks=0.0)),  # the bulk kernel
+    (7168, 2, BULK),                     # Hopper's bulk copies (cp.async.bulk)
 ])
 def test_expand_matches_the_oracle(monkeypatch, rng, zero_padding, hidden, item, tuning):
     """expand_to_fused on a padded plan, given pos_to_token: rows as the
@@ -174,3 +181,84 @@ def test_expand_matches_the_oracle(monkeypatch, rng, zero_padding, hidden, item,
         assert (got[padding] == 0).all()
     else:
         assert (got[padding].view(np.uint8) == POISON).all()
+
+
+# -- the families run on a GPU before: the emulation keeps CI watching their kernels ------
+
+@pytest.mark.parametrize(("layout", "hidden", "tuning"), [
+    ("col-f32", 7168, BULK),
+    ("col-ue8m0", 7168, ExpandTuning()),
+    ("row-f32", 2048, ExpandTuning()),
+    ("col-ue8m0", 3072, GATHER),
+])
+def test_expand_with_sf_matches_the_oracle(monkeypatch, rng, layout, hidden, tuning):
+    """expand_to_fused_with_sf on a padded plan: fp8 rows and their scale
+    factors (both layouts), the column-major SF pad columns zeroed."""
+    packed, col_major, _ = SF_LAYOUTS[layout]
+    plan, _ = _plan(rng, 23, 8, 32, 32, 16)
+    x = rng.integers(0, 256, (23, hidden), dtype=np.uint8).view(ml_dtypes.float8_e4m3fn)
+    blocks = hidden // 128
+    if packed:
+        x_sf = rng.integers(0, 2**31, (23, -(-blocks // 4)), dtype=np.int64).astype(np.int32)
+    else:
+        x_sf = rng.random((23, blocks), dtype=np.float32)
+    want = expand_to_fused_with_sf_numpy(x, x_sf, plan.token_topk_to_pos, plan.pos_to_expert,
+                                         col_major=col_major)
+    gpu = emulated_gpu(monkeypatch, seed=int(rng.integers(1, 2**62)))
+    got = expand_with_tuning(tuning, x, plan.token_topk_to_pos, plan.pos_to_expert, x_sf=x_sf,
+                             num_per_channels=128, use_tma_aligned_col_major_sf=col_major,
+                             pos_to_token=plan.pos_to_token)
+    gpu.check_canaries()
+    np.testing.assert_array_equal(got[0].view(np.uint8), want[0].view(np.uint8))
+    np.testing.assert_array_equal(np.asarray(got[1]), np.asarray(want[1]))
+    if col_major:
+        num_rows = plan.pos_to_expert.shape[0]
+        leading_dim = -(-num_rows // 4) * 4
+        full = np.lib.stride_tricks.as_strided(got[1].T, (got[1].shape[1], leading_dim),
+                                               got[1].T.strides)
+        assert (full[:, num_rows:] == 0).all()
+
+
+@pytest.mark.parametrize(("num_tokens", "top_k", "num_experts", "alignment"), [
+    (1, 8, 384, 128),      # decode: the one-warp plan
+    (37, 6, 64, 16),
+    (700, 8, 128, 128),
+    (4096, 8, 128, 128),   # prefill: the cooperative kernel
+    (9, 10, 1024, 1),
+])
+@pytest.mark.parametrize("dtype", ["int32", "int64"])
+def test_fused_mapping_matches_the_oracle(monkeypatch, rng, num_tokens, top_k, num_experts,
+                                          alignment, dtype):
+    """The routing plan, -1 and out-of-range ids among the slots."""
+    import cupy_moe
+
+    ids = rng.integers(-1, num_experts + 3, (num_tokens, top_k)).astype(dtype)
+    gpu = emulated_gpu(monkeypatch, seed=int(rng.integers(1, 2**62)))
+    got = cupy_moe.fused_mapping(ids, num_experts, alignment=alignment)
+    gpu.check_canaries()
+    slots = num_tokens * top_k  # X: the tight worst case
+    num_rows = (slots + min(num_experts, slots) * (alignment - 1)) // alignment * alignment
+    want = fused_mapping_numpy(ids, num_experts, alignment=alignment, num_expanded=num_rows)
+    assert gpu.launches
+    for name, got_field, want_field in zip(want._fields, got, want, strict=True):
+        np.testing.assert_array_equal(np.asarray(got_field), want_field, err_msg=name)
+
+
+@pytest.mark.parametrize(("dtype", "hidden"), [("bfloat16", 7168), ("float16", 2048),
+                                               ("float32", 1024), ("bfloat16", 100)])
+@pytest.mark.parametrize("row_scale", [False, True])
+def test_reduce_fused_matches_the_oracle(monkeypatch, rng, dtype, hidden, row_scale):
+    """The combine: each token's slots weighted and summed in k order, one
+    rounding, as the oracle's emulated fma."""
+    import cupy_moe
+
+    plan, weights = _plan(rng, 19, 8, 32, 24, 8)
+    num_rows = plan.pos_to_expert.shape[0]
+    expanded = rng.standard_normal((num_rows, hidden)).astype(np.float32)
+    expanded = expanded.astype(ml_dtypes.bfloat16 if dtype == "bfloat16" else dtype)
+    scale = rng.random(num_rows, dtype=np.float32) if row_scale else None
+    want = reduce_fused_numpy(expanded, plan.token_topk_to_pos, weights, row_scale=scale)
+    gpu = emulated_gpu(monkeypatch, seed=int(rng.integers(1, 2**62)))
+    got = cupy_moe.reduce_fused(expanded, plan.token_topk_to_pos, weights, row_scale=scale)
+    gpu.check_canaries()
+    np.testing.assert_array_equal(np.asarray(got).view(np.uint8), want.view(np.uint8))
