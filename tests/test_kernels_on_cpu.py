@@ -262,3 +262,65 @@ def test_reduce_fused_matches_the_oracle(monkeypatch, rng, dtype, hidden, row_sc
     got = cupy_moe.reduce_fused(expanded, plan.token_topk_to_pos, weights, row_scale=scale)
     gpu.check_canaries()
     np.testing.assert_array_equal(np.asarray(got).view(np.uint8), want.view(np.uint8))
+
+
+# -- the emulation's own stand-ins for PTX conversions -------------------------------------
+
+def _convert(function: str, values: np.ndarray, out_dtype, count: int) -> np.ndarray:
+    import ctypes
+
+    out = np.empty(count, out_dtype)
+    getattr(build.conversions(), function)(ctypes.c_void_p(values.ctypes.data),
+                                           ctypes.c_void_p(out.ctypes.data),
+                                           ctypes.c_long(count))
+    return out
+
+
+def _hard_floats(rng) -> np.ndarray:
+    """float32 around every half's and e4m3's boundaries: random bits, each
+    half and its neighbours, the midpoints between halves, and specials."""
+    halves = np.arange(2**16, dtype=np.uint32).astype(np.uint16).view(np.float16)
+    finite = halves[np.isfinite(halves)].astype(np.float32)
+    bits = finite.view(np.uint32)
+    around = np.concatenate([bits - 1, bits, bits + 1]).view(np.float32)
+    ordered = np.unique(finite[finite >= 0])
+    midpoints = ((ordered[:-1].astype(np.float64) + ordered[1:]) / 2).astype(np.float32)
+    special = np.array([np.inf, -np.inf, 65504, 65519.996, 65520, 65536, 448, 464, 480, 1e38,
+                        2.0**-24, 2.0**-25, 1.5 * 2.0**-25, 2.0**-9, 2.0**-10, 1e-45],
+                       np.float32)
+    noise = rng.integers(0, 2**32, 2**18, dtype=np.uint64).astype(np.uint32).view(np.float32)
+    values = np.concatenate([around, midpoints, -midpoints, special, -special, noise])
+    return np.ascontiguousarray(values[~np.isnan(values)])
+
+
+def test_the_half_conversions_are_numpys(rng):
+    """cvt.f32.f16 on every half, cvt.rn.f16.f32 on hard floats: NumPy's
+    float16 (round to nearest even, subnormals, overflow to inf)."""
+    halves = np.arange(2**16, dtype=np.uint32).astype(np.uint16)
+    widened = _convert("emu_f16_to_f32", halves, np.float32, halves.size)
+    want = halves.view(np.float16).astype(np.float32)
+    finite = ~np.isnan(want)
+    np.testing.assert_array_equal(widened.view(np.uint32)[finite],
+                                  want.view(np.uint32)[finite])
+    assert np.isnan(widened[~finite]).all()
+    values = _hard_floats(rng)
+    narrowed = _convert("emu_f32_to_f16", values, np.uint16, values.size)
+    with np.errstate(over="ignore"):  # overflow to inf is what is checked
+        want_halves = values.astype(np.float16).view(np.uint16)
+    np.testing.assert_array_equal(narrowed, want_halves)
+
+
+def test_the_e4m3_conversion_is_the_oracles(rng):
+    """cvt.rn.satfinite.e4m3x2.f32: ml_dtypes' e4m3fn (nearest even) inside
+    +-448, saturated to +-448 beyond, NaN 0x7F; the first value in the upper
+    byte."""
+    values = _hard_floats(rng)
+    values = np.concatenate([values, [np.nan, -np.nan]]).astype(np.float32)
+    values = values[: values.size // 2 * 2]
+    pairs = _convert("emu_f32_to_e4m3x2", values, np.uint16, values.size // 2)
+    codes = np.empty(values.size, np.uint8)
+    codes[0::2], codes[1::2] = pairs >> 8, pairs & 0xFF
+    clamped = np.clip(values, -448, 448)
+    want = clamped.astype(ml_dtypes.float8_e4m3fn).view(np.uint8).copy()
+    want[np.isnan(values)] = 0x7F
+    np.testing.assert_array_equal(codes, want)

@@ -204,10 +204,14 @@ def _compile(source: str, defines: tuple[tuple[str, int], ...], arch: int) -> Pa
         if result.returncode:
             raise TranslationError(f"compiling {source} for the CPU failed:\n"
                                    f"{result.stderr[-6000:]}")
-        target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = target.with_suffix(f".{os.getpid()}.tmp")
-        shutil.copy(built, tmp)
-        os.replace(tmp, target)
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            tmp = target.with_suffix(f".{os.getpid()}.tmp")
+            shutil.copy(built, tmp)
+            os.replace(tmp, target)
+        except OSError:  # no writable cache: a private folder, built again next process
+            target = Path(tempfile.mkdtemp(prefix="cuda_on_cpu-")) / target.name
+            shutil.copy(built, target)
     return target
 
 
@@ -245,6 +249,24 @@ def module(source: str, defines: tuple[tuple[str, int], ...] = (), arch: int = 9
         if key not in _modules:
             _modules[key] = Module(_compile(source, defines, arch))
         return _modules[key]
+
+
+def conversions() -> ctypes.CDLL:
+    """conversions.cpp built: the PTX conversions' stand-ins, callable on arrays."""
+    source = HERE / "conversions.cpp"
+    key = hashlib.sha256("\0".join([CXX, source.read_text(),
+                                     (HERE / "cuda_on_cpu.h").read_text()]).encode())
+    target = _cache_dir() / f"conversions-{key.hexdigest()[:24]}.so"
+    if not target.is_file():
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_suffix(f".{os.getpid()}.tmp")
+        result = subprocess.run([CXX, "-std=c++17", "-O2", "-ffp-contract=off", "-fPIC",
+                                 "-shared", "-w", "-o", str(tmp), str(source)],
+                                cwd=HERE, capture_output=True, text=True)
+        if result.returncode:
+            raise TranslationError(f"compiling conversions.cpp failed:\n{result.stderr}")
+        os.replace(tmp, target)
+    return ctypes.CDLL(str(target))
 
 
 def compiler_available() -> bool:

@@ -355,17 +355,34 @@ inline unsigned short cvt_e4m3x2(float a, float b) {
     return static_cast<unsigned short>((cvt_e4m3_one(a) << 8) | cvt_e4m3_one(b));
 }
 
+// cvt.f32.f16: exact (every half is a float). By hand, not _Float16, which
+// C++ compilers before GCC 12 lack.
 inline float cvt_f32_f16(unsigned short h) {
-    _Float16 v;
-    std::memcpy(&v, &h, 2);
-    return static_cast<float>(v);
+    const unsigned sign = static_cast<unsigned>(h >> 15) << 31;
+    const unsigned exponent = (h >> 10) & 0x1Fu, mantissa = h & 0x3FFu;
+    if (exponent == 0) {  // zero or subnormal: mantissa * 2^-24, exact
+        const float magnitude = static_cast<float>(mantissa) * 0x1p-24f;
+        return __uint_as_float(__float_as_uint(magnitude) | sign);
+    }
+    if (exponent == 31) return __uint_as_float(sign | 0x7F800000u | (mantissa << 13));
+    return __uint_as_float(sign | ((exponent + 112u) << 23) | (mantissa << 13));
 }
 
+// cvt.rn.f16.f32: round to nearest even, subnormals kept, overflow to inf.
 inline unsigned short cvt_rn_f16_f32(float f) {
-    const _Float16 v = static_cast<_Float16>(f);
-    unsigned short h;
-    std::memcpy(&h, &v, 2);
-    return h;
+    const unsigned bits = __float_as_uint(f);
+    const unsigned sign = (bits >> 16) & 0x8000u;
+    const unsigned magnitude = bits & 0x7FFFFFFFu;
+    if (magnitude > 0x7F800000u) return static_cast<unsigned short>(sign | 0x7E00u);
+    if (magnitude >= 0x477FF000u)  // 65520 and up: past the largest half's midpoint
+        return static_cast<unsigned short>(sign | 0x7C00u);
+    if (magnitude >= 0x38800000u) {  // a normal half: 10 mantissa bits, nearest even
+        const unsigned rounded = (magnitude + 0xFFFu + ((magnitude >> 13) & 1u)) >> 13;
+        return static_cast<unsigned short>(sign | (rounded - (112u << 10)));
+    }
+    // a subnormal half (or zero): |f| * 2^24 is exact, rintf rounds to nearest even
+    const float scaled = __uint_as_float(magnitude) * 0x1p24f;
+    return static_cast<unsigned short>(sign | static_cast<unsigned>(std::rint(scaled)));
 }
 
 // rcp.approx.ftz.f32: the correctly rounded reciprocal stands in for the
