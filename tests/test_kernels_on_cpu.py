@@ -110,6 +110,39 @@ def test_swiglu_by_slot_writes_the_live_rows_only(monkeypatch, rng, layout, tuni
         assert (full[:, num_rows:] == 0).all()
 
 
+@pytest.mark.parametrize("layout", sorted(SF_LAYOUTS))
+@pytest.mark.parametrize("tuning_name", sorted(BY_SLOT))
+def test_swiglu_by_slot_with_a_wrong_hint_writes_only_inside(monkeypatch, rng, layout,
+                                                            tuning_name):
+    """A hint that disagrees with the maps (rows past X, INT_MAX, negative,
+    two slots trading rows), unvalidated: which rows are written is
+    unspecified, but nothing outside the outputs is (the canaries), and a
+    slot whose hint names a row in range writes that row its own values."""
+    packed, col_major, round_sf = SF_LAYOUTS[layout]
+    plan, weights = _plan(rng, 13, 4, 24, 16, 8)
+    num_rows = plan.pos_to_expert.shape[0]
+    hint = plan.token_topk_to_pos.copy()
+    flat = hint.reshape(-1)
+    named = np.flatnonzero(flat >= 0)
+    flat[named[:4]] = [num_rows, num_rows + 5, 2**31 - 1, -7]
+    flat[named[4:6]] = flat[named[5:3:-1]]  # two slots trade rows
+    h = rng.standard_normal((num_rows, 512)).astype(ml_dtypes.bfloat16)
+    maps = {"topk_weights": weights, "pos_to_token_topk": plan.pos_to_token_topk,
+            "pos_to_expert": plan.pos_to_expert}
+    settings = {"num_per_channels": 128, "round_sf": round_sf, "packed_ue8m0": packed,
+                "use_tma_aligned_col_major_sf": col_major}
+    gpu = emulated_gpu(monkeypatch, seed=int(rng.integers(1, 2**62)))
+    codes, _ = quantize_with_tuning(BY_SLOT[tuning_name], "swiglu_quantize_fp8", h, **maps,
+                                    **settings, zero_padding=False, token_topk_to_pos=hint)
+    assert gpu.launches[-1].endswith("_slots")
+    gpu.check_canaries()
+    # the slots left alone still write their rows exactly
+    want = swiglu_quantize_fp8_numpy(h, **maps, **settings)[0].view(np.uint8)
+    kept = named[6:]
+    rows = flat[kept]
+    np.testing.assert_array_equal(codes.view(np.uint8)[rows], want[rows])
+
+
 @pytest.mark.parametrize("tuning_name", sorted(BY_SLOT))
 def test_swiglu_by_slot_equals_the_rows_kernels(monkeypatch, rng, tuning_name):
     """Visiting slots or rows, the live rows come out the same (here with
