@@ -357,3 +357,23 @@ def test_the_e4m3_conversion_is_the_oracles(rng):
     want = clamped.astype(ml_dtypes.float8_e4m3fn).view(np.uint8).copy()
     want[np.isnan(values)] = 0x7F
     np.testing.assert_array_equal(codes, want)
+
+
+def test_before_hopper(monkeypatch, rng):
+    """An sm_80 device: no bulk copies, the e4m3 codes by integer rounding
+    (the kernels built with __CUDA_ARCH__ 800)."""
+    x = rng.standard_normal((21, 2048)).astype(ml_dtypes.bfloat16)
+    plan, weights = _plan(rng, 21, 8, 32, 32, 16)
+    want_codes, want_sf = quantize_fp8_numpy(x, use_tma_aligned_col_major_sf=True)
+    want_rows = expand_to_fused_numpy(x.view(np.uint16), plan.token_topk_to_pos,
+                                      plan.pos_to_expert)
+    gpu = emulated_gpu(monkeypatch, major=8, seed=int(rng.integers(1, 2**62)))
+    codes, sf = quantize_with_tuning(QuantizeTuning(), "quantize_fp8", x,
+                                     use_tma_aligned_col_major_sf=True)
+    rows, _ = expand_with_tuning(BULK, x.view(np.uint16), plan.token_topk_to_pos,
+                                 plan.pos_to_expert)
+    gpu.check_canaries()
+    assert not any("bulk" in name for name in gpu.launches)
+    np.testing.assert_array_equal(codes.view(np.uint8), want_codes.view(np.uint8))
+    np.testing.assert_array_equal(np.asarray(sf), want_sf)
+    np.testing.assert_array_equal(rows, want_rows)

@@ -2,10 +2,12 @@
 
 ``emulated_gpu(monkeypatch)`` makes NumPy arrays pass for CuPy arrays of
 device 0 (an H200 by its traits: 132 SMs, sm_90, or ``major=8`` for the
-pre-Hopper paths) in the expand and quantize ops: their plans, argument
-blocks and launches run unchanged, and each launch runs on the CPU. Outputs
-the ops allocate come poisoned (0xA5 bytes) with canary margins around
-them; ``check_canaries()`` asserts no kernel wrote outside its outputs.
+pre-Hopper paths, built with ``__CUDA_ARCH__`` 800) in every op family
+(expand, quantize, combine, the routing plan, the layer): their plans,
+argument blocks and launches run unchanged, and each launch runs on the
+CPU. Outputs the ops allocate come poisoned (0xA5 bytes) with canary
+margins around them; ``check_canaries()`` asserts no kernel wrote outside
+its outputs.
 """
 
 from __future__ import annotations
@@ -50,14 +52,20 @@ class EmulatedGpu:
                       extra=0):
         self.launches.append(handle.name)
         module = build.module(handle.source, handle.defines, 900 if self.major >= 9 else 800)
-        seed = self.seed and self.seed * 1000003 + len(self.launches)
-        module.launch(handle.name, (gx, gy, gz), (bx, by, bz), shared_bytes, params, seed=seed)
+        module.launch(handle.name, (gx, gy, gz), (bx, by, bz), shared_bytes, params,
+                      seed=self._launch_seed())
 
     def launch_cooperative(self, handle, gx, gy, gz, bx, by, bz, shared_bytes, stream, params):
         self.launches.append(handle.name)
         module = build.module(handle.source, handle.defines, 900 if self.major >= 9 else 800)
         module.launch(handle.name, (gx, gy, gz), (bx, by, bz), shared_bytes, params,
-                      cooperative=True)
+                      cooperative=True, seed=self._launch_seed())
+
+    def _launch_seed(self) -> int:
+        """This launch's orders: from the seed and the launch's number (0: none)."""
+        if not self.seed:
+            return 0
+        return (self.seed * 1000003 + len(self.launches)) % (2**64 - 1) + 1
 
     def launch_overlapping_previous(self, handle, blocks, threads, shared_bytes, stream,
                                     params_address):
