@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# The GPU test suites with their kernels run on the CPU (tests/cuda_on_cpu:
+# each CUDA thread a fiber), one pytest process a suite, a short table at the
+# end: what a session without a device runs after changing a kernel.
+#
+#   bash benchmarks/cpu_check.sh [TEST_FILES...]      (default: every tests/test_*gpu*.py)
+#
+# Needs a C++ compiler on x86-64. Streams, graphs, torch's CUDA tensors and
+# the tests' own raw-kernel self-tests skip (README: "Without a GPU the
+# kernels themselves still run"). Logs to ${OUT:-./cpu_check_out}/cpu_check.log.
+set -u
+cd "$(dirname "$0")/.."
+OUT=${OUT:-$PWD/cpu_check_out}
+mkdir -p "$OUT"
+log=$OUT/cpu_check.log
+: > "$log"
+files=("$@")
+[ ${#files[@]} -gt 0 ] || files=(tests/test_*gpu*.py)
+rows=()
+status=0
+for file in "${files[@]}"; do
+  start=$(date +%s)
+  PYTHONPATH=tests${PYTHONPATH:+:$PYTHONPATH} python3 -m pytest -p cuda_on_cpu.plugin \
+    -p no:cacheprovider -q -k "not torch" "$file" >> "$log" 2>&1
+  rc=$?
+  [ $rc -eq 0 ] || [ $rc -eq 5 ] || status=1
+  summary=$(grep -E "^[0-9]+ (passed|failed|skipped|deselected)|no tests ran" "$log" | tail -1)
+  rows+=("$(printf '%-42s %4ss  rc %d  %s' "$(basename "$file")" "$(( $(date +%s) - start ))" \
+            "$rc" "$summary")")
+done
+echo
+echo "GPU suites on the CPU (log: $log)"
+printf '%s\n' "${rows[@]}"
+exit $status
