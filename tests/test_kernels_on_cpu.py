@@ -377,3 +377,22 @@ def test_before_hopper(monkeypatch, rng):
     np.testing.assert_array_equal(codes.view(np.uint8), want_codes.view(np.uint8))
     np.testing.assert_array_equal(np.asarray(sf), want_sf)
     np.testing.assert_array_equal(rows, want_rows)
+
+
+def test_inline_ptx_is_rewritten_or_refused():
+    """Each asm statement becomes its stand-in, operands in PTX's order; a
+    template the table lacks fails the build, naming it (new PTX cannot run
+    unmodelled)."""
+    source = ('unsigned short low;\n'
+              'asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(low) : "f"(b), "f"(a[1]));\n'
+              'asm volatile("griddepcontrol.wait;" ::: "memory");\n')
+    assert build.translate(source) == (
+        'unsigned short low;\n'
+        '((low) = emu::cvt_e4m3x2((b), (a[1])));\n'
+        '((void)0);\n')
+    with pytest.raises(build.TranslationError, match=r"no CPU stand-in for the PTX "
+                                                     r"'mov.u64 %0, %%globaltimer;'"):
+        build.translate('asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));')
+    shared = build.translate("extern __shared__ __align__(128) unsigned char stage[];")
+    assert shared == ("unsigned char* const stage = "
+                      "reinterpret_cast<unsigned char*>(emu::dynamic_shared());")
