@@ -396,3 +396,33 @@ def test_inline_ptx_is_rewritten_or_refused():
     shared = build.translate("extern __shared__ __align__(128) unsigned char stage[];")
     assert shared == ("unsigned char* const stage = "
                       "reinterpret_cast<unsigned char*>(emu::dynamic_shared());")
+
+
+def _launch_selftest(name: str, blocks: int, threads: int, *arrays: np.ndarray) -> None:
+    import ctypes
+
+    pointers = [ctypes.c_void_p(a.ctypes.data) for a in arrays]
+    params = (ctypes.c_void_p * len(pointers))(*[ctypes.addressof(p) for p in pointers])
+    build.module("selftest.cu").launch(name, (blocks, 1, 1), (threads, 1, 1), 0,
+                                       ctypes.addressof(params), seed=7)
+
+
+def test_misuse_is_reported_not_hung():
+    """A barrier that can never complete, __trap(), a warp op naming lanes
+    that left: each a RuntimeError naming the kernel and the fault."""
+    out = np.zeros(32, np.int32)
+    with pytest.raises(RuntimeError, match=r"selftest_deadlock: deadlock in block \(0,0,0\)"):
+        _launch_selftest("selftest_deadlock", 1, 32, out)
+    flag = np.zeros(64, np.int32)
+    flag[37] = 1
+    with pytest.raises(RuntimeError, match=r"selftest_trap: __trap\(\)"):
+        _launch_selftest("selftest_trap", 1, 64, flag)
+    # (which upper lanes have left by then depends on the threads' order)
+    with pytest.raises(RuntimeError, match=r"selftest_exited_lanes: warp op: mask 0xffffffff "
+                                           r"names lanes that exited \(0x[0-9a-f]{4}0000\)"):
+        _launch_selftest("selftest_exited_lanes", 1, 32, out)
+    with pytest.raises(RuntimeError, match="no kernel named selftest_missing"):
+        _launch_selftest("selftest_missing", 1, 32, out)
+    total = np.zeros(1, np.uint64)
+    _launch_selftest("selftest_sum", 300, 64, total)
+    assert int(total[0]) == 64 * 300 * 301 // 2

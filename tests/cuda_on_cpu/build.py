@@ -162,26 +162,33 @@ def _cache_dir() -> Path:
     return root / "cuda_on_cpu"
 
 
+def _sources() -> dict[str, str]:
+    """Every file a module may include, translated: kernels_cu/'s, and the
+    emulation's own self-test kernels (selftest.cu) beside this file."""
+    paths = [*kernel_dir().glob("*.cu*"), *HERE.glob("*.cu")]
+    return {path.name: translate(path.read_text()) for path in sorted(paths)}
+
+
 def _compile(source: str, defines: tuple[tuple[str, int], ...], arch: int) -> Path:
-    header = (HERE / "cuda_on_cpu.h").read_text() + (HERE / "runtime.inc").read_text()
+    sources = _sources()
+    if source not in sources:
+        raise FileNotFoundError(f"no kernel source {source} in {kernel_dir()} or {HERE}")
+    runtime = {name: (HERE / name).read_text() for name in ("cuda_on_cpu.h", "runtime.inc")}
     language = ["-std=c++17", "-w", f"-D__CUDA_ARCH__={arch}",
                 f"-DCUPY_MOE_SOURCES_HASH=0x{sources_hash()}ULL",
                 *(f"-D{name}={value}" for name, value in defines)]
     # IEEE float32 as the kernels' NVRTC options ask: no contraction into fmas
-    flags = [*language, "-O2", "-fno-strict-aliasing", "-fPIC", "-shared", "-ffp-contract=off",
-             "-fno-fast-math",
-             "-pthread"]
-    key = hashlib.sha256("\0".join([CXX, *flags, source, sources_hash(), header,
-                                    (HERE / "build.py").read_text()]).encode()).hexdigest()[:24]
+    flags = [*language, "-O2", "-fno-strict-aliasing", "-ffp-contract=off", "-fno-fast-math",
+             "-fPIC", "-shared", "-pthread"]
+    key = hashlib.sha256("\0".join([CXX, *flags, source, *sources, *sources.values(),
+                                     *runtime.values()]).encode()).hexdigest()[:24]
     target = _cache_dir() / f"{Path(source).stem}-{key}.so"
     if target.is_file():
         return target
     with tempfile.TemporaryDirectory(prefix="cuda_on_cpu-") as work:
         work_dir = Path(work)
-        for path in kernel_dir().glob("*.cu*"):
-            (work_dir / path.name).write_text(translate(path.read_text()))
-        for name in ("cuda_on_cpu.h", "runtime.inc"):
-            shutil.copy(HERE / name, work_dir / name)
+        for name, text in {**sources, **runtime}.items():
+            (work_dir / name).write_text(text)
         # the kernels' names, from the preprocessed source
         preprocessed = subprocess.run(
             [CXX, *language, "-x", "c++", "-E", "-P", "-include", "cuda_on_cpu.h", source],

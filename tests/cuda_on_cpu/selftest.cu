@@ -1,0 +1,28 @@
+// Kernels that misuse CUDA on purpose, for the emulation's own tests: each
+// must be reported, not hang or pass silently.
+
+// Lane 0 waits in a shuffle for lane 1, which waits at the block barrier for
+// lane 0: neither can go on.
+extern "C" __global__ void selftest_deadlock(int* out) {
+    if (threadIdx.x == 0)
+        out[0] = __shfl_sync(0x3u, 1, 1);
+    else
+        __syncthreads();
+}
+
+extern "C" __global__ void selftest_trap(const int* flag) {
+    if (flag[threadIdx.x]) __trap();
+}
+
+// The warp's upper half has returned when the lower half shuffles across
+// the whole warp.
+extern "C" __global__ void selftest_exited_lanes(int* out) {
+    if (threadIdx.x >= 16) return;
+    out[threadIdx.x] = __shfl_xor_sync(0xffffffffu, static_cast<int>(threadIdx.x), 16);
+}
+
+// Every thread adds its block's number (from 1) to one counter, blocks on
+// several OS threads at once: the atomics must not lose an addition.
+extern "C" __global__ void selftest_sum(unsigned long long* total) {
+    atomicAdd(total, static_cast<unsigned long long>(blockIdx.x + 1));
+}
