@@ -7,12 +7,15 @@ suites check the kernels, bit for bit, on a machine without a GPU; slowly
 (a fiber per CUDA thread), and not what only a GPU has: streams other than
 the default, CUDA graphs, torch's CUDA tensors (those tests skip), timing.
 
-    python -m pytest -p cuda_on_cpu.plugin -p no:cacheprovider \\
+    PYTHONPATH=tests python -m pytest -p cuda_on_cpu.plugin -p no:cacheprovider \\
         tests/test_swiglu_gpu.py tests/test_quantize_gpu.py ...
 
-(run from the repository root; tests/ is on the path through its conftest).
-Not part of the README's test command: it replaces ``cupy`` for the whole
-process.
+(from the repository root; PYTHONPATH because pytest loads ``-p`` plugins
+before the conftest that puts tests/ on the path; benchmarks/cpu_check.sh
+runs every GPU file this way). Not part of the README's test command: it
+replaces ``cupy`` for the whole process. Each test's launches take a random
+block and thread order seeded from its id; its outputs' canaries are
+checked after it.
 """
 
 from __future__ import annotations
