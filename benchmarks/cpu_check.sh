@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The GPU test suites with their kernels run on the CPU (tests/cuda_on_cpu:
 # each CUDA thread a fiber), one pytest process a suite, a short table at the
-# end: what a session without a device runs after changing a kernel.
+# end: what a session without a device runs after changing a kernel; then
+# memcheck_cases.py (the sanitizers' subset of calls) the same way.
 #
 #   bash benchmarks/cpu_check.sh [TEST_FILES...]      (default: every tests/test_*gpu*.py)
 #
@@ -28,6 +29,14 @@ for file in "${files[@]}"; do
   rows+=("$(printf '%-42s %4ss  rc %d  %s' "$(basename "$file")" "$(( $(date +%s) - start ))" \
             "$rc" "$summary")")
 done
+# the sanitizers' subset of calls (memcheck_cases.py), checked bit-exact and
+# for writes outside the outputs: the script's own dry run before device time
+start=$(date +%s)
+python3 tests/cuda_on_cpu/run_script.py benchmarks/memcheck_cases.py >> "$log" 2>&1
+rc=$?
+[ $rc -eq 0 ] || status=1
+rows+=("$(printf '%-42s %4ss  rc %d  %s' "memcheck_cases.py" "$(( $(date +%s) - start ))" "$rc" \
+          "$(grep -E "^memcheck cases:" "$log" | tail -1)")")
 echo
 echo "GPU suites on the CPU (log: $log)"
 printf '%s\n' "${rows[@]}"
