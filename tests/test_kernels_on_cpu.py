@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from cuda_on_cpu import build
-from cuda_on_cpu.device import POISON, emulated_gpu
+from cuda_on_cpu.device import POISON, emulated_gpu, fenced
 
 pytestmark = pytest.mark.skipif(not build.compiler_available(),
                                 reason=f"no C++ compiler ({build.CXX}) to build the kernels with")
@@ -110,14 +110,17 @@ def test_swiglu_by_slot_writes_the_live_rows_only(monkeypatch, rng, layout, tuni
         assert (full[:, num_rows:] == 0).all()
 
 
+@pytest.mark.parametrize("side", ["after", "before"])
 @pytest.mark.parametrize("layout", sorted(SF_LAYOUTS))
 @pytest.mark.parametrize("tuning_name", sorted(BY_SLOT))
-def test_swiglu_by_slot_with_a_wrong_hint_writes_only_inside(monkeypatch, rng, layout,
-                                                            tuning_name):
+def test_swiglu_by_slot_with_a_wrong_hint_stays_inside(monkeypatch, rng, layout, tuning_name,
+                                                       side):
     """A hint that disagrees with the maps (rows past X, INT_MAX, negative,
     two slots trading rows), unvalidated: which rows are written is
-    unspecified, but nothing outside the outputs is (the canaries), and a
-    slot whose hint names a row in range writes that row its own values."""
+    unspecified, but nothing outside the outputs is written (the canaries)
+    nor anything outside the inputs read (each against an inaccessible page,
+    after or before it), and a slot whose hint names a row in range writes
+    that row its own values."""
     packed, col_major, round_sf = SF_LAYOUTS[layout]
     plan, weights = _plan(rng, 13, 4, 24, 16, 8)
     num_rows = plan.pos_to_expert.shape[0]
@@ -126,14 +129,16 @@ def test_swiglu_by_slot_with_a_wrong_hint_writes_only_inside(monkeypatch, rng, l
     named = np.flatnonzero(flat >= 0)
     flat[named[:4]] = [num_rows, num_rows + 5, 2**31 - 1, -7]
     flat[named[4:6]] = flat[named[5:3:-1]]  # two slots trade rows
-    h = rng.standard_normal((num_rows, 512)).astype(ml_dtypes.bfloat16)
+    h = rng.standard_normal((num_rows, 2048)).astype(ml_dtypes.bfloat16)  # I = 1024
     maps = {"topk_weights": weights, "pos_to_token_topk": plan.pos_to_token_topk,
             "pos_to_expert": plan.pos_to_expert}
     settings = {"num_per_channels": 128, "round_sf": round_sf, "packed_ue8m0": packed,
                 "use_tma_aligned_col_major_sf": col_major}
     gpu = emulated_gpu(monkeypatch, seed=int(rng.integers(1, 2**62)))
-    codes, _ = quantize_with_tuning(BY_SLOT[tuning_name], "swiglu_quantize_fp8", h, **maps,
-                                    **settings, zero_padding=False, token_topk_to_pos=hint)
+    fenced_maps = {name: fenced(a, side) for name, a in maps.items()}
+    codes, _ = quantize_with_tuning(BY_SLOT[tuning_name], "swiglu_quantize_fp8",
+                                    fenced(h, side), **fenced_maps, **settings,
+                                    zero_padding=False, token_topk_to_pos=fenced(hint, side))
     assert gpu.launches[-1].endswith("_slots")
     gpu.check_canaries()
     # the slots left alone still write their rows exactly
@@ -203,8 +208,11 @@ def test_expand_matches_the_oracle(monkeypatch, rng, zero_padding, hidden, item,
         rng.integers(0, 2**16, (29, hidden), dtype=np.uint16)
     want = expand_to_fused_numpy(x, plan.token_topk_to_pos, plan.pos_to_expert)
     gpu = emulated_gpu(monkeypatch, seed=int(rng.integers(1, 2**62)))
-    got, _ = expand_with_tuning(tuning, x, plan.token_topk_to_pos, plan.pos_to_expert,
-                                zero_padding=zero_padding, pos_to_token=plan.pos_to_token)
+    # every input against an inaccessible page: nothing outside them is read
+    side = "after" if hidden * item % 16 == 0 else "before"
+    got, _ = expand_with_tuning(tuning, fenced(x, side), fenced(plan.token_topk_to_pos, side),
+                                fenced(plan.pos_to_expert, side), zero_padding=zero_padding,
+                                pos_to_token=fenced(plan.pos_to_token, side))
     gpu.check_canaries()
     assert ("expand_to_fused_gather" in gpu.launches) == (tuning is GATHER
                                                          and hidden * item % 16 == 0)
@@ -398,10 +406,13 @@ def test_inline_ptx_is_rewritten_or_refused():
                       "reinterpret_cast<unsigned char*>(emu::dynamic_shared());")
 
 
-def _launch_selftest(name: str, blocks: int, threads: int, *arrays: np.ndarray) -> None:
+def _launch_selftest(name: str, blocks: int, threads: int, *arrays) -> None:
+    """Launch selftest.cu's ``name``; each argument an array (its pointer) or
+    a Python int (an int64)."""
     import ctypes
 
-    pointers = [ctypes.c_void_p(a.ctypes.data) for a in arrays]
+    pointers = [ctypes.c_void_p(a.ctypes.data) if isinstance(a, np.ndarray)
+                else ctypes.c_longlong(a) for a in arrays]
     params = (ctypes.c_void_p * len(pointers))(*[ctypes.addressof(p) for p in pointers])
     build.module("selftest.cu").launch(name, (blocks, 1, 1), (threads, 1, 1), 0,
                                        ctypes.addressof(params), seed=7)
@@ -426,3 +437,29 @@ def test_misuse_is_reported_not_hung():
     total = np.zeros(1, np.uint64)
     _launch_selftest("selftest_sum", 300, 64, total)
     assert int(total[0]) == 64 * 300 * 301 // 2
+
+
+@pytest.mark.parametrize("side", ["after", "before"])
+def test_a_read_past_a_fenced_input_faults(side):
+    """fenced(): the page beside the copy is inaccessible, so a kernel reading
+    one element past it (or before it) stops the process (run apart here);
+    the element just inside reads back."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    values = np.arange(1024, dtype=np.int32)
+    inside = fenced(values, side)
+    out = np.zeros(1, np.int32)
+    _launch_selftest("selftest_read", 1, 1, inside, 1023 if side == "after" else 0, out)
+    assert out[0] == (1023 if side == "after" else 0)
+    program = (
+        "import sys, numpy as np\n"
+        f"sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
+        "from test_kernels_on_cpu import _launch_selftest\n"
+        "from cuda_on_cpu.device import fenced\n"
+        f"a = fenced(np.arange(1024, dtype=np.int32), {side!r})\n"
+        f"_launch_selftest('selftest_read', 1, 1, a, {1024 if side == 'after' else -1}, "
+        "np.zeros(1, np.int32))\n")
+    result = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True)
+    assert result.returncode == -11, (result.returncode, result.stderr[-2000:])

@@ -13,6 +13,7 @@ its outputs.
 from __future__ import annotations
 
 import ctypes
+import mmap
 import types
 from dataclasses import dataclass, field
 
@@ -211,3 +212,33 @@ def _cupy_stand_in(gpu: EmulatedGpu, array_type: type):
     return types.SimpleNamespace(empty=empty, ascontiguousarray=np.ascontiguousarray,
                                  uint8=np.uint8, int32=np.int32, int64=np.int64,
                                  float32=np.float32)
+
+
+PAGE = mmap.PAGESIZE
+
+
+def fenced(array: np.ndarray, side: str = "after") -> np.ndarray:
+    """A copy of ``array`` against an inaccessible page: right ``"after"`` its
+    last byte, or right ``"before"`` its first. A kernel that reads or writes
+    past that end faults (the process stops with a segmentation fault, which
+    faulthandler traces to the launch) instead of reading a neighbour's bytes
+    unseen. ``"before"`` starts the copy on a page; ``"after"`` ends it on
+    one, so its start is 16-byte aligned only when its size is a multiple
+    of 16 (16-byte accesses need that; a map's 4-byte loads do not)."""
+    if side not in ("after", "before"):
+        raise ValueError(f"side must be 'after' or 'before'; got {side!r}")
+    source = np.ascontiguousarray(array)
+    nbytes = source.nbytes
+    data_pages = -(-max(nbytes, 1) // PAGE)
+    region = mmap.mmap(-1, (data_pages + 1) * PAGE)
+    base = ctypes.addressof(ctypes.c_char.from_buffer(region))
+    guard = base + data_pages * PAGE if side == "after" else base
+    start = data_pages * PAGE - nbytes if side == "after" else PAGE
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mprotect.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+    if libc.mprotect(guard, PAGE, 0) != 0:  # PROT_NONE
+        raise OSError(ctypes.get_errno(), "mprotect of the guard page failed")
+    fenced_array = np.frombuffer(region, np.uint8, nbytes, start).view(source.dtype)
+    fenced_array = fenced_array.reshape(source.shape)
+    fenced_array[...] = source
+    return fenced_array

@@ -26,3 +26,8 @@ extern "C" __global__ void selftest_exited_lanes(int* out) {
 extern "C" __global__ void selftest_sum(unsigned long long* total) {
     atomicAdd(total, static_cast<unsigned long long>(blockIdx.x + 1));
 }
+
+// Reads element `index` of `in` (past its end, in the fence's test).
+extern "C" __global__ void selftest_read(const int* in, long long index, int* out) {
+    out[0] = in[index];
+}
