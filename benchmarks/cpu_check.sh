@@ -22,10 +22,12 @@ status=0
 for file in "${files[@]}"; do
   start=$(date +%s)
   PYTHONPATH=tests${PYTHONPATH:+:$PYTHONPATH} python3 -m pytest -p cuda_on_cpu.plugin \
-    -p no:cacheprovider -q -k "not torch" "$file" >> "$log" 2>&1
+    -p no:cacheprovider -q -k "not torch" "$file" > "$OUT/last.log" 2>&1
   rc=$?
+  cat "$OUT/last.log" >> "$log"
   [ $rc -eq 0 ] || [ $rc -eq 5 ] || status=1
-  summary=$(grep -E "^[0-9]+ (passed|failed|skipped|deselected)|no tests ran" "$log" | tail -1)
+  summary=$(grep -E "^[0-9]+ (passed|failed|skipped|deselected)|no tests ran|^Fatal Python" \
+            "$OUT/last.log" | tail -1)
   rows+=("$(printf '%-42s %4ss  rc %d  %s' "$(basename "$file")" "$(( $(date +%s) - start ))" \
             "$rc" "$summary")")
 done

@@ -48,9 +48,39 @@ class DeviceArray(np.ndarray):
         return np.array(self).view(np.ndarray)
 
 
+def _fenced_device_copy(array: np.ndarray) -> DeviceArray:
+    """A device array's memory: a copy against an inaccessible page (after its
+    end when its size keeps it 16-byte aligned, else before its start), so a
+    kernel reading past it faults instead of passing unseen."""
+    from cuda_on_cpu.device import fenced
+
+    side = "after" if array.nbytes % 16 == 0 else "before"
+    copy = fenced(array, side)
+    _allocations.append(copy)
+    return copy.view(DeviceArray)
+
+
+# Device memory lives to the end of its test, as in CuPy's pool, where freed
+# memory stays mapped and a later allocation is ordered after the kernels
+# before it (a test may pass a temporary's pointer to a launch; unmapped
+# here at once, it would fault).
+_allocations: list = []
+
+
+def _views_device_memory(array: np.ndarray) -> bool:
+    base = array.base
+    while isinstance(base, np.ndarray):
+        if isinstance(base, DeviceArray):
+            return True
+        base = base.base
+    return False
+
+
 def _on_device(value):
     if isinstance(value, np.ndarray) and not isinstance(value, DeviceArray):
-        return value.view(DeviceArray)
+        # a view of device memory stays one; new memory is fenced
+        return (value.view(DeviceArray) if _views_device_memory(value)
+                else _fenced_device_copy(value))
     if isinstance(value, tuple):
         return tuple(_on_device(v) for v in value)
     if isinstance(value, list):
@@ -85,7 +115,7 @@ class _Unavailable(types.ModuleType):
 def _asarray(a, dtype=None, order=None):
     if isinstance(a, DeviceArray) and (dtype is None or np.dtype(dtype) == a.dtype):
         return a
-    return np.array(a, dtype=dtype, order=order or "K", copy=True).view(DeviceArray)
+    return _fenced_device_copy(np.array(a, dtype=dtype, order=order or "K", copy=True))
 
 
 def _fake_cupy() -> types.ModuleType:
@@ -102,7 +132,8 @@ def _fake_cupy() -> types.ModuleType:
     fake.asnumpy = lambda a, *args, **kwargs: np.array(a, copy=True).view(np.ndarray)
     fake.ascontiguousarray = lambda a, dtype=None: _asarray(np.ascontiguousarray(a, dtype))
     fake.lib = types.SimpleNamespace(stride_tricks=types.SimpleNamespace(
-        as_strided=_wrapped(np.lib.stride_tricks.as_strided)))
+        as_strided=lambda a, *args, **kwargs: np.lib.stride_tricks.as_strided(
+            a, *args, subok=True, **kwargs)))
     fake.cuda.runtime.getDeviceCount = lambda: 1
     fake.cuda.runtime.getDevice = lambda: 0
     fake.cuda.get_current_stream = lambda *args: types.SimpleNamespace(
@@ -129,3 +160,4 @@ def _kernels_on_the_cpu(monkeypatch, request):
     gpu = emulated_gpu(monkeypatch, seed=seed, device_arrays=DeviceArray)
     yield gpu
     gpu.check_canaries()
+    _allocations.clear()
