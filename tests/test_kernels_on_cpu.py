@@ -150,17 +150,24 @@ def test_swiglu_by_slot_with_a_wrong_hint_stays_inside(monkeypatch, rng, layout,
 
 @pytest.mark.parametrize("tuning_name", sorted(BY_SLOT))
 def test_swiglu_by_slot_equals_the_rows_kernels(monkeypatch, rng, tuning_name):
-    """Visiting slots or rows, the live rows come out the same (here with
-    the rows kernels zeroing padding: the oracle's whole result)."""
+    """Visiting slots or rows (zero_padding off both ways, the same tuning
+    but for the hint), the outputs come out byte for byte the same, the
+    untouched padding rows' poison included."""
     plan, weights = _plan(rng, 7, 8, 40, 40, 4)
     h = rng.standard_normal((plan.pos_to_expert.shape[0], 1024)).astype(ml_dtypes.bfloat16)
     maps = {"topk_weights": weights, "pos_to_token_topk": plan.pos_to_token_topk,
             "pos_to_expert": plan.pos_to_expert}
-    emulated_gpu(monkeypatch, seed=int(rng.integers(1, 2**62)))
-    by_rows = quantize_with_tuning(QuantizeTuning(), "swiglu_quantize_fp8", h, **maps)
-    want = swiglu_quantize_fp8_numpy(h, **maps)
-    np.testing.assert_array_equal(by_rows[0].view(np.uint8), want[0].view(np.uint8))
-    np.testing.assert_array_equal(by_rows[1], want[1])
+    settings = {"use_tma_aligned_col_major_sf": True, "zero_padding": False}
+    gpu = emulated_gpu(monkeypatch, seed=int(rng.integers(1, 2**62)))
+    tuning = BY_SLOT[tuning_name]
+    by_slot = quantize_with_tuning(tuning, "swiglu_quantize_fp8", h, **maps, **settings,
+                                   token_topk_to_pos=plan.token_topk_to_pos)
+    by_rows = quantize_with_tuning(tuning, "swiglu_quantize_fp8", h, **maps, **settings)
+    assert gpu.launches[0].endswith("_slots") and not gpu.launches[1].endswith("_slots")
+    gpu.check_canaries()
+    np.testing.assert_array_equal(by_slot[0].view(np.uint8), by_rows[0].view(np.uint8))
+    np.testing.assert_array_equal(np.ascontiguousarray(by_slot[1]).view(np.uint8),
+                                  np.ascontiguousarray(by_rows[1]).view(np.uint8))
 
 
 @pytest.mark.parametrize("layout", sorted(SF_LAYOUTS))
