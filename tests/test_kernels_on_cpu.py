@@ -154,7 +154,7 @@ def test_swiglu_by_slot_equals_the_rows_kernels(monkeypatch, rng, tuning_name):
     but for the hint), the outputs come out byte for byte the same, the
     untouched padding rows' poison included."""
     plan, weights = _plan(rng, 7, 8, 40, 40, 4)
-    h = rng.standard_normal((plan.pos_to_expert.shape[0], 1024)).astype(ml_dtypes.bfloat16)
+    h = rng.standard_normal((plan.pos_to_expert.shape[0], 2048)).astype(ml_dtypes.bfloat16)
     maps = {"topk_weights": weights, "pos_to_token_topk": plan.pos_to_token_topk,
             "pos_to_expert": plan.pos_to_expert}
     settings = {"use_tma_aligned_col_major_sf": True, "zero_padding": False}
