@@ -58,6 +58,16 @@ def _plan(rng, num_tokens, top_k, num_experts, local_experts, alignment, extra_r
     return plan, weights
 
 
+def _sf_pad_columns(sf: np.ndarray) -> np.ndarray:
+    """The pad columns R .. align(R, 4) of each column of a column-major SF
+    view ``[R, S]`` (strides (1, align(R, 4)) elements): they lie past the
+    view's last element, in the buffer behind it."""
+    num_rows = sf.shape[0]
+    leading_dim = -(-num_rows // 4) * 4
+    full = np.lib.stride_tricks.as_strided(sf.T, (sf.shape[1], leading_dim), sf.T.strides)
+    return full[:, num_rows:]
+
+
 BY_SLOT = {
     "rows": QuantizeTuning(by_slot_from_rows_per_slot=0, narrow_live_rows=0),
     "vec1": QuantizeTuning(by_slot_from_rows_per_slot=0, narrow_live_rows=2**31),
@@ -103,11 +113,9 @@ def test_swiglu_by_slot_writes_the_live_rows_only(monkeypatch, rng, layout, tuni
     want_rows = np.ascontiguousarray(want_sf).view(np.uint8).reshape(num_rows, -1)
     np.testing.assert_array_equal(sf_rows[~padding], want_rows[~padding])
     assert (sf_rows[padding] == POISON).all()
-    if col_major:  # the pad columns R .. align(R, 4) of each SF column: zeros
-        leading_dim = -(-num_rows // 4) * 4
-        assert leading_dim > num_rows
-        full = np.lib.stride_tricks.as_strided(sf.T, (sf.shape[1], leading_dim), sf.T.strides)
-        assert (full[:, num_rows:] == 0).all()
+    if col_major:
+        pad = _sf_pad_columns(sf)
+        assert pad.size and (pad == 0).all()
 
 
 @pytest.mark.parametrize("side", ["after", "before"])
@@ -260,11 +268,7 @@ def test_expand_with_sf_matches_the_oracle(monkeypatch, rng, layout, hidden, tun
     np.testing.assert_array_equal(got[0].view(np.uint8), want[0].view(np.uint8))
     np.testing.assert_array_equal(np.asarray(got[1]), np.asarray(want[1]))
     if col_major:
-        num_rows = plan.pos_to_expert.shape[0]
-        leading_dim = -(-num_rows // 4) * 4
-        full = np.lib.stride_tricks.as_strided(got[1].T, (got[1].shape[1], leading_dim),
-                                               got[1].T.strides)
-        assert (full[:, num_rows:] == 0).all()
+        assert (_sf_pad_columns(got[1]) == 0).all()
 
 
 @pytest.mark.parametrize(("num_tokens", "top_k", "num_experts", "alignment"), [
