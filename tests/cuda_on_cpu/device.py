@@ -51,16 +51,18 @@ class EmulatedGpu:
 
     def launch_kernel(self, handle, gx, gy, gz, bx, by, bz, shared_bytes, stream, params,
                       extra=0):
-        self.launches.append(handle.name)
-        module = build.module(handle.source, handle.defines, 900 if self.major >= 9 else 800)
-        module.launch(handle.name, (gx, gy, gz), (bx, by, bz), shared_bytes, params,
-                      seed=self._launch_seed())
+        self._module(handle).launch(handle.name, (gx, gy, gz), (bx, by, bz), shared_bytes,
+                                    params, seed=self._launch_seed())
 
     def launch_cooperative(self, handle, gx, gy, gz, bx, by, bz, shared_bytes, stream, params):
+        self._module(handle).launch(handle.name, (gx, gy, gz), (bx, by, bz), shared_bytes,
+                                    params, cooperative=True, seed=self._launch_seed())
+
+    def _module(self, handle: KernelHandle) -> build.Module:
+        """The CPU build of ``handle``'s source for this device's architecture
+        (the launch recorded)."""
         self.launches.append(handle.name)
-        module = build.module(handle.source, handle.defines, 900 if self.major >= 9 else 800)
-        module.launch(handle.name, (gx, gy, gz), (bx, by, bz), shared_bytes, params,
-                      cooperative=True, seed=self._launch_seed())
+        return build.module(handle.source, handle.defines, 900 if self.major >= 9 else 800)
 
     def _launch_seed(self) -> int:
         """This launch's orders: from the seed and the launch's number (0: none)."""
