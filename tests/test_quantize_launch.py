@@ -982,3 +982,23 @@ def test_too_many_slots_for_one_launch_keep_the_rows_grid(monkeypatch):
     assert not plan.by_slot
     plan.launch(7, 0x1000, 0x2000, 0x3000, 0x4000, 0x5000, 0x6000, 0x7000)
     assert launches[-1][0] == "swiglu_quantize_fp8_bf16_rows"
+
+
+@pytest.mark.parametrize("op", ["quantize_fp8", "swiglu_quantize_fp8"])
+def test_a_fast_path_hit_calls_the_launcher_with_its_arguments(monkeypatch, op):
+    """A torch fast-path hit hands run_torch_fast exactly its parameters (the
+    hint added to SwiGLU's once left quantize_fp8's call one short: a
+    TypeError on every second eager torch call)."""
+    import inspect
+
+    from cupy_moe.quantize import api, gpu
+
+    signature = inspect.signature(gpu.run_torch_fast)
+    calls = []
+    monkeypatch.setattr(api, "_run_torch_fast",
+                        lambda *args: calls.append(signature.bind(*args)) or ("out", "sf"))
+    for path in (api._quantize_fast_path, api._swiglu_fast_path):
+        monkeypatch.setattr(path, "lookup", lambda key, arrays: "plan")
+    x = np.zeros((2, 256), np.float32)
+    assert getattr(api, op)(x) == ("out", "sf")
+    assert len(calls) == 1 and calls[0].arguments["plan"] == "plan"

@@ -120,7 +120,7 @@ def quantize_fp8(x: Any, *, num_per_channels: int = 128, round_sf: bool = False,
         plan = _quantize_fast_path.lookup(
             (num_per_channels, round_sf, packed_ue8m0, use_tma_aligned_col_major_sf), (x,))
         if plan is not None:
-            return _run_torch_fast(plan, x, None, None, None)
+            return _run_torch_fast(plan, x, None, None, None, None)
     return _quantize(DEFAULT_TUNING, x, None, None, None, swiglu=False,
                      num_per_channels=num_per_channels, round_sf=round_sf,
                      packed_ue8m0=packed_ue8m0,
