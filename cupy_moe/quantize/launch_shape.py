@@ -108,7 +108,10 @@ class QuantizeTuning:
     Predicted (twenty-second session, from the nineteenth's "live rows"
     figures, us a call in a graph): Qwen3 T = 32 (58 rows a slot) 4.9 ->
     ~3.0, DeepSeek-V3 EP8 T = 32 (12) 4.0 -> ~2.3, Kimi-K2 T = 32 (93) 6.7
-    -> ~3.6. Not yet measured: inf (never) by default.
+    -> ~3.6; measured (twenty-third session, results/swiglu_by_slot_h200.md)
+    2.92, 3.49, 3.70, and 2.46, 2.48, 2.72 on ``*_vec1_slots``. Still inf
+    (never) by default: the threshold and the slots' vec1 rule are set
+    with the GPU tests run after.
     ``software_e4m3`` compiles the integer e4m3 rounding on sm_89+ too, in
     place of the hardware conversion (the GPU tests check that both give the
     same codes).
