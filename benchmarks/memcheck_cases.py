@@ -51,7 +51,7 @@ BULK_ZERO_PLAIN = dataclasses.replace(BULK_ALWAYS, bulk_whole_row_zero_from=0,
                                       bulk_zero_rows_plain=1)
 # every call with tokens padding-heavy, its padding rows by expand_zero_padding_rows
 ZERO_KERNEL = dataclasses.replace(DEFAULT_TUNING, padding_share_registers=0.0,
-                                  zero_kernel_from_bytes=0)
+                                  zero_kernel_from_bytes=0, sf_pass_beside_zero_kernel=0)
 # beside it, column-major scale factors by SF pass blocks at the end of its grid
 ZERO_KERNEL_SF_PASS = dataclasses.replace(ZERO_KERNEL, sf_pass_beside_zero_kernel=1)
 # rows by position (expand_to_fused_gather) on every call that passes
@@ -75,8 +75,9 @@ PACKED_WORDS = QuantizeTuning(packed_sf_word_stores=True)
 # swiglu_quantize_fp8's *_slots kernels on every call given token_topk_to_pos
 # with zero_padding=False: by I (*_rows_slots, *_rows768_slots, *_vec_slots)
 # and with one chunk a lane (*_vec1_slots)
-BY_SLOT = QuantizeTuning(by_slot_from_rows_per_slot=0)
-BY_SLOT_VEC1 = QuantizeTuning(by_slot_from_rows_per_slot=0, narrow_live_rows=2**31)
+BY_SLOT = QuantizeTuning(by_slot_from_rows_per_slot=0, narrow_slot_columns_per_sm=0)
+BY_SLOT_VEC1 = QuantizeTuning(by_slot_from_rows_per_slot=0,
+                              narrow_slot_columns_per_sm=float("inf"))
 
 
 def bits(a: np.ndarray) -> np.ndarray:

@@ -141,10 +141,11 @@ CONFIGS: list[tuple[str, ExpandTuning]] = [
     # passes pos_to_token (default: the pass writes the zeros only)
     ("SF in line", _tuned(sf_by_position=0)),
     ("SF by position: all, given pos_to_token", DEFAULT_TUNING),
-    # beside the zero kernel (Kimi-K2 small plans), as its last blocks
-    ("SF pass beside the zero kernel", _tuned(sf_pass_beside_zero_kernel=1)),
-    ("SF pass beside the zero kernel, given pos_to_token",
-     _tuned(sf_pass_beside_zero_kernel=1)),
+    # beside the zero kernel (Kimi-K2 small plans) as its last blocks (the
+    # default since the twenty-fourth session), or not: SF by its row blocks
+    ("no SF pass beside the zero kernel", _tuned(sf_pass_beside_zero_kernel=0)),
+    ("no SF pass beside the zero kernel, given pos_to_token",
+     _tuned(sf_pass_beside_zero_kernel=0)),
     # rows by position (expand_to_fused_gather), given pos_to_token: where x is
     # below 16 MB (every plan but Kimi-K2's prefill ones), by rows a block; on
     # every call
@@ -155,7 +156,7 @@ CONFIGS: list[tuple[str, ExpandTuning]] = [
 # configs whose calls pass pos_to_token (each row's token; the workloads that
 # have one, the plan workloads: elsewhere they run as the default does)
 WITH_POS_TO_TOKEN = {"SF by position: all, given pos_to_token",
-                     "SF pass beside the zero kernel, given pos_to_token",
+                     "no SF pass beside the zero kernel, given pos_to_token",
                      *(name for name, _ in CONFIGS if name.startswith("gather: "))}
 assert len({name for name, _ in CONFIGS}) == len(CONFIGS), "config names must differ"
 

@@ -50,12 +50,12 @@ KERNEL_PATHS = {
     # every call with tokens padding-heavy, its padding rows zeroed by
     # expand_zero_padding_rows beside the copy kernel (16-byte rows, sm_90+)
     "zero-kernel": ExpandTuning(padding_share_registers=0.0, zero_kernel_from_bytes=0,
-                                zero_kernel_beside_registers=1),
+                                zero_kernel_beside_registers=1, sf_pass_beside_zero_kernel=0),
     # column-major scale factors (16-byte rows, sm_90+): by default the copy
     # kernel's SF pass blocks zero them (every one where the call passes
-    # pos_to_token: "given-tokens"); "zero-kernel-sf-pass": beside the zero
-    # kernel, as its last blocks; "sf-in-line": the token and zero-fill blocks
-    # move and zero them
+    # pos_to_token: "given-tokens"), beside the zero kernel as its last blocks
+    # ("zero-kernel-sf-pass"; "zero-kernel": by its row blocks); "sf-in-line":
+    # the token and zero-fill blocks move and zero them
     "sf-in-line": ExpandTuning(sf_by_position=0),
     "given-tokens": GivenPosToToken(ExpandTuning()),
     "zero-kernel-sf-pass": ExpandTuning(

@@ -715,9 +715,9 @@ def test_beside_the_zero_kernel_the_sf_pass_blocks_end_its_grid(fake_h200, given
 
 
 @pytest.mark.parametrize("given", [False, True])
-def test_no_sf_pass_beside_the_zero_kernel_by_default(fake_h200, given):
+def test_no_sf_pass_beside_the_zero_kernel_when_switched_off(fake_h200, given):
     tuning = dataclasses.replace(DEFAULT_TUNING, zero_kernel_from_bytes=0,
-                                 zero_kernel_beside_registers=1)
+                                 zero_kernel_beside_registers=1, sf_pass_beside_zero_kernel=0)
     plan = _sf_plan(num_tokens=32, num_expanded=14850, tuning=tuning, with_pos_to_token=given)
     copy = plan.kernel(16)
     assert copy.constant("sf_pass") == SF_PASS_NONE and copy.constant("sf_pass_blocks") == 0
@@ -730,6 +730,12 @@ def test_no_sf_pass_beside_the_zero_kernel_by_default(fake_h200, given):
 def test_the_sf_pass_is_on_by_default(fake_h200):
     assert DEFAULT_TUNING.sf_by_position == 1
     assert _sf_plan(tuning=DEFAULT_TUNING).kernel(16).constant("sf_pass") == SF_PASS_ZEROS
+    # beside the zero kernel too (Kimi-K2 small, packed: 86.0 -> 90.0% of the copy)
+    assert DEFAULT_TUNING.sf_pass_beside_zero_kernel == 1
+    tuning = dataclasses.replace(DEFAULT_TUNING, zero_kernel_from_bytes=0,
+                                 zero_kernel_beside_registers=1)
+    zero = _sf_plan(num_tokens=32, num_expanded=14850, tuning=tuning).kernel(16).zero_launch
+    assert zero.constant("sf_pass") == SF_PASS_ZEROS
 
 
 @pytest.mark.parametrize(("change", "why"), [

@@ -11,6 +11,8 @@ blocks). Kernels not yet run on a GPU are covered here first.
 
 from __future__ import annotations
 
+import math
+
 import ml_dtypes
 import numpy as np
 import pytest
@@ -69,9 +71,10 @@ def _sf_pad_columns(sf: np.ndarray) -> np.ndarray:
 
 
 BY_SLOT = {
-    "rows": QuantizeTuning(by_slot_from_rows_per_slot=0, narrow_live_rows=0),
-    "vec1": QuantizeTuning(by_slot_from_rows_per_slot=0, narrow_live_rows=2**31),
-    "vec": QuantizeTuning(by_slot_from_rows_per_slot=0, segment_columns=(), narrow_live_rows=0),
+    "rows": QuantizeTuning(by_slot_from_rows_per_slot=0, narrow_slot_columns_per_sm=0),
+    "vec1": QuantizeTuning(by_slot_from_rows_per_slot=0, narrow_slot_columns_per_sm=math.inf),
+    "vec": QuantizeTuning(by_slot_from_rows_per_slot=0, segment_columns=(),
+                          narrow_slot_columns_per_sm=0),
 }
 
 

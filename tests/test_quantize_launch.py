@@ -554,6 +554,12 @@ def test_too_many_warps_for_one_launch():
      "QuantizeTuning.by_slot_from_rows_per_slot must be a number >= 0; got nan"),
     ({"by_slot_from_rows_per_slot": True},
      "QuantizeTuning.by_slot_from_rows_per_slot must be a number >= 0; got True"),
+    ({"narrow_slot_columns_per_sm": -0.5},
+     "QuantizeTuning.narrow_slot_columns_per_sm must be a number >= 0; got -0.5"),
+    ({"narrow_slot_columns_per_sm": float("nan")},
+     "QuantizeTuning.narrow_slot_columns_per_sm must be a number >= 0; got nan"),
+    ({"narrow_slot_columns_per_sm": "8192"},
+     "QuantizeTuning.narrow_slot_columns_per_sm must be a number >= 0; got '8192'"),
 ])
 def test_bad_tunings(kwargs, message):
     with pytest.raises(ValueError, match=re.escape(message)):
@@ -871,6 +877,7 @@ def test_a_narrow_grid_too_large_for_one_launch_takes_the_wide_one(monkeypatch):
 # -- token_topk_to_pos: the *_slots kernels -----------------------------------------------
 
 BY_SLOT = QuantizeTuning(by_slot_from_rows_per_slot=0)
+BY_SLOT_WIDE = QuantizeTuning(by_slot_from_rows_per_slot=0, narrow_slot_columns_per_sm=0)
 
 
 def _slot_problem(num_rows: int, hidden: int, num_slots: int, *, zero_padding: bool = False,
@@ -885,17 +892,29 @@ def _slot_problem(num_rows: int, hidden: int, num_slots: int, *, zero_padding: b
 
 
 @pytest.mark.parametrize(("num_rows", "hidden", "num_slots", "npc", "tuning", "kernel"), [
-    # Qwen3 T = 32: 14848 rows, 256 slots of I = 768; Kimi-K2 and DeepSeek-V3 EP8
-    (14848, 768, 256, 128, BY_SLOT, "rows768_slots"),
-    (23808, 2048, 256, 128, BY_SLOT, "rows_slots"),
-    (3072, 2048, 256, 128, BY_SLOT, "rows_slots"),
-    (3072, 1056, 256, 32, BY_SLOT, "vec_slots"),          # no whole segments
+    # the wide kernels by I: Qwen3 T = 32 (14848 rows, 256 slots of I = 768),
+    # Kimi-K2 and DeepSeek-V3 EP8 T = 32
+    (14848, 768, 256, 128, BY_SLOT_WIDE, "rows768_slots"),
+    (23808, 2048, 256, 128, BY_SLOT_WIDE, "rows_slots"),
+    (3072, 2048, 256, 128, BY_SLOT_WIDE, "rows_slots"),
+    (3072, 1056, 256, 32, BY_SLOT_WIDE, "vec_slots"),     # no whole segments
     (1024, 2048, 8, 128, BY_SLOT, "vec1_slots"),          # decode: never *_block_rows
     (4096, 16384, 64, 128, BY_SLOT, "vec1_slots"),        # 1 MiB of slots' codes too
+    # the default: from 2 rows a slot, *_vec1_slots up to 8192 columns an SM
+    # (132 SMs: 528 slots of I = 2048)
+    (14848, 768, 256, 128, DEFAULT_TUNING, "vec1_slots"),   # Qwen3 T = 32
+    (23808, 2048, 256, 128, DEFAULT_TUNING, "vec1_slots"),  # Kimi-K2 T = 32
+    (49152, 2048, 4096, 128, DEFAULT_TUNING, "rows_slots"),   # Kimi-K2 T = 512
+    (16384, 768, 4096, 128, DEFAULT_TUNING, "rows768_slots"),  # Qwen3 T = 512
+    (4096, 2048, 4096, 128, DEFAULT_TUNING, "rows"),      # DeepSeek-V3 EP8 T = 512: 1 a slot
+    (8192, 768, 4096, 128, DEFAULT_TUNING, "rows768_slots"),  # 2 rows a slot
+    (8191, 768, 4096, 128, DEFAULT_TUNING, "rows768"),
+    (2048, 2048, 528, 128, DEFAULT_TUNING, "vec1_slots"),
+    (2048, 2048, 529, 128, DEFAULT_TUNING, "rows_slots"),
     # the threshold: 58 rows a slot
-    (14848, 768, 256, 128, QuantizeTuning(by_slot_from_rows_per_slot=58), "rows768_slots"),
+    (14848, 768, 256, 128, QuantizeTuning(by_slot_from_rows_per_slot=58), "vec1_slots"),
     (14848, 768, 256, 128, QuantizeTuning(by_slot_from_rows_per_slot=58.5), "rows768"),
-    (14848, 768, 256, 128, DEFAULT_TUNING, "rows768"),    # off by default
+    (14848, 768, 256, 128, QuantizeTuning(by_slot_from_rows_per_slot=math.inf), "rows768"),
     (3072, 100, 256, 32, BY_SLOT, "any"),                 # H % npc != 0: no coalesced kernel
 ])
 def test_the_hint_picks_the_slots_kernels(monkeypatch, num_rows, hidden, num_slots, npc, tuning,
@@ -914,7 +933,7 @@ def test_the_hint_picks_the_slots_kernels(monkeypatch, num_rows, hidden, num_slo
         warps = {"rows768_slots": num_slots, "rows_slots": num_slots * hidden // 1024,
                  "vec_slots": num_slots * hidden // 1024,
                  "vec1_slots": num_slots * hidden // 256}[kernel]
-        assert launches[-1][1] * launches[-1][4] == warps * 32
+        assert launches[-1][1] == -(-warps * 32 // launches[-1][4])  # whole blocks
         # misaligned: the element-access kernel over the X rows (the hint unread)
         plan.launch(7, 0x1008, 0x2000, 0x3000, 0x4000, 0x5000, 0x6000, 0x7000)
         rows_shape = launch_shape(num_rows, hidden, npc, 132, swiglu=True)

@@ -306,13 +306,14 @@ def slot_plan(rng, num_tokens: int, top_k: int, num_experts: int, local_experts:
 
 
 # by_slot_from_rows_per_slot=0: every call with the hint and zero_padding off;
-# the coalesced kernel by I (*_rows_slots 2048, *_rows768_slots 768,
-# *_vec_slots 1056), or *_vec1_slots (few slots), or *_vec_slots alone
+# the wide coalesced kernel by I (*_rows_slots 2048, *_rows768_slots 768,
+# *_vec_slots 1056), or *_vec1_slots, or *_vec_slots alone
 BY_SLOT_TUNINGS = {
-    "slots": QuantizeTuning(by_slot_from_rows_per_slot=0),
-    "slots-vec1": QuantizeTuning(by_slot_from_rows_per_slot=0, narrow_live_rows=2**31),
+    "slots": QuantizeTuning(by_slot_from_rows_per_slot=0, narrow_slot_columns_per_sm=0),
+    "slots-vec1": QuantizeTuning(by_slot_from_rows_per_slot=0,
+                                 narrow_slot_columns_per_sm=float("inf")),
     "slots-vec": QuantizeTuning(by_slot_from_rows_per_slot=0, segment_columns=(),
-                                narrow_live_rows=0),
+                                narrow_slot_columns_per_sm=0),
 }
 
 

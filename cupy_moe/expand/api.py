@@ -82,8 +82,9 @@ def expand_to_fused(x: Any, token_topk_to_pos: Any, pos_to_expert: Any, *,
         The token of each output row (-1 on padding rows): ``fused_mapping``'s
         ``pos_to_token``. A hint, for speed only, that lets the GPU write the
         output row by row instead of token by token where
-        ``ExpandTuning.gather_x_bytes_below`` says so (off by default: not yet
-        measured); the results are the same. It must agree with the map:
+        ``ExpandTuning.gather_x_bytes_below`` says so (off by default: it lost
+        on the H200, benchmarks/results/sweep_gather_h200.md); the results are
+        the same. It must agree with the map:
         ``pos_to_token[token_topk_to_pos[t, k]] == t`` for every slot that is
         not dropped (``validate=True`` checks it, after the map's own faults).
         Where it does not, what such a row gets is unspecified; nothing
@@ -171,8 +172,8 @@ def expand_to_fused_with_sf(x: Any, x_sf: Any, token_topk_to_pos: Any, pos_to_ex
         on sm_90+ the GPU then writes the scale factors row by row, in whole
         32-byte sectors, instead of scattering each token's words to its K rows
         (benchmarks/results/sweep_sf_by_position_h200.md); where
-        ``ExpandTuning.gather_x_bytes_below`` says so (off by default: not yet
-        measured), the data rows too. The results are the same. It must agree
+        ``ExpandTuning.gather_x_bytes_below`` says so (off by default: it lost
+        on the H200), the data rows too. The results are the same. It must agree
         with the map: ``pos_to_token[token_topk_to_pos[t, k]] == t`` for every
         slot that is not dropped (``validate=True`` checks it, after the map's
         own faults). Where it does not, what such a row gets (data and scale

@@ -103,9 +103,12 @@ class ExpandTuning:
     (92.0), medium EP8 67.6 -> 75.5, Qwen3 small 68.5 -> 71.8, medium 67.7
     -> 76.3 (77.0); decode 3.83 -> 3.46 us. Kimi-K2 small (145 MB of
     padding: the zero kernel's plans) lost 1-3 points with the pass blocks
-    in the copy kernel and gained 2.8 (4.8) with them in the zero kernel (an
-    earlier build of those blocks; the current one is not yet run on a GPU,
-    hence ``sf_pass_beside_zero_kernel`` 0).
+    in the copy kernel and gained with them in the zero kernel: packed 86.0
+    -> 90.0 (90.2 given pos_to_token), float32 row-major 93.3 -> 93.2;
+    every plan without the zero kernel or column-major SF level within the
+    rounds' spread (benchmarks/NOTES.md, twenty-fourth session). So
+    ``sf_pass_beside_zero_kernel`` 1 (0: those calls' SF by the token and
+    zero-fill blocks).
 
     ``gather_x_bytes_below``: calls that pass ``pos_to_token`` (16-byte rows
     and bases) whose ``x`` holds fewer bytes than this write the output by
@@ -115,8 +118,15 @@ class ExpandTuning:
     there: it is read K times) or zeros; column-major scale factors by the SF
     pass. Every block does the same work, where the token-major kernels pair
     token blocks with zero-fill blocks (instruction-bound on Qwen3's 3 KiB
-    fp8 rows, 0.91-0.93 of the seed's kernel). 0: never (not yet run on a
-    GPU).
+    fp8 rows, 0.91-0.93 of the seed's kernel). 0: never. Measured on the
+    H200 (twenty-fourth session, results/sweep_gather_h200.md, % of the
+    copy, default -> 8 rows a block): it lost on the small and medium plans
+    (Qwen3 small 86.3 -> 84.7, medium 90.4 -> 83.5, EP8 medium 70.5 -> 64.2;
+    Kimi-K2 decode 43.3 -> 40.0, medium EP8 87.8 -> 75.8), level on
+    prefill, and on every call 20-30 points down on prefill (x read K times
+    past L2); ahead only on the packed-SF plans, where the SF pass given
+    ``pos_to_token`` gains as much without it. Off; more rows a block lost
+    more.
     """
 
     # register kernel
@@ -148,7 +158,7 @@ class ExpandTuning:
     zero_kernel_beside_registers: int = 0
     # scale factors
     sf_by_position: int = 1
-    sf_pass_beside_zero_kernel: int = 0
+    sf_pass_beside_zero_kernel: int = 1
     # rows by position (calls that pass pos_to_token)
     gather_x_bytes_below: float = 0.0
     gather_rows: int = 16

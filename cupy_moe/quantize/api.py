@@ -166,11 +166,11 @@ def swiglu_quantize_fp8(h: Any, *, num_per_channels: int = 128, topk_weights: An
     an H200). With ``zero_padding=False`` the whole-rows kernel also takes
     plans with at least 128 KiB of codes per row that may be live
     (``QuantizeTuning.unzeroed_block_rows_from_bytes``; Kimi-K2, T = 32,
-    E = 384: 10.4 -> 6.7 us). Given ``token_topk_to_pos`` too, such calls
-    can visit the T * K slots instead of the X rows (the ``*_slots``
-    kernels, ``QuantizeTuning.by_slot_from_rows_per_slot``; off by default
-    until its threshold is set: measured, T = 32 plans 2.5-2.7 us a call in
-    a CUDA graph against 4.0-6.7 visiting the rows).
+    E = 384: 10.4 -> 6.7 us). Given ``token_topk_to_pos`` too, calls with
+    at least 2 rows a slot (``QuantizeTuning.by_slot_from_rows_per_slot``)
+    visit the T * K slots instead of the X rows (the ``*_slots`` kernels), so
+    padding rows cost nothing: T = 32 plans 2.5-2.7 us a call in a CUDA
+    graph, against 4.0-6.7 visiting the rows.
 
     Parameters
     ----------
@@ -205,8 +205,8 @@ def swiglu_quantize_fp8(h: Any, *, num_per_channels: int = 128, topk_weights: An
         inverse of ``pos_to_token_topk``, so it needs the weights. A hint,
         for speed only: with ``zero_padding=False`` the GPU can then visit
         the T * K slots instead of the X rows, where
-        ``QuantizeTuning.by_slot_from_rows_per_slot`` says so (off by
-        default until its threshold is set); the results are the same. It must name
+        ``QuantizeTuning.by_slot_from_rows_per_slot`` says so (from 2 rows
+        a slot); the results are the same. It must name
         exactly the live rows, each from its own slot:
         ``token_topk_to_pos.flat[s] == p`` for every live row p with
         ``pos_to_token_topk[p] == s``, and no other entry >= 0

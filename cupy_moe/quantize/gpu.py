@@ -124,15 +124,16 @@ class QuantizePlan:
                                       swiglu=problem.swiglu, sf_layout=sf_layout(problem))
         self.by_slot = takes_slots(problem, tuning)
         if self.by_slot:
-            # the coalesced grid over the slots, with the few-live-rows rule
-            # by their count (never *_block_rows: it walks rows); *_any's
-            # grid stays the rows' (its fields do not depend on the count)
+            # the coalesced grid over the slots, *_vec1_slots up to
+            # narrow_slot_columns_per_sm (never *_block_rows: it walks rows);
+            # *_any's grid stays the rows' (its fields do not depend on the count)
             slot_tuning = replace(tuning, block_rows_from_bytes=float("inf"))
             try:
                 slot_shape = launch_shape(
                     problem.num_weights, problem.hidden, problem.num_per_channels,
                     multiprocessors, slot_tuning, swiglu=True,
-                    narrow_columns=(columns if problem.num_weights <= tuning.narrow_live_rows
+                    narrow_columns=(columns if problem.num_weights * problem.hidden
+                                    <= tuning.narrow_slot_columns_per_sm * multiprocessors
                                     else 0),
                     sf_layout=sf_layout(problem))
             except ValueError:  # more slots than one launch takes: the rows' grid
@@ -142,12 +143,7 @@ class QuantizePlan:
                                                  blocks=self.shape.blocks)
         defines = tuning.defines()
         self.handles = {vector: function_handle(SOURCE, defines, device,
-                                                kernel_name(problem, vector,
-                                                            vector and self.shape.rows,
-                                                            self.narrow_kernel(vector),
-                                                            self.shape.segment_columns,
-                                                            self.shape.tiles,
-                                                            vector and self.by_slot))
+                                                self.kernel_name(vector))
                         for vector in (True, False)}
         shape = self.shape
         self.args = ArgBlock(QUANTIZE_ARGS, QUANTIZE_ARGS.constants(
@@ -160,6 +156,13 @@ class QuantizePlan:
             pass_shift=shape.pass_shift, passes=shape.passes,
             sf_layout=sf_layout(problem), round_sf=int(problem.round_sf),
             block_rows=shape.block_rows, zero_padding=int(problem.zero_padding)))
+
+    def kernel_name(self, vector: bool) -> str:
+        """The kernel of the coalesced launch (``vector``) or of the
+        element-access one."""
+        return kernel_name(self.problem, vector, vector and self.shape.rows,
+                           self.narrow_kernel(vector), self.shape.segment_columns,
+                           self.shape.tiles, vector and self.by_slot)
 
     def narrow_kernel(self, vector: bool) -> str:
         """The few-live-rows kernel of the coalesced launch ("" if none)."""

@@ -102,16 +102,26 @@ class QuantizeTuning:
     ``by_slot_from_rows_per_slot``: swiglu_quantize_fp8 calls given
     ``token_topk_to_pos`` with ``zero_padding=False`` and at least this
     many rows a slot (X / (T * K)) take the ``*_slots`` kernels: the
-    coalesced kernel of T * K rows (``*_vec1`` up to ``narrow_live_rows``
-    slots, else ``*_rows`` / ``*_rows768`` / ``*_vec``), each slot's work
-    its row's, so padding rows cost nothing, not even their maps' loads.
-    Predicted (twenty-second session, from the nineteenth's "live rows"
-    figures, us a call in a graph): Qwen3 T = 32 (58 rows a slot) 4.9 ->
-    ~3.0, DeepSeek-V3 EP8 T = 32 (12) 4.0 -> ~2.3, Kimi-K2 T = 32 (93) 6.7
-    -> ~3.6; measured (twenty-third session, results/swiglu_by_slot_h200.md)
-    2.92, 3.49, 3.70, and 2.46, 2.48, 2.72 on ``*_vec1_slots``. Still inf
-    (never) by default: the threshold and the slots' vec1 rule are set
-    with the GPU tests run after.
+    coalesced kernel of T * K rows, each slot's work its row's, so padding
+    rows cost nothing, not even their maps' loads. Measured (twenty-third
+    session, results/swiglu_by_slot_h200.md, us a call in a graph, rows
+    visited -> by slot): Qwen3 T = 32 (58 rows a slot) 4.90 -> 2.46,
+    DeepSeek-V3 EP8 T = 32 (12) 3.97 -> 2.48, Kimi-K2 T = 32 (93) 6.65 ->
+    2.72, T = 512 (12) 22.43 -> 15.01, Qwen3 T = 512 (4) 8.09 -> 6.33; lost
+    at one row a slot (DeepSeek-V3 EP8 T = 512: 5.79 -> 6.00). inf: never.
+    ``narrow_slot_columns_per_sm``: of those calls, the ones with at most
+    this many columns an SM (T * K * I / SMs) take ``*_vec1_slots`` (a lane
+    a 16-byte chunk), the rest ``*_rows_slots`` / ``*_rows768_slots`` /
+    ``*_vec_slots`` (32 columns a lane): vec1's grid is 4 or 8 times the
+    wide one's, a gain while it fits the machine at once. Measured (us a
+    call in a graph, wide -> vec1; results/swiglu_by_slot_h200.md): 256
+    slots (1,489-3,972 columns an SM) 2.92 -> 2.46, 3.49 -> 2.48, 3.70 ->
+    2.72; Kimi-K2 crosses between 7,944 (4.20 -> 3.56) and 15,888 (5.35 ->
+    5.52), Qwen3 at about 11,916 (4.28 -> 4.30); 4,096 slots (23,831 and
+    63,550) 6.30 -> 7.15, 15.03 -> 16.29. Plans whose slots are mostly
+    dropped (DeepSeek-V3 EP8: a dropped slot's warps exit at once) gain
+    from vec1 further (T = 128, 15,888: 3.96 -> 3.02), which the host
+    cannot see without a sync. 0: never, inf: always.
     ``software_e4m3`` compiles the integer e4m3 rounding on sm_89+ too, in
     place of the hardware conversion (the GPU tests check that both give the
     same codes).
@@ -175,7 +185,8 @@ class QuantizeTuning:
     block_rows_from_bytes: float = float(1 << 20)
     block_rows_blocks_per_sm: float = 1.0
     unzeroed_block_rows_from_bytes: float = float(128 << 10)
-    by_slot_from_rows_per_slot: float = float("inf")
+    by_slot_from_rows_per_slot: float = 2.0
+    narrow_slot_columns_per_sm: float = 8192.0
     segment_columns: tuple[int, ...] = (SEGMENT_COLUMNS, 768)
     sf_column_tiles: bool = True
     packed_sf_tiles: bool = True
@@ -205,6 +216,7 @@ class QuantizeTuning:
                         positive=True)
         _require_number("unzeroed_block_rows_from_bytes", self.unzeroed_block_rows_from_bytes)
         _require_number("by_slot_from_rows_per_slot", self.by_slot_from_rows_per_slot)
+        _require_number("narrow_slot_columns_per_sm", self.narrow_slot_columns_per_sm)
         if not isinstance(self.segment_columns, tuple) or not all(
                 type(width) is int and width in SEGMENT_WIDTHS for width in self.segment_columns):
             raise ValueError(f"QuantizeTuning.segment_columns must be a tuple of widths in "
