@@ -32,7 +32,7 @@ import torch
 
 from cupy_moe.harness import runner
 from cupy_moe.harness.inputs import workload_inputs
-from cupy_moe.harness.manifest import Workload, _parse_workload
+from cupy_moe.harness.manifest import Workload, workload_from_entry
 from cupy_moe.harness.timing import torch_graph_us
 from cupy_moe.quantize.api import run_with_tuning
 from cupy_moe.quantize.launch_shape import DEFAULT_TUNING, QuantizeTuning
@@ -57,7 +57,7 @@ VARIANTS: dict[str, QuantizeTuning] = {
 
 def workload(model: str, tokens: int) -> Workload:
     intermediate, plan = MODELS[model]
-    return _parse_workload("swiglu_quantize_fp8", 0, {
+    return workload_from_entry("swiglu_quantize_fp8", {
         "label": f"swiglu-{model}-t{tokens}-unzeroed", "tokens": tokens, "top_k": 8,
         "intermediate": intermediate, "plan": plan, "topk_weights": True,
         "pos_to_expert": True, "num_per_channels": 128, "round_sf": False,

@@ -23,6 +23,7 @@ from cupy_moe.harness.manifest import (
     load_workloads,
     parse_manifest,
     roofline_bytes,
+    workload_from_entry,
 )
 from cupy_moe.harness.rooflines import (
     ROOFLINES,
@@ -183,6 +184,25 @@ def test_unknown_op_is_a_key_error():
         load_workloads("expand_to_nowhere")
     with pytest.raises(KeyError, match="no op 'expand_to_nowhere' in the manifest; " + known):
         roofline_bytes("expand_to_nowhere", {"x": (1, 1)}, 2)
+    with pytest.raises(KeyError, match="no op 'expand_to_nowhere' in the manifest; " + known):
+        workload_from_entry("expand_to_nowhere", {})
+
+
+def test_an_entry_outside_the_manifest_is_the_manifests_twin():
+    """A sweep's entry (benchmarks/sweep_swiglu_slots.py) parses as the
+    manifest's own does: the same Workload for the same keys, the same errors."""
+    manifest = load_workloads("swiglu_quantize_fp8")[-1]
+    entry = {"label": manifest.label, "tokens": manifest.num_tokens, "top_k": manifest.top_k,
+             "intermediate": manifest.hidden,
+             "plan": {"num_experts": 128, "alignment": 128, "seed": 0},
+             "topk_weights": True, "pos_to_expert": True, "num_per_channels": 128,
+             "round_sf": False, "packed_ue8m0": False, "use_tma_aligned_col_major_sf": True,
+             "dtype": "bfloat16", "zero_padding": False, "token_topk_to_pos": True}
+    assert workload_from_entry("swiglu_quantize_fp8", entry) == manifest
+    with pytest.raises(ValueError, match=re.escape(
+            f"workloads.yaml: swiglu_quantize_fp8 workload 0 ({manifest.label}): "
+            "unknown key(s) ['hidden']")):
+        workload_from_entry("swiglu_quantize_fp8", {**entry, "hidden": 768})
 
 
 # --- the routing plan's workloads ---------------------------------------------

@@ -605,6 +605,14 @@ def _require_op(op_name: str, known: Collection[str]) -> None:
         raise KeyError(f"no op {op_name!r} in the manifest; known: {sorted(known)}")
 
 
+def workload_from_entry(op_name: str, entry: Mapping[str, Any]) -> Workload:
+    """One workload of ``op_name`` from an entry written as in
+    ``workloads.yaml`` (a sweep's shapes beside the manifest's), under the
+    same rules and errors as :func:`parse_manifest`."""
+    _require_op(op_name, ALL_OP_NAMES)
+    return _parse_workload(op_name, 0, entry)
+
+
 def load_workloads(op_name: str) -> list[Workload]:
     """The manifest workloads of ``op_name``, in manifest order."""
     _require_op(op_name, ALL_OP_NAMES)
