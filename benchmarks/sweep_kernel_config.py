@@ -152,6 +152,11 @@ CONFIGS: list[tuple[str, ExpandTuning]] = [
     *((f"gather: x below 16 MB, {rows} rows a block",
        _tuned(gather_x_bytes_below=16e6, gather_rows=rows)) for rows in (8, 16, 32, 64)),
     ("gather: every call", _tuned(gather_x_bytes_below=math.inf)),
+    # a warp a row, fewer rows a block: smaller blocks (8 rows won over 16-64
+    # in the twenty-fourth session; the seed's kernel takes a block a row)
+    *((f"gather: x below 16 MB, {rows} rows a block of {threads} threads",
+       _tuned(gather_x_bytes_below=16e6, gather_rows=rows, threads=threads))
+      for rows, threads in ((4, 128), (2, 64), (1, 32))),
 ]
 # configs whose calls pass pos_to_token (each row's token; the workloads that
 # have one, the plan workloads: elsewhere they run as the default does)

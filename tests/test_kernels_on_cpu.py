@@ -205,6 +205,9 @@ def test_quantize_matches_the_oracle(monkeypatch, rng, layout, hidden, dtype, tu
 
 
 GATHER = ExpandTuning(gather_x_bytes_below=float("inf"))
+# a block a row of one warp (the seed's grid: a block an output row)
+GATHER_A_BLOCK_A_ROW = ExpandTuning(gather_x_bytes_below=float("inf"), gather_rows=1,
+                                    threads=32)
 BULK = ExpandTuning(bulk_min_blocks=0.0, padding_share_registers=float("inf"),
                     medium_padding_share_registers=float("inf"),
                     bulk_whole_row_zero_from=float("inf"))
@@ -213,6 +216,7 @@ BULK = ExpandTuning(bulk_min_blocks=0.0, padding_share_registers=float("inf"),
 @pytest.mark.parametrize("zero_padding", [True, False])
 @pytest.mark.parametrize(("hidden", "item", "tuning"), [
     (3072, 2, GATHER),                   # the gather kernel (Qwen3's rows)
+    (3072, 2, GATHER_A_BLOCK_A_ROW),
     (7168, 2, GATHER),
     (1004, 2, GATHER),                   # rows not of 16-byte chunks: no gather
     (3072, 2, ExpandTuning()),           # the default's kernels
@@ -232,7 +236,7 @@ def test_expand_matches_the_oracle(monkeypatch, rng, zero_padding, hidden, item,
                                 fenced(plan.pos_to_expert, side), zero_padding=zero_padding,
                                 pos_to_token=fenced(plan.pos_to_token, side))
     gpu.check_canaries()
-    assert ("expand_to_fused_gather" in gpu.launches) == (tuning is GATHER
+    assert ("expand_to_fused_gather" in gpu.launches) == (tuning.gather_x_bytes_below > 0
                                                          and hidden * item % 16 == 0)
     padding = plan.pos_to_expert < 0
     np.testing.assert_array_equal(got[~padding], want[~padding])
