@@ -43,6 +43,8 @@ from cupy_moe.mapping import worst_case_rows
 # the register kernel on every call; the bulk-copy kernel (sm_90+, 16-byte
 # rows) on every batch size
 REGISTERS_ONLY = dataclasses.replace(DEFAULT_TUNING, bulk_min_blocks=math.inf)
+# ... compiled for each call's row (EXPAND_ROW_BYTES, EXPAND_VECS_PER_THREAD)
+COMPILED_ROW = dataclasses.replace(REGISTERS_ONLY, compiled_row=1)
 BULK_ALWAYS = dataclasses.replace(DEFAULT_TUNING, bulk_min_blocks=0.0,
                                   padding_share_registers=math.inf,
                                   medium_padding_share_registers=math.inf)
@@ -388,6 +390,10 @@ def main() -> int:
     for tuning in ((REGISTERS_ONLY,) if registers_only else (DEFAULT_TUNING, BULK_ZERO_PLAIN)):
         cases += run_cases(rng, dataclasses.replace(tuning, sf_by_position=0), (16, 2064, 7168),
                            sizes, layouts=("col-f32", "col-ue8m0"))
+    # the register kernel compiled for the row: rows of one access a thread
+    # or several, a short last chunk, 8-byte rows (the v8 kernel)
+    cases += run_cases(rng, COMPILED_ROW, (4, 1536, 2064, 7168), sizes)
+    cases += run_cases(rng, COMPILED_ROW, (16, 2064), sizes, layouts=("row", "col-ue8m0"))
     # rows by position, given pos_to_token (plain stores only: initcheck sees them);
     # X == 0 and T == 0 too, then a hint that disagrees with the map
     cases += run_cases(rng, GATHER, (16, 2064, 7168), (*sizes, (4, 2, 0)), given_tokens=True)

@@ -78,6 +78,11 @@ CONFIGS: list[tuple[str, ExpandTuning]] = [
     ("bulk target 16 x SMs blocks", _tuned(bulk_target_blocks=16.0)),
     ("bulk chunks >= 1 KiB", _tuned(bulk_min_chunk_bytes=1024)),
     ("register kernel only (no bulk copies)", _tuned(bulk_min_blocks=math.inf)),
+    # the register kernel compiled for the call's row (a module per row
+    # length): wherever the default takes it, and on every call
+    ("register kernel compiled for the row", _tuned(compiled_row=1)),
+    ("register kernel only, compiled for the row",
+     _tuned(bulk_min_blocks=math.inf, compiled_row=1)),
     # blocks that fit the row: 3 KiB fp8 rows are 192 16-byte accesses (a
     # quarter of a 256-thread block idle), Kimi-K2's 14 KiB bf16 rows 896 (4 x 224)
     *((f"register kernel: {threads} threads", _tuned(threads=threads)) for threads in (192, 224)),

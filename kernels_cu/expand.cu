@@ -66,6 +66,21 @@
 
 static_assert(EXPAND_THREADS % 32 == 0, "blocks are whole warps (the zero-fill ballots)");
 
+// The register kernel compiled for one call's row: its bytes and the accesses
+// a thread holds (ExpandTuning.compiled_row; 0: read from the argument block).
+// With both fixed, the unrolled access loops lose their dead iterations and
+// the row offsets their 64-bit multiplies (the kernel is instruction-bound on
+// short rows: ncu, Qwen3's 3 KiB fp8 rows). Only expand_to_fused_body reads
+// them; the host gives such a module to the register kernel's launch alone.
+#ifndef EXPAND_ROW_BYTES
+#define EXPAND_ROW_BYTES 0
+#endif
+#ifndef EXPAND_VECS_PER_THREAD
+#define EXPAND_VECS_PER_THREAD 0
+#endif
+static_assert(EXPAND_VECS_PER_THREAD >= 0 && EXPAND_VECS_PER_THREAD <= EXPAND_UNROLL,
+              "a thread holds at most EXPAND_UNROLL accesses");
+
 // The argument block, passed by value. The host packs it field for field
 // (cupy_moe/expand/plan.py, EXPAND_ARGS), in this order.
 struct ExpandArgs {
@@ -246,9 +261,16 @@ template <int VEC_BYTES, bool OVERLAPPED = false>
 __device__ __forceinline__ void expand_to_fused_body(const ExpandArgs& a) {
     if constexpr (OVERLAPPED) let_dependents_start();
     typedef typename VecOf<VEC_BYTES>::type Vec;
-    const i64 n_vec = a.row_bytes / VEC_BYTES;
-    const int vecs_per_thread = a.vecs_per_thread;
-    const i64 vec_begin = static_cast<i64>(blockIdx.y) * (EXPAND_THREADS * vecs_per_thread);
+    const i64 n_vec = (EXPAND_ROW_BYTES > 0 ? EXPAND_ROW_BYTES : a.row_bytes) / VEC_BYTES;
+    const int vecs_per_thread = EXPAND_VECS_PER_THREAD > 0 ? EXPAND_VECS_PER_THREAD
+                                                           : a.vecs_per_thread;
+    // a compiled row that fits one chunk: no y planes, so the accesses past
+    // the row are known at compile time and their iterations drop out
+    constexpr bool one_chunk =
+        EXPAND_ROW_BYTES > 0 && EXPAND_VECS_PER_THREAD > 0 &&
+        EXPAND_ROW_BYTES / VEC_BYTES <= EXPAND_THREADS * EXPAND_VECS_PER_THREAD;
+    const i64 vec_begin =
+        one_chunk ? 0 : static_cast<i64>(blockIdx.y) * (EXPAND_THREADS * vecs_per_thread);
     int block;
     if (!copy_or_zero_block(a, block)) return;
 

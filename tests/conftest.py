@@ -34,6 +34,8 @@ KERNEL_PATHS = {
                                    bulk_whole_row_zero_from=0, bulk_min_chunk_bytes=512,
                                    bulk_zero_rows_plain=0),
     "registers": ExpandTuning(bulk_min_blocks=math.inf),
+    # the register kernel compiled for each call's row (EXPAND_ROW_BYTES)
+    "registers-compiled-row": ExpandTuning(bulk_min_blocks=math.inf, compiled_row=1),
     # every shape padding-heavy and on the bulk kernel (chunks always shrink):
     # zero-fill blocks of whole rows in 2 KiB bulk stores of a stage larger
     # than the 512-byte copy chunks

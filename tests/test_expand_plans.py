@@ -520,6 +520,7 @@ def test_plain_op_fast_path_keys_pos_to_token(expand_fast_paths):
     ({"bulk_zero_rows_plain": True}, r"bulk_zero_rows_plain must be a number >= 0; got True"),
     ({"bulk_zero_rows_plain": 3}, r"bulk_zero_rows_plain must be 0 or 1; got 3"),
     ({"zero_kernel_beside_registers": 2}, r"zero_kernel_beside_registers must be 0 or 1; got 2"),
+    ({"compiled_row": 2}, r"compiled_row must be 0 or 1; got 2"),
     ({"padding_zero_rows_bulk_whole": 0}, r"padding_zero_rows_bulk_whole must be in 1 \.\. 32"),
     ({"zero_kernel_from_bytes": -1.0}, r"zero_kernel_from_bytes must be a number >= 0; got -1\.0"),
     ({"medium_padding_share_registers": -0.3},
@@ -871,3 +872,35 @@ def test_a_call_passes_pos_to_token_to_the_gather_kernel(fake_h200, monkeypatch)
     assert launches == [(launch.handle, *launch.grid)]
     assert EXPAND_ARGS.pointer_packer.unpack_from(launch.args.buffer) == (
         0x1000, 0x2000, 0x3000, 0x4000, 0, 0, 0x7000)
+
+
+@pytest.mark.parametrize(("num_tokens", "hidden", "item_bytes", "vecs_per_thread"), [
+    (512, 1536, 2, 4),     # Qwen3's 3 KiB rows: one chunk, 192 of its 1024 accesses
+    (32, 1536, 2, 1),      # ... chunks shrunk: one access a thread
+    (4096, 7168, 2, 4),    # chunks of 256 x 4 accesses, a short last one
+    (512, 3072, 1, 4),     # fp8 rows of 3 KiB
+])
+def test_a_compiled_row_is_the_register_kernels_own_module(fake_h200, monkeypatch, num_tokens,
+                                                           hidden, item_bytes, vecs_per_thread):
+    """compiled_row: the register kernel's launch gets a module compiled for
+    its row (bytes, accesses a thread); every other launch the plain one."""
+    modules = {}
+    monkeypatch.setattr(plan_module, "function_handle",
+                        lambda source, defines, device, name: modules.setdefault(name, defines)
+                        and name)
+    tuning = ExpandTuning(bulk_min_blocks=math.inf, compiled_row=1)
+    launch = _launch_for(num_tokens, hidden, item_bytes=item_bytes, tuning=tuning)
+    assert launch.handle == "expand_to_fused_v16"
+    assert launch.constant("vecs_per_thread") == vecs_per_thread
+    defines = dict(modules["expand_to_fused_v16"])
+    assert (defines["EXPAND_ROW_BYTES"], defines["EXPAND_VECS_PER_THREAD"]) == (
+        hidden * item_bytes, vecs_per_thread)
+    # off by default; the bulk kernel never takes it
+    modules.clear()
+    _launch_for(num_tokens, hidden, item_bytes=item_bytes,
+                tuning=dataclasses.replace(tuning, compiled_row=0))
+    assert "EXPAND_ROW_BYTES" not in dict(modules["expand_to_fused_v16"])
+    modules.clear()
+    bulk = _launch_for(4096, 7168, tuning=ExpandTuning(compiled_row=1))
+    assert bulk.handle.startswith("expand_to_fused_bulk")
+    assert all("EXPAND_ROW_BYTES" not in dict(d) for d in modules.values())

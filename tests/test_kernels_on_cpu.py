@@ -208,6 +208,8 @@ GATHER = ExpandTuning(gather_x_bytes_below=float("inf"))
 # a block a row of one warp (the seed's grid: a block an output row)
 GATHER_A_BLOCK_A_ROW = ExpandTuning(gather_x_bytes_below=float("inf"), gather_rows=1,
                                     threads=32)
+# the register kernel compiled for the call's row (EXPAND_ROW_BYTES)
+COMPILED_ROW = ExpandTuning(bulk_min_blocks=float("inf"), compiled_row=1)
 BULK = ExpandTuning(bulk_min_blocks=0.0, padding_share_registers=float("inf"),
                     medium_padding_share_registers=float("inf"),
                     bulk_whole_row_zero_from=float("inf"))
@@ -220,6 +222,8 @@ BULK = ExpandTuning(bulk_min_blocks=0.0, padding_share_registers=float("inf"),
     (7168, 2, GATHER),
     (1004, 2, GATHER),                   # rows not of 16-byte chunks: no gather
     (3072, 2, ExpandTuning()),           # the default's kernels
+    (3072, 2, COMPILED_ROW),             # one access a thread of 192 threads' row
+    (7172, 2, COMPILED_ROW),             # 8-byte rows: the v8 kernel, chunks and a short one
     (7168, 2, BULK),                     # Hopper's bulk copies (cp.async.bulk)
 ])
 def test_expand_matches_the_oracle(monkeypatch, rng, zero_padding, hidden, item, tuning):
@@ -252,6 +256,7 @@ def test_expand_matches_the_oracle(monkeypatch, rng, zero_padding, hidden, item,
     ("col-f32", 7168, BULK),
     ("col-ue8m0", 7168, ExpandTuning()),
     ("row-f32", 2048, ExpandTuning()),
+    ("row-f32", 3072, COMPILED_ROW),
     ("col-ue8m0", 3072, GATHER),
 ])
 def test_expand_with_sf_matches_the_oracle(monkeypatch, rng, layout, hidden, tuning):

@@ -265,8 +265,13 @@ class ExpandPlan:
         if chunks > MAX_GRID_Y:
             raise ValueError(f"x rows of {self.row_bytes} bytes are too long for one launch "
                              f"(at most {MAX_GRID_Y * chunk_bytes} bytes)")
-        handle = function_handle(SOURCE, kernel_defines(self.sf_mode, self.tuning), self.device,
-                                 kernel)
+        defines = kernel_defines(self.sf_mode, self.tuning)
+        if self.tuning.compiled_row and kernel.startswith("expand_to_fused_v"):
+            # the register kernel compiled for this row (expand.cu's
+            # EXPAND_ROW_BYTES): its module serves this launch only
+            defines += (("EXPAND_ROW_BYTES", self.row_bytes),
+                        ("EXPAND_VECS_PER_THREAD", int(vecs_per_thread)))
+        handle = function_handle(SOURCE, defines, self.device, kernel)
         # zero-fill blocks are numbered across the z planes (the kernel's
         # rows_to_zero); whole-row ones across the y planes too
         planes = ceil_div(problem.top_k, slots_per_block)

@@ -89,6 +89,15 @@ class ExpandTuning:
     64 MB: the small-batch plans of 90-340 MB of padding gained 2-4% (Kimi-K2,
     Qwen3, Kimi-K2 fp8), the 19-47 MB ones (EP8, Qwen3 fp8) lost.
 
+    ``compiled_row`` (0 or 1): the register kernel is compiled for the
+    call's row, its bytes and accesses a thread (EXPAND_ROW_BYTES,
+    EXPAND_VECS_PER_THREAD: a module per row length), so that its unrolled
+    access loops lose their dead iterations: on 3 KiB rows a thread holds one
+    access of four (ncu had the kernel instruction-bound on Qwen3's fp8
+    plans, the seed's kernel, compiled per shape, at 16% SM throughput
+    against our 66%). Twenty-fourth session, built without a measurement
+    yet: 0.
+
     ``sf_by_position`` (0 or 1): column-major scale factors (16-byte rows,
     sm_90+, T > 0) are written by pass blocks that walk positions, a thread a
     row, so that stores fill whole 32-byte sectors (the copy kernel's first
@@ -136,6 +145,7 @@ class ExpandTuning:
     split_slots_below: float = 1.0
     zero_rows_registers: int = 2
     zero_block_bytes_registers: int = 16 * 1024
+    compiled_row: int = 0
     # bulk-copy kernel
     bulk_min_blocks: float = 1.0
     bulk_target_blocks: float = 12.0
@@ -184,7 +194,7 @@ class ExpandTuning:
                                  f"got {getattr(self, name)}")
         for name in ("padding_zero_whole_rows", "bulk_zero_rows_plain",
                      "zero_kernel_beside_registers", "sf_by_position",
-                     "sf_pass_beside_zero_kernel"):
+                     "sf_pass_beside_zero_kernel", "compiled_row"):
             if getattr(self, name) not in (0, 1):
                 raise ValueError(f"ExpandTuning.{name} must be 0 or 1; "
                                  f"got {getattr(self, name)!r}")
