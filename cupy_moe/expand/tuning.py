@@ -95,8 +95,11 @@ class ExpandTuning:
     access loops lose their dead iterations: on 3 KiB rows a thread holds one
     access of four (ncu had the kernel instruction-bound on Qwen3's fp8
     plans, the seed's kernel, compiled per shape, at 16% SM throughput
-    against our 66%). Twenty-fourth session, built without a measurement
-    yet: 0.
+    against our 66%). Measured (twenty-fourth session,
+    results/sweep_compiled_row_h200.md, % of the copy): Qwen3 fp8 medium
+    73.0 -> 75.2 (row-major SF), 75.1 -> 76.4 (packed), but its bf16 medium
+    plans (6 KiB rows) 0.5-0.9 points down and decode 3.04 -> 3.16 us: 0
+    until a rule takes it only where a thread holds one access.
 
     ``sf_by_position`` (0 or 1): column-major scale factors (16-byte rows,
     sm_90+, T > 0) are written by pass blocks that walk positions, a thread a
