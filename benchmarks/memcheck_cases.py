@@ -99,7 +99,8 @@ def run_case(rng, tuning: ExpandTuning, num_tokens, hidden, top_k, num_expanded,
     # rows no valid slot targets are padding: a well-formed map but for the
     # deliberately out-of-range slots
     pos_to_expert = np.full(num_expanded, -1, dtype=np.int32)
-    pos_to_expert[token_topk_to_pos[(token_topk_to_pos >= 0) & (token_topk_to_pos < num_expanded)]] = 1
+    in_range = (token_topk_to_pos >= 0) & (token_topk_to_pos < num_expanded)
+    pos_to_expert[token_topk_to_pos[in_range]] = 1
     dmap, dp2e = cupy.asarray(token_topk_to_pos), cupy.asarray(pos_to_expert)
     pos_to_token = None
     if given_tokens:  # each row's token, as fused_mapping gives it
@@ -110,7 +111,8 @@ def run_case(rng, tuning: ExpandTuning, num_tokens, hidden, top_k, num_expanded,
     if layout == "none":
         got, _ = run_with_tuning(tuning, cupy.asarray(x.astype(np.uint16)), dmap, dp2e,
                                  pos_to_token=pos_to_token)
-        want = reference.expand_to_fused_numpy(x.astype(np.uint16), token_topk_to_pos, pos_to_expert)
+        want = reference.expand_to_fused_numpy(x.astype(np.uint16), token_topk_to_pos,
+                                               pos_to_expert)
         assert np.array_equal(cupy.asnumpy(got), want)
         return
     col_major, sf_dtype = {"row": (False, np.float32), "col-f32": (True, np.float32),
@@ -401,9 +403,11 @@ def main() -> int:
     # validate=True: the routing kernels, on a good map and on a bad one
     x = cupy.zeros((3, 64), dtype=cupy.uint16)
     good = cupy.asarray(np.array([[0, 1], [2, -1], [3, 4]], dtype=np.int32))
-    cupy_moe.expand_to_fused(x, good, cupy.asarray(np.array([0, 0, 1, 1, 1], np.int32)), validate=True)
+    good_experts = cupy.asarray(np.array([0, 0, 1, 1, 1], np.int32))
+    cupy_moe.expand_to_fused(x, good, good_experts, validate=True)
     try:
-        cupy_moe.expand_to_fused(x, good, cupy.asarray(np.array([0, 0, 1, -1], np.int32)), validate=True)
+        bad_experts = cupy.asarray(np.array([0, 0, 1, -1], np.int32))
+        cupy_moe.expand_to_fused(x, good, bad_experts, validate=True)
     except ValueError:
         pass
     else:

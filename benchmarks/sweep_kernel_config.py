@@ -251,7 +251,8 @@ def _diagnostic_launches(w: Workload, args: dict, outs: tuple):
     kernel = plan.kernel(bits & -bits)
     constants = {name: kernel.constant(name)
                  for name in EXPAND_ARGS.names[EXPAND_ARGS.pointer_count:]}
-    no_padding = torch.zeros(w.num_expanded, dtype=torch.int32, device="cuda")  # every row an expert's
+    # every row an expert's
+    no_padding = torch.zeros(w.num_expanded, dtype=torch.int32, device="cuda")
     variants = [("no zero-fill blocks", constants, (w.num_tokens, *kernel.grid[1:]), pointers),
                 ("zero-fill blocks find no padding rows", constants, kernel.grid,
                  (*pointers[:2], no_padding.data_ptr(), *pointers[3:]))]

@@ -52,7 +52,8 @@ SEED_LABELS = {
         "qwen3-30b-small-sf-row-major", "qwen3-30b-small-sf-packed",
     ],
 }
-# label, T, K, E, A of the routing plan's workloads (also benchmarks/bench_fused_mapping.py's shapes)
+# label, T, K, E, A of the routing plan's workloads (also the shapes of
+# benchmarks/bench_fused_mapping.py)
 MAPPING_WORKLOADS = [
     ("mapping-decode", 1, 8, 384, 128),
     ("mapping-small", 32, 8, 256, 128),
