@@ -33,6 +33,7 @@ import numpy as np
 
 import cupy_moe
 from cupy_moe import reference
+from cupy_moe.combine.api import run_with_shape as run_combine_with_shape
 from cupy_moe.expand.api import run_with_tuning
 from cupy_moe.expand.rules import sf_columns
 from cupy_moe.expand.tuning import DEFAULT_TUNING, ExpandTuning
@@ -221,7 +222,15 @@ def run_combine_quantize_cases(rng) -> int:
                                         cupy.asarray(token_topk_to_pos), cupy.asarray(weights))
             want = cupy_moe.reduce_fused(rows, token_topk_to_pos, weights)
             assert np.array_equal(bits(cupy.asnumpy(got)), bits(want))
-            cases += 1
+            # the next batch's slots prefetched (a sweep option): no read past
+            # token_topk_to_pos's last slot
+            got = run_combine_with_shape(cupy.asarray(rows.view(f"u{rows.itemsize}")
+                                                      if dtype is bf16 else rows),
+                                         cupy.asarray(token_topk_to_pos),
+                                         cupy.asarray(weights), vecs_per_thread=2,
+                                         slot_batch=2, prefetch_slots=True)
+            assert np.array_equal(bits(cupy.asnumpy(got)), bits(want))
+            cases += 2
     for num_rows, hidden in ((5, 300), (40, 2048), (0, 128), (3, 7168), (70, 768)):
         x = (rng.standard_normal((num_rows, hidden)) * 4).astype(bf16)
         for npc, packed, col_major in ((128, False, False), (32, False, True), (128, True, True)):

@@ -50,6 +50,14 @@
 #ifndef COMBINE_VECS
 #define COMBINE_VECS 1
 #endif
+// 1: the rows of a batch's slots are loaded with the previous batch's rows
+// (launch_shape.py prefetch_slots), so that a token whose slots are mostly
+// dropped (expert-parallel plans: seven of eight) waits one memory latency for
+// its slots instead of one a batch before its few rows. Results unchanged;
+// with 0 the kernel is the one measured before the switch existed.
+#ifndef COMBINE_PREFETCH_SLOTS
+#define COMBINE_PREFETCH_SLOTS 0
+#endif
 // The largest block the host launches (cupy_moe/combine/launch_shape.py), and
 // the blocks of that size an SM must hold at least: with this bound ptxas
 // neither spills (it did with the thread bound alone) nor takes more than 128
@@ -121,6 +129,23 @@ template <> struct Format<FMT_F16> {
     }
 };
 
+#if COMBINE_PREFETCH_SLOTS
+// The rows of the batch's slots from k0; -1 for a dropped or malformed slot
+// and past K.
+__device__ __forceinline__ void load_slot_rows(const CombineArgs& a, const int* slots, int k0,
+                                               int (&pos)[COMBINE_SLOT_BATCH]) {
+#pragma unroll
+    for (int j = 0; j < COMBINE_SLOT_BATCH; ++j) {
+        const int k = k0 + j;
+        pos[j] = -1;
+        if (k < a.top_k) {
+            const int p = __ldg(slots + k);
+            pos[j] = p >= 0 && p < a.num_expanded ? p : -1;
+        }
+    }
+}
+#endif
+
 template <int FMT, int VEC_BYTES>
 __device__ __forceinline__ void reduce_fused_body(const CombineArgs& a) {
     typedef Format<FMT> F;
@@ -146,6 +171,10 @@ __device__ __forceinline__ void reduce_fused_body(const CombineArgs& a) {
 #pragma unroll
         for (int e = 0; e < ELEMS; ++e) acc[c][e] = 0.0f;
 
+#if COMBINE_PREFETCH_SLOTS
+    int next_pos[COMBINE_SLOT_BATCH];
+    load_slot_rows(a, slots, 0, next_pos);
+#endif
     for (int k0 = 0; k0 < a.top_k; k0 += COMBINE_SLOT_BATCH) {
         // The batch's slots and weights (independent loads, issued together).
         int pos[COMBINE_SLOT_BATCH];
@@ -156,11 +185,19 @@ __device__ __forceinline__ void reduce_fused_body(const CombineArgs& a) {
             pos[j] = -1;
             weight[j] = 1.0f;
             if (k < a.top_k) {
+#if COMBINE_PREFETCH_SLOTS
+                pos[j] = next_pos[j];
+#else
                 const int p = __ldg(slots + k);
                 pos[j] = p >= 0 && p < a.num_expanded ? p : -1;
+#endif
                 if (weights != nullptr) weight[j] = __ldg(weights + k);
             }
         }
+#if COMBINE_PREFETCH_SLOTS
+        // the next batch's rows, in flight with this batch's row loads
+        load_slot_rows(a, slots, k0 + COMBINE_SLOT_BATCH, next_pos);
+#endif
         // Every used row's vectors in flight before any FMA.
         Vec held[COMBINE_SLOT_BATCH][COMBINE_VECS];
 #pragma unroll

@@ -181,9 +181,14 @@ def test_random_cases_are_bit_exact(kind):
             options["expanded_offset"] = int(rng.integers(1, 8))
         if options["use_out"] and rng.random() < 0.15:
             options["out_offset"] = int(rng.integers(1, 8))
-        if rng.random() < 0.1:
+        draw = rng.random()
+        if draw < 0.1:
             options["shape_options"] = {"max_warps": int(rng.integers(1, 9)),
                                         "fill_blocks_per_sm": float(rng.choice([0, 1, 64]))}
+        elif draw < 0.2:  # the next batch's slots prefetched (a sweep option)
+            options["shape_options"] = {"vecs_per_thread": int(rng.choice([1, 2, 4])),
+                                        "slot_batch": int(rng.choice([2, 4])),
+                                        "prefetch_slots": True}
         try:
             run_case(kind, case, rng, **options)
         except AssertionError as error:

@@ -142,3 +142,14 @@ def test_slot_batch_variants():
     assert combine_shape(4096, 896, 132, slot_batch=8).defines() == ()
     with pytest.raises(ValueError, match=r"slot_batch must be one of \(2, 4, 8, 16\); got 3"):
         combine_shape(4096, 896, 132, slot_batch=3)
+
+
+def test_the_prefetch_variant():
+    shape = combine_shape(4096, 896, 132, prefetch_slots=True, **WIDE_OPTIONS)
+    assert shape.prefetch_slots and shape.grid == combine_shape(
+        4096, 896, 132, **WIDE_OPTIONS).grid  # the same launch, another kernel
+    assert shape.defines() == (("COMBINE_VECS", 4), ("COMBINE_SLOT_BATCH", 4),
+                               ("COMBINE_PREFETCH_SLOTS", 1))
+    assert not auto_combine_shape(4096, 896, 132).prefetch_slots  # off by default
+    with pytest.raises(TypeError, match=r"prefetch_slots must be True or False; got 1"):
+        combine_shape(4096, 896, 132, prefetch_slots=1)

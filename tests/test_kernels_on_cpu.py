@@ -311,10 +311,14 @@ def test_fused_mapping_matches_the_oracle(monkeypatch, rng, num_tokens, top_k, n
 @pytest.mark.parametrize(("dtype", "hidden"), [("bfloat16", 7168), ("float16", 2048),
                                                ("float32", 1024), ("bfloat16", 100)])
 @pytest.mark.parametrize("row_scale", [False, True])
-def test_reduce_fused_matches_the_oracle(monkeypatch, rng, dtype, hidden, row_scale):
+@pytest.mark.parametrize("shape", [None, {"vecs_per_thread": 2, "slot_batch": 2,
+                                          "prefetch_slots": True}], ids=["auto", "prefetch"])
+def test_reduce_fused_matches_the_oracle(monkeypatch, rng, dtype, hidden, row_scale, shape):
     """The combine: each token's slots weighted and summed in k order, one
-    rounding, as the oracle's emulated fma."""
+    rounding, as the oracle's emulated fma; also with the next batch's slots
+    prefetched (4 batches of 2 slots: the prefetch crosses 3 of them)."""
     import cupy_moe
+    from cupy_moe.combine.api import run_with_shape
 
     plan, weights = _plan(rng, 19, 8, 32, 24, 8)
     num_rows = plan.pos_to_expert.shape[0]
@@ -323,8 +327,13 @@ def test_reduce_fused_matches_the_oracle(monkeypatch, rng, dtype, hidden, row_sc
     scale = rng.random(num_rows, dtype=np.float32) if row_scale else None
     want = reduce_fused_numpy(expanded, plan.token_topk_to_pos, weights, row_scale=scale)
     gpu = emulated_gpu(monkeypatch, seed=int(rng.integers(1, 2**62)))
-    got = cupy_moe.reduce_fused(expanded, plan.token_topk_to_pos, weights, row_scale=scale)
+    if shape is None:
+        got = cupy_moe.reduce_fused(expanded, plan.token_topk_to_pos, weights, row_scale=scale)
+    else:
+        got = run_with_shape(expanded, plan.token_topk_to_pos, weights, row_scale=scale,
+                             **shape)
     gpu.check_canaries()
+    assert gpu.launches  # the kernel ran (not the NumPy path)
     np.testing.assert_array_equal(np.asarray(got).view(np.uint8), want.view(np.uint8))
 
 

@@ -73,15 +73,19 @@ class CombineShape(NamedTuple):
     token_blocks: int      # blocks along the tokens: the grid's x (0: nothing to launch)
     vecs_per_thread: int = 1  # vectors a thread owns: a chunk is row_threads * this
     slot_batch: int = SLOT_BATCH  # slots' loads in flight at once, per vector
+    prefetch_slots: bool = False  # the next batch's slots loaded with this batch's rows
 
     def defines(self) -> tuple[tuple[str, int], ...]:
-        """The kernel variant this shape needs (combine.cu's COMBINE_VECS and
-        COMBINE_SLOT_BATCH; none for the default variant)."""
+        """The kernel variant this shape needs (combine.cu's COMBINE_VECS,
+        COMBINE_SLOT_BATCH and COMBINE_PREFETCH_SLOTS; none for the default
+        variant)."""
         defines = []
         if self.vecs_per_thread != 1:
             defines.append(("COMBINE_VECS", self.vecs_per_thread))
         if self.slot_batch != SLOT_BATCH:
             defines.append(("COMBINE_SLOT_BATCH", self.slot_batch))
+        if self.prefetch_slots:
+            defines.append(("COMBINE_PREFETCH_SLOTS", 1))
         return tuple(defines)
 
     @property
@@ -120,7 +124,8 @@ def combine_shape(num_tokens: int, row_vecs: int, multiprocessors: int, *,
                   max_warps: int = MAX_WARPS,
                   fill_blocks_per_sm: float = FILL_BLOCKS_PER_SM,
                   vecs_per_thread: int = VECS_PER_THREAD,
-                  slot_batch: int = SLOT_BATCH) -> CombineShape:
+                  slot_batch: int = SLOT_BATCH,
+                  prefetch_slots: bool = False) -> CombineShape:
     """The launch shape of ``num_tokens`` rows of ``row_vecs`` vectors each.
 
     ``max_warps``, ``fill_blocks_per_sm``, ``vecs_per_thread`` and
@@ -129,7 +134,10 @@ def combine_shape(num_tokens: int, row_vecs: int, multiprocessors: int, *,
     shape is cut as for rows of ``ceil(row_vecs / vecs_per_thread)`` vectors.
     ``slot_batch`` slots' loads are in flight before their FMAs (it changes
     registers and bytes in flight, never the results: the FMAs stay in slot
-    order).
+    order). ``prefetch_slots``: each batch's slots and weights are loaded
+    with the previous batch's rows, so that a token waits one latency for its
+    slots, not one a batch (tokens whose slots are mostly dropped: expert-
+    parallel plans); results unchanged. Off by default (not yet measured).
     """
     if row_vecs < 1:
         raise ValueError(f"row_vecs must be >= 1; got {row_vecs}")
@@ -140,6 +148,8 @@ def combine_shape(num_tokens: int, row_vecs: int, multiprocessors: int, *,
                          f"got {vecs_per_thread}")
     if slot_batch not in SLOT_BATCH_CHOICES:
         raise ValueError(f"slot_batch must be one of {SLOT_BATCH_CHOICES}; got {slot_batch}")
+    if not isinstance(prefetch_slots, bool):
+        raise TypeError(f"prefetch_slots must be True or False; got {prefetch_slots!r}")
     vectors = row_vecs
     row_vecs = ceil_div(row_vecs, vecs_per_thread)  # the threads' columns
     target = fill_blocks_per_sm * multiprocessors
@@ -164,4 +174,4 @@ def combine_shape(num_tokens: int, row_vecs: int, multiprocessors: int, *,
         raise ValueError(f"T = {num_tokens} tokens need {token_blocks} blocks; one launch "
                          f"takes at most {MAX_GRID_X}")
     return CombineShape(row_threads, tokens_per_block, chunks, token_blocks, vecs_per_thread,
-                        slot_batch)
+                        slot_batch, prefetch_slots)
