@@ -134,10 +134,11 @@ def combine_shape(num_tokens: int, row_vecs: int, multiprocessors: int, *,
     shape is cut as for rows of ``ceil(row_vecs / vecs_per_thread)`` vectors.
     ``slot_batch`` slots' loads are in flight before their FMAs (it changes
     registers and bytes in flight, never the results: the FMAs stay in slot
-    order). ``prefetch_slots``: each batch's slots and weights are loaded
-    with the previous batch's rows, so that a token waits one latency for its
-    slots, not one a batch (tokens whose slots are mostly dropped: expert-
-    parallel plans); results unchanged. Off by default (not yet measured).
+    order). ``prefetch_slots``: each batch's slot rows (``token_topk_to_pos``)
+    are loaded with the previous batch's row loads, so that a token waits one
+    latency for its slots, not one a batch (tokens whose slots are mostly
+    dropped: expert-parallel plans); results unchanged. Off by default (not
+    yet measured); with 4 vectors a thread two kernels spill.
     """
     if row_vecs < 1:
         raise ValueError(f"row_vecs must be >= 1; got {row_vecs}")
