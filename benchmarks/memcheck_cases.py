@@ -222,13 +222,13 @@ def run_combine_quantize_cases(rng) -> int:
                                         cupy.asarray(token_topk_to_pos), cupy.asarray(weights))
             want = cupy_moe.reduce_fused(rows, token_topk_to_pos, weights)
             assert np.array_equal(bits(cupy.asnumpy(got)), bits(want))
-            # the next batch's slots prefetched (a sweep option): no read past
-            # token_topk_to_pos's last slot
+            # a warp walking its token's live slots (lane k reads slot k):
+            # no read past token_topk_to_pos's last slot
             got = run_combine_with_shape(cupy.asarray(rows.view(f"u{rows.itemsize}")
                                                       if dtype is bf16 else rows),
                                          cupy.asarray(token_topk_to_pos),
                                          cupy.asarray(weights), vecs_per_thread=2,
-                                         slot_batch=2, prefetch_slots=True)
+                                         slot_batch=2, warp_slots=True)
             assert np.array_equal(bits(cupy.asnumpy(got)), bits(want))
             cases += 2
     for num_rows, hidden in ((5, 300), (40, 2048), (0, 128), (3, 7168), (70, 768)):

@@ -27,10 +27,12 @@ from cupy_moe.harness.timing import GpuTimer
 SHAPES = [{}, *({"vecs_per_thread": vecs, "slot_batch": batch, "max_warps": warps}
                 for vecs, batch in ((1, 16), (2, 4), (2, 8), (4, 2), (4, 4), (4, 8))
                 for warps in (4, 8)),
-          # the next batch's slots loaded with this batch's rows (expert-parallel
-          # plans: most slots dropped; twenty-fourth session, not yet measured)
-          *({"vecs_per_thread": vecs, "slot_batch": batch, "max_warps": 4,
-             "prefetch_slots": True} for vecs, batch in ((2, 2), (2, 4), (4, 2), (4, 4)))]
+          # a warp walks its token's live slots only (expert-parallel plans: most
+          # slots dropped; twenty-fifth session)
+          *({"vecs_per_thread": vecs, "slot_batch": batch, "max_warps": warps,
+             "warp_slots": True}
+            for vecs, batch, warps in ((1, 8, 8), (1, 4, 4), (2, 2, 4), (2, 4, 4), (2, 8, 4),
+                                       (4, 2, 4), (4, 4, 4), (4, 2, 8)))]
 DEFAULT_LABELS = ["reduce-kimi-k2-decode", "reduce-kimi-k2-medium", "reduce-kimi-k2-prefill",
                   "reduce-qwen3-30b-a3b-prefill", "reduce-dsv3-ep8-prefill-plan"]
 

@@ -24,8 +24,9 @@
 // A thread loads its vector of a batch of COMBINE_SLOT_BATCH slots' rows
 // before the first FMA of the batch (the loads are in flight together: one
 // memory latency per batch, not per slot), then accumulates them in slot
-// order. No shared memory, no atomics, no barriers; every output vector is
-// written once. The host picks VEC_BYTES (16, 8, 4 or 2; at least the element
+// order (or, with COMBINE_WARP_SLOTS, a warp shares its token's slots by
+// shuffles and walks only the live ones). No shared memory, no atomics, no
+// barriers; every output vector is written once. The host picks VEC_BYTES (16, 8, 4 or 2; at least the element
 // size) as the widest access dividing the row length and both base
 // addresses, so odd H and misaligned views take narrower accesses, down to
 // one element. Offsets are 64-bit.
@@ -50,13 +51,17 @@
 #ifndef COMBINE_VECS
 #define COMBINE_VECS 1
 #endif
-// 1: the rows of a batch's slots are loaded with the previous batch's rows
-// (launch_shape.py prefetch_slots), so that a token whose slots are mostly
-// dropped (expert-parallel plans: seven of eight) waits one memory latency for
-// its slots instead of one a batch before its few rows. Results unchanged;
-// with 0 the kernel is the one measured before the switch existed.
-#ifndef COMBINE_PREFETCH_SLOTS
-#define COMBINE_PREFETCH_SLOTS 0
+// 1: a warp loads its token's slots once, lane k slot k (a warp is one
+// token's: the host takes this only where row_threads is a multiple of 32),
+// and walks the live ones only, COMBINE_SLOT_BATCH rows in flight at once,
+// handing each slot's row and scale to the lanes by shuffles
+// (launch_shape.py warp_slots). Expert-parallel plans drop most slots (seven
+// of eight on DeepSeek-V3 EP8): the per-thread walk spends its loads and
+// instructions on dropped slots and waits one latency a batch for positions.
+// Results unchanged (the live slots are taken in k order); with 0 the kernel
+// is the one measured before the switch existed.
+#ifndef COMBINE_WARP_SLOTS
+#define COMBINE_WARP_SLOTS 0
 #endif
 // The largest block the host launches (cupy_moe/combine/launch_shape.py), and
 // the blocks of that size an SM must hold at least: with this bound ptxas
@@ -129,23 +134,6 @@ template <> struct Format<FMT_F16> {
     }
 };
 
-#if COMBINE_PREFETCH_SLOTS
-// The rows of the batch's slots from k0; -1 for a dropped or malformed slot
-// and past K.
-__device__ __forceinline__ void load_slot_rows(const CombineArgs& a, const int* slots, int k0,
-                                               int (&pos)[COMBINE_SLOT_BATCH]) {
-#pragma unroll
-    for (int j = 0; j < COMBINE_SLOT_BATCH; ++j) {
-        const int k = k0 + j;
-        pos[j] = -1;
-        if (k < a.top_k) {
-            const int p = __ldg(slots + k);
-            pos[j] = p >= 0 && p < a.num_expanded ? p : -1;
-        }
-    }
-}
-#endif
-
 template <int FMT, int VEC_BYTES>
 __device__ __forceinline__ void reduce_fused_body(const CombineArgs& a) {
     typedef Format<FMT> F;
@@ -159,7 +147,11 @@ __device__ __forceinline__ void reduce_fused_body(const CombineArgs& a) {
     const i64 t = static_cast<i64>(blockIdx.x) * a.tokens_per_block + group;
     // this thread's vectors: v, v + row_threads, ... (COMBINE_VECS of them)
     const i64 v = static_cast<i64>(blockIdx.y) * a.row_threads * COMBINE_VECS + lane;
+#if COMBINE_WARP_SLOTS
+    if (t >= a.num_tokens) return;  // whole warps: lanes past the row take part in the shuffles
+#else
     if (t >= a.num_tokens || v >= a.row_vecs) return;
+#endif
 
     const int* slots = a.token_topk_to_pos + t * a.top_k;
     const float* weights = a.topk_weights == nullptr ? nullptr : a.topk_weights + t * a.top_k;
@@ -171,10 +163,64 @@ __device__ __forceinline__ void reduce_fused_body(const CombineArgs& a) {
 #pragma unroll
         for (int e = 0; e < ELEMS; ++e) acc[c][e] = 0.0f;
 
-#if COMBINE_PREFETCH_SLOTS
-    int next_pos[COMBINE_SLOT_BATCH];
-    load_slot_rows(a, slots, 0, next_pos);
-#endif
+#if COMBINE_WARP_SLOTS
+    const int warp_lane = static_cast<int>(threadIdx.x & 31u);
+    for (int k0 = 0; k0 < a.top_k; k0 += 32) {
+        // lane j: slot k0 + j's row and scale (as below: weight * row_scale)
+        const int k = k0 + warp_lane;
+        int lane_pos = -1;
+        float lane_scale = 1.0f;
+        if (k < a.top_k) {
+            const int p = __ldg(slots + k);
+            lane_pos = p >= 0 && p < a.num_expanded ? p : -1;
+            if (weights != nullptr) lane_scale = __ldg(weights + k);
+            if (a.row_scale != nullptr && lane_pos >= 0) {
+                const float row = __ldg(a.row_scale + lane_pos);
+                lane_scale = weights != nullptr ? __fmul_rn(lane_scale, row) : row;
+            }
+        }
+        // the same in every lane: the loop below is uniform across the warp
+        unsigned live = __ballot_sync(0xFFFFFFFFu, lane_pos >= 0);
+        while (live != 0) {
+            // the next COMBINE_SLOT_BATCH live slots, lowest k first
+            int pos[COMBINE_SLOT_BATCH];
+            float scale[COMBINE_SLOT_BATCH];
+#pragma unroll
+            for (int j = 0; j < COMBINE_SLOT_BATCH; ++j) {
+                pos[j] = -1;
+                scale[j] = 1.0f;
+                if (live != 0) {
+                    const int source = __ffs(static_cast<int>(live)) - 1;
+                    live &= live - 1;
+                    pos[j] = __shfl_sync(0xFFFFFFFFu, lane_pos, source);
+                    scale[j] = __shfl_sync(0xFFFFFFFFu, lane_scale, source);
+                }
+            }
+            Vec held[COMBINE_SLOT_BATCH][COMBINE_VECS];
+#pragma unroll
+            for (int j = 0; j < COMBINE_SLOT_BATCH; ++j) {
+#pragma unroll
+                for (int c = 0; c < COMBINE_VECS; ++c) {
+                    if (pos[j] >= 0 && v + c * a.row_threads < a.row_vecs)
+                        held[j][c] = load_once(rows + static_cast<i64>(pos[j]) * a.row_vecs +
+                                               c * a.row_threads);
+                }
+            }
+#pragma unroll
+            for (int j = 0; j < COMBINE_SLOT_BATCH; ++j) {
+                if (pos[j] < 0 || v >= a.row_vecs) continue;
+#pragma unroll
+                for (int c = 0; c < COMBINE_VECS; ++c) {
+                    Bits bits[ELEMS];
+                    memcpy(bits, &held[j][c], sizeof(Vec));
+#pragma unroll
+                    for (int e = 0; e < ELEMS; ++e)
+                        acc[c][e] = __fmaf_rn(F::widen(bits[e]), scale[j], acc[c][e]);
+                }
+            }
+        }
+    }
+#else
     for (int k0 = 0; k0 < a.top_k; k0 += COMBINE_SLOT_BATCH) {
         // The batch's slots and weights (independent loads, issued together).
         int pos[COMBINE_SLOT_BATCH];
@@ -185,19 +231,11 @@ __device__ __forceinline__ void reduce_fused_body(const CombineArgs& a) {
             pos[j] = -1;
             weight[j] = 1.0f;
             if (k < a.top_k) {
-#if COMBINE_PREFETCH_SLOTS
-                pos[j] = next_pos[j];
-#else
                 const int p = __ldg(slots + k);
                 pos[j] = p >= 0 && p < a.num_expanded ? p : -1;
-#endif
                 if (weights != nullptr) weight[j] = __ldg(weights + k);
             }
         }
-#if COMBINE_PREFETCH_SLOTS
-        // the next batch's rows, in flight with this batch's row loads
-        load_slot_rows(a, slots, k0 + COMBINE_SLOT_BATCH, next_pos);
-#endif
         // Every used row's vectors in flight before any FMA.
         Vec held[COMBINE_SLOT_BATCH][COMBINE_VECS];
 #pragma unroll
@@ -232,6 +270,7 @@ __device__ __forceinline__ void reduce_fused_body(const CombineArgs& a) {
             }
         }
     }
+#endif
 
 #pragma unroll
     for (int c = 0; c < COMBINE_VECS; ++c) {

@@ -112,33 +112,33 @@ def test_argument_block_matches_the_host_packing(kernel):
     assert read and read <= fields, (sorted(read), sorted(fields))
 
 
-@pytest.mark.parametrize("vecs,batch,prefetch", [(2, 8, 0), (4, 8, 0), (4, 2, 0), (1, 16, 0),
-                                                 (4, 4, 1), (1, 8, 1)])
-def test_the_multi_vector_variants_compile(vecs, batch, prefetch):
-    """COMBINE_VECS, COMBINE_SLOT_BATCH and COMBINE_PREFETCH_SLOTS (launch_shape's
-    vecs_per_thread, slot_batch, prefetch_slots) are compiled on demand."""
+@pytest.mark.parametrize("vecs,batch,warp_slots", [(2, 8, 0), (4, 8, 0), (4, 2, 0), (1, 16, 0),
+                                                   (4, 4, 1), (1, 8, 1), (2, 16, 1)])
+def test_the_multi_vector_variants_compile(vecs, batch, warp_slots):
+    """COMBINE_VECS, COMBINE_SLOT_BATCH and COMBINE_WARP_SLOTS (launch_shape's
+    vecs_per_thread, slot_batch, warp_slots) are compiled on demand."""
     nvrtc_or_skip()
     cubin = compile_for_arch(SOURCE, (("COMBINE_VECS", vecs), ("COMBINE_SLOT_BATCH", batch),
-                                      ("COMBINE_PREFETCH_SLOTS", prefetch)), "sm_90")
+                                      ("COMBINE_WARP_SLOTS", warp_slots)), "sm_90")
     assert b"reduce_fused_bf16_v16" in cubin and b"reduce_fused_f32_v4" in cubin
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
-@pytest.mark.parametrize("variant", ["default", "wide", "prefetch"])
+@pytest.mark.parametrize("variant", ["default", "wide", "warp-slots"])
 def test_no_kernel_spills_registers(arch, variant):
     """Spilled registers would put local-memory traffic beside the row loads
     (the thread bound alone once made ptxas spill: see COMBINE_MIN_BLOCKS).
     The two variants reduce_fused picks by itself (auto_combine_shape): the
-    default, and the many-token one; the others are sweep options. "prefetch":
-    2 vectors a thread, 4 slots, the next batch's slots prefetched, the
-    candidate for expert-parallel plans (with 4 vectors a thread it spills
-    68 bytes in the 16-byte bf16 and f16 kernels)."""
+    default, and the many-token one; the others are sweep options.
+    "warp-slots": 4 vectors a thread, 2 live slots a batch, a warp walking
+    its token's live slots, the candidate for expert-parallel plans (with 4
+    slots it spills 8 bytes in the 16-byte bf16 kernel)."""
     nvrtc_or_skip()
     from cupy.cuda import nvrtc
 
     options = {"default": None, "wide": WIDE_OPTIONS,
-               "prefetch": {"vecs_per_thread": 2, "slot_batch": 4, "max_warps": 4,
-                            "prefetch_slots": True}}[variant]
+               "warp-slots": {"vecs_per_thread": 4, "slot_batch": 2, "max_warps": 4,
+                              "warp_slots": True}}[variant]
     defines = () if options is None else combine_shape(4096, 896, 132, **options).defines()
     program = nvrtc.createProgram(kernel_source(SOURCE), SOURCE, [], [])
     try:

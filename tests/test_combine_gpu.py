@@ -185,10 +185,11 @@ def test_random_cases_are_bit_exact(kind):
         if draw < 0.1:
             options["shape_options"] = {"max_warps": int(rng.integers(1, 9)),
                                         "fill_blocks_per_sm": float(rng.choice([0, 1, 64]))}
-        elif draw < 0.2:  # the next batch's slots prefetched (a sweep option)
+        elif draw < 0.3:  # a warp walking its token's live slots
             options["shape_options"] = {"vecs_per_thread": int(rng.choice([1, 2, 4])),
                                         "slot_batch": int(rng.choice([2, 4])),
-                                        "prefetch_slots": True}
+                                        "max_warps": int(rng.integers(1, 9)),
+                                        "warp_slots": True}
         try:
             run_case(kind, case, rng, **options)
         except AssertionError as error:
@@ -225,7 +226,26 @@ def test_every_launch_shape_gives_the_same_bits(kind):
                          shape_options={"max_warps": max_warps, "fill_blocks_per_sm": fill,
                                         "vecs_per_thread": (1, 2, 4)[(max_warps + int(fill))
                                                                      % 3],
-                                        "slot_batch": (2, 4, 8, 16)[max_warps % 4]})
+                                        "slot_batch": (2, 4, 8, 16)[max_warps % 4],
+                                        "warp_slots": bool(max_warps % 2)})
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("top_k", [31, 32, 33, 40, 64])
+def test_warp_slots_beyond_one_warp_of_slots(kind, top_k):
+    """warp_slots: a warp's lanes hold 32 slots at a time, so K > 32 takes
+    more rounds, in k order; chunks of one warp leave lanes past the row
+    (H = 1000 bf16: 125 vectors) that still take part in the shuffles."""
+    rng = np.random.default_rng()
+    for hidden in (1000, 7168):
+        case = random_case(rng, num_tokens=23, hidden=hidden, top_k=top_k,
+                           dtype=DEVICE_DTYPES[kind][0], value_kind="normal", weights=True,
+                           row_scale=bool(top_k % 2))
+        expected = reduce_fused_numpy(**case)
+        for vecs, batch, warps in ((1, 8, 1), (2, 4, 4), (4, 2, 8), (4, 4, 4)):
+            run_case(kind, case, rng, use_out=True, expected=expected,
+                     shape_options={"vecs_per_thread": vecs, "slot_batch": batch,
+                                    "max_warps": warps, "warp_slots": True})
 
 
 @pytest.mark.parametrize("kind", KINDS)

@@ -123,20 +123,20 @@ def test_shape_options_reach_the_launch(fake_gpu):
     assert record["block"] == (64, 1, 1) and record["grid"] == (4096, 14, 1)
 
 
-def test_the_prefetch_option_compiles_its_variant(monkeypatch, fake_gpu):
-    """prefetch_slots reaches the kernel's module (COMBINE_PREFETCH_SLOTS);
-    without it the module is the plain many-token one."""
+def test_the_warp_slots_option_compiles_its_variant(monkeypatch, fake_gpu):
+    """warp_slots reaches the kernel's module (COMBINE_WARP_SLOTS); without
+    it the module is the plain many-token one."""
     modules = []
     monkeypatch.setattr(gpu, "function_handle",
                         lambda source, defines, device, name: modules.append(dict(defines))
                         or 0x1000)
-    options = (("max_warps", 4), ("prefetch_slots", True), ("slot_batch", 4),
-               ("vecs_per_thread", 2))
+    options = (("max_warps", 4), ("slot_batch", 4), ("vecs_per_thread", 2),
+               ("warp_slots", True))
     gpu.CombinePlan(_problem(num_tokens=4096), 2, 0, options).kernel(16)
     assert modules[-1] == {"COMBINE_VECS": 2, "COMBINE_SLOT_BATCH": 4,
-                           "COMBINE_PREFETCH_SLOTS": 1}
+                           "COMBINE_WARP_SLOTS": 1}
     gpu.CombinePlan(_problem(num_tokens=4096), 2, 0).kernel(16)
-    assert "COMBINE_PREFETCH_SLOTS" not in modules[-1]
+    assert "COMBINE_WARP_SLOTS" not in modules[-1]
 
 
 def test_overlap_sizes_of_the_fast_path():

@@ -144,12 +144,18 @@ def test_slot_batch_variants():
         combine_shape(4096, 896, 132, slot_batch=3)
 
 
-def test_the_prefetch_variant():
-    shape = combine_shape(4096, 896, 132, prefetch_slots=True, **WIDE_OPTIONS)
-    assert shape.prefetch_slots and shape.grid == combine_shape(
+def test_the_warp_slots_variant():
+    shape = combine_shape(4096, 896, 132, warp_slots=True, **WIDE_OPTIONS)
+    assert shape.warp_slots and shape.grid == combine_shape(
         4096, 896, 132, **WIDE_OPTIONS).grid  # the same launch, another kernel
     assert shape.defines() == (("COMBINE_VECS", 4), ("COMBINE_SLOT_BATCH", 4),
-                               ("COMBINE_PREFETCH_SLOTS", 1))
-    assert not auto_combine_shape(4096, 896, 132).prefetch_slots  # off by default
-    with pytest.raises(TypeError, match=r"prefetch_slots must be True or False; got 1"):
-        combine_shape(4096, 896, 132, prefetch_slots=1)
+                               ("COMBINE_WARP_SLOTS", 1))
+    # a decode shape cut to one-warp chunks keeps it: a warp is still one token's
+    assert combine_shape(1, 896, 132, warp_slots=True).row_threads == 32
+    assert combine_shape(1, 896, 132, warp_slots=True).warp_slots
+    # packed rows (several tokens a warp) keep the per-thread walk
+    packed = combine_shape(4096, 8, 132, warp_slots=True)
+    assert packed.tokens_per_block > 1 and not packed.warp_slots
+    assert ("COMBINE_WARP_SLOTS", 1) not in packed.defines()
+    with pytest.raises(TypeError, match=r"warp_slots must be True or False; got 1"):
+        combine_shape(4096, 896, 132, warp_slots=1)

@@ -311,16 +311,21 @@ def test_fused_mapping_matches_the_oracle(monkeypatch, rng, num_tokens, top_k, n
 @pytest.mark.parametrize(("dtype", "hidden"), [("bfloat16", 7168), ("float16", 2048),
                                                ("float32", 1024), ("bfloat16", 100)])
 @pytest.mark.parametrize("row_scale", [False, True])
-@pytest.mark.parametrize("shape", [None, {"vecs_per_thread": 2, "slot_batch": 2,
-                                          "prefetch_slots": True}], ids=["auto", "prefetch"])
-def test_reduce_fused_matches_the_oracle(monkeypatch, rng, dtype, hidden, row_scale, shape):
+@pytest.mark.parametrize(("shape", "top_k"), [
+    (None, 8), ({"vecs_per_thread": 2, "slot_batch": 2, "warp_slots": True}, 8),
+    ({"vecs_per_thread": 1, "slot_batch": 4, "max_warps": 1, "warp_slots": True}, 40)],
+    ids=["auto", "warp-slots", "warp-slots-k40"])
+def test_reduce_fused_matches_the_oracle(monkeypatch, rng, dtype, hidden, row_scale, shape,
+                                         top_k):
     """The combine: each token's slots weighted and summed in k order, one
-    rounding, as the oracle's emulated fma; also with the next batch's slots
-    prefetched (4 batches of 2 slots: the prefetch crosses 3 of them)."""
+    rounding, as the oracle's emulated fma; also with a warp walking its
+    token's live slots (a quarter of them remote, an eighth dropped; batches of
+    2 live rows; K = 40: two rounds of 32 lanes' slots, one-warp chunks so that
+    lanes past the row take part in the shuffles)."""
     import cupy_moe
     from cupy_moe.combine.api import run_with_shape
 
-    plan, weights = _plan(rng, 19, 8, 32, 24, 8)
+    plan, weights = _plan(rng, 19, top_k, 32, 24, 8)
     num_rows = plan.pos_to_expert.shape[0]
     expanded = rng.standard_normal((num_rows, hidden)).astype(np.float32)
     expanded = expanded.astype(ml_dtypes.bfloat16 if dtype == "bfloat16" else dtype)

@@ -73,19 +73,19 @@ class CombineShape(NamedTuple):
     token_blocks: int      # blocks along the tokens: the grid's x (0: nothing to launch)
     vecs_per_thread: int = 1  # vectors a thread owns: a chunk is row_threads * this
     slot_batch: int = SLOT_BATCH  # slots' loads in flight at once, per vector
-    prefetch_slots: bool = False  # the next batch's slots loaded with this batch's rows
+    warp_slots: bool = False  # a warp shares its token's slots and walks the live ones
 
     def defines(self) -> tuple[tuple[str, int], ...]:
         """The kernel variant this shape needs (combine.cu's COMBINE_VECS,
-        COMBINE_SLOT_BATCH and COMBINE_PREFETCH_SLOTS; none for the default
+        COMBINE_SLOT_BATCH and COMBINE_WARP_SLOTS; none for the default
         variant)."""
         defines = []
         if self.vecs_per_thread != 1:
             defines.append(("COMBINE_VECS", self.vecs_per_thread))
         if self.slot_batch != SLOT_BATCH:
             defines.append(("COMBINE_SLOT_BATCH", self.slot_batch))
-        if self.prefetch_slots:
-            defines.append(("COMBINE_PREFETCH_SLOTS", 1))
+        if self.warp_slots:
+            defines.append(("COMBINE_WARP_SLOTS", 1))
         return tuple(defines)
 
     @property
@@ -125,7 +125,7 @@ def combine_shape(num_tokens: int, row_vecs: int, multiprocessors: int, *,
                   fill_blocks_per_sm: float = FILL_BLOCKS_PER_SM,
                   vecs_per_thread: int = VECS_PER_THREAD,
                   slot_batch: int = SLOT_BATCH,
-                  prefetch_slots: bool = False) -> CombineShape:
+                  warp_slots: bool = False) -> CombineShape:
     """The launch shape of ``num_tokens`` rows of ``row_vecs`` vectors each.
 
     ``max_warps``, ``fill_blocks_per_sm``, ``vecs_per_thread`` and
@@ -134,11 +134,13 @@ def combine_shape(num_tokens: int, row_vecs: int, multiprocessors: int, *,
     shape is cut as for rows of ``ceil(row_vecs / vecs_per_thread)`` vectors.
     ``slot_batch`` slots' loads are in flight before their FMAs (it changes
     registers and bytes in flight, never the results: the FMAs stay in slot
-    order). ``prefetch_slots``: each batch's slot rows (``token_topk_to_pos``)
-    are loaded with the previous batch's row loads, so that a token waits one
-    latency for its slots, not one a batch (tokens whose slots are mostly
-    dropped: expert-parallel plans); results unchanged. Off by default (not
-    yet measured); with 4 vectors a thread two kernels spill.
+    order). ``warp_slots``: each warp loads its token's K slots once (lane k
+    slot k) and walks only the live ones, ``slot_batch`` rows at a time,
+    shuffling each row and scale to the lanes: for plans that drop most
+    slots (expert parallelism). It needs a warp to be one token's, so rows
+    packed several to a block (at most ``PACKED_ROW_VECS`` threads' columns)
+    keep the per-thread walk (the shape says ``warp_slots=False``); results
+    unchanged.
     """
     if row_vecs < 1:
         raise ValueError(f"row_vecs must be >= 1; got {row_vecs}")
@@ -149,8 +151,8 @@ def combine_shape(num_tokens: int, row_vecs: int, multiprocessors: int, *,
                          f"got {vecs_per_thread}")
     if slot_batch not in SLOT_BATCH_CHOICES:
         raise ValueError(f"slot_batch must be one of {SLOT_BATCH_CHOICES}; got {slot_batch}")
-    if not isinstance(prefetch_slots, bool):
-        raise TypeError(f"prefetch_slots must be True or False; got {prefetch_slots!r}")
+    if not isinstance(warp_slots, bool):
+        raise TypeError(f"warp_slots must be True or False; got {warp_slots!r}")
     vectors = row_vecs
     row_vecs = ceil_div(row_vecs, vecs_per_thread)  # the threads' columns
     target = fill_blocks_per_sm * multiprocessors
@@ -174,5 +176,7 @@ def combine_shape(num_tokens: int, row_vecs: int, multiprocessors: int, *,
     if token_blocks > MAX_GRID_X:
         raise ValueError(f"T = {num_tokens} tokens need {token_blocks} blocks; one launch "
                          f"takes at most {MAX_GRID_X}")
+    # a warp shares one token's slots only where no warp spans two tokens
+    warp_slots = warp_slots and row_threads % 32 == 0
     return CombineShape(row_threads, tokens_per_block, chunks, token_blocks, vecs_per_thread,
-                        slot_batch, prefetch_slots)
+                        slot_batch, warp_slots)
