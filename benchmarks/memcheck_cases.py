@@ -222,13 +222,14 @@ def run_combine_quantize_cases(rng) -> int:
                                         cupy.asarray(token_topk_to_pos), cupy.asarray(weights))
             want = cupy_moe.reduce_fused(rows, token_topk_to_pos, weights)
             assert np.array_equal(bits(cupy.asnumpy(got)), bits(want))
-            # a warp walking its token's live slots (lane k reads slot k):
+            # a warp walking its tokens' live slots (lane k reads slot k), 4
+            # tokens a warp:
             # no read past token_topk_to_pos's last slot
             got = run_combine_with_shape(cupy.asarray(rows.view(f"u{rows.itemsize}")
                                                       if dtype is bf16 else rows),
                                          cupy.asarray(token_topk_to_pos),
                                          cupy.asarray(weights), vecs_per_thread=2,
-                                         slot_batch=2, warp_slots=True)
+                                         slot_batch=2, warp_slots=True, warp_tokens=4)
             assert np.array_equal(bits(cupy.asnumpy(got)), bits(want))
             cases += 2
     for num_rows, hidden in ((5, 300), (40, 2048), (0, 128), (3, 7168), (70, 768)):

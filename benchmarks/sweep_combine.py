@@ -32,7 +32,12 @@ SHAPES = [{}, *({"vecs_per_thread": vecs, "slot_batch": batch, "max_warps": warp
           *({"vecs_per_thread": vecs, "slot_batch": batch, "max_warps": warps,
              "warp_slots": True}
             for vecs, batch, warps in ((1, 8, 8), (1, 4, 4), (2, 2, 4), (2, 4, 4), (2, 8, 4),
-                                       (4, 2, 4), (4, 4, 4), (4, 2, 8)))]
+                                       (4, 2, 4), (4, 4, 4), (4, 2, 8))),
+          # ... and consecutive tokens a warp, in turn
+          *({"vecs_per_thread": vecs, "slot_batch": batch, "max_warps": 4,
+             "warp_slots": True, "warp_tokens": tokens}
+            for vecs, batch, tokens in ((2, 2, 2), (2, 2, 4), (4, 2, 2), (4, 2, 4), (2, 4, 2),
+                                        (4, 4, 2)))]
 DEFAULT_LABELS = ["reduce-kimi-k2-decode", "reduce-kimi-k2-medium", "reduce-kimi-k2-prefill",
                   "reduce-qwen3-30b-a3b-prefill", "reduce-dsv3-ep8-prefill-plan"]
 

@@ -63,6 +63,12 @@
 #ifndef COMBINE_WARP_SLOTS
 #define COMBINE_WARP_SLOTS 0
 #endif
+// With COMBINE_WARP_SLOTS: consecutive tokens a warp takes one after the
+// other (launch_shape.py warp_tokens), so that the next token's slots and
+// weights are mostly in the cache line the last ones came in.
+#ifndef COMBINE_WARP_TOKENS
+#define COMBINE_WARP_TOKENS 1
+#endif
 // The largest block the host launches (cupy_moe/combine/launch_shape.py), and
 // the blocks of that size an SM must hold at least: with this bound ptxas
 // neither spills (it did with the thread bound alone) nor takes more than 128
@@ -134,36 +140,87 @@ template <> struct Format<FMT_F16> {
     }
 };
 
+// The float32 sums of this thread's vectors of token t's row (acc from
+// zero), slot by slot in k order; a thread loads its vector of a batch of
+// COMBINE_SLOT_BATCH slots' rows before the batch's first FMA.
 template <int FMT, int VEC_BYTES>
-__device__ __forceinline__ void reduce_fused_body(const CombineArgs& a) {
+__device__ __forceinline__ void accumulate_slot_batches(
+        const CombineArgs& a, i64 t, i64 v,
+        float (&acc)[COMBINE_VECS][VEC_BYTES / sizeof(typename Format<FMT>::Bits)]) {
     typedef Format<FMT> F;
     typedef typename F::Bits Bits;
     typedef typename VecOf<VEC_BYTES>::type Vec;
     constexpr int ELEMS = VEC_BYTES / static_cast<int>(sizeof(Bits));
-    static_assert(ELEMS >= 1, "a vector holds at least one element");
-
-    const int group = threadIdx.x / a.row_threads;
-    const int lane = threadIdx.x - group * a.row_threads;
-    const i64 t = static_cast<i64>(blockIdx.x) * a.tokens_per_block + group;
-    // this thread's vectors: v, v + row_threads, ... (COMBINE_VECS of them)
-    const i64 v = static_cast<i64>(blockIdx.y) * a.row_threads * COMBINE_VECS + lane;
-#if COMBINE_WARP_SLOTS
-    if (t >= a.num_tokens) return;  // whole warps: lanes past the row take part in the shuffles
-#else
-    if (t >= a.num_tokens || v >= a.row_vecs) return;
-#endif
-
     const int* slots = a.token_topk_to_pos + t * a.top_k;
     const float* weights = a.topk_weights == nullptr ? nullptr : a.topk_weights + t * a.top_k;
     const Vec* rows = reinterpret_cast<const Vec*>(a.expanded) + v;
 
-    float acc[COMBINE_VECS][ELEMS];
+    for (int k0 = 0; k0 < a.top_k; k0 += COMBINE_SLOT_BATCH) {
+        // The batch's slots and weights (independent loads, issued together).
+        int pos[COMBINE_SLOT_BATCH];
+        float weight[COMBINE_SLOT_BATCH];
 #pragma unroll
-    for (int c = 0; c < COMBINE_VECS; ++c)
+        for (int j = 0; j < COMBINE_SLOT_BATCH; ++j) {
+            const int k = k0 + j;
+            pos[j] = -1;
+            weight[j] = 1.0f;
+            if (k < a.top_k) {
+                const int p = __ldg(slots + k);
+                pos[j] = p >= 0 && p < a.num_expanded ? p : -1;
+                if (weights != nullptr) weight[j] = __ldg(weights + k);
+            }
+        }
+        // Every used row's vectors in flight before any FMA.
+        Vec held[COMBINE_SLOT_BATCH][COMBINE_VECS];
 #pragma unroll
-        for (int e = 0; e < ELEMS; ++e) acc[c][e] = 0.0f;
+        for (int j = 0; j < COMBINE_SLOT_BATCH; ++j) {
+#pragma unroll
+            for (int c = 0; c < COMBINE_VECS; ++c) {
+                if (pos[j] >= 0 && v + c * a.row_threads < a.row_vecs)
+                    held[j][c] = load_once(rows + static_cast<i64>(pos[j]) * a.row_vecs +
+                                           c * a.row_threads);
+            }
+        }
+        float scale[COMBINE_SLOT_BATCH];
+#pragma unroll
+        for (int j = 0; j < COMBINE_SLOT_BATCH; ++j) {
+            scale[j] = weight[j];
+            if (a.row_scale != nullptr && pos[j] >= 0) {
+                const float row = __ldg(a.row_scale + pos[j]);
+                scale[j] = weights != nullptr ? __fmul_rn(weight[j], row) : row;
+            }
+        }
+        // In slot order: the order of the roundings is the result.
+#pragma unroll
+        for (int j = 0; j < COMBINE_SLOT_BATCH; ++j) {
+            if (pos[j] < 0) continue;
+#pragma unroll
+            for (int c = 0; c < COMBINE_VECS; ++c) {
+                Bits bits[ELEMS];
+                memcpy(bits, &held[j][c], sizeof(Vec));
+#pragma unroll
+                for (int e = 0; e < ELEMS; ++e)
+                    acc[c][e] = __fmaf_rn(F::widen(bits[e]), scale[j], acc[c][e]);
+            }
+        }
+    }
+}
 
 #if COMBINE_WARP_SLOTS
+// The same sums, by a warp that is one token's: lane j holds slot k0 + j's
+// row and scale, and the warp walks the live ones only (COMBINE_WARP_SLOTS).
+template <int FMT, int VEC_BYTES>
+__device__ __forceinline__ void accumulate_live_slots(
+        const CombineArgs& a, i64 t, i64 v,
+        float (&acc)[COMBINE_VECS][VEC_BYTES / sizeof(typename Format<FMT>::Bits)]) {
+    typedef Format<FMT> F;
+    typedef typename F::Bits Bits;
+    typedef typename VecOf<VEC_BYTES>::type Vec;
+    constexpr int ELEMS = VEC_BYTES / static_cast<int>(sizeof(Bits));
+    const int* slots = a.token_topk_to_pos + t * a.top_k;
+    const float* weights = a.topk_weights == nullptr ? nullptr : a.topk_weights + t * a.top_k;
+    const Vec* rows = reinterpret_cast<const Vec*>(a.expanded) + v;
+
     const int warp_lane = static_cast<int>(threadIdx.x & 31u);
     for (int k0 = 0; k0 < a.top_k; k0 += 32) {
         // lane j: slot k0 + j's row and scale (as below: weight * row_scale)
@@ -220,58 +277,18 @@ __device__ __forceinline__ void reduce_fused_body(const CombineArgs& a) {
             }
         }
     }
-#else
-    for (int k0 = 0; k0 < a.top_k; k0 += COMBINE_SLOT_BATCH) {
-        // The batch's slots and weights (independent loads, issued together).
-        int pos[COMBINE_SLOT_BATCH];
-        float weight[COMBINE_SLOT_BATCH];
-#pragma unroll
-        for (int j = 0; j < COMBINE_SLOT_BATCH; ++j) {
-            const int k = k0 + j;
-            pos[j] = -1;
-            weight[j] = 1.0f;
-            if (k < a.top_k) {
-                const int p = __ldg(slots + k);
-                pos[j] = p >= 0 && p < a.num_expanded ? p : -1;
-                if (weights != nullptr) weight[j] = __ldg(weights + k);
-            }
-        }
-        // Every used row's vectors in flight before any FMA.
-        Vec held[COMBINE_SLOT_BATCH][COMBINE_VECS];
-#pragma unroll
-        for (int j = 0; j < COMBINE_SLOT_BATCH; ++j) {
-#pragma unroll
-            for (int c = 0; c < COMBINE_VECS; ++c) {
-                if (pos[j] >= 0 && v + c * a.row_threads < a.row_vecs)
-                    held[j][c] = load_once(rows + static_cast<i64>(pos[j]) * a.row_vecs +
-                                           c * a.row_threads);
-            }
-        }
-        float scale[COMBINE_SLOT_BATCH];
-#pragma unroll
-        for (int j = 0; j < COMBINE_SLOT_BATCH; ++j) {
-            scale[j] = weight[j];
-            if (a.row_scale != nullptr && pos[j] >= 0) {
-                const float row = __ldg(a.row_scale + pos[j]);
-                scale[j] = weights != nullptr ? __fmul_rn(weight[j], row) : row;
-            }
-        }
-        // In slot order: the order of the roundings is the result.
-#pragma unroll
-        for (int j = 0; j < COMBINE_SLOT_BATCH; ++j) {
-            if (pos[j] < 0) continue;
-#pragma unroll
-            for (int c = 0; c < COMBINE_VECS; ++c) {
-                Bits bits[ELEMS];
-                memcpy(bits, &held[j][c], sizeof(Vec));
-#pragma unroll
-                for (int e = 0; e < ELEMS; ++e)
-                    acc[c][e] = __fmaf_rn(F::widen(bits[e]), scale[j], acc[c][e]);
-            }
-        }
-    }
+}
 #endif
 
+// out[t]'s vectors of this thread: each sum rounded once.
+template <int FMT, int VEC_BYTES>
+__device__ __forceinline__ void store_row(
+        const CombineArgs& a, i64 t, i64 v,
+        const float (&acc)[COMBINE_VECS][VEC_BYTES / sizeof(typename Format<FMT>::Bits)]) {
+    typedef Format<FMT> F;
+    typedef typename F::Bits Bits;
+    typedef typename VecOf<VEC_BYTES>::type Vec;
+    constexpr int ELEMS = VEC_BYTES / static_cast<int>(sizeof(Bits));
 #pragma unroll
     for (int c = 0; c < COMBINE_VECS; ++c) {
         if (v + c * a.row_threads >= a.row_vecs) break;
@@ -283,6 +300,46 @@ __device__ __forceinline__ void reduce_fused_body(const CombineArgs& a) {
         store_once(reinterpret_cast<Vec*>(a.out) + t * a.row_vecs + v + c * a.row_threads,
                    result);
     }
+}
+
+template <int FMT, int VEC_BYTES>
+__device__ __forceinline__ void reduce_fused_body(const CombineArgs& a) {
+    constexpr int ELEMS = VEC_BYTES / static_cast<int>(sizeof(typename Format<FMT>::Bits));
+    static_assert(ELEMS >= 1, "a vector holds at least one element");
+
+    const int group = threadIdx.x / a.row_threads;
+    const int lane = threadIdx.x - group * a.row_threads;
+    // this thread's vectors: v, v + row_threads, ... (COMBINE_VECS of them)
+    const i64 v = static_cast<i64>(blockIdx.y) * a.row_threads * COMBINE_VECS + lane;
+#if COMBINE_WARP_SLOTS
+    // COMBINE_WARP_TOKENS consecutive tokens a warp, one after the other (the
+    // next token's slots are mostly in the cache line just read). Whole warps
+    // return: lanes past the row take part in the shuffles.
+    const i64 first = (static_cast<i64>(blockIdx.x) * a.tokens_per_block + group) *
+                      COMBINE_WARP_TOKENS;
+#pragma unroll 1
+    for (int i = 0; i < COMBINE_WARP_TOKENS; ++i) {
+        const i64 t = first + i;
+        if (t >= a.num_tokens) return;
+        float acc[COMBINE_VECS][ELEMS];
+#pragma unroll
+        for (int c = 0; c < COMBINE_VECS; ++c)
+#pragma unroll
+            for (int e = 0; e < ELEMS; ++e) acc[c][e] = 0.0f;
+        accumulate_live_slots<FMT, VEC_BYTES>(a, t, v, acc);
+        store_row<FMT, VEC_BYTES>(a, t, v, acc);
+    }
+#else
+    const i64 t = static_cast<i64>(blockIdx.x) * a.tokens_per_block + group;
+    if (t >= a.num_tokens || v >= a.row_vecs) return;
+    float acc[COMBINE_VECS][ELEMS];
+#pragma unroll
+    for (int c = 0; c < COMBINE_VECS; ++c)
+#pragma unroll
+        for (int e = 0; e < ELEMS; ++e) acc[c][e] = 0.0f;
+    accumulate_slot_batches<FMT, VEC_BYTES>(a, t, v, acc);
+    store_row<FMT, VEC_BYTES>(a, t, v, acc);
+#endif
 }
 
 #define DEFINE_REDUCE_FUSED_KERNEL(NAME, FMT, VEC_BYTES)                             \

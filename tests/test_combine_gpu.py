@@ -189,7 +189,8 @@ def test_random_cases_are_bit_exact(kind):
             options["shape_options"] = {"vecs_per_thread": int(rng.choice([1, 2, 4])),
                                         "slot_batch": int(rng.choice([2, 4])),
                                         "max_warps": int(rng.integers(1, 9)),
-                                        "warp_slots": True}
+                                        "warp_slots": True,
+                                        "warp_tokens": int(rng.choice([1, 2, 4]))}
         try:
             run_case(kind, case, rng, **options)
         except AssertionError as error:
@@ -227,7 +228,8 @@ def test_every_launch_shape_gives_the_same_bits(kind):
                                         "vecs_per_thread": (1, 2, 4)[(max_warps + int(fill))
                                                                      % 3],
                                         "slot_batch": (2, 4, 8, 16)[max_warps % 4],
-                                        "warp_slots": bool(max_warps % 2)})
+                                        "warp_slots": bool(max_warps % 2),
+                                        "warp_tokens": (1, 2, 1, 4)[max_warps % 4]})
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -242,10 +244,12 @@ def test_warp_slots_beyond_one_warp_of_slots(kind, top_k):
                            dtype=DEVICE_DTYPES[kind][0], value_kind="normal", weights=True,
                            row_scale=bool(top_k % 2))
         expected = reduce_fused_numpy(**case)
-        for vecs, batch, warps in ((1, 8, 1), (2, 4, 4), (4, 2, 8), (4, 4, 4)):
+        for vecs, batch, warps, tokens in ((1, 8, 1, 1), (2, 4, 4, 2), (4, 2, 8, 4),
+                                           (4, 4, 4, 1)):
             run_case(kind, case, rng, use_out=True, expected=expected,
                      shape_options={"vecs_per_thread": vecs, "slot_batch": batch,
-                                    "max_warps": warps, "warp_slots": True})
+                                    "max_warps": warps, "warp_slots": True,
+                                    "warp_tokens": tokens})
 
 
 @pytest.mark.parametrize("kind", KINDS)

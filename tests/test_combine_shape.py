@@ -159,3 +159,22 @@ def test_the_warp_slots_variant():
     assert ("COMBINE_WARP_SLOTS", 1) not in packed.defines()
     with pytest.raises(TypeError, match=r"warp_slots must be True or False; got 1"):
         combine_shape(4096, 896, 132, warp_slots=1)
+
+
+def test_warp_tokens_shorten_the_grid():
+    one = combine_shape(4099, 896, 132, warp_slots=True, **WIDE_OPTIONS)
+    two = combine_shape(4099, 896, 132, warp_slots=True, warp_tokens=2, **WIDE_OPTIONS)
+    assert (one.token_blocks, two.token_blocks) == (4099, 2050)
+    assert two.chunks == one.chunks and two.row_threads == one.row_threads
+    assert two.defines()[-1] == ("COMBINE_WARP_TOKENS", 2)
+    # few tokens: the rows are cut finer by the warps along the tokens, not the tokens
+    decode = combine_shape(8, 896, 132, warp_slots=True, warp_tokens=4)
+    assert decode.token_blocks == 2 and decode.chunks == 28
+    # packed rows keep one token a group: no warp_tokens either
+    packed = combine_shape(4096, 8, 132, warp_slots=True, warp_tokens=4)
+    assert (packed.warp_slots, packed.warp_tokens) == (False, 1)
+    assert packed.token_blocks == 4096 // packed.tokens_per_block
+    with pytest.raises(ValueError, match=r"warp_tokens must be one of \(1, 2, 4\); got 3"):
+        combine_shape(4096, 896, 132, warp_slots=True, warp_tokens=3)
+    with pytest.raises(ValueError, match=r"warp_tokens needs warp_slots=True"):
+        combine_shape(4096, 896, 132, warp_tokens=2)

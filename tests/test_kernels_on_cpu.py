@@ -313,15 +313,17 @@ def test_fused_mapping_matches_the_oracle(monkeypatch, rng, num_tokens, top_k, n
 @pytest.mark.parametrize("row_scale", [False, True])
 @pytest.mark.parametrize(("shape", "top_k"), [
     (None, 8), ({"vecs_per_thread": 2, "slot_batch": 2, "warp_slots": True}, 8),
-    ({"vecs_per_thread": 1, "slot_batch": 4, "max_warps": 1, "warp_slots": True}, 40)],
-    ids=["auto", "warp-slots", "warp-slots-k40"])
+    ({"vecs_per_thread": 1, "slot_batch": 4, "max_warps": 1, "warp_slots": True,
+      "warp_tokens": 4}, 40)],
+    ids=["auto", "warp-slots", "warp-slots-k40-4-tokens"])
 def test_reduce_fused_matches_the_oracle(monkeypatch, rng, dtype, hidden, row_scale, shape,
                                          top_k):
     """The combine: each token's slots weighted and summed in k order, one
     rounding, as the oracle's emulated fma; also with a warp walking its
     token's live slots (a quarter of them remote, an eighth dropped; batches of
     2 live rows; K = 40: two rounds of 32 lanes' slots, one-warp chunks so that
-    lanes past the row take part in the shuffles)."""
+    lanes past the row take part in the shuffles, 4 tokens a warp: 19 leaves
+    the last warp 3)."""
     import cupy_moe
     from cupy_moe.combine.api import run_with_shape
 

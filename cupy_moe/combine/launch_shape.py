@@ -62,6 +62,7 @@ VECS_PER_THREAD = 1        # vectors a thread owns (2 and 4 compiled on demand: 
 VECS_PER_THREAD_CHOICES = (1, 2, 4)
 SLOT_BATCH = 8             # slots whose row loads a thread has in flight (combine.cu)
 SLOT_BATCH_CHOICES = (2, 4, 8, 16)
+WARP_TOKENS_CHOICES = (1, 2, 4)
 MAX_GRID_X = 2**31 - 1
 MAX_GRID_Y = 65535
 
@@ -74,10 +75,11 @@ class CombineShape(NamedTuple):
     vecs_per_thread: int = 1  # vectors a thread owns: a chunk is row_threads * this
     slot_batch: int = SLOT_BATCH  # slots' loads in flight at once, per vector
     warp_slots: bool = False  # a warp shares its token's slots and walks the live ones
+    warp_tokens: int = 1  # with warp_slots: consecutive tokens a warp takes in turn
 
     def defines(self) -> tuple[tuple[str, int], ...]:
         """The kernel variant this shape needs (combine.cu's COMBINE_VECS,
-        COMBINE_SLOT_BATCH and COMBINE_WARP_SLOTS; none for the default
+        COMBINE_SLOT_BATCH, COMBINE_WARP_SLOTS and COMBINE_WARP_TOKENS; none for the default
         variant)."""
         defines = []
         if self.vecs_per_thread != 1:
@@ -86,6 +88,8 @@ class CombineShape(NamedTuple):
             defines.append(("COMBINE_SLOT_BATCH", self.slot_batch))
         if self.warp_slots:
             defines.append(("COMBINE_WARP_SLOTS", 1))
+        if self.warp_tokens != 1:
+            defines.append(("COMBINE_WARP_TOKENS", self.warp_tokens))
         return tuple(defines)
 
     @property
@@ -125,7 +129,7 @@ def combine_shape(num_tokens: int, row_vecs: int, multiprocessors: int, *,
                   fill_blocks_per_sm: float = FILL_BLOCKS_PER_SM,
                   vecs_per_thread: int = VECS_PER_THREAD,
                   slot_batch: int = SLOT_BATCH,
-                  warp_slots: bool = False) -> CombineShape:
+                  warp_slots: bool = False, warp_tokens: int = 1) -> CombineShape:
     """The launch shape of ``num_tokens`` rows of ``row_vecs`` vectors each.
 
     ``max_warps``, ``fill_blocks_per_sm``, ``vecs_per_thread`` and
@@ -140,7 +144,9 @@ def combine_shape(num_tokens: int, row_vecs: int, multiprocessors: int, *,
     slots (expert parallelism). It needs a warp to be one token's, so rows
     packed several to a block (at most ``PACKED_ROW_VECS`` threads' columns)
     keep the per-thread walk (the shape says ``warp_slots=False``); results
-    unchanged.
+    unchanged. ``warp_tokens`` (with ``warp_slots``): each warp takes that
+    many consecutive tokens in turn (a grid that many times shorter), so the
+    next token's slots are mostly in the cache line already read.
     """
     if row_vecs < 1:
         raise ValueError(f"row_vecs must be >= 1; got {row_vecs}")
@@ -153,6 +159,10 @@ def combine_shape(num_tokens: int, row_vecs: int, multiprocessors: int, *,
         raise ValueError(f"slot_batch must be one of {SLOT_BATCH_CHOICES}; got {slot_batch}")
     if not isinstance(warp_slots, bool):
         raise TypeError(f"warp_slots must be True or False; got {warp_slots!r}")
+    if warp_tokens not in WARP_TOKENS_CHOICES:
+        raise ValueError(f"warp_tokens must be one of {WARP_TOKENS_CHOICES}; got {warp_tokens}")
+    if warp_tokens != 1 and not warp_slots:
+        raise ValueError("warp_tokens needs warp_slots=True")
     vectors = row_vecs
     row_vecs = ceil_div(row_vecs, vecs_per_thread)  # the threads' columns
     target = fill_blocks_per_sm * multiprocessors
@@ -164,19 +174,22 @@ def combine_shape(num_tokens: int, row_vecs: int, multiprocessors: int, *,
     else:
         row_warps = ceil_div(row_vecs, 32)
         chunks = ceil_div(row_warps, max_warps)
-        if num_tokens * chunks < target:
-            chunks = min(row_warps, max(chunks, ceil_div(int(target), max(num_tokens, 1))))
+        # the warps along the tokens (warp_tokens a warp where warp_slots holds)
+        token_groups = ceil_div(num_tokens, warp_tokens if warp_slots else 1)
+        if token_groups * chunks < target:
+            chunks = min(row_warps, max(chunks, ceil_div(int(target), max(token_groups, 1))))
         warps = ceil_div(row_warps, chunks)
         chunks = ceil_div(row_warps, warps)  # no empty chunk
         row_threads, tokens_per_block = 32 * warps, 1
     if chunks > MAX_GRID_Y:
         raise ValueError(f"expanded rows of {vectors} vectors need {chunks} column chunks; "
                          f"one launch takes at most {MAX_GRID_Y}")
-    token_blocks = ceil_div(num_tokens, tokens_per_block)
+    # a warp shares one token's slots only where no warp spans two tokens
+    warp_slots = warp_slots and row_threads % 32 == 0
+    warp_tokens = warp_tokens if warp_slots else 1
+    token_blocks = ceil_div(num_tokens, tokens_per_block * warp_tokens)
     if token_blocks > MAX_GRID_X:
         raise ValueError(f"T = {num_tokens} tokens need {token_blocks} blocks; one launch "
                          f"takes at most {MAX_GRID_X}")
-    # a warp shares one token's slots only where no warp spans two tokens
-    warp_slots = warp_slots and row_threads % 32 == 0
     return CombineShape(row_threads, tokens_per_block, chunks, token_blocks, vecs_per_thread,
-                        slot_batch, warp_slots)
+                        slot_batch, warp_slots, warp_tokens)
