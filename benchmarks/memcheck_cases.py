@@ -223,8 +223,7 @@ def run_combine_quantize_cases(rng) -> int:
             want = cupy_moe.reduce_fused(rows, token_topk_to_pos, weights)
             assert np.array_equal(bits(cupy.asnumpy(got)), bits(want))
             # a warp walking its tokens' live slots (lane k reads slot k), 4
-            # tokens a warp:
-            # no read past token_topk_to_pos's last slot
+            # tokens a warp: no access past the last slot or the last token
             got = run_combine_with_shape(cupy.asarray(rows.view(f"u{rows.itemsize}")
                                                       if dtype is bf16 else rows),
                                          cupy.asarray(token_topk_to_pos),
