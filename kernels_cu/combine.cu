@@ -258,6 +258,10 @@ __device__ __forceinline__ void accumulate_live_slots(
             for (int j = 0; j < COMBINE_SLOT_BATCH; ++j) {
 #pragma unroll
                 for (int c = 0; c < COMBINE_VECS; ++c) {
+                    // lanes past the row sum zeros they never store (no test
+                    // in the FMA loop: with one, ptxas spilled at 4 vectors and
+                    // 4 slots)
+                    held[j][c] = Vec();
                     if (pos[j] >= 0 && v + c * a.row_threads < a.row_vecs)
                         held[j][c] = load_once(rows + static_cast<i64>(pos[j]) * a.row_vecs +
                                                c * a.row_threads);
@@ -265,7 +269,7 @@ __device__ __forceinline__ void accumulate_live_slots(
             }
 #pragma unroll
             for (int j = 0; j < COMBINE_SLOT_BATCH; ++j) {
-                if (pos[j] < 0 || v >= a.row_vecs) continue;
+                if (pos[j] < 0) continue;
 #pragma unroll
                 for (int c = 0; c < COMBINE_VECS; ++c) {
                     Bits bits[ELEMS];

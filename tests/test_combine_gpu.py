@@ -233,6 +233,44 @@ def test_every_launch_shape_gives_the_same_bits(kind):
 
 
 @pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize(("num_tokens", "trim", "warp_slots", "warp_tokens"), [
+    (2048, True, True, 2), (2048, False, True, 1), (4096, True, True, 2), (300, True, False, 1)])
+def test_expert_parallel_plans(kind, num_tokens, trim, warp_slots, warp_tokens):
+    """A rank's plan of 32 of 256 experts (seven slots in eight dropped), as
+    fused_mapping builds it. Trimmed at T = 2048 and 4096, X says most slots
+    are dropped (sparse_slots) and the sparse shape runs (two tokens a warp);
+    untrimmed (the worst-case X), the many-token shape, whose warps walk the
+    live slots too; at T = 300 the padding makes X exceed the slots, and the
+    grid is short of the many-token shape: the default one. Bit-exact each
+    time."""
+    from cupy_moe.combine import gpu as combine_gpu
+    from cupy_moe.mapping.reference import fused_mapping_numpy, worst_case_rows
+
+    rng = np.random.default_rng()
+    top_k, hidden = 8, 2048
+    ids = rng.integers(0, 256, (num_tokens, top_k)).astype(np.int32)
+    num_expanded = (None if trim
+                    else worst_case_rows(num_tokens * top_k, 32, 128))  # fused_mapping's X
+    plan = fused_mapping_numpy(ids, 32, alignment=128, num_expanded=num_expanded)
+    token_topk_to_pos = plan.token_topk_to_pos
+    num_expanded = plan.pos_to_expert.shape[0]
+    # sparse_slots: X at most half of the slots where trimmed (with many tokens)
+    assert (2 * num_expanded <= num_tokens * top_k) == (trim and num_tokens >= 2048)
+    case = {"expanded": random_values(rng, (num_expanded, hidden), DEVICE_DTYPES[kind][0],
+                                      "normal"),
+            "token_topk_to_pos": token_topk_to_pos,
+            "topk_weights": rng.random((num_tokens, top_k), dtype=np.float32),
+            "row_scale": None}
+    run_case(kind, case, rng, use_out=False)
+    shapes = [launch.shape for plan in combine_gpu._plans.values()
+              for launch in plan.kernels.values()
+              if plan.problem.num_tokens == num_tokens
+              and plan.problem.num_expanded == num_expanded]
+    assert {(shape.warp_slots, shape.warp_tokens) for shape in shapes} == {
+        (warp_slots, warp_tokens)}
+
+
+@pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("top_k", [31, 32, 33, 40, 64])
 def test_warp_slots_beyond_one_warp_of_slots(kind, top_k):
     """warp_slots: a warp's lanes hold 32 slots at a time, so K > 32 takes

@@ -135,8 +135,35 @@ def test_the_warp_slots_option_compiles_its_variant(monkeypatch, fake_gpu):
     gpu.CombinePlan(_problem(num_tokens=4096), 2, 0, options).kernel(16)
     assert modules[-1] == {"COMBINE_VECS": 2, "COMBINE_SLOT_BATCH": 4,
                            "COMBINE_WARP_SLOTS": 1}
-    gpu.CombinePlan(_problem(num_tokens=4096), 2, 0).kernel(16)
-    assert "COMBINE_WARP_SLOTS" not in modules[-1]
+    gpu.CombinePlan(_problem(num_tokens=4096, num_expanded=4096 * 8), 2, 0,
+                    (("vecs_per_thread", 4), ("slot_batch", 4), ("max_warps", 4))).kernel(16)
+    assert modules[-1] == {"COMBINE_VECS": 4, "COMBINE_SLOT_BATCH": 4}
+
+
+@pytest.mark.parametrize(("num_tokens", "num_expanded", "defines"), [
+    # an expert-parallel plan's X (4096 of 32768 slots, plus padding): sparse
+    (4096, 4096 + 32 * 127, {"COMBINE_VECS": 4, "COMBINE_SLOT_BATCH": 2,
+                             "COMBINE_WARP_SLOTS": 1, "COMBINE_WARP_TOKENS": 2}),
+    (4096, 4096 * 4, {"COMBINE_VECS": 4, "COMBINE_SLOT_BATCH": 2, "COMBINE_WARP_SLOTS": 1,
+                      "COMBINE_WARP_TOKENS": 2}),
+    # over half of the slots: the many-token shape (its warps walk live slots too)
+    (4096, 4096 * 4 + 1, {"COMBINE_VECS": 4, "COMBINE_SLOT_BATCH": 4, "COMBINE_WARP_SLOTS": 1}),
+    # T = 512: two tokens a warp would leave the grid short of 4 blocks an SM
+    (512, 2048, {"COMBINE_VECS": 4, "COMBINE_SLOT_BATCH": 2, "COMBINE_WARP_SLOTS": 1}),
+    (512, 4096, {"COMBINE_VECS": 4, "COMBINE_SLOT_BATCH": 4, "COMBINE_WARP_SLOTS": 1}),
+    (32, 128, {"COMBINE_SLOT_BATCH": 4, "COMBINE_WARP_SLOTS": 1}),  # few tokens
+    (32, 32 * 8, {}),  # few tokens, every slot may be live: the default shape
+])
+def test_plans_that_drop_most_slots_walk_the_live_ones(monkeypatch, fake_gpu, num_tokens,
+                                                        num_expanded, defines):
+    """sparse_slots (X at most half of T * K) picks the warp-slots shapes."""
+    modules = []
+    monkeypatch.setattr(gpu, "function_handle",
+                        lambda source, defines, device, name: modules.append(dict(defines))
+                        or 0x1000)
+    plan = gpu.CombinePlan(_problem(num_tokens=num_tokens, num_expanded=num_expanded), 2, 0)
+    plan.kernel(16)
+    assert modules[-1] == defines
 
 
 def test_overlap_sizes_of_the_fast_path():

@@ -145,7 +145,7 @@ def test_slot_batch_variants():
 
 
 def test_the_warp_slots_variant():
-    shape = combine_shape(4096, 896, 132, warp_slots=True, **WIDE_OPTIONS)
+    shape = combine_shape(4096, 896, 132, **WIDE_OPTIONS)
     assert shape.warp_slots and shape.grid == combine_shape(
         4096, 896, 132, **WIDE_OPTIONS).grid  # the same launch, another kernel
     assert shape.defines() == (("COMBINE_VECS", 4), ("COMBINE_SLOT_BATCH", 4),
@@ -162,8 +162,8 @@ def test_the_warp_slots_variant():
 
 
 def test_warp_tokens_shorten_the_grid():
-    one = combine_shape(4099, 896, 132, warp_slots=True, **WIDE_OPTIONS)
-    two = combine_shape(4099, 896, 132, warp_slots=True, warp_tokens=2, **WIDE_OPTIONS)
+    one = combine_shape(4099, 896, 132, **WIDE_OPTIONS)
+    two = combine_shape(4099, 896, 132, warp_tokens=2, **WIDE_OPTIONS)
     assert (one.token_blocks, two.token_blocks) == (4099, 2050)
     assert two.chunks == one.chunks and two.row_threads == one.row_threads
     assert two.defines()[-1] == ("COMBINE_WARP_TOKENS", 2)

@@ -26,7 +26,7 @@ from ..runtime.launch import (
     launch,
 )
 from ..runtime.sizes import ceil_div
-from .launch_shape import CombineShape, auto_combine_shape
+from .launch_shape import CombineShape, auto_combine_shape, sparse_slots
 from .rules import CombineProblem, raise_out_of_range
 
 SOURCE = "combine.cu"
@@ -93,6 +93,8 @@ class CombinePlan:
             problem = self.problem
             shape = auto_combine_shape(problem.num_tokens, self.row_bytes // vec_bytes,
                                        device_traits(self.device).multiprocessors,
+                                       sparse=sparse_slots(problem.num_tokens, problem.top_k,
+                                                           problem.num_expanded),
                                        **dict(self.shape_options))
             name = f"{KERNEL_PREFIX[problem.element_format]}_v{vec_bytes}"
             constants = COMBINE_ARGS.constants(
