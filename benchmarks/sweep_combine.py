@@ -37,7 +37,13 @@ SHAPES = [{}, *({"vecs_per_thread": vecs, "slot_batch": batch, "max_warps": warp
           *({"vecs_per_thread": vecs, "slot_batch": batch, "max_warps": 4,
              "warp_slots": True, "warp_tokens": tokens}
             for vecs, batch, tokens in ((2, 2, 2), (2, 2, 4), (4, 2, 2), (4, 2, 4), (2, 4, 2),
-                                        (4, 4, 2)))]
+                                        (4, 4, 2))),
+          # a warp streams the live rows of rounds of 32 // K tokens
+          *({"vecs_per_thread": vecs, "slot_batch": batch, "max_warps": warps,
+             "stream_rounds": rounds}
+            for vecs, batch, warps, rounds in ((1, 8, 4, 1), (1, 4, 4, 1), (2, 4, 4, 1),
+                                               (2, 4, 4, 2), (2, 2, 4, 1), (4, 2, 4, 1),
+                                               (2, 4, 8, 1), (1, 8, 8, 2)))]
 DEFAULT_LABELS = ["reduce-kimi-k2-decode", "reduce-kimi-k2-medium", "reduce-kimi-k2-prefill",
                   "reduce-qwen3-30b-a3b-prefill", "reduce-dsv3-ep8-prefill-plan"]
 

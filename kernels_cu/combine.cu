@@ -69,6 +69,18 @@
 #ifndef COMBINE_WARP_TOKENS
 #define COMBINE_WARP_TOKENS 1
 #endif
+// N > 0: the live rows of a warp's tokens as one stream (launch_shape.py
+// stream_rounds; 1 <= K <= 32, a warp one token group's). A round is the
+// floor(32 / K) consecutive tokens whose slots one warp load covers (lane
+// l: token l / K, slot l % K); the warp walks the round's live slots in
+// (token, k) order, COMBINE_SLOT_BATCH rows in flight whatever token they
+// belong to, and stores a token's row when the stream moves past it. So a
+// batch is full wherever the round has that many live rows, where the
+// per-token walk of a plan with one live slot a token holds one. N rounds a
+// warp. Results unchanged (each token's sum still in k order).
+#ifndef COMBINE_STREAM_ROUNDS
+#define COMBINE_STREAM_ROUNDS 0
+#endif
 // The largest block the host launches (cupy_moe/combine/launch_shape.py), and
 // the blocks of that size an SM must hold at least: with this bound ptxas
 // neither spills (it did with the thread bound alone) nor takes more than 128
@@ -306,6 +318,121 @@ __device__ __forceinline__ void store_row(
     }
 }
 
+#if COMBINE_STREAM_ROUNDS
+// Token t's row of zeros (no live slot): what store_row stores for sums of +0.
+template <int VEC_BYTES>
+__device__ __forceinline__ void store_zero_row(const CombineArgs& a, i64 t, i64 v) {
+    typedef typename VecOf<VEC_BYTES>::type Vec;
+#pragma unroll
+    for (int c = 0; c < COMBINE_VECS; ++c) {
+        if (v + c * a.row_threads >= a.row_vecs) break;
+        store_once(reinterpret_cast<Vec*>(a.out) + t * a.row_vecs + v + c * a.row_threads,
+                   Vec());
+    }
+}
+
+// COMBINE_STREAM_ROUNDS rounds of floor(32 / K) tokens from `first`, their
+// live rows as one stream (see COMBINE_STREAM_ROUNDS).
+template <int FMT, int VEC_BYTES>
+__device__ __forceinline__ void reduce_fused_stream(const CombineArgs& a, i64 first, i64 v) {
+    typedef Format<FMT> F;
+    typedef typename F::Bits Bits;
+    typedef typename VecOf<VEC_BYTES>::type Vec;
+    constexpr int ELEMS = VEC_BYTES / static_cast<int>(sizeof(Bits));
+    const Vec* rows = reinterpret_cast<const Vec*>(a.expanded) + v;
+    const int warp_lane = static_cast<int>(threadIdx.x & 31u);
+    const int round_tokens = 32 / a.top_k;
+    const int lane_token = warp_lane / a.top_k;  // round_tokens and up: no slot
+    const int lane_slot = warp_lane - lane_token * a.top_k;
+    // the whole slot mask of one token (K bits)
+    const unsigned token_bits = a.top_k == 32 ? 0xFFFFFFFFu : (1u << a.top_k) - 1u;
+
+    float acc[COMBINE_VECS][ELEMS];
+#pragma unroll
+    for (int c = 0; c < COMBINE_VECS; ++c)
+#pragma unroll
+        for (int e = 0; e < ELEMS; ++e) acc[c][e] = 0.0f;
+    i64 acc_token = -1;  // the token acc sums (none yet)
+
+#pragma unroll 1
+    for (int round = 0; round < COMBINE_STREAM_ROUNDS; ++round) {
+        const i64 base = first + static_cast<i64>(round) * round_tokens;
+        if (base >= a.num_tokens) break;
+        // this lane's slot: its row and scale (weight * row_scale, as above)
+        int lane_pos = -1;
+        float lane_scale = 1.0f;
+        if (lane_token < round_tokens && base + lane_token < a.num_tokens) {
+            const i64 flat = (base + lane_token) * a.top_k + lane_slot;
+            const int p = __ldg(a.token_topk_to_pos + flat);
+            lane_pos = p >= 0 && p < a.num_expanded ? p : -1;
+            if (a.topk_weights != nullptr) lane_scale = __ldg(a.topk_weights + flat);
+            if (a.row_scale != nullptr && lane_pos >= 0) {
+                const float row = __ldg(a.row_scale + lane_pos);
+                lane_scale = a.topk_weights != nullptr ? __fmul_rn(lane_scale, row) : row;
+            }
+        }
+        // the same in every lane: everything below is uniform across the warp
+        unsigned live = __ballot_sync(0xFFFFFFFFu, lane_pos >= 0);
+        for (int token = 0; token < round_tokens && base + token < a.num_tokens; ++token) {
+            if (((live >> (token * a.top_k)) & token_bits) == 0)
+                store_zero_row<VEC_BYTES>(a, base + token, v);
+        }
+        while (live != 0) {
+            // the next COMBINE_SLOT_BATCH live slots of the round, in (token, k) order
+            int pos[COMBINE_SLOT_BATCH];
+            float scale[COMBINE_SLOT_BATCH];
+            int token_of[COMBINE_SLOT_BATCH];
+#pragma unroll
+            for (int j = 0; j < COMBINE_SLOT_BATCH; ++j) {
+                pos[j] = -1;
+                scale[j] = 1.0f;
+                token_of[j] = 0;
+                if (live != 0) {
+                    const int source = __ffs(static_cast<int>(live)) - 1;
+                    live &= live - 1;
+                    pos[j] = __shfl_sync(0xFFFFFFFFu, lane_pos, source);
+                    scale[j] = __shfl_sync(0xFFFFFFFFu, lane_scale, source);
+                    token_of[j] = __shfl_sync(0xFFFFFFFFu, lane_token, source);
+                }
+            }
+            Vec held[COMBINE_SLOT_BATCH][COMBINE_VECS];
+#pragma unroll
+            for (int j = 0; j < COMBINE_SLOT_BATCH; ++j) {
+#pragma unroll
+                for (int c = 0; c < COMBINE_VECS; ++c) {
+                    held[j][c] = Vec();  // lanes past the row: zeros, never stored
+                    if (pos[j] >= 0 && v + c * a.row_threads < a.row_vecs)
+                        held[j][c] = load_once(rows + static_cast<i64>(pos[j]) * a.row_vecs +
+                                               c * a.row_threads);
+                }
+            }
+#pragma unroll
+            for (int j = 0; j < COMBINE_SLOT_BATCH; ++j) {
+                if (pos[j] < 0) continue;
+                const i64 t = base + token_of[j];
+                if (t != acc_token) {  // the stream moved past acc_token: its row is done
+                    if (acc_token >= 0) store_row<FMT, VEC_BYTES>(a, acc_token, v, acc);
+#pragma unroll
+                    for (int c = 0; c < COMBINE_VECS; ++c)
+#pragma unroll
+                        for (int e = 0; e < ELEMS; ++e) acc[c][e] = 0.0f;
+                    acc_token = t;
+                }
+#pragma unroll
+                for (int c = 0; c < COMBINE_VECS; ++c) {
+                    Bits bits[ELEMS];
+                    memcpy(bits, &held[j][c], sizeof(Vec));
+#pragma unroll
+                    for (int e = 0; e < ELEMS; ++e)
+                        acc[c][e] = __fmaf_rn(F::widen(bits[e]), scale[j], acc[c][e]);
+                }
+            }
+        }
+    }
+    if (acc_token >= 0) store_row<FMT, VEC_BYTES>(a, acc_token, v, acc);
+}
+#endif
+
 template <int FMT, int VEC_BYTES>
 __device__ __forceinline__ void reduce_fused_body(const CombineArgs& a) {
     constexpr int ELEMS = VEC_BYTES / static_cast<int>(sizeof(typename Format<FMT>::Bits));
@@ -315,7 +442,12 @@ __device__ __forceinline__ void reduce_fused_body(const CombineArgs& a) {
     const int lane = threadIdx.x - group * a.row_threads;
     // this thread's vectors: v, v + row_threads, ... (COMBINE_VECS of them)
     const i64 v = static_cast<i64>(blockIdx.y) * a.row_threads * COMBINE_VECS + lane;
-#if COMBINE_WARP_SLOTS
+#if COMBINE_STREAM_ROUNDS
+    // whole warps: lanes past the row take part in the shuffles
+    reduce_fused_stream<FMT, VEC_BYTES>(
+        a, (static_cast<i64>(blockIdx.x) * a.tokens_per_block + group) * (32 / a.top_k) *
+               COMBINE_STREAM_ROUNDS, v);
+#elif COMBINE_WARP_SLOTS
     // COMBINE_WARP_TOKENS consecutive tokens a warp, one after the other (the
     // next token's slots are mostly in the cache line just read). Whole warps
     // return: lanes past the row take part in the shuffles.

@@ -191,6 +191,11 @@ def test_random_cases_are_bit_exact(kind):
                                         "max_warps": int(rng.integers(1, 9)),
                                         "warp_slots": True,
                                         "warp_tokens": int(rng.choice([1, 2, 4]))}
+        elif draw < 0.4:  # a warp streaming the live rows of rounds of 32 // K tokens
+            options["shape_options"] = {"vecs_per_thread": int(rng.choice([1, 2, 4])),
+                                        "slot_batch": int(rng.choice([2, 4])),
+                                        "max_warps": int(rng.integers(1, 9)),
+                                        "stream_rounds": int(rng.choice([1, 2, 4]))}
         try:
             run_case(kind, case, rng, **options)
         except AssertionError as error:
@@ -229,7 +234,9 @@ def test_every_launch_shape_gives_the_same_bits(kind):
                                                                      % 3],
                                         "slot_batch": (2, 4, 8, 16)[max_warps % 4],
                                         "warp_slots": bool(max_warps % 2),
-                                        "warp_tokens": (1, 2, 1, 4)[max_warps % 4]})
+                                        "warp_tokens": (1, 2, 1, 4)[max_warps % 4],
+                                        "stream_rounds": (0, 0, 1, 0, 2, 0, 4, 0)[
+                                            max_warps - 1]})
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -288,6 +295,11 @@ def test_warp_slots_beyond_one_warp_of_slots(kind, top_k):
                      shape_options={"vecs_per_thread": vecs, "slot_batch": batch,
                                     "max_warps": warps, "warp_slots": True,
                                     "warp_tokens": tokens})
+        # streamed rounds: a token a round up to K = 32, the warp walk beyond
+        for vecs, batch, rounds in ((1, 8, 1), (2, 4, 4)):
+            run_case(kind, case, rng, use_out=True, expected=expected,
+                     shape_options={"vecs_per_thread": vecs, "slot_batch": batch,
+                                    "max_warps": 1, "stream_rounds": rounds})
 
 
 @pytest.mark.parametrize("kind", KINDS)

@@ -314,8 +314,12 @@ def test_fused_mapping_matches_the_oracle(monkeypatch, rng, num_tokens, top_k, n
 @pytest.mark.parametrize(("shape", "top_k"), [
     (None, 8), ({"vecs_per_thread": 2, "slot_batch": 2, "warp_slots": True}, 8),
     ({"vecs_per_thread": 1, "slot_batch": 4, "max_warps": 1, "warp_slots": True,
-      "warp_tokens": 4}, 40)],
-    ids=["auto", "warp-slots", "warp-slots-k40-4-tokens"])
+      "warp_tokens": 4}, 40),
+    ({"vecs_per_thread": 2, "slot_batch": 4, "stream_rounds": 2}, 8),
+    ({"vecs_per_thread": 1, "slot_batch": 2, "max_warps": 1, "stream_rounds": 1}, 3),
+    ({"vecs_per_thread": 4, "slot_batch": 2, "stream_rounds": 4}, 32)],
+    ids=["auto", "warp-slots", "warp-slots-k40-4-tokens", "stream-k8", "stream-k3",
+         "stream-k32"])
 def test_reduce_fused_matches_the_oracle(monkeypatch, rng, dtype, hidden, row_scale, shape,
                                          top_k):
     """The combine: each token's slots weighted and summed in k order, one
@@ -323,7 +327,9 @@ def test_reduce_fused_matches_the_oracle(monkeypatch, rng, dtype, hidden, row_sc
     token's live slots (a quarter of them remote, an eighth dropped; batches of
     2 live rows; K = 40: two rounds of 32 lanes' slots, one-warp chunks so that
     lanes past the row take part in the shuffles, 4 tokens a warp: 19 leaves
-    the last warp 3)."""
+    the last warp 3); and with a warp streaming the live rows of rounds of
+    32 // K tokens (K = 8: 2 rounds of 4, the last warp 3 tokens; K = 3: 10
+    tokens a round, two lanes without a slot; K = 32: a token a round)."""
     import cupy_moe
     from cupy_moe.combine.api import run_with_shape
 

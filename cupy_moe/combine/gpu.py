@@ -93,7 +93,7 @@ class CombinePlan:
             problem = self.problem
             shape = auto_combine_shape(problem.num_tokens, self.row_bytes // vec_bytes,
                                        device_traits(self.device).multiprocessors,
-                                       sparse=sparse_slots(problem.num_tokens, problem.top_k,
+                                       top_k=problem.top_k, sparse=sparse_slots(problem.num_tokens, problem.top_k,
                                                            problem.num_expanded),
                                        **dict(self.shape_options))
             name = f"{KERNEL_PREFIX[problem.element_format]}_v{vec_bytes}"

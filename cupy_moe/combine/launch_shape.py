@@ -69,6 +69,8 @@ VECS_PER_THREAD_CHOICES = (1, 2, 4)
 SLOT_BATCH = 8             # slots whose row loads a thread has in flight (combine.cu)
 SLOT_BATCH_CHOICES = (2, 4, 8, 16)
 WARP_TOKENS_CHOICES = (1, 2, 4)
+STREAM_ROUNDS_CHOICES = (0, 1, 2, 4)
+WARP_LANES = 32
 MAX_GRID_X = 2**31 - 1
 MAX_GRID_Y = 65535
 
@@ -82,10 +84,12 @@ class CombineShape(NamedTuple):
     slot_batch: int = SLOT_BATCH  # slots' loads in flight at once, per vector
     warp_slots: bool = False  # a warp shares its token's slots and walks the live ones
     warp_tokens: int = 1  # with warp_slots: consecutive tokens a warp takes in turn
+    stream_rounds: int = 0  # > 0: a warp streams the live rows of that many rounds of tokens
 
     def defines(self) -> tuple[tuple[str, int], ...]:
         """The kernel variant this shape needs (combine.cu's COMBINE_VECS,
-        COMBINE_SLOT_BATCH, COMBINE_WARP_SLOTS and COMBINE_WARP_TOKENS; none for the default
+        COMBINE_SLOT_BATCH, COMBINE_WARP_SLOTS, COMBINE_WARP_TOKENS and
+        COMBINE_STREAM_ROUNDS; none for the default
         variant)."""
         defines = []
         if self.vecs_per_thread != 1:
@@ -96,6 +100,8 @@ class CombineShape(NamedTuple):
             defines.append(("COMBINE_WARP_SLOTS", 1))
         if self.warp_tokens != 1:
             defines.append(("COMBINE_WARP_TOKENS", self.warp_tokens))
+        if self.stream_rounds:
+            defines.append(("COMBINE_STREAM_ROUNDS", self.stream_rounds))
         return tuple(defines)
 
     @property
@@ -129,15 +135,17 @@ def sparse_slots(num_tokens: int, top_k: int, num_expanded: int) -> bool:
 
 
 def auto_combine_shape(num_tokens: int, row_vecs: int, multiprocessors: int, *,
-                       sparse: bool = False, **options) -> CombineShape:
+                       top_k: int | None = None, sparse: bool = False,
+                       **options) -> CombineShape:
     """The launch shape ``reduce_fused`` takes: ``combine_shape(**options)``
     when options are given (tests, sweeps); else the many-token shape
     (``WIDE_OPTIONS``, or ``SPARSE_WIDE_OPTIONS`` where ``sparse``: see
     ``sparse_slots``) where its grid has ``FILL_BLOCKS_PER_SM`` blocks per SM
     without cutting rows finer, and the default shape otherwise (with
-    ``SPARSE_OPTIONS`` where ``sparse``)."""
+    ``SPARSE_OPTIONS`` where ``sparse``). ``top_k``: K, for the options
+    that group tokens by their slots (``stream_rounds``)."""
     if options:
-        return combine_shape(num_tokens, row_vecs, multiprocessors, **options)
+        return combine_shape(num_tokens, row_vecs, multiprocessors, top_k=top_k, **options)
     target = FILL_BLOCKS_PER_SM * multiprocessors
     wide = combine_shape(num_tokens, row_vecs, multiprocessors, fill_blocks_per_sm=0,
                          **(SPARSE_WIDE_OPTIONS if sparse else WIDE_OPTIONS))
@@ -161,7 +169,8 @@ def combine_shape(num_tokens: int, row_vecs: int, multiprocessors: int, *,
                   fill_blocks_per_sm: float = FILL_BLOCKS_PER_SM,
                   vecs_per_thread: int = VECS_PER_THREAD,
                   slot_batch: int = SLOT_BATCH,
-                  warp_slots: bool = False, warp_tokens: int = 1) -> CombineShape:
+                  warp_slots: bool = False, warp_tokens: int = 1, stream_rounds: int = 0,
+                  top_k: int | None = None) -> CombineShape:
     """The launch shape of ``num_tokens`` rows of ``row_vecs`` vectors each.
 
     ``max_warps``, ``fill_blocks_per_sm``, ``vecs_per_thread`` and
@@ -179,6 +188,12 @@ def combine_shape(num_tokens: int, row_vecs: int, multiprocessors: int, *,
     unchanged. ``warp_tokens`` (with ``warp_slots``): each warp takes that
     many consecutive tokens in turn (a grid that many times shorter), so the
     next token's slots are mostly in the cache line already read.
+    ``stream_rounds`` (needs ``top_k``, K): a warp takes that many rounds of
+    ``32 // K`` consecutive tokens (one load of their slots each) and streams
+    their live rows, ``slot_batch`` in flight whatever token they belong to,
+    so that batches stay full where tokens have one live slot or none; where
+    a warp would span two tokens' columns, or K > 32, the shape falls back to
+    ``warp_slots`` (``stream_rounds=0``).
     """
     if row_vecs < 1:
         raise ValueError(f"row_vecs must be >= 1; got {row_vecs}")
@@ -195,6 +210,16 @@ def combine_shape(num_tokens: int, row_vecs: int, multiprocessors: int, *,
         raise ValueError(f"warp_tokens must be one of {WARP_TOKENS_CHOICES}; got {warp_tokens}")
     if warp_tokens != 1 and not warp_slots:
         raise ValueError("warp_tokens needs warp_slots=True")
+    if stream_rounds not in STREAM_ROUNDS_CHOICES:
+        raise ValueError(f"stream_rounds must be one of {STREAM_ROUNDS_CHOICES}; "
+                         f"got {stream_rounds}")
+    if stream_rounds and top_k is None:
+        raise ValueError("stream_rounds needs top_k")
+    if stream_rounds and not 1 <= top_k <= WARP_LANES:
+        stream_rounds, warp_slots = 0, True  # one load cannot cover a token's slots
+    # consecutive tokens a warp takes
+    warp_span = (stream_rounds * (WARP_LANES // top_k) if stream_rounds
+                 else warp_tokens if warp_slots else 1)
     vectors = row_vecs
     row_vecs = ceil_div(row_vecs, vecs_per_thread)  # the threads' columns
     target = fill_blocks_per_sm * multiprocessors
@@ -206,8 +231,8 @@ def combine_shape(num_tokens: int, row_vecs: int, multiprocessors: int, *,
     else:
         row_warps = ceil_div(row_vecs, 32)
         chunks = ceil_div(row_warps, max_warps)
-        # the warps along the tokens (warp_tokens a warp where warp_slots holds)
-        token_groups = ceil_div(num_tokens, warp_tokens if warp_slots else 1)
+        # the warps along the tokens (warp_span tokens a warp)
+        token_groups = ceil_div(num_tokens, warp_span)
         if token_groups * chunks < target:
             chunks = min(row_warps, max(chunks, ceil_div(int(target), max(token_groups, 1))))
         warps = ceil_div(row_warps, chunks)
@@ -217,11 +242,11 @@ def combine_shape(num_tokens: int, row_vecs: int, multiprocessors: int, *,
         raise ValueError(f"expanded rows of {vectors} vectors need {chunks} column chunks; "
                          f"one launch takes at most {MAX_GRID_Y}")
     # a warp shares one token's slots only where no warp spans two tokens
-    warp_slots = warp_slots and row_threads % 32 == 0
-    warp_tokens = warp_tokens if warp_slots else 1
-    token_blocks = ceil_div(num_tokens, tokens_per_block * warp_tokens)
+    if row_threads % WARP_LANES:
+        warp_slots, warp_tokens, stream_rounds, warp_span = False, 1, 0, 1
+    token_blocks = ceil_div(num_tokens, tokens_per_block * warp_span)
     if token_blocks > MAX_GRID_X:
         raise ValueError(f"T = {num_tokens} tokens need {token_blocks} blocks; one launch "
                          f"takes at most {MAX_GRID_X}")
     return CombineShape(row_threads, tokens_per_block, chunks, token_blocks, vecs_per_thread,
-                        slot_batch, warp_slots, warp_tokens)
+                        slot_batch, warp_slots, warp_tokens, stream_rounds)
