@@ -1,6 +1,6 @@
 """A/B launch shapes of reduce_fused on the manifest's workloads. GPU only.
 
-    python benchmarks/sweep_combine.py [--iters N] [--only LABEL ...]
+    python benchmarks/sweep_combine.py [--iters N] [--only LABEL ...] [--shapes TEXT ...]
 
 Each shape (``combine.launch_shape.combine_shape`` options: vectors a thread
 owns, slots whose loads are in flight together, warps of a row chunk) is
@@ -19,7 +19,7 @@ import numpy as np
 import torch  # noqa: F401  (runner._to_torch reads sys.modules["torch"])
 
 from cupy_moe.combine.api import run_with_shape
-from cupy_moe.harness.ab_sweep import pick_workloads, sweep_table
+from cupy_moe.harness.ab_sweep import pick_variants, pick_workloads, sweep_table
 from cupy_moe.harness.timing import GpuTimer
 
 # (vectors a thread owns, slots in flight): 8, 16 or 32 16-byte loads a thread
@@ -59,11 +59,14 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--iters", type=int, default=30)
     parser.add_argument("--only", nargs="*", metavar="LABEL", default=DEFAULT_LABELS)
+    parser.add_argument("--shapes", nargs="*", metavar="TEXT",
+                        help="only the default and the shapes whose name contains a TEXT")
     args = parser.parse_args()
     workloads = pick_workloads(["reduce_fused"], args.only, parser.error)
     timer = GpuTimer()
-    shapes = [(", ".join(f"{k}={v}" for k, v in options.items()) or "default", options)
-              for options in SHAPES]
+    shapes = pick_variants([(", ".join(f"{k}={v}" for k, v in options.items()) or "default",
+                             options) for options in SHAPES], args.shapes, "--shapes",
+                           parser.error)
     print("\n".join(sweep_table(workloads, shapes, run_shape, timer, timer.copy_tbps(),
                                 args.iters, "shape", np.random.default_rng())))
     return 0
