@@ -240,12 +240,13 @@ def test_every_launch_shape_gives_the_same_bits(kind):
 
 
 @pytest.mark.parametrize("kind", KINDS)
-@pytest.mark.parametrize(("num_tokens", "trim", "warp_slots", "warp_tokens"), [
-    (2048, True, True, 2), (2048, False, True, 1), (4096, True, True, 2), (300, True, False, 1)])
-def test_expert_parallel_plans(kind, num_tokens, trim, warp_slots, warp_tokens):
+@pytest.mark.parametrize(("num_tokens", "trim", "warp_slots", "stream_rounds"), [
+    (2048, True, False, 1), (2048, False, True, 0), (4096, True, False, 1),
+    (300, True, False, 0)])
+def test_expert_parallel_plans(kind, num_tokens, trim, warp_slots, stream_rounds):
     """A rank's plan of 32 of 256 experts (seven slots in eight dropped), as
     fused_mapping builds it. Trimmed at T = 2048 and 4096, X says most slots
-    are dropped (sparse_slots) and the sparse shape runs (two tokens a warp);
+    are dropped (sparse_slots) and a warp streams the live rows of 4 tokens;
     untrimmed (the worst-case X), the many-token shape, whose warps walk the
     live slots too; at T = 300 the padding makes X exceed the slots, and the
     grid is short of the many-token shape: the default one. Bit-exact each
@@ -273,8 +274,8 @@ def test_expert_parallel_plans(kind, num_tokens, trim, warp_slots, warp_tokens):
               for launch in plan.kernels.values()
               if plan.problem.num_tokens == num_tokens
               and plan.problem.num_expanded == num_expanded]
-    assert {(shape.warp_slots, shape.warp_tokens) for shape in shapes} == {
-        (warp_slots, warp_tokens)}
+    assert {(shape.warp_slots, shape.stream_rounds) for shape in shapes} == {
+        (warp_slots, stream_rounds)}
 
 
 @pytest.mark.parametrize("kind", KINDS)

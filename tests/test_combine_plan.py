@@ -141,22 +141,22 @@ def test_the_warp_slots_option_compiles_its_variant(monkeypatch, fake_gpu):
 
 
 @pytest.mark.parametrize(("num_tokens", "num_expanded", "defines"), [
-    # an expert-parallel plan's X (4096 of 32768 slots, plus padding): sparse
-    (4096, 4096 + 32 * 127, {"COMBINE_VECS": 4, "COMBINE_SLOT_BATCH": 2,
-                             "COMBINE_WARP_SLOTS": 1, "COMBINE_WARP_TOKENS": 2}),
-    (4096, 4096 * 4, {"COMBINE_VECS": 4, "COMBINE_SLOT_BATCH": 2, "COMBINE_WARP_SLOTS": 1,
-                      "COMBINE_WARP_TOKENS": 2}),
+    # an expert-parallel plan's X (4096 of 32768 slots, plus padding): sparse,
+    # a warp streams the live rows of 4 tokens
+    (4096, 4096 + 32 * 127, {"COMBINE_SLOT_BATCH": 4, "COMBINE_STREAM_ROUNDS": 1}),
+    (4096, 4096 * 4, {"COMBINE_SLOT_BATCH": 4, "COMBINE_STREAM_ROUNDS": 1}),
     # over half of the slots: the many-token shape (its warps walk live slots too)
     (4096, 4096 * 4 + 1, {"COMBINE_VECS": 4, "COMBINE_SLOT_BATCH": 4, "COMBINE_WARP_SLOTS": 1}),
-    # T = 512: two tokens a warp would leave the grid short of 4 blocks an SM
-    (512, 2048, {"COMBINE_VECS": 4, "COMBINE_SLOT_BATCH": 2, "COMBINE_WARP_SLOTS": 1}),
+    (512, 2048, {"COMBINE_SLOT_BATCH": 4, "COMBINE_STREAM_ROUNDS": 1}),  # 128 x 7 blocks
     (512, 4096, {"COMBINE_VECS": 4, "COMBINE_SLOT_BATCH": 4, "COMBINE_WARP_SLOTS": 1}),
-    (32, 128, {"COMBINE_SLOT_BATCH": 4, "COMBINE_WARP_SLOTS": 1}),  # few tokens
-    (32, 32 * 8, {}),  # few tokens, every slot may be live: the default shape
+    # few tokens: neither many-token grid fills the chip; the default shape
+    (32, 128, {}),
+    (32, 32 * 8, {}),
 ])
 def test_plans_that_drop_most_slots_walk_the_live_ones(monkeypatch, fake_gpu, num_tokens,
                                                         num_expanded, defines):
-    """sparse_slots (X at most half of T * K) picks the warp-slots shapes."""
+    """sparse_slots (X at most half of T * K) picks the streamed shape where
+    its grid fills the chip; the many-token shape walks live slots anyway."""
     modules = []
     monkeypatch.setattr(gpu, "function_handle",
                         lambda source, defines, device, name: modules.append(dict(defines))

@@ -27,12 +27,16 @@ no synchronisation; every output element is written by exactly one thread.
   (benchmarks/sweep_combine.py): Kimi-K2 prefill 75% -> 98% of the copy
   bandwidth, Qwen3 prefill 72% -> 92%, Kimi-K2 T=512 62% -> 74%; at decode the
   default shape stays faster (more threads share the few rows: 5.8 vs 7.4 us).
-- Expert-parallel plans (``sparse_slots``: X at most half of T * K, so most
-  slots are dropped): each warp loads its token's K slots once, lane k slot
-  k, and walks only the live ones (``warp_slots``), instead of every thread
-  loading and testing every slot; with many tokens, 2 live rows in flight
-  and 2 consecutive tokens a warp. DeepSeek-V3 EP8 prefill plan (7 of 8
-  slots dropped): 57.1 -> 37.4 us, 48% -> 74% of the copy bandwidth.
+- In the many-token shape each warp loads its token's K slots once, lane k
+  slot k, and walks only the live ones (``warp_slots``), instead of every
+  thread loading and testing every slot: level where every slot is live,
+  and where most are dropped (expert parallelism: DeepSeek-V3 EP8, 7 of 8)
+  57.6 -> 38.4 us, 48% -> 72% of the copy bandwidth, whatever X says.
+- Plans whose X says most slots are dropped (``sparse_slots``: X at most
+  half of T * K, a trimmed expert-parallel plan): a warp streams the live
+  rows of the 32 // K tokens one load of slots covers (``stream_rounds``),
+  4 in flight whichever token they belong to: 36.3 us, 76% (8k: 68.2 us,
+  81%). Measured: benchmarks/results/combine_warp_slots_h200.md.
 
 The grid depends only on the call's sizes and the GPU's SM count, never on the
 data, so a CUDA graph can capture the call; results do not depend on it.
@@ -117,13 +121,11 @@ class CombineShape(NamedTuple):
 # slots (free where every slot is live, a gain where most are dropped and X
 # does not say so: a plan's X is by default the worst case, not trimmed)
 WIDE_OPTIONS = {"vecs_per_thread": 4, "slot_batch": 4, "max_warps": 4, "warp_slots": True}
-# ... and where most slots are dropped (``sparse_slots``): a warp walks its
-# token's live slots, 2 rows in flight; 2 tokens a warp where the grid stays
-# full (twenty-fifth session, DeepSeek-V3 EP8 prefill plan: 57.1 -> 37.4 us)
-SPARSE_WIDE_OPTIONS = {"vecs_per_thread": 4, "slot_batch": 2, "max_warps": 4,
-                       "warp_slots": True}
-# few tokens, most slots dropped (EP8 T = 32: 6.0 -> 5.6 us)
-SPARSE_OPTIONS = {"slot_batch": 4, "max_warps": 4, "warp_slots": True}
+# ... and where most slots are dropped (``sparse_slots``): a warp streams the
+# live rows of 32 // K tokens, 4 in flight (twenty-fifth session, DeepSeek-V3
+# EP8 prefill plan: 57.6 -> 36.3 us; 8k 110.8 -> 68.2)
+SPARSE_WIDE_OPTIONS = {"vecs_per_thread": 1, "slot_batch": 4, "max_warps": 4,
+                       "stream_rounds": 1}
 
 
 def sparse_slots(num_tokens: int, top_k: int, num_expanded: int) -> bool:
@@ -138,26 +140,22 @@ def auto_combine_shape(num_tokens: int, row_vecs: int, multiprocessors: int, *,
                        top_k: int | None = None, sparse: bool = False,
                        **options) -> CombineShape:
     """The launch shape ``reduce_fused`` takes: ``combine_shape(**options)``
-    when options are given (tests, sweeps); else the many-token shape
-    (``WIDE_OPTIONS``, or ``SPARSE_WIDE_OPTIONS`` where ``sparse``: see
-    ``sparse_slots``) where its grid has ``FILL_BLOCKS_PER_SM`` blocks per SM
-    without cutting rows finer, and the default shape otherwise (with
-    ``SPARSE_OPTIONS`` where ``sparse``). ``top_k``: K, for the options
-    that group tokens by their slots (``stream_rounds``)."""
+    when options are given (tests, sweeps); else the many-token shape where
+    its grid has ``FILL_BLOCKS_PER_SM`` blocks per SM without cutting rows
+    finer (``SPARSE_WIDE_OPTIONS`` where ``sparse``, see ``sparse_slots``,
+    and K is known; else ``WIDE_OPTIONS``), and the default shape otherwise.
+    ``top_k``: K, for the options that group tokens by their slots
+    (``stream_rounds``)."""
     if options:
         return combine_shape(num_tokens, row_vecs, multiprocessors, top_k=top_k, **options)
     target = FILL_BLOCKS_PER_SM * multiprocessors
-    wide = combine_shape(num_tokens, row_vecs, multiprocessors, fill_blocks_per_sm=0,
-                         **(SPARSE_WIDE_OPTIONS if sparse else WIDE_OPTIONS))
-    if wide.token_blocks * wide.chunks >= target:
-        if sparse:
-            paired = combine_shape(num_tokens, row_vecs, multiprocessors, fill_blocks_per_sm=0,
-                                   warp_tokens=2, **SPARSE_WIDE_OPTIONS)
-            if paired.token_blocks * paired.chunks >= target:
-                return paired
-        return wide
-    return combine_shape(num_tokens, row_vecs, multiprocessors,
-                         **(SPARSE_OPTIONS if sparse else {}))
+    candidates = [SPARSE_WIDE_OPTIONS] if sparse and top_k is not None else []
+    for wide_options in (*candidates, WIDE_OPTIONS):
+        wide = combine_shape(num_tokens, row_vecs, multiprocessors, fill_blocks_per_sm=0,
+                             top_k=top_k, **wide_options)
+        if wide.token_blocks * wide.chunks >= target:
+            return wide
+    return combine_shape(num_tokens, row_vecs, multiprocessors)
 
 
 def _next_power_of_two(n: int) -> int:
