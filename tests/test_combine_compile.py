@@ -12,7 +12,7 @@ import re
 import pytest
 from helpers import nvrtc_or_skip
 
-from cupy_moe.combine.launch_shape import WIDE_OPTIONS, combine_shape
+from cupy_moe.combine.launch_shape import SPARSE_WIDE_OPTIONS, WIDE_OPTIONS, combine_shape
 from cupy_moe.runtime.loader import compile_for_arch, compile_options, kernel_source
 
 SOURCE = "combine.cu"
@@ -124,22 +124,20 @@ def test_the_multi_vector_variants_compile(vecs, batch, warp_slots):
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
-@pytest.mark.parametrize("variant", ["default", "wide", "warp-slots"])
+@pytest.mark.parametrize("variant", ["default", "wide", "sparse"])
 def test_no_kernel_spills_registers(arch, variant):
     """Spilled registers would put local-memory traffic beside the row loads
     (the thread bound alone once made ptxas spill: see COMBINE_MIN_BLOCKS).
-    The two variants reduce_fused picks by itself (auto_combine_shape): the
-    default, and the many-token one; the others are sweep options.
-    "warp-slots": 4 vectors a thread, 2 live slots a batch, a warp walking
-    its token's live slots, the candidate for expert-parallel plans (with 4
-    slots it spills 8 bytes in the 16-byte bf16 kernel)."""
+    The three variants reduce_fused picks by itself (auto_combine_shape): the
+    default, the many-token one (its warps walking live slots: with a lane
+    test in the FMA loop it spilled 8 bytes in the 16-byte bf16 kernel), and
+    the streamed one of sparse plans; the others are sweep options."""
     nvrtc_or_skip()
     from cupy.cuda import nvrtc
 
-    options = {"default": None, "wide": WIDE_OPTIONS,
-               "warp-slots": {"vecs_per_thread": 4, "slot_batch": 2, "max_warps": 4,
-                              "warp_slots": True}}[variant]
-    defines = () if options is None else combine_shape(4096, 896, 132, **options).defines()
+    options = {"default": None, "wide": WIDE_OPTIONS, "sparse": SPARSE_WIDE_OPTIONS}[variant]
+    defines = () if options is None else combine_shape(4096, 896, 132, top_k=8,
+                                                       **options).defines()
     program = nvrtc.createProgram(kernel_source(SOURCE), SOURCE, [], [])
     try:
         nvrtc.compileProgram(program, [*compile_options(defines), f"-arch={arch}",
