@@ -7,8 +7,9 @@ each of the token's K expert rows (all of a batch of slots before the first
 FMA), accumulates in float32 and stores once.
 So a block is ``tokens_per_block`` groups of ``row_threads`` threads, each
 group one column chunk of one token, and the grid is (token groups, column
-chunks). Nothing is shared between threads: no shared memory, no atomics,
-no synchronisation; every output element is written by exactly one thread.
+chunks). Nothing is shared between threads but a warp's slots, passed by
+shuffles (``warp_slots``, ``stream_rounds``): no shared memory, no atomics, no
+block barriers; every output element is written by exactly one thread.
 
 - Rows of at most 16 vectors take a power-of-two group of threads each and
   are packed, several tokens a block (a block of 128 threads), so short rows
