@@ -1,6 +1,7 @@
 """A/B launch shapes of reduce_fused on the manifest's workloads. GPU only.
 
     python benchmarks/sweep_combine.py [--iters N] [--only LABEL ...] [--shapes TEXT ...]
+                                       [--floor]
 
 Each shape (``combine.launch_shape.combine_shape`` options: vectors a thread
 owns, slots whose loads are in flight together, warps of a row chunk) is
@@ -8,15 +9,23 @@ first checked bit-exact against the NumPy oracle, then timed with the output
 preallocated: GPU time (CUDA events, L2 flushed) and its share of the
 same-run copy bandwidth over the workload's roofline bytes
 (cupy_moe/harness/ab_sweep.py). The first shape is the default.
+
+``--floor`` adds a row timed the same way on each workload's inputs: torch's
+``index_select`` of every live slot's row of ``expanded`` into a compact
+buffer, then a zero fill of one row per token with no live slot. It moves at
+least the bytes reduce_fused must (each live row read once, a row written per
+live slot and per all-dropped token) with no arithmetic: what a gather of
+those rows reaches on this GPU (expert-parallel plans: scattered 14 KiB rows).
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 
 import numpy as np
-import torch  # noqa: F401  (runner._to_torch reads sys.modules["torch"])
+import torch
 
 from cupy_moe.combine.api import run_with_shape
 from cupy_moe.harness.ab_sweep import pick_variants, pick_workloads, sweep_table
@@ -55,20 +64,58 @@ def run_shape(w, inputs: dict, options: dict, outs: tuple | None) -> tuple:
                            out=outs[0] if outs else None, **options),)
 
 
+FLOOR_ROW = "floor: index_select of the live rows + zeros of the all-dropped tokens"
+
+
+def _gather_floor(expanded, rows, gathered, zeros) -> None:
+    torch.index_select(expanded, 0, rows, out=gathered)
+    zeros.zero_()
+
+
+def floor_cells(workloads, timer: GpuTimer, copy_tbps: float, iters: int,
+                rng: np.random.Generator) -> list[str]:
+    """The ``--floor`` row's cells: µs (% of the copy over each workload's
+    roofline bytes), on inputs drawn as the sweep draws them."""
+    from cupy_moe.harness import runner
+    from cupy_moe.harness.inputs import workload_inputs
+
+    cells = []
+    for w in workloads:
+        host = workload_inputs(w, rng)
+        slots = host["token_topk_to_pos"]
+        live = (slots >= 0) & (slots < host["expanded"].shape[0])
+        expanded = runner._to_torch(host["expanded"])
+        rows = torch.as_tensor(slots[live].astype(np.int64), device=expanded.device)
+        gathered = expanded.new_empty((rows.numel(), expanded.shape[1]))
+        zeros = expanded.new_empty((int((~live.any(axis=1)).sum()), expanded.shape[1]))
+
+        us = timer.median_us(functools.partial(_gather_floor, expanded, rows, gathered, zeros),
+                             iters)
+        cells.append(f"{us:.1f} ({w.bytes / us / 1e6 / copy_tbps * 100:.1f}%)")
+    return cells
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--iters", type=int, default=30)
     parser.add_argument("--only", nargs="*", metavar="LABEL", default=DEFAULT_LABELS)
     parser.add_argument("--shapes", nargs="*", metavar="TEXT",
                         help="only the default and the shapes whose name contains a TEXT")
+    parser.add_argument("--floor", action="store_true",
+                        help="add the row of a gather of the live rows (index_select)")
     args = parser.parse_args()
     workloads = pick_workloads(["reduce_fused"], args.only, parser.error)
     timer = GpuTimer()
     shapes = pick_variants([(", ".join(f"{k}={v}" for k, v in options.items()) or "default",
                              options) for options in SHAPES], args.shapes, "--shapes",
                            parser.error)
-    print("\n".join(sweep_table(workloads, shapes, run_shape, timer, timer.copy_tbps(),
-                                args.iters, "shape", np.random.default_rng())))
+    copy_tbps = timer.copy_tbps()
+    lines = sweep_table(workloads, shapes, run_shape, timer, copy_tbps, args.iters, "shape",
+                        np.random.default_rng())
+    if args.floor:
+        cells = floor_cells(workloads, timer, copy_tbps, args.iters, np.random.default_rng())
+        lines.append(f"| {FLOOR_ROW} | " + " | ".join(cells) + " |")
+    print("\n".join(lines))
     return 0
 
 
