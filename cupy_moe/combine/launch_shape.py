@@ -32,7 +32,7 @@ block barriers; every output element is written by exactly one thread.
   slot k, and walks only the live ones (``warp_slots``), instead of every
   thread loading and testing every slot: level where every slot is live,
   and where most are dropped (expert parallelism: DeepSeek-V3 EP8, 7 of 8)
-  57.6 -> 38.4 us, 48% -> 72% of the copy bandwidth, whatever X says.
+  57.6 -> 39.1 us, 48% -> 71% of the copy bandwidth, whatever X says.
 - Plans whose X says most slots are dropped (``sparse_slots``: X at most
   half of T * K, a trimmed expert-parallel plan): a warp streams the live
   rows of the 32 // K tokens one load of slots covers (``stream_rounds``),
