@@ -84,6 +84,8 @@ CONFIGS: list[tuple[str, ExpandTuning]] = [
     ("register kernel compiled for the row", _tuned(compiled_row=1)),
     ("register kernel only, compiled for the row",
      _tuned(bulk_min_blocks=math.inf, compiled_row=1)),
+    # ... only where a thread of a chunk holds one access (the rows that gained)
+    ("register kernel compiled for rows of one access a thread", _tuned(compiled_row=2)),
     # blocks that fit the row: 3 KiB fp8 rows are 192 16-byte accesses (a
     # quarter of a 256-thread block idle), Kimi-K2's 14 KiB bf16 rows 896 (4 x 224)
     *((f"register kernel: {threads} threads", _tuned(threads=threads)) for threads in (192, 224)),

@@ -521,7 +521,8 @@ def test_plain_op_fast_path_keys_pos_to_token(expand_fast_paths):
     ({"bulk_zero_rows_plain": True}, r"bulk_zero_rows_plain must be a number >= 0; got True"),
     ({"bulk_zero_rows_plain": 3}, r"bulk_zero_rows_plain must be 0 or 1; got 3"),
     ({"zero_kernel_beside_registers": 2}, r"zero_kernel_beside_registers must be 0 or 1; got 2"),
-    ({"compiled_row": 2}, r"compiled_row must be 0 or 1; got 2"),
+    ({"compiled_row": 3}, r"compiled_row must be 0, 1 or 2; got 3"),
+    ({"compiled_row": True}, r"compiled_row must be a number >= 0; got True"),
     ({"padding_zero_rows_bulk_whole": 0}, r"padding_zero_rows_bulk_whole must be in 1 \.\. 32"),
     ({"zero_kernel_from_bytes": -1.0}, r"zero_kernel_from_bytes must be a number >= 0; got -1\.0"),
     ({"medium_padding_share_registers": -0.3},
@@ -905,3 +906,23 @@ def test_a_compiled_row_is_the_register_kernels_own_module(fake_h200, monkeypatc
     bulk = _launch_for(4096, 7168, tuning=ExpandTuning(compiled_row=1))
     assert bulk.handle.startswith("expand_to_fused_bulk")
     assert all("EXPAND_ROW_BYTES" not in dict(d) for d in modules.values())
+
+
+@pytest.mark.parametrize(("num_tokens", "hidden", "item_bytes", "compiled"), [
+    (512, 3072, 1, True),    # Qwen3 fp8 rows of 3 KiB: 192 of 256 threads, one access each
+    (32, 1536, 2, True),     # chunks shrunk to one access a thread
+    (512, 3072, 2, False),   # Qwen3 bf16 rows of 6 KiB: some threads hold two accesses
+    (4096, 7168, 2, False),  # chunks of 256 x 4 accesses
+])
+def test_compiled_row_2_takes_rows_of_one_access_a_thread(fake_h200, monkeypatch, num_tokens,
+                                                          hidden, item_bytes, compiled):
+    """compiled_row=2: the row's own module only where each thread of a
+    chunk holds one access (where the twenty-fourth session measured a gain)."""
+    modules = {}
+    monkeypatch.setattr(plan_module, "function_handle",
+                        lambda source, defines, device, name: modules.setdefault(name, defines)
+                        and name)
+    tuning = ExpandTuning(bulk_min_blocks=math.inf, compiled_row=2)
+    launch = _launch_for(num_tokens, hidden, item_bytes=item_bytes, tuning=tuning)
+    assert launch.handle == "expand_to_fused_v16"
+    assert ("EXPAND_ROW_BYTES" in dict(modules["expand_to_fused_v16"])) == compiled

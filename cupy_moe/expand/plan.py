@@ -114,6 +114,16 @@ class ExpandPlan:
         self.out_bytes = problem.num_expanded * self.row_bytes
         self.out_shape, self.out_sf_shape = problem.out_shape(), problem.out_sf_shape()
 
+    def compiles_row(self, vec_bytes: int, threads: int, vecs_per_thread: int) -> bool:
+        """Whether the register kernel's launch takes a module compiled for
+        the row (ExpandTuning.compiled_row): 1 always; 2 where each thread of
+        a column chunk holds one access (a chunk of at most ``threads``
+        vectors)."""
+        if self.tuning.compiled_row == 2:
+            chunk_bytes = min(self.row_bytes, threads * vecs_per_thread * vec_bytes)
+            return chunk_bytes <= threads * vec_bytes
+        return self.tuning.compiled_row == 1
+
     def sf_pass(self, vec_bytes: int, zero_kernel: bool = False) -> int:
         """SF_PASS_*: the scale factors that the SF pass blocks write by
         position (column-major SF, 16-byte rows, sm_90+, calls with tokens;
@@ -266,7 +276,8 @@ class ExpandPlan:
             raise ValueError(f"x rows of {self.row_bytes} bytes are too long for one launch "
                              f"(at most {MAX_GRID_Y * chunk_bytes} bytes)")
         defines = kernel_defines(self.sf_mode, self.tuning)
-        if self.tuning.compiled_row and kernel.startswith("expand_to_fused_v"):
+        if kernel.startswith("expand_to_fused_v") and self.compiles_row(vec_bytes, threads,
+                                                                        vecs_per_thread):
             # the register kernel compiled for this row (expand.cu's
             # EXPAND_ROW_BYTES): its module serves this launch only
             defines += (("EXPAND_ROW_BYTES", self.row_bytes),

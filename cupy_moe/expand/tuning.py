@@ -89,7 +89,7 @@ class ExpandTuning:
     64 MB: the small-batch plans of 90-340 MB of padding gained 2-4% (Kimi-K2,
     Qwen3, Kimi-K2 fp8), the 19-47 MB ones (EP8, Qwen3 fp8) lost.
 
-    ``compiled_row`` (0 or 1): the register kernel is compiled for the
+    ``compiled_row`` (0, 1 or 2): the register kernel is compiled for the
     call's row, its bytes and accesses a thread (EXPAND_ROW_BYTES,
     EXPAND_VECS_PER_THREAD: a module per row length), so that its unrolled
     access loops lose their dead iterations: on 3 KiB rows a thread holds one
@@ -98,8 +98,10 @@ class ExpandTuning:
     against our 66%). Measured (twenty-fourth session,
     results/sweep_compiled_row_h200.md, % of the copy): Qwen3 fp8 medium
     73.0 -> 75.2 (row-major SF), 75.1 -> 76.4 (packed), but its bf16 medium
-    plans (6 KiB rows) 0.5-0.9 points down and decode 3.04 -> 3.16 us: 0
-    until a rule takes it only where a thread holds one access.
+    plans (6 KiB rows) 0.5-0.9 points down and decode 3.04 -> 3.16 us. 2:
+    only where each thread of a chunk holds one access (a chunk of at most
+    ``threads`` vectors: the rows that gained), not yet measured as a rule;
+    0 until it is.
 
     ``sf_by_position`` (0 or 1): column-major scale factors (16-byte rows,
     sm_90+, T > 0) are written by pass blocks that walk positions, a thread a
@@ -197,10 +199,13 @@ class ExpandTuning:
                                  f"got {getattr(self, name)}")
         for name in ("padding_zero_whole_rows", "bulk_zero_rows_plain",
                      "zero_kernel_beside_registers", "sf_by_position",
-                     "sf_pass_beside_zero_kernel", "compiled_row"):
+                     "sf_pass_beside_zero_kernel"):
             if getattr(self, name) not in (0, 1):
                 raise ValueError(f"ExpandTuning.{name} must be 0 or 1; "
                                  f"got {getattr(self, name)!r}")
+        if self.compiled_row not in (0, 1, 2):
+            raise ValueError(f"ExpandTuning.compiled_row must be 0, 1 or 2; "
+                             f"got {self.compiled_row!r}")
         if self.padding_zero_stage_bytes % 16:
             raise ValueError(f"ExpandTuning.padding_zero_stage_bytes must be a multiple of 16 "
                              f"(bulk stores); got {self.padding_zero_stage_bytes!r}")
