@@ -123,13 +123,19 @@ def test_shape_options_reach_the_launch(fake_gpu):
     assert record["block"] == (64, 1, 1) and record["grid"] == (4096, 14, 1)
 
 
-def test_the_warp_slots_option_compiles_its_variant(monkeypatch, fake_gpu):
-    """warp_slots reaches the kernel's module (COMBINE_WARP_SLOTS); without
-    it the module is the plain many-token one."""
+def _record_defines(monkeypatch) -> list:
+    """The defines of each kernel module a plan asks for, in order."""
     modules = []
     monkeypatch.setattr(gpu, "function_handle",
                         lambda source, defines, device, name: modules.append(dict(defines))
                         or 0x1000)
+    return modules
+
+
+def test_the_warp_slots_option_compiles_its_variant(monkeypatch, fake_gpu):
+    """warp_slots reaches the kernel's module (COMBINE_WARP_SLOTS); without
+    it the module is the plain many-token one."""
+    modules = _record_defines(monkeypatch)
     options = (("max_warps", 4), ("slot_batch", 4), ("vecs_per_thread", 2),
                ("warp_slots", True))
     gpu.CombinePlan(_problem(num_tokens=4096), 2, 0, options).kernel(16)
@@ -157,10 +163,7 @@ def test_plans_that_drop_most_slots_walk_the_live_ones(monkeypatch, fake_gpu, nu
                                                         num_expanded, defines):
     """sparse_slots (X at most half of T * K) picks the streamed shape where
     its grid fills the chip; the many-token shape walks live slots anyway."""
-    modules = []
-    monkeypatch.setattr(gpu, "function_handle",
-                        lambda source, defines, device, name: modules.append(dict(defines))
-                        or 0x1000)
+    modules = _record_defines(monkeypatch)
     plan = gpu.CombinePlan(_problem(num_tokens=num_tokens, num_expanded=num_expanded), 2, 0)
     plan.kernel(16)
     assert modules[-1] == defines

@@ -13,10 +13,12 @@ from cupy_moe.combine.launch_shape import (
     FILL_BLOCKS_PER_SM,
     MAX_GRID_Y,
     PACK_THREADS,
+    SPARSE_WIDE_OPTIONS,
     WIDE_OPTIONS,
     CombineShape,
     auto_combine_shape,
     combine_shape,
+    sparse_slots,
 )
 
 
@@ -147,7 +149,8 @@ def test_slot_batch_variants():
 def test_the_warp_slots_variant():
     shape = combine_shape(4096, 896, 132, **WIDE_OPTIONS)
     assert shape.warp_slots and shape.grid == combine_shape(
-        4096, 896, 132, **WIDE_OPTIONS).grid  # the same launch, another kernel
+        4096, 896, 132, vecs_per_thread=4, slot_batch=4,
+        max_warps=4).grid  # the same launch as without it, another kernel
     assert shape.defines() == (("COMBINE_VECS", 4), ("COMBINE_SLOT_BATCH", 4),
                                ("COMBINE_WARP_SLOTS", 1))
     # a decode shape cut to one-warp chunks keeps it: a warp is still one token's
@@ -178,3 +181,40 @@ def test_warp_tokens_shorten_the_grid():
         combine_shape(4096, 896, 132, warp_slots=True, warp_tokens=3)
     with pytest.raises(ValueError, match=r"warp_tokens needs warp_slots=True"):
         combine_shape(4096, 896, 132, warp_tokens=2)
+    with pytest.raises(TypeError, match=r"warp_tokens must be an int; got True"):
+        combine_shape(4096, 896, 132, warp_slots=True, warp_tokens=True)
+
+
+def test_stream_rounds_take_rounds_of_32_over_k_tokens():
+    # K = 8: a round is 4 tokens, 2 rounds a warp: 8 tokens a block of chunk warps
+    shape = combine_shape(4099, 896, 132, vecs_per_thread=1, slot_batch=4, max_warps=4,
+                          stream_rounds=2, top_k=8)
+    assert (shape.stream_rounds, shape.token_blocks, shape.chunks) == (2, 513, 7)
+    assert shape.defines() == (("COMBINE_SLOT_BATCH", 4), ("COMBINE_STREAM_ROUNDS", 2))
+    # K = 3: 10 tokens a round (30 of the 32 lanes hold a slot)
+    assert combine_shape(100, 896, 132, stream_rounds=1, top_k=3).token_blocks == 10
+    # K > 32: one load cannot hold a token's slots; the warp walk instead
+    wide = combine_shape(4096, 896, 132, stream_rounds=1, top_k=40)
+    assert (wide.stream_rounds, wide.warp_slots, wide.token_blocks) == (0, True, 4096)
+    # packed rows: several tokens a warp; the per-thread walk
+    packed = combine_shape(4096, 8, 132, stream_rounds=4, top_k=8)
+    assert (packed.stream_rounds, packed.warp_slots) == (0, False)
+    assert packed.token_blocks == 4096 // packed.tokens_per_block
+    with pytest.raises(ValueError, match=r"stream_rounds needs top_k"):
+        combine_shape(4096, 896, 132, stream_rounds=1)
+    with pytest.raises(ValueError, match=r"stream_rounds must be one of \(0, 1, 2, 4\); got 3"):
+        combine_shape(4096, 896, 132, stream_rounds=3, top_k=8)
+    with pytest.raises(TypeError, match=r"stream_rounds must be an int; got True"):
+        combine_shape(4096, 896, 132, stream_rounds=True, top_k=8)
+
+
+def test_sparse_slots_reads_x_against_the_slots():
+    assert sparse_slots(4096, 8, 4096 * 4) and not sparse_slots(4096, 8, 4096 * 4 + 1)
+    # an untrimmed plan's X (the worst case) is never sparse
+    assert not sparse_slots(4096, 8, 4096 * 8 + 32 * 127)
+    # sparse, with K known: the streamed shape where its grid fills the chip
+    assert auto_combine_shape(4096, 896, 132, top_k=8, sparse=True) == combine_shape(
+        4096, 896, 132, fill_blocks_per_sm=0, top_k=8, **SPARSE_WIDE_OPTIONS)
+    # without K the many-token shape
+    assert auto_combine_shape(4096, 896, 132, sparse=True) == combine_shape(
+        4096, 896, 132, fill_blocks_per_sm=0, **WIDE_OPTIONS)

@@ -876,6 +876,16 @@ def test_a_call_passes_pos_to_token_to_the_gather_kernel(fake_h200, monkeypatch)
         0x1000, 0x2000, 0x3000, 0x4000, 0, 0, 0x7000)
 
 
+def _record_modules(monkeypatch) -> dict:
+    """The defines each kernel's module is made with, by kernel name (the
+    launch's handle is the name)."""
+    modules = {}
+    monkeypatch.setattr(plan_module, "function_handle",
+                        lambda source, defines, device, name: modules.setdefault(name, defines)
+                        and name)
+    return modules
+
+
 @pytest.mark.parametrize(("num_tokens", "hidden", "item_bytes", "vecs_per_thread"), [
     (512, 1536, 2, 4),     # Qwen3's 3 KiB rows: one chunk, 192 of its 1024 accesses
     (32, 1536, 2, 1),      # ... chunks shrunk: one access a thread
@@ -886,10 +896,7 @@ def test_a_compiled_row_is_the_register_kernels_own_module(fake_h200, monkeypatc
                                                            hidden, item_bytes, vecs_per_thread):
     """compiled_row: the register kernel's launch gets a module compiled for
     its row (bytes, accesses a thread); every other launch the plain one."""
-    modules = {}
-    monkeypatch.setattr(plan_module, "function_handle",
-                        lambda source, defines, device, name: modules.setdefault(name, defines)
-                        and name)
+    modules = _record_modules(monkeypatch)
     tuning = ExpandTuning(bulk_min_blocks=math.inf, compiled_row=1)
     launch = _launch_for(num_tokens, hidden, item_bytes=item_bytes, tuning=tuning)
     assert launch.handle == "expand_to_fused_v16"
@@ -918,10 +925,7 @@ def test_compiled_row_2_takes_rows_of_one_access_a_thread(fake_h200, monkeypatch
                                                           hidden, item_bytes, compiled):
     """compiled_row=2: the row's own module only where each thread of a
     chunk holds one access (where the twenty-fourth session measured a gain)."""
-    modules = {}
-    monkeypatch.setattr(plan_module, "function_handle",
-                        lambda source, defines, device, name: modules.setdefault(name, defines)
-                        and name)
+    modules = _record_modules(monkeypatch)
     tuning = ExpandTuning(bulk_min_blocks=math.inf, compiled_row=2)
     launch = _launch_for(num_tokens, hidden, item_bytes=item_bytes, tuning=tuning)
     assert launch.handle == "expand_to_fused_v16"

@@ -91,10 +91,10 @@ class CombinePlan:
         found = self.kernels.get(vec_bytes)
         if found is None:
             problem = self.problem
+            sparse = sparse_slots(problem.num_tokens, problem.top_k, problem.num_expanded)
             shape = auto_combine_shape(problem.num_tokens, self.row_bytes // vec_bytes,
                                        device_traits(self.device).multiprocessors,
-                                       top_k=problem.top_k, sparse=sparse_slots(problem.num_tokens, problem.top_k,
-                                                           problem.num_expanded),
+                                       top_k=problem.top_k, sparse=sparse,
                                        **dict(self.shape_options))
             name = f"{KERNEL_PREFIX[problem.element_format]}_v{vec_bytes}"
             constants = COMBINE_ARGS.constants(

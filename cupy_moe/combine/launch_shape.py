@@ -205,6 +205,9 @@ def combine_shape(num_tokens: int, row_vecs: int, multiprocessors: int, *,
         raise ValueError(f"slot_batch must be one of {SLOT_BATCH_CHOICES}; got {slot_batch}")
     if not isinstance(warp_slots, bool):
         raise TypeError(f"warp_slots must be True or False; got {warp_slots!r}")
+    for name, value in (("warp_tokens", warp_tokens), ("stream_rounds", stream_rounds)):
+        if isinstance(value, bool):
+            raise TypeError(f"{name} must be an int; got {value!r}")
     if warp_tokens not in WARP_TOKENS_CHOICES:
         raise ValueError(f"warp_tokens must be one of {WARP_TOKENS_CHOICES}; got {warp_tokens}")
     if warp_tokens != 1 and not warp_slots:
