@@ -237,7 +237,15 @@ def run_combine_quantize_cases(rng) -> int:
                                          cupy.asarray(weights), vecs_per_thread=2,
                                          slot_batch=4, stream_rounds=2)
             assert np.array_equal(bits(cupy.asnumpy(got)), bits(want))
-            cases += 3
+            # a block's live rows landed in shared memory by bulk copies (16-byte
+            # rows only: the others take the plain shape)
+            got = run_combine_with_shape(cupy.asarray(rows.view(f"u{rows.itemsize}")
+                                                      if dtype is bf16 else rows),
+                                         cupy.asarray(token_topk_to_pos),
+                                         cupy.asarray(weights), vecs_per_thread=2,
+                                         bulk_stages=2)
+            assert np.array_equal(bits(cupy.asnumpy(got)), bits(want))
+            cases += 4
     for num_rows, hidden in ((5, 300), (40, 2048), (0, 128), (3, 7168), (70, 768)):
         x = (rng.standard_normal((num_rows, hidden)) * 4).astype(bf16)
         for npc, packed, col_major in ((128, False, False), (32, False, True), (128, True, True)):

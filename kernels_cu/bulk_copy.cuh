@@ -24,12 +24,24 @@ __device__ __forceinline__ unsigned long long evict_first_policy() {
     return policy;
 }
 
-// Arm mbarrier `barrier` (one arrival) for `bytes` of transactions.
-__device__ __forceinline__ void mbarrier_expect(unsigned barrier, unsigned bytes) {
+// Make `barrier` an mbarrier of one arrival a phase (its phase 0 pending).
+__device__ __forceinline__ void mbarrier_init(unsigned barrier) {
     asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" :: "r"(barrier));
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+}
+
+// The one arrival of the barrier's current phase, which then completes once
+// `bytes` of transactions (the bulk loads it is given) have landed.
+__device__ __forceinline__ void mbarrier_arrive_expect(unsigned barrier, unsigned bytes) {
     asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;"
                  :: "r"(barrier), "r"(bytes) : "memory");
+}
+
+// Arm mbarrier `barrier` (one arrival) for `bytes` of transactions: a
+// barrier used once, whose phase 0 mbarrier_wait waits for.
+__device__ __forceinline__ void mbarrier_expect(unsigned barrier, unsigned bytes) {
+    mbarrier_init(barrier);
+    mbarrier_arrive_expect(barrier, bytes);
 }
 
 // Spin until phase 0 of mbarrier `barrier` completes.
@@ -40,6 +52,17 @@ __device__ __forceinline__ void mbarrier_wait(unsigned barrier) {
                  "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], 0;\n"
                  "@!done bra WAIT_LOADED_%=;\n"
                  "}" :: "r"(barrier) : "memory");
+}
+
+// Spin until the phase of mbarrier `barrier` whose parity is `parity`
+// completes (a barrier used again and again: phase n has parity n & 1).
+__device__ __forceinline__ void mbarrier_wait_parity(unsigned barrier, unsigned parity) {
+    asm volatile("{\n"
+                 ".reg .pred done;\n"
+                 "WAIT_PHASE_%=:\n"
+                 "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+                 "@!done bra WAIT_PHASE_%=;\n"
+                 "}" :: "r"(barrier), "r"(parity) : "memory");
 }
 
 // One bulk copy global -> shared, completing on mbarrier `barrier`.

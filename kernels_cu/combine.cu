@@ -31,9 +31,15 @@
 // addresses, so odd H and misaligned views take narrower accesses, down to
 // one element. Offsets are 64-bit.
 //
+// With COMBINE_BULK_STAGES (16-byte rows, sm_90+) a block's threads share
+// the live rows instead: the bulk-copy engine lands each one's column chunk
+// in shared memory, several in flight, and the threads sum from there (see
+// reduce_fused_bulk).
+//
 // Kernels: reduce_fused_{f32,bf16,f16}_v{16,8,4,2} (f32 from 4 bytes up), and
 // reduce_fused_first_out_of_range (validate=True).
 
+#include "bulk_copy.cuh"
 #include "vector_access.cuh"
 
 // Slots whose row loads a thread has in flight at once (registers: this many
@@ -80,6 +86,19 @@
 // warp. Results unchanged (each token's sum still in k order).
 #ifndef COMBINE_STREAM_ROUNDS
 #define COMBINE_STREAM_ROUNDS 0
+#endif
+// N > 0: a block's live rows land in shared memory by bulk copies, N
+// column chunks in flight (launch_shape.py bulk_stages; 16-byte rows, sm_90+,
+// K <= the block's threads). The block takes row_threads / K consecutive
+// tokens, thread i their flat slot i: the live slots are listed in (token,
+// k) order, thread 0 keeps N of their chunks in flight, and every thread
+// sums its COMBINE_VECS vectors of each chunk as it lands and stores a
+// token's row after its last slot. Rows in flight cost shared memory, not
+// registers (the register walks hold at most slot_batch rows a warp and
+// reached ~80% of the copy bandwidth on expert-parallel plans, where tokens
+// have one live row or none). Results unchanged (each token's sum in k order).
+#ifndef COMBINE_BULK_STAGES
+#define COMBINE_BULK_STAGES 0
 #endif
 // The largest block the host launches (cupy_moe/combine/launch_shape.py), and
 // the blocks of that size an SM must hold at least: with this bound ptxas
@@ -318,7 +337,7 @@ __device__ __forceinline__ void store_row(
     }
 }
 
-#if COMBINE_STREAM_ROUNDS
+#if COMBINE_STREAM_ROUNDS || COMBINE_BULK_STAGES
 // Token t's row of zeros (no live slot): what store_row stores for sums of +0.
 template <int VEC_BYTES>
 __device__ __forceinline__ void store_zero_row(const CombineArgs& a, i64 t, i64 v) {
@@ -331,6 +350,9 @@ __device__ __forceinline__ void store_zero_row(const CombineArgs& a, i64 t, i64 
     }
 }
 
+#endif
+
+#if COMBINE_STREAM_ROUNDS
 // COMBINE_STREAM_ROUNDS rounds of floor(32 / K) tokens from `first`, their
 // live rows as one stream (see COMBINE_STREAM_ROUNDS).
 template <int FMT, int VEC_BYTES>
@@ -433,11 +455,143 @@ __device__ __forceinline__ void reduce_fused_stream(const CombineArgs& a, i64 fi
 }
 #endif
 
+#if COMBINE_BULK_STAGES
+// One live slot of a bulk block's tokens (the list is in (token, k) order).
+struct BulkSlot {
+    int pos;      // its row of expanded
+    float scale;  // weight * row_scale, as above
+    int token;    // the token, counted from the block's first
+};
+
+// The block's row_threads / K tokens from blockIdx.x's, column chunk
+// blockIdx.y of row_threads * COMBINE_VECS 16-byte vectors (see
+// COMBINE_BULK_STAGES). The dynamic shared memory holds COMBINE_BULK_STAGES
+// chunks, a full chunk's bytes apart; each stage has an mbarrier, armed by
+// thread 0 for the chunk's bytes each time a load is issued into it (use n
+// of a stage completes its phase n, so a wait names parity n & 1). A stage
+// is loaded again only after the block barrier that follows every thread's
+// reading of it.
+template <int FMT>
+__device__ __forceinline__ void reduce_fused_bulk(const CombineArgs& a) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    typedef Format<FMT> F;
+    typedef typename F::Bits Bits;
+    constexpr int ELEMS = 16 / static_cast<int>(sizeof(Bits));
+    constexpr int STAGES = COMBINE_BULK_STAGES;
+    extern __shared__ __align__(128) unsigned char stages[];
+    __shared__ __align__(8) unsigned long long loaded[STAGES];
+    __shared__ BulkSlot live_slots[COMBINE_MAX_THREADS];
+    __shared__ int warp_live[COMBINE_MAX_THREADS / 32];
+    __shared__ unsigned char token_live[COMBINE_MAX_THREADS];
+
+    const int tid = static_cast<int>(threadIdx.x);
+    const int warp = tid >> 5, lane = tid & 31;
+    const int block_tokens = a.row_threads / a.top_k;
+    const i64 first = static_cast<i64>(blockIdx.x) * block_tokens;
+    const int tokens = static_cast<int>(min(static_cast<i64>(block_tokens), a.num_tokens - first));
+    const i64 stage_vecs = static_cast<i64>(a.row_threads) * COMBINE_VECS;  // a full chunk
+    const i64 chunk_begin = static_cast<i64>(blockIdx.y) * stage_vecs;
+    const unsigned chunk_bytes = static_cast<unsigned>(min(stage_vecs, a.row_vecs - chunk_begin) * 16);
+    const unsigned stage_bytes = static_cast<unsigned>(stage_vecs * 16);
+    const i64 v = chunk_begin + tid;  // this thread's vectors: v, v + row_threads, ...
+
+    // thread i: the block's flat slot i (token i / K, slot i % K)
+    const int token = tid / a.top_k;
+    int pos = -1;
+    float scale = 1.0f;
+    if (token < tokens) {
+        const i64 flat = (first + token) * a.top_k + (tid - token * a.top_k);
+        const int p = __ldg(a.token_topk_to_pos + flat);
+        pos = p >= 0 && p < a.num_expanded ? p : -1;
+        if (a.topk_weights != nullptr) scale = __ldg(a.topk_weights + flat);
+        if (a.row_scale != nullptr && pos >= 0) {
+            const float row = __ldg(a.row_scale + pos);
+            scale = a.topk_weights != nullptr ? __fmul_rn(scale, row) : row;
+        }
+    }
+    if (tid < block_tokens) token_live[tid] = 0;
+    if (tid < STAGES) mbarrier_init(shared_address(&loaded[tid]));
+    const unsigned live = __ballot_sync(0xFFFFFFFFu, pos >= 0);
+    if (lane == 0) warp_live[warp] = __popc(live);
+    __syncthreads();
+    // the live slots, listed in flat order: this warp's place after the warps before
+    int listed = 0, total = 0;
+    for (int w = 0; w < a.row_threads / 32; ++w) {
+        if (w < warp) listed += warp_live[w];
+        total += warp_live[w];
+    }
+    if (pos >= 0) {
+        live_slots[listed + __popc(live & ((1u << lane) - 1u))] = BulkSlot{pos, scale, token};
+        token_live[token] = 1;
+    }
+    __syncthreads();
+
+    const unsigned char* chunks = static_cast<const unsigned char*>(a.expanded) + chunk_begin * 16;
+    const i64 row_bytes = a.row_vecs * 16;
+    const unsigned stage_at = shared_address(stages);
+    if (tid == 0) {
+        for (int i = 0; i < min(STAGES, total); ++i) {
+            const unsigned barrier = shared_address(&loaded[i]);
+            mbarrier_arrive_expect(barrier, chunk_bytes);
+            bulk_load(stage_at + i * stage_bytes, chunks + live_slots[i].pos * row_bytes,
+                      chunk_bytes, barrier);
+        }
+    }
+    // rows of the tokens without a live slot while the first chunks land
+    for (int t = 0; t < tokens; ++t)
+        if (!token_live[t]) store_zero_row<16>(a, first + t, v);
+
+    float acc[COMBINE_VECS][ELEMS];
+#pragma unroll
+    for (int c = 0; c < COMBINE_VECS; ++c)
+#pragma unroll
+        for (int e = 0; e < ELEMS; ++e) acc[c][e] = 0.0f;
+#pragma unroll 1
+    for (int i = 0; i < total; ++i) {
+        const int s = i % STAGES;
+        mbarrier_wait_parity(shared_address(&loaded[s]), static_cast<unsigned>(i / STAGES) & 1u);
+        const BulkSlot slot = live_slots[i];
+        const uint4* stage = reinterpret_cast<const uint4*>(stages + s * stage_bytes);
+#pragma unroll
+        for (int c = 0; c < COMBINE_VECS; ++c) {
+            if (v + c * a.row_threads >= a.row_vecs) break;
+            const uint4 held = stage[tid + c * a.row_threads];
+            Bits bits[ELEMS];
+            memcpy(bits, &held, sizeof(uint4));
+#pragma unroll
+            for (int e = 0; e < ELEMS; ++e)
+                acc[c][e] = __fmaf_rn(F::widen(bits[e]), slot.scale, acc[c][e]);
+        }
+        if (i + 1 == total || live_slots[i + 1].token != slot.token) {  // its last slot
+            store_row<FMT, 16>(a, first + slot.token, v, acc);
+#pragma unroll
+            for (int c = 0; c < COMBINE_VECS; ++c)
+#pragma unroll
+                for (int e = 0; e < ELEMS; ++e) acc[c][e] = 0.0f;
+        }
+        __syncthreads();  // every thread is done with stage s: load it again
+        if (tid == 0 && i + STAGES < total) {
+            const unsigned barrier = shared_address(&loaded[s]);
+            mbarrier_arrive_expect(barrier, chunk_bytes);
+            bulk_load(stage_at + s * stage_bytes, chunks + live_slots[i + STAGES].pos * row_bytes,
+                      chunk_bytes, barrier);
+        }
+    }
+#else
+    __trap();  // the host launches bulk shapes on sm_90 and newer only
+#endif
+}
+#endif
+
 template <int FMT, int VEC_BYTES>
 __device__ __forceinline__ void reduce_fused_body(const CombineArgs& a) {
     constexpr int ELEMS = VEC_BYTES / static_cast<int>(sizeof(typename Format<FMT>::Bits));
     static_assert(ELEMS >= 1, "a vector holds at least one element");
-
+#if COMBINE_BULK_STAGES
+    // a block's threads share its tokens' live rows (reduce_fused_bulk)
+    if constexpr (VEC_BYTES == 16) reduce_fused_bulk<FMT>(a);
+    else __trap();  // the host launches bulk shapes on 16-byte rows only
+#else
     const int group = threadIdx.x / a.row_threads;
     const int lane = threadIdx.x - group * a.row_threads;
     // this thread's vectors: v, v + row_threads, ... (COMBINE_VECS of them)
@@ -475,6 +629,7 @@ __device__ __forceinline__ void reduce_fused_body(const CombineArgs& a) {
         for (int e = 0; e < ELEMS; ++e) acc[c][e] = 0.0f;
     accumulate_slot_batches<FMT, VEC_BYTES>(a, t, v, acc);
     store_row<FMT, VEC_BYTES>(a, t, v, acc);
+#endif
 #endif
 }
 

@@ -149,3 +149,38 @@ def test_no_kernel_spills_registers(arch, variant):
     spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", log)
     assert len(spills) == len(_kernel_names()) + 1, log
     assert all(stores == "0" and loads == "0" for stores, loads in spills), log
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+@pytest.mark.parametrize(("vecs", "stages"), [(1, 4), (2, 2), (4, 8)])
+def test_the_bulk_variants_compile_without_spills(arch, vecs, stages):
+    """COMBINE_BULK_STAGES (launch_shape's bulk_stages, a sweep option):
+    every kernel compiles for both architectures (before sm_90 the bulk body
+    is a trap the host never launches), none spills, and the 16-byte kernels'
+    float operations are the oracle's fma.rn / mul.rn alone."""
+    nvrtc_or_skip()
+    from cupy.cuda import nvrtc
+
+    defines = (("COMBINE_VECS", vecs), ("COMBINE_BULK_STAGES", stages))
+    program = nvrtc.createProgram(kernel_source(SOURCE), SOURCE, [], [])
+    try:
+        nvrtc.compileProgram(program, [*compile_options(defines), f"-arch={arch}",
+                                       "--ptxas-options=-v"])
+        log = nvrtc.getProgramLog(program)
+    finally:
+        nvrtc.destroyProgram(program)
+    log = (log.decode(errors="replace") if isinstance(log, bytes) else log).replace("\0", "")
+    spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", log)
+    assert len(spills) == len(_kernel_names()) + 1, log
+    assert all(stores == "0" and loads == "0" for stores, loads in spills), log
+    if arch == "sm_90":
+        ptx = _ptx("compute_90", defines)
+        assert ".ftz" not in ptx and "cp.async.bulk.shared" in ptx
+        for name in ("reduce_fused_f32_v16", "reduce_fused_bf16_v16", "reduce_fused_f16_v16"):
+            # to the next entry: the mbarrier wait's own { } block ends a line in "}"
+            body = ptx[ptx.index(f".entry {name}("):]
+            end = body.find(".entry", 1)
+            body = body if end < 0 else body[:end]
+            float_ops = set(re.findall(
+                r"\b((?:fma|mul|add|sub|div|neg)(?:\.[a-z0-9]+)*\.f32)\b", body))
+            assert float_ops == {"fma.rn.f32", "mul.rn.f32"}, (name, float_ops)

@@ -171,7 +171,9 @@ def gpu_random_case(rng, kind: str, index: int) -> dict:
 def test_random_cases_are_bit_exact(kind):
     """600 cases per kind (1200 in all): H 1 .. 9000, T 0 .. 600, K 1 .. 10,
     every dtype, value kind and weights/row_scale combination; a share with
-    misaligned views (narrower accesses), a share under other launch shapes."""
+    misaligned views (narrower accesses), a share under other launch shapes
+    (a tenth of them bulk layouts, which unaligned rows leave for the plain
+    shape)."""
     seed = int(np.random.SeedSequence().entropy % 2**63)
     rng = np.random.default_rng(seed)
     for index in range(600):
@@ -196,6 +198,11 @@ def test_random_cases_are_bit_exact(kind):
                                         "slot_batch": int(rng.choice([2, 4])),
                                         "max_warps": int(rng.integers(1, 9)),
                                         "stream_rounds": int(rng.choice([1, 2, 4]))}
+        elif draw < 0.5:  # a block's live rows landed in shared memory by bulk copies
+            options["shape_options"] = {"vecs_per_thread": int(rng.choice([1, 2, 4])),
+                                        "max_warps": int(rng.integers(1, 9)),
+                                        "bulk_stages": int(rng.choice([2, 4, 8])),
+                                        "fill_blocks_per_sm": float(rng.choice([0, 4]))}
         try:
             run_case(kind, case, rng, **options)
         except AssertionError as error:
@@ -304,6 +311,40 @@ def test_warp_slots_beyond_one_warp_of_slots(kind, top_k):
 
 
 @pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("top_k", [1, 3, 8, 33, 64])
+def test_bulk_layout_on_expert_parallel_and_dense_plans(kind, top_k):
+    """bulk_stages: a block's live rows land in shared memory, 2, 4 or 8 in
+    flight; on a rank's plan of 32 of 256 experts (most slots dropped, many
+    tokens with none) and on a dense one, every dtype, special values, blocks
+    of 1 to 8 warps (K = 33 and 64: blocks of one warp fall back to the warp
+    walk), 1 to 4 vectors a thread, partial last chunks (H = 7000 bf16 is 875
+    vectors)."""
+    from cupy_moe.mapping.reference import fused_mapping_numpy
+
+    rng = np.random.default_rng()
+    num_tokens = 300
+    ids = rng.integers(0, 256, (num_tokens, top_k)).astype(np.int32)
+    sparse = fused_mapping_numpy(ids, 32, alignment=128).token_topk_to_pos
+    for dtype_index, hidden in ((0, 7168), (1, 7000), (2, 2048)):
+        dtype = DEVICE_DTYPES[kind][dtype_index]
+        for token_topk_to_pos in (sparse, None):
+            case = random_case(rng, num_tokens=num_tokens, hidden=hidden, top_k=top_k,
+                               dtype=dtype, value_kind="specials", weights=True,
+                               row_scale=bool(top_k % 2))
+            if token_topk_to_pos is not None:  # the rank's rows: the plan's X
+                num_rows = int(token_topk_to_pos.max()) + 1
+                case["token_topk_to_pos"] = token_topk_to_pos
+                case["expanded"] = random_values(rng, (num_rows, hidden), dtype, "specials")
+                if case["row_scale"] is not None:
+                    case["row_scale"] = rng.random(num_rows, dtype=np.float32)
+            expected = reduce_fused_numpy(**case)
+            for vecs, warps, stages in ((1, 4, 4), (2, 4, 2), (4, 8, 8), (2, 1, 4), (1, 8, 2)):
+                run_case(kind, case, rng, use_out=True, expected=expected,
+                         shape_options={"vecs_per_thread": vecs, "max_warps": warps,
+                                        "bulk_stages": stages, "fill_blocks_per_sm": 0.0})
+
+
+@pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("dtype_index", [0, 1, 2])
 def test_every_access_width(kind, dtype_index):
     """Rows and bases aligned to 16, 8, 4, 2 bytes (the scalar path for odd H)."""
@@ -382,6 +423,10 @@ def test_offsets_past_two_to_the_31_elements():
                           cupy.asarray(weights))
     expected = reduce_fused_numpy(values, token_topk_to_pos, weights)
     assert_bits_equal(to_host_bits("cupy", result), bits_of(expected), "reduce_fused")
+    # the bulk layout's copies from those rows
+    result = run_with_shape(expanded, cupy.asarray(big_rows.astype(np.int32)),
+                            cupy.asarray(weights), bulk_stages=2)
+    assert_bits_equal(to_host_bits("cupy", result), bits_of(expected), "reduce_fused bulk")
     del expanded
 
 

@@ -169,6 +169,55 @@ def test_plans_that_drop_most_slots_walk_the_live_ones(monkeypatch, fake_gpu, nu
     assert modules[-1] == defines
 
 
+@pytest.mark.parametrize(("major", "vec_bytes", "bulk"), [(9, 16, True), (9, 8, False),
+                                                      (8, 16, False)])
+def test_the_bulk_option_needs_16_byte_rows_on_sm90(monkeypatch, fake_gpu, major, vec_bytes,
+                                                    bulk):
+    """bulk_stages compiles COMBINE_BULK_STAGES and launches with its stages'
+    shared memory; narrower accesses (unaligned rows or bases) and GPUs
+    before sm_90 take the plain shape of the other options instead."""
+    driver, _launched = fake_gpu
+    monkeypatch.setattr(gpu, "device_traits",
+                        lambda device: DeviceTraits(MULTIPROCESSORS, major, 227 * 1024))
+    modules = _record_defines(monkeypatch)
+    options = (("bulk_stages", 4), ("max_warps", 4), ("vecs_per_thread", 2))
+    plan = gpu.CombinePlan(_problem(num_tokens=4096, num_expanded=8192), 2, 0, options)
+    plan.launch(0, 0x10000 + vec_bytes, 0x30000, 0, 0, 0x20000)
+    record = driver.launches[-1]
+    shape = plan.kernel(vec_bytes).shape
+    if bulk:
+        assert modules[-1] == {"COMBINE_VECS": 2, "COMBINE_BULK_STAGES": 4}
+        assert record["shared"] == shape.shared_bytes == 4 * 128 * 2 * 16
+        assert record["block"] == (128, 1, 1) and record["grid"] == (256, 4, 1)
+    else:
+        assert modules[-1] == {"COMBINE_VECS": 2}
+        assert record["shared"] == 0 and shape.bulk_stages == 0
+
+
+def test_bulk_stages_beyond_48_kib_opt_in_and_beyond_the_gpu_raise(monkeypatch, fake_gpu):
+    calls = []
+    driver, _launched = fake_gpu
+    driver.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
+    driver.funcSetAttribute = lambda *args: calls.append(args)
+    problem = _problem(num_tokens=4096, num_expanded=8192)
+    # 8 stages of 256 threads x 4 vectors: 128 KiB, past the default 48
+    big = (("bulk_stages", 8), ("fill_blocks_per_sm", 0.0), ("max_warps", 8),
+           ("vecs_per_thread", 4))
+    kernel = gpu.CombinePlan(problem, 2, 0, big).kernel(16)
+    assert kernel.shared_bytes == 8 * 224 * 4 * 16
+    assert calls == [(kernel.handle, 8, kernel.shared_bytes)]
+    # 2 stages: 28 KiB, no opt-in
+    small = (("bulk_stages", 2), ("fill_blocks_per_sm", 0.0), ("max_warps", 8),
+             ("vecs_per_thread", 4))
+    assert gpu.CombinePlan(problem, 2, 0, small).kernel(16).shared_bytes == 2 * 224 * 64
+    assert len(calls) == 1
+    monkeypatch.setattr(gpu, "device_traits",
+                        lambda device: DeviceTraits(MULTIPROCESSORS, 9, 100 * 1024))
+    with pytest.raises(ValueError, match=r"bulk stages of 114688 bytes do not fit the 102400 "
+                                         r"bytes of shared memory a block may have"):
+        gpu.CombinePlan(problem, 2, 0, big).kernel(16)
+
+
 def test_overlap_sizes_of_the_fast_path():
     plan = gpu.CombinePlan(_problem(row_scale=True), 2, 0)  # kernels are made lazily
     assert plan.input_bytes == (600 * 7168 * 2, 64 * 8 * 4, 64 * 8 * 4, 600 * 4)

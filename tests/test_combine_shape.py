@@ -218,3 +218,69 @@ def test_sparse_slots_reads_x_against_the_slots():
     # without K the many-token shape
     assert auto_combine_shape(4096, 896, 132, sparse=True) == combine_shape(
         4096, 896, 132, fill_blocks_per_sm=0, **WIDE_OPTIONS)
+
+
+def bulk_covered(shape: CombineShape, num_tokens: int, row_vecs: int,
+                 top_k: int) -> np.ndarray:
+    """How many threads store each (token, vector) under the bulk layout,
+    replaying combine.cu's reduce_fused_bulk: block (bx, by) takes the
+    row_threads // K tokens from bx's and column chunk by; thread i stores
+    vectors chunk_begin + i, + row_threads, ... of each of its tokens."""
+    hits = np.zeros((num_tokens, row_vecs), dtype=np.int64)
+    block_tokens = shape.row_threads // top_k
+    thread = np.arange(shape.row_threads)
+    for bx in range(shape.token_blocks):
+        tokens = bx * block_tokens + np.arange(block_tokens)
+        tokens = tokens[tokens < num_tokens]
+        for by in range(shape.chunks):
+            for c in range(shape.vecs_per_thread):
+                v = by * shape.row_threads * shape.vecs_per_thread + thread + c * shape.row_threads
+                v = v[v < row_vecs]
+                np.add.at(hits, (tokens[:, None], v[None, :]), 1)
+    return hits
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_bulk_blocks_store_every_output_vector_once(seed):
+    """bulk_stages: whole-warp blocks of row_threads // K tokens (a thread a
+    slot), every (token, vector) stored by one thread; where a block's
+    threads are fewer than K or rows are packed, the warp walk or the
+    per-thread walk instead."""
+    rng = np.random.default_rng(seed)
+    num_tokens = int(rng.integers(0, 300))
+    row_vecs = int(rng.integers(1, 2000)) if seed % 3 else int(rng.integers(1, 70))
+    top_k = int(rng.choice([1, 3, 8, 10, 33, 64, 100, 300]))
+    vecs, stages = int(rng.choice([1, 2, 4])), int(rng.choice([2, 4, 8]))
+    shape = combine_shape(num_tokens, row_vecs, int(rng.choice([1, 8, 132])),
+                          max_warps=int(rng.integers(1, 9)),
+                          fill_blocks_per_sm=float(rng.choice([0.0, 1.0, 4.0, 16.0])),
+                          vecs_per_thread=vecs, bulk_stages=stages, top_k=top_k)
+    packed = -(-row_vecs // vecs) <= 16
+    assert (shape.bulk_stages == 0) == (packed or shape.row_threads < top_k)
+    if not shape.bulk_stages:
+        assert shape.warp_slots == (not packed)
+        return
+    assert shape.row_threads % 32 == 0 and shape.tokens_per_block == 1
+    assert shape.token_blocks == -(-num_tokens // (shape.row_threads // top_k))
+    assert shape.shared_bytes == stages * shape.row_threads * vecs * 16
+    assert ("COMBINE_BULK_STAGES", stages) in shape.defines()
+    assert (bulk_covered(shape, num_tokens, row_vecs, top_k) == 1).all()
+
+
+def test_the_bulk_layout_of_the_expert_parallel_prefill():
+    # DeepSeek-V3 EP8 prefill: 7168 bf16 columns = 896 vectors, 2 a thread;
+    # 448 threads' columns = 14 warps in 4 chunks of 4 warps: 128 threads, 16
+    # tokens (K = 8) a block, 4 stages of 4 KiB
+    shape = combine_shape(4096, 896, 132, vecs_per_thread=2, max_warps=4, bulk_stages=4,
+                          top_k=8)
+    assert (shape.row_threads, shape.chunks, shape.token_blocks) == (128, 4, 256)
+    assert shape.shared_bytes == 4 * 128 * 2 * 16 and shape.threads == 128
+    with pytest.raises(ValueError, match=r"bulk_stages needs top_k"):
+        combine_shape(4096, 896, 132, bulk_stages=4)
+    with pytest.raises(ValueError, match=r"bulk_stages must be one of \(0, 2, 4, 8\); got 3"):
+        combine_shape(4096, 896, 132, bulk_stages=3, top_k=8)
+    with pytest.raises(TypeError, match=r"bulk_stages must be an int; got True"):
+        combine_shape(4096, 896, 132, bulk_stages=True, top_k=8)
+    for other in ({"warp_slots": True}, {"stream_rounds": 1}):
+        with pytest.raises(ValueError, match=r"bulk_stages is a layout of its own"):
+            combine_shape(4096, 896, 132, bulk_stages=2, top_k=8, **other)

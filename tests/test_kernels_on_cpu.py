@@ -317,9 +317,12 @@ def test_fused_mapping_matches_the_oracle(monkeypatch, rng, num_tokens, top_k, n
       "warp_tokens": 4}, 40),
     ({"vecs_per_thread": 2, "slot_batch": 4, "stream_rounds": 2}, 8),
     ({"vecs_per_thread": 1, "slot_batch": 2, "max_warps": 1, "stream_rounds": 1}, 3),
-    ({"vecs_per_thread": 4, "slot_batch": 2, "stream_rounds": 4}, 32)],
+    ({"vecs_per_thread": 4, "slot_batch": 2, "stream_rounds": 4}, 32),
+    ({"vecs_per_thread": 1, "bulk_stages": 2, "fill_blocks_per_sm": 0}, 8),
+    ({"vecs_per_thread": 2, "bulk_stages": 4, "max_warps": 1}, 3),
+    ({"vecs_per_thread": 4, "bulk_stages": 8, "fill_blocks_per_sm": 0}, 40)],
     ids=["auto", "warp-slots", "warp-slots-k40-4-tokens", "stream-k8", "stream-k3",
-         "stream-k32"])
+         "stream-k32", "bulk-k8", "bulk-k3", "bulk-k40"])
 def test_reduce_fused_matches_the_oracle(monkeypatch, rng, dtype, hidden, row_scale, shape,
                                          top_k):
     """The combine: each token's slots weighted and summed in k order, one
@@ -329,7 +332,11 @@ def test_reduce_fused_matches_the_oracle(monkeypatch, rng, dtype, hidden, row_sc
     lanes past the row take part in the shuffles, 4 tokens a warp: 19 leaves
     the last warp 3); and with a warp streaming the live rows of rounds of
     32 // K tokens (K = 8: 2 rounds of 4, the last warp 3 tokens; K = 3: 10
-    tokens a round, two lanes without a slot; K = 32: a token a round)."""
+    tokens a round, two lanes without a slot; K = 32: a token a round); and
+    with a block's live rows landed in shared memory by bulk copies (2 stages
+    reused over the 19 tokens' list at K = 8; one-warp blocks of 10 tokens at
+    K = 3, the last 9; K = 40: 5 tokens a block of 224 threads, 1 where a
+    block has 64; unaligned rows fall back to the register walk)."""
     import cupy_moe
     from cupy_moe.combine.api import run_with_shape
 
@@ -347,6 +354,10 @@ def test_reduce_fused_matches_the_oracle(monkeypatch, rng, dtype, hidden, row_sc
                              **shape)
     gpu.check_canaries()
     assert gpu.launches  # the kernel ran (not the NumPy path)
+    if shape is not None and shape.get("bulk_stages"):  # bulk copies of 16-byte rows only
+        bulk = [dict(handle.defines).get("COMBINE_BULK_STAGES") for handle in gpu.handles]
+        aligned = hidden * np.dtype(expanded.dtype).itemsize % 16 == 0
+        assert bulk == [shape["bulk_stages"] if aligned else None]
     np.testing.assert_array_equal(np.asarray(got).view(np.uint8), want.view(np.uint8))
 
 

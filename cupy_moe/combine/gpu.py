@@ -26,7 +26,7 @@ from ..runtime.launch import (
     launch,
 )
 from ..runtime.sizes import ceil_div
-from .launch_shape import CombineShape, auto_combine_shape, sparse_slots
+from .launch_shape import BULK_VEC_BYTES, CombineShape, auto_combine_shape, sparse_slots
 from .rules import CombineProblem, raise_out_of_range
 
 SOURCE = "combine.cu"
@@ -50,17 +50,24 @@ _pack_pointers = COMBINE_ARGS.pointer_packer.pack_into
 KERNEL_PREFIX = {"f32": "reduce_fused_f32", "bf16": "reduce_fused_bf16",
                  "f16": "reduce_fused_f16"}
 VEC_WIDTHS = {"f32": (16, 8, 4), "bf16": (16, 8, 4, 2), "f16": (16, 8, 4, 2)}
+# static shared memory of a bulk block, rounded up (combine.cu
+# reduce_fused_bulk: its mbarriers, 256 listed slots of 12 bytes, warp counts,
+# token flags; ptxas reports 3,456 bytes on sm_90 with 4 or 8 stages)
+BULK_STATIC_SHARED_BYTES = 4096
+DEFAULT_DYNAMIC_SHARED_BYTES = 48 * 1024  # more needs the kernel's opt-in
 
 
 class CombineLaunch:
     """One kernel launch: handle, launch shape, argument block."""
 
-    __slots__ = ("args", "grid_x", "grid_y", "handle", "name", "shape", "threads")
+    __slots__ = ("args", "grid_x", "grid_y", "handle", "name", "shape", "shared_bytes",
+                 "threads")
 
     def __init__(self, name: str, handle: int, shape: CombineShape, args: ArgBlock) -> None:
         self.name, self.handle, self.shape, self.args = name, handle, shape, args
         self.grid_x, self.grid_y, _ = shape.grid
         self.threads = shape.threads
+        self.shared_bytes = shape.shared_bytes
 
 
 class CombinePlan:
@@ -91,19 +98,30 @@ class CombinePlan:
         found = self.kernels.get(vec_bytes)
         if found is None:
             problem = self.problem
+            traits = device_traits(self.device)
+            options = dict(self.shape_options)
+            if options.get("bulk_stages") and (vec_bytes != BULK_VEC_BYTES or traits.major < 9):
+                options["bulk_stages"] = 0  # bulk copies: 16-byte rows and bases, sm_90+
             sparse = sparse_slots(problem.num_tokens, problem.top_k, problem.num_expanded)
             shape = auto_combine_shape(problem.num_tokens, self.row_bytes // vec_bytes,
-                                       device_traits(self.device).multiprocessors,
-                                       top_k=problem.top_k, sparse=sparse,
-                                       **dict(self.shape_options))
+                                       traits.multiprocessors, top_k=problem.top_k,
+                                       sparse=sparse, **options)
             name = f"{KERNEL_PREFIX[problem.element_format]}_v{vec_bytes}"
+            handle = function_handle(SOURCE, shape.defines(), self.device, name)
+            if shape.shared_bytes + BULK_STATIC_SHARED_BYTES > traits.shared_bytes_optin:
+                raise ValueError(f"bulk stages of {shape.shared_bytes} bytes do not fit the "
+                                 f"{traits.shared_bytes_optin} bytes of shared memory a block "
+                                 "may have")
+            if shape.shared_bytes > DEFAULT_DYNAMIC_SHARED_BYTES - BULK_STATIC_SHARED_BYTES:
+                driver.funcSetAttribute(
+                    handle, driver.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    shape.shared_bytes)
             constants = COMBINE_ARGS.constants(
                 row_vecs=self.row_bytes // vec_bytes, num_tokens=problem.num_tokens,
                 num_expanded=problem.num_expanded, top_k=problem.top_k,
                 row_threads=shape.row_threads, tokens_per_block=shape.tokens_per_block)
-            found = self.kernels[vec_bytes] = CombineLaunch(
-                name, function_handle(SOURCE, shape.defines(), self.device, name), shape,
-                ArgBlock(COMBINE_ARGS, constants))
+            found = self.kernels[vec_bytes] = CombineLaunch(name, handle, shape,
+                                                            ArgBlock(COMBINE_ARGS, constants))
         return found
 
     def launch(self, stream: int, expanded: int, token_topk_to_pos: int, topk_weights: int,
@@ -119,7 +137,7 @@ class CombinePlan:
         _pack_pointers(block.buffer, 0, expanded, token_topk_to_pos, topk_weights, row_scale,
                        out)
         driver.launchKernel(kernel.handle, kernel.grid_x, kernel.grid_y, 1, kernel.threads, 1,
-                            1, 0, stream, block.params_address, 0)
+                            1, kernel.shared_bytes, stream, block.params_address, 0)
 
 
 _plans = BoundedCache()

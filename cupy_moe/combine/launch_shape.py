@@ -8,8 +8,9 @@ FMA), accumulates in float32 and stores once.
 So a block is ``tokens_per_block`` groups of ``row_threads`` threads, each
 group one column chunk of one token, and the grid is (token groups, column
 chunks). Nothing is shared between threads but a warp's slots, passed by
-shuffles (``warp_slots``, ``stream_rounds``): no shared memory, no atomics, no
-block barriers; every output element is written by exactly one thread.
+shuffles (``warp_slots``, ``stream_rounds``), or with ``bulk_stages`` a
+block's live rows in shared memory: no atomics; every output element is
+written by exactly one thread.
 
 - Rows of at most 16 vectors take a power-of-two group of threads each and
   are packed, several tokens a block (a block of 128 threads), so short rows
@@ -38,6 +39,10 @@ block barriers; every output element is written by exactly one thread.
   rows of the 32 // K tokens one load of slots covers (``stream_rounds``),
   4 in flight whichever token they belong to: 36.3 us, 76% (8k: 68.2 us,
   81%). Measured: benchmarks/results/combine_warp_slots_h200.md.
+- ``bulk_stages`` (a sweep option, not a default yet): a block's threads share
+  the live rows of its ``row_threads // K`` tokens, each row's column chunk
+  landed in shared memory by the bulk-copy engine (sm_90+, 16-byte rows),
+  that many chunks in flight a block: bytes in flight without registers.
 
 The grid depends only on the call's sizes and the GPU's SM count, never on the
 data, so a CUDA graph can capture the call; results do not depend on it.
@@ -75,6 +80,8 @@ SLOT_BATCH = 8             # slots whose row loads a thread has in flight (combi
 SLOT_BATCH_CHOICES = (2, 4, 8, 16)
 WARP_TOKENS_CHOICES = (1, 2, 4)
 STREAM_ROUNDS_CHOICES = (0, 1, 2, 4)
+BULK_STAGES_CHOICES = (0, 2, 4, 8)
+BULK_VEC_BYTES = 16        # the bulk layout's access: whole 16-byte vectors
 WARP_LANES = 32
 MAX_GRID_X = 2**31 - 1
 MAX_GRID_Y = 65535
@@ -90,11 +97,12 @@ class CombineShape(NamedTuple):
     warp_slots: bool = False  # a warp shares its token's slots and walks the live ones
     warp_tokens: int = 1  # with warp_slots: consecutive tokens a warp takes in turn
     stream_rounds: int = 0  # > 0: a warp streams the live rows of that many rounds of tokens
+    bulk_stages: int = 0  # > 0: a block's live rows land in shared memory, this many in flight
 
     def defines(self) -> tuple[tuple[str, int], ...]:
         """The kernel variant this shape needs (combine.cu's COMBINE_VECS,
-        COMBINE_SLOT_BATCH, COMBINE_WARP_SLOTS, COMBINE_WARP_TOKENS and
-        COMBINE_STREAM_ROUNDS; none for the default
+        COMBINE_SLOT_BATCH, COMBINE_WARP_SLOTS, COMBINE_WARP_TOKENS,
+        COMBINE_STREAM_ROUNDS and COMBINE_BULK_STAGES; none for the default
         variant)."""
         defines = []
         if self.vecs_per_thread != 1:
@@ -107,7 +115,15 @@ class CombineShape(NamedTuple):
             defines.append(("COMBINE_WARP_TOKENS", self.warp_tokens))
         if self.stream_rounds:
             defines.append(("COMBINE_STREAM_ROUNDS", self.stream_rounds))
+        if self.bulk_stages:
+            defines.append(("COMBINE_BULK_STAGES", self.bulk_stages))
         return tuple(defines)
+
+    @property
+    def shared_bytes(self) -> int:
+        """Dynamic shared memory of a block: the bulk layout's stages, each a
+        full column chunk of 16-byte vectors."""
+        return self.bulk_stages * self.row_threads * self.vecs_per_thread * BULK_VEC_BYTES
 
     @property
     def threads(self) -> int:
@@ -169,7 +185,7 @@ def combine_shape(num_tokens: int, row_vecs: int, multiprocessors: int, *,
                   vecs_per_thread: int = VECS_PER_THREAD,
                   slot_batch: int = SLOT_BATCH,
                   warp_slots: bool = False, warp_tokens: int = 1, stream_rounds: int = 0,
-                  top_k: int | None = None) -> CombineShape:
+                  bulk_stages: int = 0, top_k: int | None = None) -> CombineShape:
     """The launch shape of ``num_tokens`` rows of ``row_vecs`` vectors each.
 
     ``max_warps``, ``fill_blocks_per_sm``, ``vecs_per_thread`` and
@@ -193,6 +209,14 @@ def combine_shape(num_tokens: int, row_vecs: int, multiprocessors: int, *,
     so that batches stay full where tokens have one live slot or none; where
     a warp would span two tokens' columns, or K > 32, the shape falls back to
     ``warp_slots`` (``stream_rounds=0``).
+    ``bulk_stages`` (needs ``top_k``; the kernel's 16-byte access on sm_90
+    and newer, which the caller checks): a block takes ``row_threads // K``
+    consecutive tokens (thread i their flat slot i), lists their live slots
+    and has the bulk-copy engine land each one's column chunk in shared
+    memory, ``bulk_stages`` chunks in flight, from which every thread sums
+    its vectors (``shared_bytes`` of stages a block). Where a block's
+    threads are fewer than K or rows are packed, the shape falls back to
+    ``warp_slots`` (``bulk_stages=0``).
     """
     if row_vecs < 1:
         raise ValueError(f"row_vecs must be >= 1; got {row_vecs}")
@@ -205,7 +229,8 @@ def combine_shape(num_tokens: int, row_vecs: int, multiprocessors: int, *,
         raise ValueError(f"slot_batch must be one of {SLOT_BATCH_CHOICES}; got {slot_batch}")
     if not isinstance(warp_slots, bool):
         raise TypeError(f"warp_slots must be True or False; got {warp_slots!r}")
-    for name, value in (("warp_tokens", warp_tokens), ("stream_rounds", stream_rounds)):
+    for name, value in (("warp_tokens", warp_tokens), ("stream_rounds", stream_rounds),
+                        ("bulk_stages", bulk_stages)):
         if isinstance(value, bool):
             raise TypeError(f"{name} must be an int; got {value!r}")
     if warp_tokens not in WARP_TOKENS_CHOICES:
@@ -217,10 +242,18 @@ def combine_shape(num_tokens: int, row_vecs: int, multiprocessors: int, *,
                          f"got {stream_rounds}")
     if stream_rounds and top_k is None:
         raise ValueError("stream_rounds needs top_k")
+    if bulk_stages not in BULK_STAGES_CHOICES:
+        raise ValueError(f"bulk_stages must be one of {BULK_STAGES_CHOICES}; got {bulk_stages}")
+    if bulk_stages and top_k is None:
+        raise ValueError("bulk_stages needs top_k")
+    if bulk_stages and (stream_rounds or warp_slots):
+        raise ValueError("bulk_stages is a layout of its own: not with warp_slots or "
+                         "stream_rounds")
     if stream_rounds and not 1 <= top_k <= WARP_LANES:
         stream_rounds, warp_slots = 0, True  # one load cannot cover a token's slots
-    # consecutive tokens a warp takes
+    # consecutive tokens a warp takes (bulk: a block's, at its widest)
     warp_span = (stream_rounds * (WARP_LANES // top_k) if stream_rounds
+                 else max(1, max_warps * WARP_LANES // top_k) if bulk_stages
                  else warp_tokens if warp_slots else 1)
     vectors = row_vecs
     row_vecs = ceil_div(row_vecs, vecs_per_thread)  # the threads' columns
@@ -245,10 +278,14 @@ def combine_shape(num_tokens: int, row_vecs: int, multiprocessors: int, *,
                          f"one launch takes at most {MAX_GRID_Y}")
     # a warp shares one token's slots only where no warp spans two tokens
     if row_threads % WARP_LANES:
-        warp_slots, warp_tokens, stream_rounds, warp_span = False, 1, 0, 1
+        warp_slots, warp_tokens, stream_rounds, bulk_stages, warp_span = False, 1, 0, 0, 1
+    if bulk_stages:
+        warp_span = row_threads // top_k  # the block's tokens: a thread a slot
+        if warp_span == 0:  # fewer threads than slots
+            bulk_stages, warp_slots, warp_span = 0, True, 1
     token_blocks = ceil_div(num_tokens, tokens_per_block * warp_span)
     if token_blocks > MAX_GRID_X:
         raise ValueError(f"T = {num_tokens} tokens need {token_blocks} blocks; one launch "
                          f"takes at most {MAX_GRID_X}")
     return CombineShape(row_threads, tokens_per_block, chunks, token_blocks, vecs_per_thread,
-                        slot_batch, warp_slots, warp_tokens, stream_rounds)
+                        slot_batch, warp_slots, warp_tokens, stream_rounds, bulk_stages)

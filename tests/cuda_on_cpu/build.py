@@ -25,14 +25,17 @@ CXX = os.environ.get("CXX", "g++")
 PTX_STAND_INS = {
     "mov.u32 %0, %%dynamic_smem_size;": "{0} = emu::dynamic_smem_size()",
     "createpolicy.fractional.L2::evict_first.b64 %0, 1.0;": "{0} = 0",
-    "mbarrier.init.shared::cta.b64 [%0], 1;": "(void)({0})",
+    "mbarrier.init.shared::cta.b64 [%0], 1;": "emu::mbarrier_init({0})",
     "fence.mbarrier_init.release.cluster;": "(void)0",
-    "mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;": "(void)({0}), (void)({1})",
-    # the bulk copy completes at once: the wait has nothing to wait for
+    "mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;":
+        "emu::mbarrier_arrive_expect({0}, {1})",
+    # a bulk copy lands when issued; a wait yields until its phase completed
     "{ .reg .pred done; WAIT_LOADED_%=: mbarrier.try_wait.parity.shared::cta.b64 done, [%0], 0;"
-    " @!done bra WAIT_LOADED_%=; }": "(void)({0})",
+    " @!done bra WAIT_LOADED_%=; }": "emu::mbarrier_wait({0}, 0)",
+    "{ .reg .pred done; WAIT_PHASE_%=: mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;"
+    " @!done bra WAIT_PHASE_%=; }": "emu::mbarrier_wait({0}, {1})",
     "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint"
-    " [%0], [%1], %2, [%3], %4;": "emu::bulk_load({0}, {1}, {2})",
+    " [%0], [%1], %2, [%3], %4;": "emu::bulk_load({0}, {1}, {2}, {3})",
     "cp.async.bulk.global.shared::cta.bulk_group.L2::cache_hint [%0], [%1], %2, %3;":
         "emu::bulk_store({0}, {1}, {2})",
     "cp.async.bulk.commit_group;": "(void)0",

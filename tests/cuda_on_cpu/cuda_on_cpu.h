@@ -395,8 +395,54 @@ inline float rcp_approx_ftz(float d) {
 
 inline unsigned dynamic_smem_size() { return current_block->shared_bytes; }
 
-inline void bulk_load(unsigned stage, const void* src, unsigned bytes) {
+// An mbarrier of one arrival a phase, as a shared 8-byte word: the phases
+// completed so far (low half) and the transaction bytes still owed (high
+// half, signed: a load may land before its arrival announces it). A phase
+// completes when its arrival came and nothing is owed. A wait yields to the
+// block's other threads until the phase it names completes, so a load issued
+// late by another thread is waited for, and one never issued is reported as
+// a deadlock; a wait on the wrong parity fails the same way (or passes at
+// once where the GPU would too).
+struct Mbarrier {
+    unsigned completed;
+    int owed : 31;
+    unsigned arrived : 1;
+};
+static_assert(sizeof(Mbarrier) == 8, "an mbarrier is 8 bytes");
+
+inline Mbarrier& mbarrier_at(unsigned barrier) {
+    return *static_cast<Mbarrier*>(shared_pointer(barrier));
+}
+
+inline void mbarrier_settle(Mbarrier& m) {
+    if (m.arrived && m.owed == 0) {
+        ++m.completed;
+        m.arrived = 0;
+        note_progress();
+    }
+}
+
+inline void mbarrier_init(unsigned barrier) { mbarrier_at(barrier) = Mbarrier{0, 0, 0}; }
+
+inline void mbarrier_arrive_expect(unsigned barrier, unsigned bytes) {
+    Mbarrier& m = mbarrier_at(barrier);
+    if (m.arrived) fail("mbarrier: a second arrival in one phase (it expects one)");
+    m.owed += static_cast<int>(bytes);
+    m.arrived = 1;
+    mbarrier_settle(m);
+}
+
+// try_wait.parity P: done once the phase of parity P has completed, that is
+// while the current (pending) phase has the other parity
+inline void mbarrier_wait(unsigned barrier, unsigned parity) {
+    while ((mbarrier_at(barrier).completed & 1u) == (parity & 1u)) yield_to_scheduler();
+}
+
+inline void bulk_load(unsigned stage, const void* src, unsigned bytes, unsigned barrier) {
     std::memcpy(shared_pointer(stage), src, bytes);
+    Mbarrier& m = mbarrier_at(barrier);
+    m.owed -= static_cast<int>(bytes);
+    mbarrier_settle(m);
 }
 
 inline void bulk_store(void* dst, unsigned stage, unsigned bytes) {

@@ -39,6 +39,7 @@ class EmulatedGpu:
     multiprocessors: int = 132
     seed: int = 0  # nonzero: each launch runs blocks and threads in random orders
     launches: list = field(default_factory=list)   # kernel names, in order
+    handles: list = field(default_factory=list)    # their KernelHandles (source, defines)
     buffers: list = field(default_factory=list)    # (whole buffer, offset, nbytes)
 
     # -------- what the plans call
@@ -62,6 +63,7 @@ class EmulatedGpu:
         """The CPU build of ``handle``'s source for this device's architecture
         (the launch recorded)."""
         self.launches.append(handle.name)
+        self.handles.append(handle)
         return build.module(handle.source, handle.defines, 900 if self.major >= 9 else 800)
 
     def _launch_seed(self) -> int:
