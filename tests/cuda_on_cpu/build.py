@@ -149,11 +149,41 @@ _DYNAMIC_SHARED = re.compile(
     r"extern\s+__shared__\s+(?:__align__\(\s*\d+\s*\)\s+)?([A-Za-z_][\w ]*?)\s+(\w+)\s*\[\s*\]\s*;")
 
 
+# a static __shared__ declaration (after the dynamic ones are rewritten): its
+# alignment, then the type and declarators, e.g. "int segments, total_rows"
+_STATIC_SHARED = re.compile(r"__shared__\s+(__align__\(\s*\d+\s*\)\s+)?([^;{}()]+);")
+_DECLARATOR = re.compile(r"(\w+)\s*((?:\[[^\]]*\]\s*)*)$")
+
+
+def _static_shared(match: re.Match) -> str:
+    """Each variable of a static __shared__ declaration as a static
+    thread_local, poisoned where a block first passes it
+    (emu::poison_shared_once)."""
+    align = (match.group(1) or "").strip()
+    parts = [part.strip() for part in match.group(2).split(",")]
+    first = _DECLARATOR.search(parts[0])
+    if first is None:
+        raise TranslationError(f"unreadable __shared__ declaration {match.group(0)!r}")
+    type_name = parts[0][:first.start()].strip()
+    parts[0] = parts[0][first.start():]
+    out = []
+    for part in parts:
+        declarator = _DECLARATOR.fullmatch(part)
+        if declarator is None or not type_name:
+            raise TranslationError(f"unreadable __shared__ declaration {match.group(0)!r}")
+        name, dims = declarator.groups()
+        out.append(f"static thread_local {type_name} {name}{dims.strip()} {align}; "
+                   f"static thread_local unsigned long long {name}__poisoned_for = 0; "
+                   f"emu::poison_shared_once(&{name}, sizeof({name}), {name}__poisoned_for);")
+    return " ".join(out)
+
+
 def translate(text: str) -> str:
     text = translate_asm(text)
-    return _DYNAMIC_SHARED.sub(
+    text = _DYNAMIC_SHARED.sub(
         lambda m: f"{m.group(1)}* const {m.group(2)} = "
                   f"reinterpret_cast<{m.group(1)}*>(emu::dynamic_shared());", text)
+    return _STATIC_SHARED.sub(_static_shared, text)
 
 
 _KERNEL = re.compile(r'extern\s+"C"\s+void\s+(\w+)\s*\(')

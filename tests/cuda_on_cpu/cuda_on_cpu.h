@@ -39,7 +39,7 @@
 #define __launch_bounds__(...)
 #define __restrict__ __restrict
 #define __align__(n) __attribute__((aligned(n)))
-#define __shared__ static thread_local
+#define __shared__ static thread_local  // build.py rewrites the declarations (see poison_shared_once)
 
 struct uint3 { unsigned x, y, z; };
 typedef uint3 dim3;
@@ -88,6 +88,7 @@ struct Block {
 
 extern thread_local Block* current_block;
 extern thread_local Fiber* current_fiber;
+extern thread_local unsigned long long block_serial;
 void yield_to_scheduler();
 [[noreturn]] void fail(const char* format, ...);
 unsigned char* dynamic_shared();
@@ -96,6 +97,19 @@ void* shared_pointer(unsigned offset);
 unsigned* cooperative_workspace();
 
 inline void note_progress() { ++current_block->progress; }
+
+// A static __shared__ variable is a static thread_local (one copy per OS
+// thread, which runs one block at a time). build.py puts a call of this after
+// each declaration: the first of a block's threads to pass it fills the
+// variable with garbage, as a new block finds shared memory on the GPU, so
+// that reading it before writing it shows (`poisoned_for`: the block that
+// last did, by block_serial).
+inline void poison_shared_once(void* p, std::size_t bytes, unsigned long long& poisoned_for) {
+    if (poisoned_for != block_serial) {
+        std::memset(p, 0xA5, bytes);
+        poisoned_for = block_serial;
+    }
+}
 
 // ---------------------------------------------------------------- block barrier
 inline void syncthreads() {
