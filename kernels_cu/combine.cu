@@ -26,15 +26,16 @@
 // memory latency per batch, not per slot), then accumulates them in slot
 // order (or, with COMBINE_WARP_SLOTS, a warp shares its token's slots by
 // shuffles and walks only the live ones). No shared memory, no atomics, no
-// barriers; every output vector is written once. The host picks VEC_BYTES (16, 8, 4 or 2; at least the element
-// size) as the widest access dividing the row length and both base
-// addresses, so odd H and misaligned views take narrower accesses, down to
-// one element. Offsets are 64-bit.
+// barriers; every output vector is written once. The host picks VEC_BYTES
+// (16, 8, 4 or 2; at least the element size) as the widest access dividing
+// the row length and both base addresses, so odd H and misaligned views take
+// narrower accesses, down to one element. Offsets are 64-bit.
 //
 // With COMBINE_BULK_STAGES (16-byte rows, sm_90+) a block's threads share
 // the live rows instead: the bulk-copy engine lands each one's column chunk
-// in shared memory, several in flight, and the threads sum from there (see
-// reduce_fused_bulk).
+// in shared memory, several in flight, and the threads sum from there, a
+// block barrier after each chunk (see reduce_fused_bulk). Still no atomics,
+// and every output vector is written once.
 //
 // Kernels: reduce_fused_{f32,bf16,f16}_v{16,8,4,2} (f32 from 4 bytes up), and
 // reduce_fused_first_out_of_range (validate=True).
@@ -338,6 +339,19 @@ __device__ __forceinline__ void store_row(
 }
 
 #if COMBINE_STREAM_ROUNDS || COMBINE_BULK_STAGES
+// Flat slot `flat`'s row (-1 where dropped or >= X) and scale (weight *
+// row_scale, as above; `scale` keeps its value, 1, where a factor is missing).
+__device__ __forceinline__ void load_slot(const CombineArgs& a, i64 flat, int& pos,
+                                          float& scale) {
+    const int p = __ldg(a.token_topk_to_pos + flat);
+    pos = p >= 0 && p < a.num_expanded ? p : -1;
+    if (a.topk_weights != nullptr) scale = __ldg(a.topk_weights + flat);
+    if (a.row_scale != nullptr && pos >= 0) {
+        const float row = __ldg(a.row_scale + pos);
+        scale = a.topk_weights != nullptr ? __fmul_rn(scale, row) : row;
+    }
+}
+
 // Token t's row of zeros (no live slot): what store_row stores for sums of +0.
 template <int VEC_BYTES>
 __device__ __forceinline__ void store_zero_row(const CombineArgs& a, i64 t, i64 v) {
@@ -383,16 +397,8 @@ __device__ __forceinline__ void reduce_fused_stream(const CombineArgs& a, i64 fi
         // this lane's slot: its row and scale (weight * row_scale, as above)
         int lane_pos = -1;
         float lane_scale = 1.0f;
-        if (lane_token < round_tokens && base + lane_token < a.num_tokens) {
-            const i64 flat = (base + lane_token) * a.top_k + lane_slot;
-            const int p = __ldg(a.token_topk_to_pos + flat);
-            lane_pos = p >= 0 && p < a.num_expanded ? p : -1;
-            if (a.topk_weights != nullptr) lane_scale = __ldg(a.topk_weights + flat);
-            if (a.row_scale != nullptr && lane_pos >= 0) {
-                const float row = __ldg(a.row_scale + lane_pos);
-                lane_scale = a.topk_weights != nullptr ? __fmul_rn(lane_scale, row) : row;
-            }
-        }
+        if (lane_token < round_tokens && base + lane_token < a.num_tokens)
+            load_slot(a, (base + lane_token) * a.top_k + lane_slot, lane_pos, lane_scale);
         // the same in every lane: everything below is uniform across the warp
         unsigned live = __ballot_sync(0xFFFFFFFFu, lane_pos >= 0);
         for (int token = 0; token < round_tokens && base + token < a.num_tokens; ++token) {
@@ -491,7 +497,8 @@ __device__ __forceinline__ void reduce_fused_bulk(const CombineArgs& a) {
     const int tokens = static_cast<int>(min(static_cast<i64>(block_tokens), a.num_tokens - first));
     const i64 stage_vecs = static_cast<i64>(a.row_threads) * COMBINE_VECS;  // a full chunk
     const i64 chunk_begin = static_cast<i64>(blockIdx.y) * stage_vecs;
-    const unsigned chunk_bytes = static_cast<unsigned>(min(stage_vecs, a.row_vecs - chunk_begin) * 16);
+    const unsigned chunk_bytes =
+        static_cast<unsigned>(min(stage_vecs, a.row_vecs - chunk_begin) * 16);
     const unsigned stage_bytes = static_cast<unsigned>(stage_vecs * 16);
     const i64 v = chunk_begin + tid;  // this thread's vectors: v, v + row_threads, ...
 
@@ -499,16 +506,8 @@ __device__ __forceinline__ void reduce_fused_bulk(const CombineArgs& a) {
     const int token = tid / a.top_k;
     int pos = -1;
     float scale = 1.0f;
-    if (token < tokens) {
-        const i64 flat = (first + token) * a.top_k + (tid - token * a.top_k);
-        const int p = __ldg(a.token_topk_to_pos + flat);
-        pos = p >= 0 && p < a.num_expanded ? p : -1;
-        if (a.topk_weights != nullptr) scale = __ldg(a.topk_weights + flat);
-        if (a.row_scale != nullptr && pos >= 0) {
-            const float row = __ldg(a.row_scale + pos);
-            scale = a.topk_weights != nullptr ? __fmul_rn(scale, row) : row;
-        }
-    }
+    if (token < tokens)
+        load_slot(a, (first + token) * a.top_k + (tid - token * a.top_k), pos, scale);
     if (tid < block_tokens) token_live[tid] = 0;
     if (tid < STAGES) mbarrier_init(shared_address(&loaded[tid]));
     const unsigned live = __ballot_sync(0xFFFFFFFFu, pos >= 0);
