@@ -1,7 +1,7 @@
 """Run one manifest workload's op a few times on the GPU, for a profiler (ncu)
 to pick a launch. GPU only.
 
-    python benchmarks/profile_op.py LABEL [CALLS]
+    python benchmarks/profile_op.py LABEL [CALLS] [--combine-shape NAME=VALUE ...]
 
 e.g. the SwiGLU-quantize kernel of Kimi-K2 prefill, its 3rd launch:
 
@@ -11,11 +11,16 @@ e.g. the SwiGLU-quantize kernel of Kimi-K2 prefill, its 3rd launch:
 
 The inputs are the bench's (random payload, the workload's plan), on torch
 CUDA tensors with preallocated outputs; nothing is checked here (the bench
-and the tests do that).
+and the tests do that). ``--combine-shape`` (reduce_fused workloads only):
+launch-shape options of ``combine.launch_shape.combine_shape``, as
+sweep_combine.py names them, e.g. ``--combine-shape vecs_per_thread=2
+max_warps=4 bulk_stages=4`` for the bulk layout.
 """
 
 from __future__ import annotations
 
+import argparse
+import functools
 import sys
 
 import numpy as np
@@ -26,25 +31,50 @@ from cupy_moe.harness.inputs import workload_inputs
 from cupy_moe.harness.manifest import ALL_OP_NAMES, load_workloads
 
 
+def shape_option(text: str) -> tuple[str, object]:
+    """NAME=VALUE, the value an int, a float or True / False."""
+    name, sep, value = text.partition("=")
+    if not sep or not name:
+        raise argparse.ArgumentTypeError(f"expected NAME=VALUE; got {text!r}")
+    if value in ("True", "False"):
+        return name, value == "True"
+    for kind in (int, float):
+        try:
+            return name, kind(value)
+        except ValueError:
+            pass
+    raise argparse.ArgumentTypeError(f"{name}: expected a number, True or False; got {value!r}")
+
+
 def main() -> int:
-    if len(sys.argv) not in (2, 3):
-        print(__doc__, file=sys.stderr)
-        return 2
-    label, calls = sys.argv[1], int(sys.argv[2]) if len(sys.argv) == 3 else 4
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("label")
+    parser.add_argument("calls", type=int, nargs="?", default=4)
+    parser.add_argument("--combine-shape", type=shape_option, nargs="+", default=[],
+                        metavar="NAME=VALUE")
+    args_in = parser.parse_args()
     workloads = {w.label: w for op in ALL_OP_NAMES for w in load_workloads(op)}
-    if label not in workloads:
-        print(f"unknown workload {label!r}", file=sys.stderr)
-        return 2
-    w = workloads[label]
+    if args_in.label not in workloads:
+        parser.error(f"unknown workload {args_in.label!r}")
+    w = workloads[args_in.label]
+    if args_in.combine_shape and w.op != "reduce_fused":
+        parser.error(f"--combine-shape is for reduce_fused workloads; {w.label} is {w.op}")
     host = workload_inputs(w, np.random.default_rng(0))
     args = {name: runner._to_torch(array) for name, array in host.items()}
-    results = runner._call(w, args)
+    if args_in.combine_shape:
+        from cupy_moe.combine.api import run_with_shape
+
+        shaped = functools.partial(run_with_shape, **dict(args_in.combine_shape))
+        call = functools.partial(runner._call_newer, w, shaped)
+    else:
+        call = functools.partial(runner._call, w)
+    results = call(args)
     kwargs = {}
     if w.op not in runner.MAPPING_OP_NAMES:  # fused_mapping has no out=
         out = results[0] if len(results) == 1 else results
         kwargs = {"out": out} if len(results) == 1 else {"out": out[0], "out_sf": out[1]}
-    for _ in range(calls):
-        runner._call(w, args, **kwargs)
+    for _ in range(args_in.calls):
+        call(args, **kwargs)
     torch.cuda.synchronize()
     return 0
 

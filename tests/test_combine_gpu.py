@@ -322,7 +322,7 @@ def test_bulk_layout_on_expert_parallel_and_dense_plans(kind, top_k):
     from cupy_moe.mapping.reference import fused_mapping_numpy
 
     rng = np.random.default_rng()
-    num_tokens = 300
+    num_tokens = 300 if top_k <= 8 else 80  # the oracle's time grows with T * K * H
     ids = rng.integers(0, 256, (num_tokens, top_k)).astype(np.int32)
     sparse = fused_mapping_numpy(ids, 32, alignment=128).token_topk_to_pos
     for dtype_index, hidden in ((0, 7168), (1, 7000), (2, 2048)):
