@@ -4,10 +4,15 @@
 # expand config sweep on decode plans; every log to $OUT/gpu_speed.log and a
 # short summary at the end.
 #
-#   bash benchmarks/gpu_speed.sh [--combine] [--swiglu] [--expand-decode] [--padding]
-#                                [--seed] [--ncu LABEL KERNEL_REGEX]...
+#   bash benchmarks/gpu_speed.sh [--combine] [--combine-ep] [--swiglu] [--expand-decode]
+#                                [--padding] [--seed] [--ncu LABEL KERNEL_REGEX]...
+#                                [--ncu-combine LABEL "NAME=VALUE ..."]...
 #
 # --combine: benchmarks/sweep_combine.py (vectors a thread, slot batch, warps).
+# --combine-ep: reduce_fused on the DeepSeek-V3 EP8 prefill plans (issue 14):
+#   the GPU tests of the expert-parallel and bulk layouts, sweep_combine.py's
+#   bulk and streamed shapes with the gather floor (beside Kimi-K2 and Qwen3
+#   prefill), and the bench records of both plans, JSON to $OUT/reduce_ep.json.
 # --swiglu: benchmarks/sweep_swiglu.py (block size, the *_rows register budget).
 # --expand-decode: benchmarks/sweep_kernel_config.py on the decode plans
 #   (graph-replay µs per config).
@@ -19,6 +24,9 @@
 #   .peers/seed/ holding the PR text), JSON and Markdown to $OUT/seed.*.
 # --ncu LABEL REGEX: ncu --set full on the 3rd launch matching REGEX of
 #   benchmarks/profile_op.py LABEL, summarised by ncu_top_sass.py.
+# --ncu-combine LABEL SHAPE: the same for a reduce_fused workload under the
+#   launch shape SHAPE (profile_op.py --combine-shape), e.g.
+#   --ncu-combine reduce-dsv3-ep8-prefill-plan "vecs_per_thread=2 max_warps=4 bulk_stages=4".
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu_speed_out}
@@ -28,15 +36,17 @@ LOG=$OUT/gpu_speed.log
 : > "$LOG"
 summary=()
 section() { printf '\n===== %s =====\n' "$1" | tee -a "$LOG"; }
-combine=0 swiglu=0 expand_decode=0 padding=0 seed=0 profiles=()
+combine=0 combine_ep=0 swiglu=0 expand_decode=0 padding=0 seed=0 profiles=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --combine) combine=1 ;;
+    --combine-ep) combine_ep=1 ;;
     --swiglu) swiglu=1 ;;
     --expand-decode) expand_decode=1 ;;
     --padding) padding=1 ;;
     --seed) seed=1 ;;
-    --ncu) profiles+=("$2|$3"); shift 2 ;;
+    --ncu) profiles+=("$2|$3|"); shift 2 ;;
+    --ncu-combine) profiles+=("$2|reduce_fused|$3"); shift 2 ;;
     *) echo "unknown option $1" >&2; exit 2 ;;
   esac
   shift
@@ -49,6 +59,25 @@ if [ $combine -eq 1 ]; then
   summary+=("sweep_combine rc=${PIPESTATUS[0]} [$(( $(date +%s) - start ))s]")
 fi
 
+if [ $combine_ep -eq 1 ]; then
+  start=$(date +%s)
+  section "reduce_fused on expert-parallel plans: GPU tests"
+  timeout 200 python3 -m pytest -q -p no:cacheprovider tests/test_combine_gpu.py \
+    -k "bulk or expert_parallel or offsets" >> "$LOG" 2>&1
+  summary+=("combine EP tests rc=$? $(grep -E '^[0-9]+ (passed|failed)' "$LOG" | tail -1)")
+  section "reduce_fused on expert-parallel plans: shapes and the gather floor"
+  ep_plans=(reduce-dsv3-ep8-prefill-plan reduce-dsv3-ep8-prefill-8k-plan)
+  timeout 200 python3 benchmarks/sweep_combine.py --floor --only "${ep_plans[@]}" \
+    reduce-kimi-k2-prefill reduce-qwen3-30b-a3b-prefill \
+    --shapes bulk_stages "max_warps=4, stream_rounds=1" 2>> "$LOG" | tee -a "$LOG"
+  summary+=("sweep_combine EP rc=${PIPESTATUS[0]}")
+  section "reduce_fused on expert-parallel plans: bench records"
+  timeout 150 python3 -m cupy_moe bench --op reduce_fused --iters 20 \
+    --workload "${ep_plans[0]}" --workload "${ep_plans[1]}" --json "$OUT/reduce_ep.json" \
+    2>&1 | tee -a "$LOG"
+  summary+=("bench reduce EP rc=${PIPESTATUS[0]} [$(( $(date +%s) - start ))s]")
+fi
+
 if [ $swiglu -eq 1 ]; then
   start=$(date +%s)
   section "swiglu_quantize_fp8 tuning sweep"
@@ -57,11 +86,14 @@ if [ $swiglu -eq 1 ]; then
 fi
 
 for entry in "${profiles[@]}"; do
-  label=${entry%%|*} regex=${entry#*|}
+  IFS='|' read -r label regex shape <<< "$entry"
+  shape_args=()
+  [ -n "$shape" ] && read -r -a shape_args <<< "--combine-shape $shape"
   start=$(date +%s)
-  section "ncu $label ($regex)"
+  section "ncu $label ($regex${shape:+, $shape})"
   timeout 180 ncu --set full --import-source no --kernel-name "regex:$regex" --launch-skip 2 \
-    --launch-count 1 -f -o "$OUT/$label" python3 benchmarks/profile_op.py "$label" >> "$LOG" 2>&1
+    --launch-count 1 -f -o "$OUT/$label" python3 benchmarks/profile_op.py "$label" \
+    ${shape_args[@]+"${shape_args[@]}"} >> "$LOG" 2>&1
   rc=$?
   python3 benchmarks/ncu_top_sass.py "$OUT/$label.ncu-rep" 20 2>&1 | tee -a "$LOG"
   rm -f "$OUT/$label.ncu-rep"
