@@ -100,12 +100,14 @@ class CombinePlan:
             problem = self.problem
             traits = device_traits(self.device)
             options = dict(self.shape_options)
-            if options.get("bulk_stages") and (vec_bytes != BULK_VEC_BYTES or traits.major < 9):
-                options["bulk_stages"] = 0  # bulk copies: 16-byte rows and bases, sm_90+
+            # bulk copies: 16-byte rows and bases, sm_90 and newer
+            bulk_ok = vec_bytes == BULK_VEC_BYTES and traits.major >= 9
+            if options.get("bulk_stages") and not bulk_ok:
+                options["bulk_stages"] = 0
             sparse = sparse_slots(problem.num_tokens, problem.top_k, problem.num_expanded)
             shape = auto_combine_shape(problem.num_tokens, self.row_bytes // vec_bytes,
                                        traits.multiprocessors, top_k=problem.top_k,
-                                       sparse=sparse, **options)
+                                       sparse=sparse, bulk_ok=bulk_ok, **options)
             name = f"{KERNEL_PREFIX[problem.element_format]}_v{vec_bytes}"
             handle = function_handle(SOURCE, shape.defines(), self.device, name)
             if shape.shared_bytes + BULK_STATIC_SHARED_BYTES > traits.shared_bytes_optin:

@@ -154,7 +154,7 @@ def sparse_slots(num_tokens: int, top_k: int, num_expanded: int) -> bool:
 
 
 def auto_combine_shape(num_tokens: int, row_vecs: int, multiprocessors: int, *,
-                       top_k: int | None = None, sparse: bool = False,
+                       top_k: int | None = None, sparse: bool = False, bulk_ok: bool = False,
                        **options) -> CombineShape:
     """The launch shape ``reduce_fused`` takes: ``combine_shape(**options)``
     when options are given (tests, sweeps); else the many-token shape where
@@ -162,12 +162,17 @@ def auto_combine_shape(num_tokens: int, row_vecs: int, multiprocessors: int, *,
     finer (``SPARSE_WIDE_OPTIONS`` where ``sparse``, see ``sparse_slots``,
     and K is known; else ``WIDE_OPTIONS``), and the default shape otherwise.
     ``top_k``: K, for the options that group tokens by their slots
-    (``stream_rounds``)."""
+    (``stream_rounds``, ``bulk_stages``). ``bulk_ok``: whether the launch
+    may take the bulk layout (16-byte accesses, sm_90 and newer); without it
+    a many-token option set with ``bulk_stages`` is passed over for the
+    next one (no default has it yet: it is a sweep option)."""
     if options:
         return combine_shape(num_tokens, row_vecs, multiprocessors, top_k=top_k, **options)
     target = FILL_BLOCKS_PER_SM * multiprocessors
     candidates = [SPARSE_WIDE_OPTIONS] if sparse and top_k is not None else []
-    for wide_options in (*candidates, WIDE_OPTIONS):
+    candidates = [wide_options for wide_options in (*candidates, WIDE_OPTIONS)
+                  if bulk_ok or not wide_options.get("bulk_stages")]
+    for wide_options in candidates:
         wide = combine_shape(num_tokens, row_vecs, multiprocessors, fill_blocks_per_sm=0,
                              top_k=top_k, **wide_options)
         if wide.token_blocks * wide.chunks >= target:
