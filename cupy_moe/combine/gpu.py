@@ -108,12 +108,12 @@ class CombinePlan:
             shape = auto_combine_shape(problem.num_tokens, self.row_bytes // vec_bytes,
                                        traits.multiprocessors, top_k=problem.top_k,
                                        sparse=sparse, bulk_ok=bulk_ok, **options)
-            name = f"{KERNEL_PREFIX[problem.element_format]}_v{vec_bytes}"
-            handle = function_handle(SOURCE, shape.defines(), self.device, name)
             if shape.shared_bytes + BULK_STATIC_SHARED_BYTES > traits.shared_bytes_optin:
                 raise ValueError(f"bulk stages of {shape.shared_bytes} bytes do not fit the "
                                  f"{traits.shared_bytes_optin} bytes of shared memory a block "
                                  "may have")
+            name = f"{KERNEL_PREFIX[problem.element_format]}_v{vec_bytes}"
+            handle = function_handle(SOURCE, shape.defines(), self.device, name)
             if shape.shared_bytes > DEFAULT_DYNAMIC_SHARED_BYTES - BULK_STATIC_SHARED_BYTES:
                 driver.funcSetAttribute(
                     handle, driver.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,

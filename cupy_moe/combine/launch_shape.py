@@ -220,8 +220,8 @@ def combine_shape(num_tokens: int, row_vecs: int, multiprocessors: int, *,
     and has the bulk-copy engine land each one's column chunk in shared
     memory, ``bulk_stages`` chunks in flight, from which every thread sums
     its vectors (``shared_bytes`` of stages a block). Where a block's
-    threads are fewer than K or rows are packed, the shape falls back to
-    ``warp_slots`` (``bulk_stages=0``).
+    threads are fewer than K the shape falls back to ``warp_slots``, where
+    rows are packed to the per-thread walk (``bulk_stages=0`` both times).
     """
     if row_vecs < 1:
         raise ValueError(f"row_vecs must be >= 1; got {row_vecs}")
