@@ -56,8 +56,8 @@ SHAPES = [{}, *({"vecs_per_thread": vecs, "slot_batch": batch, "max_warps": warp
           # a block's live rows land in shared memory by bulk copies, this many
           # column chunks in flight (twenty-sixth session; sm_90, 16-byte rows)
           *({"vecs_per_thread": vecs, "max_warps": warps, "bulk_stages": stages}
-            for vecs, warps, stages in ((1, 4, 4), (2, 4, 2), (2, 4, 4), (2, 4, 8), (4, 4, 2),
-                                        (4, 4, 4), (2, 8, 4), (4, 8, 2)))]
+            for vecs, warps, stages in ((1, 4, 4), (1, 4, 8), (1, 8, 4), (2, 4, 2), (2, 4, 4),
+                                        (2, 4, 8), (4, 4, 2), (4, 4, 4), (2, 8, 4), (4, 8, 2)))]
 DEFAULT_LABELS = ["reduce-kimi-k2-decode", "reduce-kimi-k2-medium", "reduce-kimi-k2-prefill",
                   "reduce-qwen3-30b-a3b-prefill", "reduce-dsv3-ep8-prefill-plan"]
 
