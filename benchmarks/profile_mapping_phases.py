@@ -33,7 +33,7 @@ from cupy_moe.harness.manifest import load_workloads
 from cupy_moe.mapping import worst_case_rows
 from cupy_moe.mapping.gpu import SOURCE, MappingPlan, kernel_names
 from cupy_moe.mapping.rules import MappingProblem
-from cupy_moe.runtime.launch import function_handle
+from cupy_moe.runtime.launch import allow_dynamic_shared, function_handle
 from cupy_moe.runtime.loader import get_module
 
 TRACE_DEFINES = (("MAP_TRACE", 1),)
@@ -53,9 +53,7 @@ def traced_plan(problem: MappingProblem, device: int,
     for name, (_, blocks, threads, shared_bytes) in zip(names, plan.launches, strict=True):
         handle = function_handle(SOURCE, defines, device, name)
         if shared_bytes > 48 * 1024:
-            cupy.cuda.driver.funcSetAttribute(
-                handle, cupy.cuda.driver.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                shared_bytes)
+            allow_dynamic_shared(handle, shared_bytes)
         traced.append((handle, blocks, threads, shared_bytes))
     plan.launches = traced
     return plan, defines

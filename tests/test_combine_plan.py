@@ -196,16 +196,14 @@ def test_the_bulk_option_needs_16_byte_rows_on_sm90(monkeypatch, fake_gpu, major
 
 def test_bulk_stages_beyond_48_kib_opt_in_and_beyond_the_gpu_raise(monkeypatch, fake_gpu):
     calls = []
-    driver, _launched = fake_gpu
-    driver.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8
-    driver.funcSetAttribute = lambda *args: calls.append(args)
+    monkeypatch.setattr(gpu, "allow_dynamic_shared", lambda *args: calls.append(args))
     problem = _problem(num_tokens=4096, num_expanded=8192)
-    # 8 stages of 256 threads x 4 vectors: 128 KiB, past the default 48
+    # 8 stages of 224 threads x 4 vectors: 112 KiB, past the default 48
     big = (("bulk_stages", 8), ("fill_blocks_per_sm", 0.0), ("max_warps", 8),
            ("vecs_per_thread", 4))
     kernel = gpu.CombinePlan(problem, 2, 0, big).kernel(16)
     assert kernel.shared_bytes == 8 * 224 * 4 * 16
-    assert calls == [(kernel.handle, 8, kernel.shared_bytes)]
+    assert calls == [(kernel.handle, kernel.shared_bytes)]
     # 2 stages: 28 KiB, no opt-in
     small = (("bulk_stages", 2), ("fill_blocks_per_sm", 0.0), ("max_warps", 8),
              ("vecs_per_thread", 4))

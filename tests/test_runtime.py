@@ -153,3 +153,25 @@ def test_byte_span_of_strided_views():
     assert byte_span(ArrayKind.TORCH_CUDA, base[1:3, 2:4]) == (start + 32, start + 64)
     assert byte_span(ArrayKind.TORCH_CUDA, base.t()) == (start, start + 96)
     assert byte_span(ArrayKind.TORCH_CUDA, base[:0]) == (0, 0)
+
+
+def test_the_dynamic_shared_memory_opt_in_is_only_ever_raised(monkeypatch):
+    """A kernel's opt-in is its function's, shared by every plan that launches
+    it: a plan needing less than an earlier one must not lower it (the
+    earlier plan's launches would fail), and each handle has its own."""
+    pytest.importorskip("cupy")
+    from types import SimpleNamespace
+
+    from cupy_moe.runtime import launch
+
+    calls = []
+    monkeypatch.setattr(launch, "driver", SimpleNamespace(
+        CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES=8,
+        funcSetAttribute=lambda *args: calls.append(args)))
+    monkeypatch.setattr(launch, "_dynamic_shared_allowed", {})
+    launch.allow_dynamic_shared(0x10, 80_000)
+    launch.allow_dynamic_shared(0x10, 60_000)  # less: the 80,000 stays
+    launch.allow_dynamic_shared(0x10, 80_000)
+    launch.allow_dynamic_shared(0x20, 60_000)
+    launch.allow_dynamic_shared(0x10, 100_000)
+    assert calls == [(0x10, 8, 80_000), (0x20, 8, 60_000), (0x10, 8, 100_000)]

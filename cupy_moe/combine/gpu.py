@@ -21,6 +21,7 @@ from ..runtime.launch import (
     ArgBlock,
     ArgStruct,
     OnDevice,
+    allow_dynamic_shared,
     device_traits,
     function_handle,
     launch,
@@ -115,9 +116,7 @@ class CombinePlan:
             name = f"{KERNEL_PREFIX[problem.element_format]}_v{vec_bytes}"
             handle = function_handle(SOURCE, shape.defines(), self.device, name)
             if shape.shared_bytes > DEFAULT_DYNAMIC_SHARED_BYTES - BULK_STATIC_SHARED_BYTES:
-                driver.funcSetAttribute(
-                    handle, driver.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                    shape.shared_bytes)
+                allow_dynamic_shared(handle, shape.shared_bytes)
             constants = COMBINE_ARGS.constants(
                 row_vecs=self.row_bytes // vec_bytes, num_tokens=problem.num_tokens,
                 num_expanded=problem.num_expanded, top_k=problem.top_k,

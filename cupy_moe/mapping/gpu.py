@@ -20,6 +20,7 @@ from ..runtime.launch import (
     ArgBlock,
     ArgStruct,
     OnDevice,
+    allow_dynamic_shared,
     device_traits,
     function_handle,
     launch_overlapping_previous,
@@ -102,8 +103,7 @@ class MappingPlan:
         names = kernel_names(shape, problem.id_dtype)
         place = function_handle(SOURCE, (), device, names[-1])
         if shape.shared_bytes > SHARED_BYTES_DEFAULT:
-            driver.funcSetAttribute(place, driver.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                                    shape.shared_bytes)
+            allow_dynamic_shared(place, shape.shared_bytes)
         self.launches = [] if len(names) == 1 else [
             (function_handle(SOURCE, (), device, names[0]), shape.count_blocks,
              shape.threads, 4 * shape.count_split * experts)]

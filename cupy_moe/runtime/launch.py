@@ -18,8 +18,8 @@ from cupy.cuda import driver, runtime
 
 from .loader import get_module
 
-__all__ = ["ArgStruct", "ArgBlock", "function_handle", "DeviceTraits", "device_traits",
-           "OnDevice", "launch", "launch_overlapping_previous"]
+__all__ = ["ArgStruct", "ArgBlock", "function_handle", "allow_dynamic_shared", "DeviceTraits",
+           "device_traits", "OnDevice", "launch", "launch_overlapping_previous"]
 
 # C field types of a kernel argument struct: struct code and size (= alignment)
 _FIELD_TYPES = {"ptr": ("Q", 8), "i64": ("q", 8), "i32": ("i", 4)}
@@ -164,6 +164,26 @@ def function_handle(source: str, defines: tuple[tuple[str, int], ...], device: i
         # keeps its code alive.
         handle = _functions.setdefault(key, module.get_function(name).kernel.ptr)
     return handle
+
+
+_dynamic_shared_allowed: dict[int, int] = {}  # function handle -> the opt-in it has
+_dynamic_shared_lock = threading.Lock()
+
+
+def allow_dynamic_shared(handle: int, shared_bytes: int) -> None:
+    """Let kernel ``handle`` launch with ``shared_bytes`` of dynamic shared
+    memory, past the 48 KiB a launch gets without the kernel's opt-in.
+
+    The opt-in belongs to the function, which every plan with the same
+    module and name shares, so it is only ever raised: a later plan setting
+    a smaller one would make an earlier plan's launches fail.
+    """
+    with _dynamic_shared_lock:
+        if _dynamic_shared_allowed.get(handle, 0) >= shared_bytes:
+            return
+        driver.funcSetAttribute(handle, driver.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                                shared_bytes)
+        _dynamic_shared_allowed[handle] = shared_bytes
 
 
 class DeviceTraits(NamedTuple):
