@@ -150,7 +150,9 @@ _DYNAMIC_SHARED = re.compile(
 
 
 # a static __shared__ declaration (after the dynamic ones are rewritten): its
-# alignment, then the type and declarators, e.g. "int segments, total_rows"
+# alignment, then the type and declarators, e.g. "int segments, total_rows".
+# Inside a function only: the call that poisons it is a statement (one at
+# namespace scope fails to compile, naming it).
 _STATIC_SHARED = re.compile(r"__shared__\s+(__align__\(\s*\d+\s*\)\s+)?([^;{}()]+);")
 _DECLARATOR = re.compile(r"(\w+)\s*((?:\[[^\]]*\]\s*)*)$")
 
