@@ -39,7 +39,8 @@
 #define __launch_bounds__(...)
 #define __restrict__ __restrict
 #define __align__(n) __attribute__((aligned(n)))
-#define __shared__ static thread_local  // build.py rewrites the declarations (see poison_shared_once)
+// build.py rewrites the static declarations (see poison_shared_once)
+#define __shared__ static thread_local
 
 struct uint3 { unsigned x, y, z; };
 typedef uint3 dim3;
