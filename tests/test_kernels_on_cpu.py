@@ -462,7 +462,8 @@ def test_inline_ptx_is_rewritten_or_refused():
                       "reinterpret_cast<unsigned char*>(emu::dynamic_shared());")
 
 
-def _launch_selftest(name: str, blocks: int, threads: int, *arrays) -> None:
+def _launch_selftest(name: str, blocks: int, threads: int, *arrays,
+                     shared_bytes: int = 0, seed: int = 7) -> None:
     """Launch selftest.cu's ``name``; each argument an array (its pointer) or
     a Python int (an int64)."""
     import ctypes
@@ -470,8 +471,29 @@ def _launch_selftest(name: str, blocks: int, threads: int, *arrays) -> None:
     pointers = [ctypes.c_void_p(a.ctypes.data) if isinstance(a, np.ndarray)
                 else ctypes.c_longlong(a) for a in arrays]
     params = (ctypes.c_void_p * len(pointers))(*[ctypes.addressof(p) for p in pointers])
-    build.module("selftest.cu").launch(name, (blocks, 1, 1), (threads, 1, 1), 0,
-                                       ctypes.addressof(params), seed=7)
+    build.module("selftest.cu").launch(name, (blocks, 1, 1), (threads, 1, 1), shared_bytes,
+                                       ctypes.addressof(params), seed=seed)
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3, 7])
+def test_an_mbarrier_wait_waits_for_the_load_of_another_thread(seed):
+    """A wait yields until its phase completes (thread 5's bulk copy), in any
+    order of the threads; a wait for a copy never issued is a deadlock."""
+    values = np.arange(100, 116, dtype=np.int32)
+    out = np.zeros(32, np.int32)
+    _launch_selftest("selftest_mbarrier", 1, 32, values, out, 0, shared_bytes=64, seed=seed)
+    np.testing.assert_array_equal(out, np.tile(values, 2))
+    with pytest.raises(RuntimeError, match=r"selftest_mbarrier: deadlock in block \(0,0,0\)"):
+        _launch_selftest("selftest_mbarrier", 1, 32, values, out, 1, shared_bytes=64,
+                         seed=seed)
+
+
+def test_static_shared_memory_starts_each_block_as_garbage():
+    """As on the GPU: a block reading a static __shared__ variable before
+    writing it finds garbage, not what an earlier block left there."""
+    out = np.zeros(40, np.int32)
+    _launch_selftest("selftest_shared_garbage", 40, 1, out)
+    assert (out.view(np.uint32) == 0xA5A5A5A5).all()
 
 
 def test_misuse_is_reported_not_hung():

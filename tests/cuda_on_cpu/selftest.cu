@@ -31,3 +31,32 @@ extern "C" __global__ void selftest_sum(unsigned long long* total) {
 extern "C" __global__ void selftest_read(const int* in, long long index, int* out) {
     out[0] = in[index];
 }
+
+// Thread 5 lands 64 bytes of `in` in shared memory by a bulk copy; every
+// thread waits for the mbarrier's phase 0 first, so it must read them
+// whichever thread runs first. With `never_load`, no copy is issued: the
+// wait can never complete.
+#include "bulk_copy.cuh"
+
+extern "C" __global__ void selftest_mbarrier(const int* in, int* out, long long never_load) {
+    extern __shared__ __align__(128) unsigned char stage[];
+    __shared__ __align__(8) unsigned long long loaded;
+    const unsigned barrier = shared_address(&loaded);
+    if (threadIdx.x == 0) mbarrier_init(barrier);
+    __syncthreads();
+    if (threadIdx.x == 5 && !never_load) {
+        mbarrier_arrive_expect(barrier, 64);
+        bulk_load(shared_address(stage), in, 64, barrier);
+    }
+    mbarrier_wait_parity(barrier, 0);
+    out[threadIdx.x] = reinterpret_cast<const int*>(stage)[threadIdx.x % 16];
+}
+
+// Each block reads a static shared variable before writing it: garbage in
+// every block, also where an earlier block on the same OS thread wrote it.
+extern "C" __global__ void selftest_shared_garbage(int* out) {
+    __shared__ int value;
+    out[blockIdx.x] = value;
+    __syncthreads();
+    value = 7;
+}
