@@ -243,7 +243,7 @@ def run_combine_quantize_cases(rng) -> int:
                                                       if dtype is bf16 else rows),
                                          cupy.asarray(token_topk_to_pos),
                                          cupy.asarray(weights), vecs_per_thread=2,
-                                         bulk_stages=2)
+                                         bulk_stages=2, bulk_rounds=2)
             assert np.array_equal(bits(cupy.asnumpy(got)), bits(want))
             cases += 4
     for num_rows, hidden in ((5, 300), (40, 2048), (0, 128), (3, 7168), (70, 768)):

@@ -57,7 +57,10 @@ SHAPES = [{}, *({"vecs_per_thread": vecs, "slot_batch": batch, "max_warps": warp
           # column chunks in flight (twenty-sixth session; sm_90, 16-byte rows)
           *({"vecs_per_thread": vecs, "max_warps": warps, "bulk_stages": stages}
             for vecs, warps, stages in ((1, 4, 4), (1, 4, 8), (1, 8, 4), (2, 4, 2), (2, 4, 4),
-                                        (2, 4, 8), (4, 4, 2), (4, 4, 4), (2, 8, 4), (4, 8, 2)))]
+                                        (2, 4, 8), (4, 4, 2), (4, 4, 4), (2, 8, 4), (4, 8, 2))),
+          # ... and consecutive groups of tokens a block, in turn (a shorter grid)
+          *({"vecs_per_thread": vecs, "max_warps": 4, "bulk_stages": 4, "bulk_rounds": rounds}
+            for vecs, rounds in ((1, 2), (1, 4), (2, 2)))]
 DEFAULT_LABELS = ["reduce-kimi-k2-decode", "reduce-kimi-k2-medium", "reduce-kimi-k2-prefill",
                   "reduce-qwen3-30b-a3b-prefill", "reduce-dsv3-ep8-prefill-plan"]
 

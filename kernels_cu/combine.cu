@@ -101,6 +101,13 @@
 #ifndef COMBINE_BULK_STAGES
 #define COMBINE_BULK_STAGES 0
 #endif
+// With COMBINE_BULK_STAGES: consecutive groups of row_threads / K tokens a
+// block takes one after the other (launch_shape.py bulk_rounds), its stages
+// and mbarriers carried over: a grid that many times shorter, for batches
+// whose blocks would otherwise run in more than one wave.
+#ifndef COMBINE_BULK_ROUNDS
+#define COMBINE_BULK_ROUNDS 1
+#endif
 // The largest block the host launches (cupy_moe/combine/launch_shape.py), and
 // the blocks of that size an SM must hold at least: with this bound ptxas
 // neither spills (it did with the thread bound alone) nor takes more than 128
@@ -469,14 +476,15 @@ struct BulkSlot {
     int token;    // the token, counted from the block's first
 };
 
-// The block's row_threads / K tokens from blockIdx.x's, column chunk
-// blockIdx.y of row_threads * COMBINE_VECS 16-byte vectors (see
+// COMBINE_BULK_ROUNDS groups of row_threads / K tokens from blockIdx.x's,
+// column chunk blockIdx.y of row_threads * COMBINE_VECS 16-byte vectors (see
 // COMBINE_BULK_STAGES). The dynamic shared memory holds COMBINE_BULK_STAGES
 // chunks, a full chunk's bytes apart; each stage has an mbarrier, armed by
-// thread 0 for the chunk's bytes each time a load is issued into it (use n
-// of a stage completes its phase n, so a wait names parity n & 1). A stage
-// is loaded again only after the block barrier that follows every thread's
-// reading of it.
+// thread 0 for the chunk's bytes each time a load is issued into it. The
+// block's chunks are numbered across its rounds: chunk n lands in stage n %
+// STAGES and completes that stage's phase n / STAGES, so a wait names parity
+// (n / STAGES) & 1. A stage is loaded again only after the block barrier
+// that follows every thread's reading of it.
 template <int FMT>
 __device__ __forceinline__ void reduce_fused_bulk(const CombineArgs& a) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -493,88 +501,100 @@ __device__ __forceinline__ void reduce_fused_bulk(const CombineArgs& a) {
     const int tid = static_cast<int>(threadIdx.x);
     const int warp = tid >> 5, lane = tid & 31;
     const int block_tokens = a.row_threads / a.top_k;
-    const i64 first = static_cast<i64>(blockIdx.x) * block_tokens;
-    const int tokens = static_cast<int>(min(static_cast<i64>(block_tokens), a.num_tokens - first));
     const i64 stage_vecs = static_cast<i64>(a.row_threads) * COMBINE_VECS;  // a full chunk
     const i64 chunk_begin = static_cast<i64>(blockIdx.y) * stage_vecs;
     const unsigned chunk_bytes =
         static_cast<unsigned>(min(stage_vecs, a.row_vecs - chunk_begin) * 16);
     const unsigned stage_bytes = static_cast<unsigned>(stage_vecs * 16);
     const i64 v = chunk_begin + tid;  // this thread's vectors: v, v + row_threads, ...
-
-    // thread i: the block's flat slot i (token i / K, slot i % K)
-    const int token = tid / a.top_k;
-    int pos = -1;
-    float scale = 1.0f;
-    if (token < tokens)
-        load_slot(a, (first + token) * a.top_k + (tid - token * a.top_k), pos, scale);
-    if (tid < block_tokens) token_live[tid] = 0;
-    if (tid < STAGES) mbarrier_init(shared_address(&loaded[tid]));
-    const unsigned live = __ballot_sync(0xFFFFFFFFu, pos >= 0);
-    if (lane == 0) warp_live[warp] = __popc(live);
-    __syncthreads();
-    // the live slots, listed in flat order: this warp's place after the warps before
-    int listed = 0, total = 0;
-    for (int w = 0; w < a.row_threads / 32; ++w) {
-        if (w < warp) listed += warp_live[w];
-        total += warp_live[w];
-    }
-    if (pos >= 0) {
-        live_slots[listed + __popc(live & ((1u << lane) - 1u))] = BulkSlot{pos, scale, token};
-        token_live[token] = 1;
-    }
-    __syncthreads();
-
     const unsigned char* chunks = static_cast<const unsigned char*>(a.expanded) + chunk_begin * 16;
     const i64 row_bytes = a.row_vecs * 16;
     const unsigned stage_at = shared_address(stages);
-    if (tid == 0) {
-        for (int i = 0; i < min(STAGES, total); ++i) {
-            const unsigned barrier = shared_address(&loaded[i]);
-            mbarrier_arrive_expect(barrier, chunk_bytes);
-            bulk_load(stage_at + i * stage_bytes, chunks + live_slots[i].pos * row_bytes,
-                      chunk_bytes, barrier);
-        }
-    }
-    // rows of the tokens without a live slot while the first chunks land
-    for (int t = 0; t < tokens; ++t)
-        if (!token_live[t]) store_zero_row<16>(a, first + t, v);
+    // chunk n of the block (counted across its rounds) into its stage
+    const auto load_chunk = [&](int n, int pos) {
+        const int s = n % STAGES;
+        const unsigned barrier = shared_address(&loaded[s]);
+        mbarrier_arrive_expect(barrier, chunk_bytes);
+        bulk_load(stage_at + s * stage_bytes, chunks + pos * row_bytes, chunk_bytes, barrier);
+    };
+    if (tid < STAGES) mbarrier_init(shared_address(&loaded[tid]));
+    int taken = 0;  // the block's chunks of its rounds before this one
 
-    float acc[COMBINE_VECS][ELEMS];
-#pragma unroll
-    for (int c = 0; c < COMBINE_VECS; ++c)
-#pragma unroll
-        for (int e = 0; e < ELEMS; ++e) acc[c][e] = 0.0f;
 #pragma unroll 1
-    for (int i = 0; i < total; ++i) {
-        const int s = i % STAGES;
-        mbarrier_wait_parity(shared_address(&loaded[s]), static_cast<unsigned>(i / STAGES) & 1u);
-        const BulkSlot slot = live_slots[i];
-        const uint4* stage = reinterpret_cast<const uint4*>(stages + s * stage_bytes);
-#pragma unroll
-        for (int c = 0; c < COMBINE_VECS; ++c) {
-            if (v + c * a.row_threads >= a.row_vecs) break;
-            const uint4 held = stage[tid + c * a.row_threads];
-            Bits bits[ELEMS];
-            memcpy(bits, &held, sizeof(uint4));
-#pragma unroll
-            for (int e = 0; e < ELEMS; ++e)
-                acc[c][e] = __fmaf_rn(F::widen(bits[e]), slot.scale, acc[c][e]);
+    for (int round = 0; round < COMBINE_BULK_ROUNDS; ++round) {
+        const i64 first =
+            (static_cast<i64>(blockIdx.x) * COMBINE_BULK_ROUNDS + round) * block_tokens;
+        if (first >= a.num_tokens) break;  // the same in every thread
+        const int tokens =
+            static_cast<int>(min(static_cast<i64>(block_tokens), a.num_tokens - first));
+        // thread i: the round's flat slot i (token i / K, slot i % K)
+        const int token = tid / a.top_k;
+        int pos = -1;
+        float scale = 1.0f;
+        if (token < tokens)
+            load_slot(a, (first + token) * a.top_k + (tid - token * a.top_k), pos, scale);
+        if (tid < block_tokens) token_live[tid] = 0;
+        const unsigned live = __ballot_sync(0xFFFFFFFFu, pos >= 0);
+        if (lane == 0) warp_live[warp] = __popc(live);
+        __syncthreads();
+        // the live slots, listed in flat order: this warp's place after the warps before
+        int listed = 0, total = 0;
+        for (int w = 0; w < a.row_threads / 32; ++w) {
+            if (w < warp) listed += warp_live[w];
+            total += warp_live[w];
         }
-        if (i + 1 == total || live_slots[i + 1].token != slot.token) {  // its last slot
-            store_row<FMT, 16>(a, first + slot.token, v, acc);
-#pragma unroll
-            for (int c = 0; c < COMBINE_VECS; ++c)
-#pragma unroll
-                for (int e = 0; e < ELEMS; ++e) acc[c][e] = 0.0f;
+        if (pos >= 0) {
+            live_slots[listed + __popc(live & ((1u << lane) - 1u))] = BulkSlot{pos, scale, token};
+            token_live[token] = 1;
         }
-        __syncthreads();  // every thread is done with stage s: load it again
-        if (tid == 0 && i + STAGES < total) {
-            const unsigned barrier = shared_address(&loaded[s]);
-            mbarrier_arrive_expect(barrier, chunk_bytes);
-            bulk_load(stage_at + s * stage_bytes, chunks + live_slots[i + STAGES].pos * row_bytes,
-                      chunk_bytes, barrier);
+        __syncthreads();
+
+        // the round's first chunks: every stage is free (the chunks of the
+        // rounds before were all read before their last block barrier)
+        if (tid == 0)
+            for (int i = 0; i < min(STAGES, total); ++i) load_chunk(taken + i, live_slots[i].pos);
+        // rows of the tokens without a live slot while the first chunks land
+        for (int t = 0; t < tokens; ++t)
+            if (!token_live[t]) store_zero_row<16>(a, first + t, v);
+
+        float acc[COMBINE_VECS][ELEMS];
+#pragma unroll
+        for (int c = 0; c < COMBINE_VECS; ++c)
+#pragma unroll
+            for (int e = 0; e < ELEMS; ++e) acc[c][e] = 0.0f;
+#pragma unroll 1
+        for (int i = 0; i < total; ++i) {
+            const int n = taken + i, s = n % STAGES;
+            mbarrier_wait_parity(shared_address(&loaded[s]),
+                                 static_cast<unsigned>(n / STAGES) & 1u);
+            const BulkSlot slot = live_slots[i];
+            const uint4* stage = reinterpret_cast<const uint4*>(stages + s * stage_bytes);
+#pragma unroll
+            for (int c = 0; c < COMBINE_VECS; ++c) {
+                if (v + c * a.row_threads >= a.row_vecs) break;
+                const uint4 held = stage[tid + c * a.row_threads];
+                Bits bits[ELEMS];
+                memcpy(bits, &held, sizeof(uint4));
+#pragma unroll
+                for (int e = 0; e < ELEMS; ++e)
+                    acc[c][e] = __fmaf_rn(F::widen(bits[e]), slot.scale, acc[c][e]);
+            }
+            if (i + 1 == total || live_slots[i + 1].token != slot.token) {  // its last slot
+                store_row<FMT, 16>(a, first + slot.token, v, acc);
+#pragma unroll
+                for (int c = 0; c < COMBINE_VECS; ++c)
+#pragma unroll
+                    for (int e = 0; e < ELEMS; ++e) acc[c][e] = 0.0f;
+            }
+            __syncthreads();  // every thread is done with stage s: load it again
+            if (tid == 0 && i + STAGES < total) load_chunk(n + STAGES, live_slots[i + STAGES].pos);
         }
+        // No barrier before the next round rewrites the flags, counts and
+        // list: every thread read this round's list and flags before the
+        // chunk loop's last barrier (or, with no live slot, found every flag
+        // 0, which is what the next round writes first), and the next round
+        // writes the list only after a barrier of its own.
+        taken += total;
     }
 #else
     __trap();  // the host launches bulk shapes on sm_90 and newer only

@@ -202,6 +202,7 @@ def test_random_cases_are_bit_exact(kind):
             options["shape_options"] = {"vecs_per_thread": int(rng.choice([1, 2, 4])),
                                         "max_warps": int(rng.integers(1, 9)),
                                         "bulk_stages": int(rng.choice([2, 4, 8])),
+                                        "bulk_rounds": int(rng.choice([1, 2, 4])),
                                         "fill_blocks_per_sm": float(rng.choice([0, 4]))}
         try:
             run_case(kind, case, rng, **options)
@@ -318,7 +319,7 @@ def test_bulk_layout_on_expert_parallel_and_dense_plans(kind, top_k):
     tokens with none) and on a dense one, every dtype, special values, blocks
     of 1 to 8 warps (K = 33 and 64: blocks of one warp fall back to the warp
     walk), 1 to 4 vectors a thread, partial last chunks (H = 7000 bf16 is 875
-    vectors)."""
+    vectors), 1, 2 or 4 rounds of tokens a block."""
     from cupy_moe.mapping.reference import fused_mapping_numpy
 
     rng = np.random.default_rng()
@@ -338,10 +339,12 @@ def test_bulk_layout_on_expert_parallel_and_dense_plans(kind, top_k):
                 if case["row_scale"] is not None:
                     case["row_scale"] = rng.random(num_rows, dtype=np.float32)
             expected = reduce_fused_numpy(**case)
-            for vecs, warps, stages in ((1, 4, 4), (2, 4, 2), (4, 8, 8), (2, 1, 4), (1, 8, 2)):
+            for vecs, warps, stages, rounds in ((1, 4, 4, 1), (2, 4, 2, 2), (4, 8, 8, 1),
+                                                (2, 1, 4, 4), (1, 8, 2, 2)):
                 run_case(kind, case, rng, use_out=True, expected=expected,
                          shape_options={"vecs_per_thread": vecs, "max_warps": warps,
-                                        "bulk_stages": stages, "fill_blocks_per_sm": 0.0})
+                                        "bulk_stages": stages, "bulk_rounds": rounds,
+                                        "fill_blocks_per_sm": 0.0})
 
 
 @pytest.mark.parametrize("kind", KINDS)

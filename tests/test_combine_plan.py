@@ -180,18 +180,20 @@ def test_the_bulk_option_needs_16_byte_rows_on_sm90(monkeypatch, fake_gpu, major
     monkeypatch.setattr(gpu, "device_traits",
                         lambda device: DeviceTraits(MULTIPROCESSORS, major, 227 * 1024))
     modules = _record_defines(monkeypatch)
-    options = (("bulk_stages", 4), ("max_warps", 4), ("vecs_per_thread", 2))
-    plan = gpu.CombinePlan(_problem(num_tokens=4096, num_expanded=8192), 2, 0, options)
+    options = (("bulk_rounds", 2), ("bulk_stages", 4), ("max_warps", 4),
+               ("vecs_per_thread", 2))
+    plan = gpu.CombinePlan(_problem(num_tokens=8192, num_expanded=16384), 2, 0, options)
     plan.launch(0, 0x10000 + vec_bytes, 0x30000, 0, 0, 0x20000)
     record = driver.launches[-1]
     shape = plan.kernel(vec_bytes).shape
     if bulk:
-        assert modules[-1] == {"COMBINE_VECS": 2, "COMBINE_BULK_STAGES": 4}
+        assert modules[-1] == {"COMBINE_VECS": 2, "COMBINE_BULK_STAGES": 4,
+                               "COMBINE_BULK_ROUNDS": 2}
         assert record["shared"] == shape.shared_bytes == 4 * 128 * 2 * 16
         assert record["block"] == (128, 1, 1) and record["grid"] == (256, 4, 1)
-    else:
+    else:  # bulk_rounds goes with bulk_stages
         assert modules[-1] == {"COMBINE_VECS": 2}
-        assert record["shared"] == 0 and shape.bulk_stages == 0
+        assert record["shared"] == 0 and (shape.bulk_stages, shape.bulk_rounds) == (0, 1)
 
 
 def test_bulk_stages_beyond_48_kib_opt_in_and_beyond_the_gpu_raise(monkeypatch, fake_gpu):

@@ -223,11 +223,12 @@ def test_sparse_slots_reads_x_against_the_slots():
 def bulk_covered(shape: CombineShape, num_tokens: int, row_vecs: int,
                  top_k: int) -> np.ndarray:
     """How many threads store each (token, vector) under the bulk layout,
-    replaying combine.cu's reduce_fused_bulk: block (bx, by) takes the
-    row_threads // K tokens from bx's and column chunk by; thread i stores
-    vectors chunk_begin + i, + row_threads, ... of each of its tokens."""
+    replaying combine.cu's reduce_fused_bulk: block (bx, by) takes
+    bulk_rounds groups of row_threads // K tokens from bx's and column chunk
+    by; thread i stores vectors chunk_begin + i, + row_threads, ... of each
+    of its tokens."""
     hits = np.zeros((num_tokens, row_vecs), dtype=np.int64)
-    block_tokens = shape.row_threads // top_k
+    block_tokens = shape.row_threads // top_k * shape.bulk_rounds
     thread = np.arange(shape.row_threads)
     for bx in range(shape.token_blocks):
         tokens = bx * block_tokens + np.arange(block_tokens)
@@ -251,19 +252,22 @@ def test_bulk_blocks_store_every_output_vector_once(seed):
     row_vecs = int(rng.integers(1, 2000)) if seed % 3 else int(rng.integers(1, 70))
     top_k = int(rng.choice([1, 3, 8, 10, 33, 64, 100, 300]))
     vecs, stages = int(rng.choice([1, 2, 4])), int(rng.choice([2, 4, 8]))
+    rounds = int(rng.choice([1, 2, 4]))
     shape = combine_shape(num_tokens, row_vecs, int(rng.choice([1, 8, 132])),
                           max_warps=int(rng.integers(1, 9)),
                           fill_blocks_per_sm=float(rng.choice([0.0, 1.0, 4.0, 16.0])),
-                          vecs_per_thread=vecs, bulk_stages=stages, top_k=top_k)
+                          vecs_per_thread=vecs, bulk_stages=stages, bulk_rounds=rounds,
+                          top_k=top_k)
     packed = -(-row_vecs // vecs) <= 16
     assert (shape.bulk_stages == 0) == (packed or shape.row_threads < top_k)
     if not shape.bulk_stages:
-        assert shape.warp_slots == (not packed)
+        assert shape.warp_slots == (not packed) and shape.bulk_rounds == 1
         return
     assert shape.row_threads % 32 == 0 and shape.tokens_per_block == 1
-    assert shape.token_blocks == -(-num_tokens // (shape.row_threads // top_k))
+    assert shape.token_blocks == -(-num_tokens // (shape.row_threads // top_k * rounds))
     assert shape.shared_bytes == stages * shape.row_threads * vecs * 16
     assert ("COMBINE_BULK_STAGES", stages) in shape.defines()
+    assert (("COMBINE_BULK_ROUNDS", rounds) in shape.defines()) == (rounds != 1)
     assert (bulk_covered(shape, num_tokens, row_vecs, top_k) == 1).all()
 
 
@@ -284,6 +288,19 @@ def test_the_bulk_layout_of_the_expert_parallel_prefill():
     for other in ({"warp_slots": True}, {"stream_rounds": 1}):
         with pytest.raises(ValueError, match=r"bulk_stages is a layout of its own"):
             combine_shape(4096, 896, 132, bulk_stages=2, top_k=8, **other)
+    # at 8k, two groups of 16 tokens a block: half the token blocks
+    rounds = combine_shape(8192, 896, 132, vecs_per_thread=2, max_warps=4, bulk_stages=4,
+                           bulk_rounds=2, top_k=8)
+    assert (rounds.row_threads, rounds.token_blocks, rounds.chunks) == (128, 256, 4)
+    # (at 4096 that grid would be short of 4 blocks an SM: rows are cut finer)
+    assert combine_shape(4096, 896, 132, vecs_per_thread=2, max_warps=4, bulk_stages=4,
+                         bulk_rounds=2, top_k=8).chunks == 5
+    with pytest.raises(ValueError, match=r"bulk_rounds needs bulk_stages"):
+        combine_shape(4096, 896, 132, bulk_rounds=2, top_k=8)
+    with pytest.raises(ValueError, match=r"bulk_rounds must be one of \(1, 2, 4\); got 3"):
+        combine_shape(4096, 896, 132, bulk_stages=2, bulk_rounds=3, top_k=8)
+    with pytest.raises(TypeError, match=r"bulk_rounds must be an int; got True"):
+        combine_shape(4096, 896, 132, bulk_stages=2, bulk_rounds=True, top_k=8)
 
 
 def test_auto_shape_takes_a_bulk_default_only_where_the_launch_allows(monkeypatch):

@@ -320,9 +320,10 @@ def test_fused_mapping_matches_the_oracle(monkeypatch, rng, num_tokens, top_k, n
     ({"vecs_per_thread": 4, "slot_batch": 2, "stream_rounds": 4}, 32),
     ({"vecs_per_thread": 1, "bulk_stages": 2, "fill_blocks_per_sm": 0}, 8),
     ({"vecs_per_thread": 2, "bulk_stages": 4, "max_warps": 1}, 3),
-    ({"vecs_per_thread": 4, "bulk_stages": 8, "fill_blocks_per_sm": 0}, 40)],
+    ({"vecs_per_thread": 4, "bulk_stages": 8, "fill_blocks_per_sm": 0}, 40),
+    ({"vecs_per_thread": 2, "bulk_stages": 2, "bulk_rounds": 4, "max_warps": 1}, 8)],
     ids=["auto", "warp-slots", "warp-slots-k40-4-tokens", "stream-k8", "stream-k3",
-         "stream-k32", "bulk-k8", "bulk-k3", "bulk-k40"])
+         "stream-k32", "bulk-k8", "bulk-k3", "bulk-k40", "bulk-k8-4-rounds"])
 def test_reduce_fused_matches_the_oracle(monkeypatch, rng, dtype, hidden, row_scale, shape,
                                          top_k):
     """The combine: each token's slots weighted and summed in k order, one
@@ -336,7 +337,9 @@ def test_reduce_fused_matches_the_oracle(monkeypatch, rng, dtype, hidden, row_sc
     with a block's live rows landed in shared memory by bulk copies (2 stages
     reused over the 19 tokens' list at K = 8; one-warp blocks of 10 tokens at
     K = 3, the last 9; K = 40: 5 tokens a block of 224 threads, 1 where a
-    block has 64; unaligned rows fall back to the register walk)."""
+    block has 64; 4 rounds of 4 tokens a one-warp block, 2 stages numbered
+    across the rounds, the second block's last rounds empty; unaligned rows
+    fall back to the register walk)."""
     import cupy_moe
     from cupy_moe.combine.api import run_with_shape
 

@@ -91,7 +91,8 @@ def run_with_shape(expanded: Any, token_topk_to_pos: Any, topk_weights: Any = No
     path): ``shape_options`` are keyword arguments of
     ``combine.launch_shape.combine_shape`` (``max_warps``,
     ``fill_blocks_per_sm``, ``vecs_per_thread``, ``slot_batch``,
-    ``warp_slots``, ``warp_tokens``, ``stream_rounds``, ``bulk_stages``; K
+    ``warp_slots``, ``warp_tokens``, ``stream_rounds``, ``bulk_stages``,
+    ``bulk_rounds``; K
     comes from ``token_topk_to_pos``). Same rules and results; only the grid
     and the kernel variant differ (the CPU ignores them)."""
     return _reduce_fused(expanded, token_topk_to_pos, topk_weights, row_scale, out, validate,

@@ -105,6 +105,7 @@ class CombinePlan:
             bulk_ok = vec_bytes == BULK_VEC_BYTES and traits.major >= 9
             if options.get("bulk_stages") and not bulk_ok:
                 options["bulk_stages"] = 0
+                options.pop("bulk_rounds", None)
             sparse = sparse_slots(problem.num_tokens, problem.top_k, problem.num_expanded)
             shape = auto_combine_shape(problem.num_tokens, self.row_bytes // vec_bytes,
                                        traits.multiprocessors, top_k=problem.top_k,

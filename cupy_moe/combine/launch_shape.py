@@ -81,6 +81,7 @@ SLOT_BATCH_CHOICES = (2, 4, 8, 16)
 WARP_TOKENS_CHOICES = (1, 2, 4)
 STREAM_ROUNDS_CHOICES = (0, 1, 2, 4)
 BULK_STAGES_CHOICES = (0, 2, 4, 8)
+BULK_ROUNDS_CHOICES = (1, 2, 4)
 BULK_VEC_BYTES = 16        # the bulk layout's access: whole 16-byte vectors
 WARP_LANES = 32
 MAX_GRID_X = 2**31 - 1
@@ -98,12 +99,13 @@ class CombineShape(NamedTuple):
     warp_tokens: int = 1  # with warp_slots: consecutive tokens a warp takes in turn
     stream_rounds: int = 0  # > 0: a warp streams the live rows of that many rounds of tokens
     bulk_stages: int = 0  # > 0: a block's live rows land in shared memory, this many in flight
+    bulk_rounds: int = 1  # with bulk_stages: groups of row_threads // K tokens a block takes
 
     def defines(self) -> tuple[tuple[str, int], ...]:
         """The kernel variant this shape needs (combine.cu's COMBINE_VECS,
         COMBINE_SLOT_BATCH, COMBINE_WARP_SLOTS, COMBINE_WARP_TOKENS,
-        COMBINE_STREAM_ROUNDS and COMBINE_BULK_STAGES; none for the default
-        variant)."""
+        COMBINE_STREAM_ROUNDS, COMBINE_BULK_STAGES and COMBINE_BULK_ROUNDS; none
+        for the default variant)."""
         defines = []
         if self.vecs_per_thread != 1:
             defines.append(("COMBINE_VECS", self.vecs_per_thread))
@@ -117,6 +119,8 @@ class CombineShape(NamedTuple):
             defines.append(("COMBINE_STREAM_ROUNDS", self.stream_rounds))
         if self.bulk_stages:
             defines.append(("COMBINE_BULK_STAGES", self.bulk_stages))
+        if self.bulk_rounds != 1:
+            defines.append(("COMBINE_BULK_ROUNDS", self.bulk_rounds))
         return tuple(defines)
 
     @property
@@ -190,7 +194,8 @@ def combine_shape(num_tokens: int, row_vecs: int, multiprocessors: int, *,
                   vecs_per_thread: int = VECS_PER_THREAD,
                   slot_batch: int = SLOT_BATCH,
                   warp_slots: bool = False, warp_tokens: int = 1, stream_rounds: int = 0,
-                  bulk_stages: int = 0, top_k: int | None = None) -> CombineShape:
+                  bulk_stages: int = 0, bulk_rounds: int = 1,
+                  top_k: int | None = None) -> CombineShape:
     """The launch shape of ``num_tokens`` rows of ``row_vecs`` vectors each.
 
     ``max_warps``, ``fill_blocks_per_sm``, ``vecs_per_thread`` and
@@ -222,6 +227,10 @@ def combine_shape(num_tokens: int, row_vecs: int, multiprocessors: int, *,
     its vectors (``shared_bytes`` of stages a block). Where a block's
     threads are fewer than K the shape falls back to ``warp_slots``, where
     rows are packed to the per-thread walk (``bulk_stages=0`` both times).
+    ``bulk_rounds`` (with ``bulk_stages``): each block takes that many
+    consecutive groups of ``row_threads // K`` tokens in turn, its stages
+    carried over (a grid that many times shorter: batches whose blocks
+    would run in more than one wave).
     """
     if row_vecs < 1:
         raise ValueError(f"row_vecs must be >= 1; got {row_vecs}")
@@ -235,7 +244,7 @@ def combine_shape(num_tokens: int, row_vecs: int, multiprocessors: int, *,
     if not isinstance(warp_slots, bool):
         raise TypeError(f"warp_slots must be True or False; got {warp_slots!r}")
     for name, value in (("warp_tokens", warp_tokens), ("stream_rounds", stream_rounds),
-                        ("bulk_stages", bulk_stages)):
+                        ("bulk_stages", bulk_stages), ("bulk_rounds", bulk_rounds)):
         if isinstance(value, bool):
             raise TypeError(f"{name} must be an int; got {value!r}")
     if warp_tokens not in WARP_TOKENS_CHOICES:
@@ -254,11 +263,15 @@ def combine_shape(num_tokens: int, row_vecs: int, multiprocessors: int, *,
     if bulk_stages and (stream_rounds or warp_slots):
         raise ValueError("bulk_stages is a layout of its own: not with warp_slots or "
                          "stream_rounds")
+    if bulk_rounds not in BULK_ROUNDS_CHOICES:
+        raise ValueError(f"bulk_rounds must be one of {BULK_ROUNDS_CHOICES}; got {bulk_rounds}")
+    if bulk_rounds != 1 and not bulk_stages:
+        raise ValueError("bulk_rounds needs bulk_stages")
     if stream_rounds and not 1 <= top_k <= WARP_LANES:
         stream_rounds, warp_slots = 0, True  # one load cannot cover a token's slots
     # consecutive tokens a warp takes (bulk: a block's, at its widest)
     warp_span = (stream_rounds * (WARP_LANES // top_k) if stream_rounds
-                 else max(1, max_warps * WARP_LANES // top_k) if bulk_stages
+                 else max(1, max_warps * WARP_LANES // top_k) * bulk_rounds if bulk_stages
                  else warp_tokens if warp_slots else 1)
     vectors = row_vecs
     row_vecs = ceil_div(row_vecs, vecs_per_thread)  # the threads' columns
@@ -283,14 +296,17 @@ def combine_shape(num_tokens: int, row_vecs: int, multiprocessors: int, *,
                          f"one launch takes at most {MAX_GRID_Y}")
     # a warp shares one token's slots only where no warp spans two tokens
     if row_threads % WARP_LANES:
-        warp_slots, warp_tokens, stream_rounds, bulk_stages, warp_span = False, 1, 0, 0, 1
+        warp_slots, warp_tokens, stream_rounds, warp_span = False, 1, 0, 1
+        bulk_stages, bulk_rounds = 0, 1
     if bulk_stages:
-        warp_span = row_threads // top_k  # the block's tokens: a thread a slot
+        # the block's tokens: a thread a slot, bulk_rounds times
+        warp_span = row_threads // top_k * bulk_rounds
         if warp_span == 0:  # fewer threads than slots
-            bulk_stages, warp_slots, warp_span = 0, True, 1
+            bulk_stages, bulk_rounds, warp_slots, warp_span = 0, 1, True, 1
     token_blocks = ceil_div(num_tokens, tokens_per_block * warp_span)
     if token_blocks > MAX_GRID_X:
         raise ValueError(f"T = {num_tokens} tokens need {token_blocks} blocks; one launch "
                          f"takes at most {MAX_GRID_X}")
     return CombineShape(row_threads, tokens_per_block, chunks, token_blocks, vecs_per_thread,
-                        slot_batch, warp_slots, warp_tokens, stream_rounds, bulk_stages)
+                        slot_batch, warp_slots, warp_tokens, stream_rounds, bulk_stages,
+                        bulk_rounds)
