@@ -157,14 +157,16 @@ def _assert_no_spills(defines: tuple[tuple[str, int], ...], arch: str) -> None:
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
-@pytest.mark.parametrize(("vecs", "stages"), [(1, 4), (2, 2), (4, 8)])
-def test_the_bulk_variants_compile_without_spills(arch, vecs, stages):
-    """COMBINE_BULK_STAGES (launch_shape's bulk_stages, a sweep option):
-    every kernel compiles for both architectures (before sm_90 the bulk body
-    is a trap the host never launches), none spills, and the 16-byte kernels'
-    float operations are the oracle's fma.rn / mul.rn alone."""
+@pytest.mark.parametrize(("vecs", "stages", "rounds"), [(1, 4, 1), (2, 2, 2), (4, 8, 4)])
+def test_the_bulk_variants_compile_without_spills(arch, vecs, stages, rounds):
+    """COMBINE_BULK_STAGES and COMBINE_BULK_ROUNDS (launch_shape's
+    bulk_stages and bulk_rounds, sweep options): every kernel compiles for
+    both architectures (before sm_90 the bulk body is a trap the host never
+    launches), none spills, and the 16-byte kernels' float operations are
+    the oracle's fma.rn / mul.rn alone."""
     nvrtc_or_skip()
-    defines = (("COMBINE_VECS", vecs), ("COMBINE_BULK_STAGES", stages))
+    defines = (("COMBINE_VECS", vecs), ("COMBINE_BULK_STAGES", stages),
+               ("COMBINE_BULK_ROUNDS", rounds))
     _assert_no_spills(defines, arch)
     if arch == "sm_90":
         ptx = _ptx("compute_90", defines)
