@@ -202,6 +202,19 @@ def run_mapping_cases(rng) -> int:
     return cases
 
 
+# reduce_fused's launch shapes beside the default, each an access pattern of
+# its own: a warp walking its tokens' live slots (lane k reads slot k), 4
+# tokens a warp (no access past the last slot or the last token); a warp
+# streaming the live rows of 2 rounds of 32 // K tokens; a block's live rows
+# landed in shared memory by bulk copies, 2 rounds a block (16-byte rows
+# only: the others take the plain shape)
+COMBINE_SHAPES = (
+    {"vecs_per_thread": 2, "slot_batch": 2, "warp_slots": True, "warp_tokens": 4},
+    {"vecs_per_thread": 2, "slot_batch": 4, "stream_rounds": 2},
+    {"vecs_per_thread": 2, "bulk_stages": 2, "bulk_rounds": 2},
+)
+
+
 def run_combine_quantize_cases(rng) -> int:
     """reduce_fused, quantize_fp8, swiglu_quantize_fp8: odd and aligned widths,
     every SF layout, T = 0, slots past X (skipped, never read), padding rows;
@@ -217,35 +230,15 @@ def run_combine_quantize_cases(rng) -> int:
         weights = rng.random((num_tokens, top_k)).astype(np.float32)
         for dtype in (np.float32, bf16):
             rows = expanded.astype(dtype)
-            got = cupy_moe.reduce_fused(cupy.asarray(rows.view(f"u{rows.itemsize}")
-                                                     if dtype is bf16 else rows),
-                                        cupy.asarray(token_topk_to_pos), cupy.asarray(weights))
+            args = (cupy.asarray(rows.view(f"u{rows.itemsize}") if dtype is bf16 else rows),
+                    cupy.asarray(token_topk_to_pos), cupy.asarray(weights))
             want = cupy_moe.reduce_fused(rows, token_topk_to_pos, weights)
+            got = cupy_moe.reduce_fused(*args)
             assert np.array_equal(bits(cupy.asnumpy(got)), bits(want))
-            # a warp walking its tokens' live slots (lane k reads slot k), 4
-            # tokens a warp: no access past the last slot or the last token
-            got = run_combine_with_shape(cupy.asarray(rows.view(f"u{rows.itemsize}")
-                                                      if dtype is bf16 else rows),
-                                         cupy.asarray(token_topk_to_pos),
-                                         cupy.asarray(weights), vecs_per_thread=2,
-                                         slot_batch=2, warp_slots=True, warp_tokens=4)
-            assert np.array_equal(bits(cupy.asnumpy(got)), bits(want))
-            # a warp streaming the live rows of 2 rounds of 32 // K tokens
-            got = run_combine_with_shape(cupy.asarray(rows.view(f"u{rows.itemsize}")
-                                                      if dtype is bf16 else rows),
-                                         cupy.asarray(token_topk_to_pos),
-                                         cupy.asarray(weights), vecs_per_thread=2,
-                                         slot_batch=4, stream_rounds=2)
-            assert np.array_equal(bits(cupy.asnumpy(got)), bits(want))
-            # a block's live rows landed in shared memory by bulk copies (16-byte
-            # rows only: the others take the plain shape)
-            got = run_combine_with_shape(cupy.asarray(rows.view(f"u{rows.itemsize}")
-                                                      if dtype is bf16 else rows),
-                                         cupy.asarray(token_topk_to_pos),
-                                         cupy.asarray(weights), vecs_per_thread=2,
-                                         bulk_stages=2, bulk_rounds=2)
-            assert np.array_equal(bits(cupy.asnumpy(got)), bits(want))
-            cases += 4
+            for shape in COMBINE_SHAPES:
+                got = run_combine_with_shape(*args, **shape)
+                assert np.array_equal(bits(cupy.asnumpy(got)), bits(want)), shape
+            cases += 1 + len(COMBINE_SHAPES)
     for num_rows, hidden in ((5, 300), (40, 2048), (0, 128), (3, 7168), (70, 768)):
         x = (rng.standard_normal((num_rows, hidden)) * 4).astype(bf16)
         for npc, packed, col_major in ((128, False, False), (32, False, True), (128, True, True)):
