@@ -5,7 +5,8 @@
 # short summary at the end.
 #
 #   bash benchmarks/gpu_speed.sh [--combine] [--combine-ep] [--swiglu] [--expand-decode]
-#                                [--padding] [--seed] [--ncu LABEL KERNEL_REGEX]...
+#                                [--padding] [--compiled-row] [--seed]
+#                                [--ncu LABEL KERNEL_REGEX]...
 #                                [--ncu-combine LABEL "NAME=VALUE ..."]...
 #
 # --combine: benchmarks/sweep_combine.py (vectors a thread, slot batch, warps).
@@ -19,6 +20,10 @@
 # --padding: benchmarks/sweep_kernel_config.py on the padding-heavy plans the
 #   seed's kernel beats (results/expand_seed_h200.md), JSON to
 #   $OUT/sweep_padding.json.
+# --compiled-row: issue 13's register kernel compiled for the row
+#   (ExpandTuning.compiled_row 1, and 2: only where a thread holds one access)
+#   on the Qwen3 plans, JSON to $OUT/sweep_compiled_row.json; then the expand
+#   GPU tests of the compiled-row kernel path for up to 200 s.
 # --seed: benchmarks/bench_expand_seed.py (the seed's TileLang kernel beside
 #   ours on every plan workload; needs the .peers/ bundle carried and
 #   .peers/seed/ holding the PR text), JSON and Markdown to $OUT/seed.*.
@@ -36,7 +41,7 @@ LOG=$OUT/gpu_speed.log
 : > "$LOG"
 summary=()
 section() { printf '\n===== %s =====\n' "$1" | tee -a "$LOG"; }
-combine=0 combine_ep=0 swiglu=0 expand_decode=0 padding=0 seed=0 profiles=()
+combine=0 combine_ep=0 swiglu=0 expand_decode=0 padding=0 compiled_row=0 seed=0 profiles=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --combine) combine=1 ;;
@@ -44,6 +49,7 @@ while [ $# -gt 0 ]; do
     --swiglu) swiglu=1 ;;
     --expand-decode) expand_decode=1 ;;
     --padding) padding=1 ;;
+    --compiled-row) compiled_row=1 ;;
     --seed) seed=1 ;;
     --ncu) profiles+=("$2|$3|"); shift 2 ;;
     --ncu-combine) profiles+=("$2|reduce_fused|$3"); shift 2 ;;
@@ -118,6 +124,24 @@ if [ $padding -eq 1 ]; then
     qwen3-30b-medium-e32-ep8-plan kimi-k2-small-e256-plan-sf-packed \
     qwen3-30b-medium-e128-plan-sf-row-major 2>> "$LOG" | tee -a "$LOG"
   summary+=("sweep_kernel_config padding rc=${PIPESTATUS[0]} [$(( $(date +%s) - start ))s]")
+fi
+
+if [ $compiled_row -eq 1 ]; then
+  start=$(date +%s)
+  section "expand: the register kernel compiled for the row, Qwen3 plans"
+  timeout 200 python3 benchmarks/sweep_kernel_config.py --plans --rounds 2 \
+    --json "$OUT/sweep_compiled_row.json" --configs "compiled for" --only \
+    qwen3-30b-decode-e128-plan qwen3-30b-small-e128-plan qwen3-30b-medium-e128-plan \
+    qwen3-30b-prefill-e128-plan qwen3-30b-small-e128-plan-sf-row-major \
+    qwen3-30b-medium-e128-plan-sf-row-major qwen3-30b-medium-e128-plan-sf-packed \
+    2>> "$LOG" | tee -a "$LOG"
+  summary+=("sweep_kernel_config compiled row rc=${PIPESTATUS[0]} [$(( $(date +%s) - start ))s]")
+  start=$(date +%s)
+  section "expand GPU tests, the compiled-row kernel path"
+  timeout 200 python3 -m pytest -q -p no:cacheprovider -k compiled-row \
+    tests/test_expand_gpu_contract.py tests/test_expand_gpu_zero_padding.py >> "$LOG" 2>&1
+  summary+=("expand compiled-row tests rc=$? $(grep -E '^[0-9]+ (passed|failed)' "$LOG" \
+            | tail -1) [$(( $(date +%s) - start ))s]")
 fi
 
 if [ $seed -eq 1 ]; then
