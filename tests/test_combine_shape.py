@@ -304,15 +304,16 @@ def test_the_bulk_layout_of_the_expert_parallel_prefill():
 
 
 def test_auto_shape_takes_a_bulk_default_only_where_the_launch_allows(monkeypatch):
-    """No default has bulk_stages yet; were the sparse one to have it, a
+    """No default has bulk_stages yet; were a sparse candidate to have it, a
     launch without 16-byte accesses on sm_90 (bulk_ok) would take the next
-    option set instead of a bulk kernel it cannot run."""
+    candidate (the stream) instead of a bulk kernel it cannot run."""
     from cupy_moe.combine import launch_shape
 
+    assert launch_shape.SPARSE_CANDIDATES == (SPARSE_WIDE_OPTIONS,)
+    assert not any(options.get("bulk_stages") for options in (WIDE_OPTIONS, SPARSE_WIDE_OPTIONS))
     bulk = {"vecs_per_thread": 2, "max_warps": 4, "bulk_stages": 4}
-    monkeypatch.setattr(launch_shape, "SPARSE_WIDE_OPTIONS", bulk)
+    monkeypatch.setattr(launch_shape, "SPARSE_CANDIDATES", (bulk, SPARSE_WIDE_OPTIONS))
     assert auto_combine_shape(4096, 896, 132, top_k=8, sparse=True, bulk_ok=True) == \
         combine_shape(4096, 896, 132, fill_blocks_per_sm=0, top_k=8, **bulk)
     assert auto_combine_shape(4096, 896, 132, top_k=8, sparse=True) == combine_shape(
-        4096, 896, 132, fill_blocks_per_sm=0, top_k=8, **WIDE_OPTIONS)
-    assert not any(options.get("bulk_stages") for options in (WIDE_OPTIONS, SPARSE_WIDE_OPTIONS))
+        4096, 896, 132, fill_blocks_per_sm=0, top_k=8, **SPARSE_WIDE_OPTIONS)

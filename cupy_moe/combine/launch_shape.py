@@ -147,6 +147,9 @@ WIDE_OPTIONS = {"vecs_per_thread": 4, "slot_batch": 4, "max_warps": 4, "warp_slo
 # EP8 prefill plan: 57.6 -> 36.3 us; 8k 110.8 -> 68.2)
 SPARSE_WIDE_OPTIONS = {"vecs_per_thread": 1, "slot_batch": 4, "max_warps": 4,
                        "stream_rounds": 1}
+# the option sets of those plans, in order of preference: the first whose grid
+# fills the chip and whose kernel the launch allows (``bulk_ok``) is taken
+SPARSE_CANDIDATES = (SPARSE_WIDE_OPTIONS,)
 
 
 def sparse_slots(num_tokens: int, top_k: int, num_expanded: int) -> bool:
@@ -163,8 +166,9 @@ def auto_combine_shape(num_tokens: int, row_vecs: int, multiprocessors: int, *,
     """The launch shape ``reduce_fused`` takes: ``combine_shape(**options)``
     when options are given (tests, sweeps); else the many-token shape where
     its grid has ``FILL_BLOCKS_PER_SM`` blocks per SM without cutting rows
-    finer (``SPARSE_WIDE_OPTIONS`` where ``sparse``, see ``sparse_slots``,
-    and K is known; else ``WIDE_OPTIONS``), and the default shape otherwise.
+    finer (one of ``SPARSE_CANDIDATES`` where ``sparse``, see
+    ``sparse_slots``, and K is known; else ``WIDE_OPTIONS``), and the default
+    shape otherwise.
     ``top_k``: K, for the options that group tokens by their slots
     (``stream_rounds``, ``bulk_stages``). ``bulk_ok``: whether the launch
     may take the bulk layout (16-byte accesses, sm_90 and newer); without it
@@ -173,7 +177,7 @@ def auto_combine_shape(num_tokens: int, row_vecs: int, multiprocessors: int, *,
     if options:
         return combine_shape(num_tokens, row_vecs, multiprocessors, top_k=top_k, **options)
     target = FILL_BLOCKS_PER_SM * multiprocessors
-    candidates = [SPARSE_WIDE_OPTIONS] if sparse and top_k is not None else []
+    candidates = SPARSE_CANDIDATES if sparse and top_k is not None else ()
     candidates = [wide_options for wide_options in (*candidates, WIDE_OPTIONS)
                   if bulk_ok or not wide_options.get("bulk_stages")]
     for wide_options in candidates:
