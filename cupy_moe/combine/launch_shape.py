@@ -42,7 +42,9 @@ written by exactly one thread.
 - ``bulk_stages`` (a sweep option, not a default yet): a block's threads share
   the live rows of its ``row_threads // K`` tokens, each row's column chunk
   landed in shared memory by the bulk-copy engine (sm_90+, 16-byte rows),
-  that many chunks in flight a block: bytes in flight without registers.
+  that many chunks in flight a block: bytes in flight without registers
+  (``bulk_rounds``: that many groups of tokens a block in turn, a shorter
+  grid). Built and checked under the CPU emulation; not yet measured.
 
 The grid depends only on the call's sizes and the GPU's SM count, never on the
 data, so a CUDA graph can capture the call; results do not depend on it.
