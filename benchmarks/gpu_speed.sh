@@ -10,10 +10,11 @@
 #                                [--ncu-combine LABEL "NAME=VALUE ..."]...
 #
 # --combine: benchmarks/sweep_combine.py (vectors a thread, slot batch, warps).
-# --combine-ep: reduce_fused on the DeepSeek-V3 EP8 prefill plans (issue 14):
-#   the GPU tests of the expert-parallel and bulk layouts, sweep_combine.py's
-#   bulk and streamed shapes with the gather floor (beside Kimi-K2 and Qwen3
-#   prefill), and the bench records of both plans, JSON to $OUT/reduce_ep.json.
+# --combine-ep: reduce_fused on the DeepSeek-V3 EP8 prefill plans (issue 14;
+#   trimmed, and untrimmed: fused_mapping's default X): the GPU tests of the
+#   expert-parallel and bulk layouts, sweep_combine.py's bulk and streamed
+#   shapes with the gather floor (beside Kimi-K2 and Qwen3 prefill), and the
+#   bench records of the four plans, JSON to $OUT/reduce_ep.json.
 # --swiglu: benchmarks/sweep_swiglu.py (block size, the *_rows register budget).
 # --expand-decode: benchmarks/sweep_kernel_config.py on the decode plans
 #   (graph-replay µs per config).
@@ -72,14 +73,15 @@ if [ $combine_ep -eq 1 ]; then
     -k "bulk or expert_parallel or offsets" >> "$LOG" 2>&1
   summary+=("combine EP tests rc=$? $(grep -E '^[0-9]+ (passed|failed)' "$LOG" | tail -1)")
   section "reduce_fused on expert-parallel plans: shapes and the gather floor"
-  ep_plans=(reduce-dsv3-ep8-prefill-plan reduce-dsv3-ep8-prefill-8k-plan)
+  ep_plans=(reduce-dsv3-ep8-prefill-plan reduce-dsv3-ep8-prefill-8k-plan
+            reduce-dsv3-ep8-prefill-plan-untrimmed reduce-dsv3-ep8-prefill-8k-plan-untrimmed)
   timeout 200 python3 benchmarks/sweep_combine.py --floor --only "${ep_plans[@]}" \
     reduce-kimi-k2-prefill reduce-qwen3-30b-a3b-prefill \
     --shapes bulk_stages "max_warps=4, stream_rounds=1" 2>> "$LOG" | tee -a "$LOG"
   summary+=("sweep_combine EP rc=${PIPESTATUS[0]}")
   section "reduce_fused on expert-parallel plans: bench records"
   timeout 150 python3 -m cupy_moe bench --op reduce_fused --iters 20 \
-    --workload "${ep_plans[0]}" --workload "${ep_plans[1]}" --json "$OUT/reduce_ep.json" \
+    $(printf -- '--workload %s ' "${ep_plans[@]}") --json "$OUT/reduce_ep.json" \
     2>&1 | tee -a "$LOG"
   summary+=("bench reduce EP rc=${PIPESTATUS[0]} [$(( $(date +%s) - start ))s]")
 fi

@@ -11,7 +11,7 @@ import functools
 import json
 import re
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from importlib import resources
 
 import numpy as np
@@ -151,6 +151,32 @@ def test_x_is_the_trimmed_plan_of_fused_mapping_numpy():
     assert np.count_nonzero(pos_to_expert >= 0) == w.routed_rows == 516
 
 
+@pytest.mark.parametrize("tokens", [4096, 8192])
+def test_an_untrimmed_plan_is_fused_mappings_default_x(tokens):
+    """trimmed: false: the same routing at the X fused_mapping takes without a
+    host sync (the worst case), the rows past the trimmed plan's padding; the
+    same routed rows, used tokens and roofline bytes; and X no longer says
+    that most slots are dropped (combine's sparse_slots)."""
+    from cupy_moe.combine.launch_shape import sparse_slots
+
+    suffix = "-8k" if tokens == 8192 else ""
+    reduce = {w.label: w for w in load_workloads("reduce_fused")}
+    trimmed = reduce[f"reduce-dsv3-ep8-prefill{suffix}-plan"]
+    untrimmed = reduce[f"reduce-dsv3-ep8-prefill{suffix}-plan-untrimmed"]
+    assert untrimmed.plan == replace(trimmed.plan, trimmed=False)
+    assert untrimmed.num_expanded == worst_case_rows(tokens * 8, 32, 128) > trimmed.num_expanded
+    assert (untrimmed.routed_rows, untrimmed.used_tokens, untrimmed.bytes) == (
+        trimmed.routed_rows, trimmed.used_tokens, trimmed.bytes)
+    exact, full = plan_mapping(trimmed), plan_mapping(untrimmed)
+    assert full.pos_to_expert.shape == (untrimmed.num_expanded,)
+    assert_bits_equal(full.token_topk_to_pos, exact.token_topk_to_pos, "token_topk_to_pos")
+    assert_bits_equal(full.pos_to_expert[:trimmed.num_expanded], exact.pos_to_expert,
+                      "pos_to_expert")
+    assert (full.pos_to_expert[trimmed.num_expanded:] == -1).all()
+    assert sparse_slots(tokens, 8, trimmed.num_expanded)
+    assert not sparse_slots(tokens, 8, untrimmed.num_expanded)
+
+
 @pytest.mark.parametrize("label", ["qwen3-30b-decode-e384-plan", "kimi-k2-small-e32-ep8-plan",
                                    "qwen3-30b-small-e128-plan-sf-packed"])
 def test_workload_inputs_of_a_plan_workload(label, rng):
@@ -233,13 +259,13 @@ def with_plan_entry(**changes) -> dict:
 @pytest.mark.parametrize(("changes", "error", "message"), [
     ({"plan": 128}, TypeError,
      (f"{WHERE}: plan must be a mapping with keys ['alignment', 'ep_ranks', 'num_experts', "
-      "'seed']; got 128 (int)")),
+      "'seed', 'trimmed']; got 128 (int)")),
     ({"plan": [128, 128, 0]}, TypeError,
      (f"{WHERE}: plan must be a mapping with keys ['alignment', 'ep_ranks', 'num_experts', "
-      "'seed']; got [128, 128, 0] (list)")),
+      "'seed', 'trimmed']; got [128, 128, 0] (list)")),
     ({"plan_experts": 8}, ValueError,
      (f"{WHERE}: plan: unknown key(s) ['experts']; allowed: ['alignment', 'ep_ranks', "
-      "'num_experts', 'seed']")),
+      "'num_experts', 'seed', 'trimmed']")),
     ({"plan_seed": None}, ValueError, f"{WHERE}: plan: missing key(s) ['seed']"),
     ({"plan_num_experts": None, "plan_alignment": None}, ValueError,
      f"{WHERE}: plan: missing key(s) ['alignment', 'num_experts']"),
@@ -253,6 +279,8 @@ def with_plan_entry(**changes) -> dict:
     ({"plan_alignment": -128}, ValueError, f"{WHERE}: plan.alignment must be >= 1; got -128"),
     ({"plan_ep_ranks": 0}, ValueError, f"{WHERE}: plan.ep_ranks must be >= 1; got 0"),
     ({"plan_seed": -1}, ValueError, f"{WHERE}: plan.seed must be >= 0; got -1"),
+    ({"plan_trimmed": 1}, TypeError,
+     f"{WHERE}: plan.trimmed must be true or false; got 1 (int)"),
     # X comes from the plan only
     ({"pos_to_expert": [14848]}, ValueError,
      (f"{WHERE}: pos_to_expert and plan exclude each other: a plan workload's X is derived "

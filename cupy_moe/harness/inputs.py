@@ -105,12 +105,15 @@ def plan_mapping(workload: Workload) -> FusedMapping:
     """The real plan of a workload with a ``plan:`` (an expand plan workload,
     ``reduce_fused``, ``swiglu_quantize_fp8``): ``fused_mapping_numpy`` over
     the plan's seeded ids (those of other ranks' experts dropped), at the
-    exact X, all seven int32 arrays. The same on every call (new arrays)."""
+    exact X (or, for an untrimmed plan, the manifest's worst-case X: the rows
+    past the last segment padding), all seven int32 arrays. The same on
+    every call (new arrays)."""
     spec = workload.plan
     if spec is None:
         raise ValueError(f"{workload.label}: the workload has no plan")
     topk_ids = spec.topk_ids(workload.num_tokens, workload.top_k)
-    plan = fused_mapping_numpy(topk_ids, spec.num_experts, alignment=spec.alignment)
+    plan = fused_mapping_numpy(topk_ids, spec.num_experts, alignment=spec.alignment,
+                               num_expanded=None if spec.trimmed else workload.num_expanded)
     if plan.pos_to_expert.shape != (workload.num_expanded,):  # the manifest's X is this plan's
         raise AssertionError(f"{workload.label}: the plan has {plan.pos_to_expert.shape[0]} "
                              f"rows, the manifest says {workload.num_expanded}")

@@ -14,9 +14,11 @@ states ``pos_to_expert [X]`` and the inputs pack the slots into those X rows
 a real plan, fixed by the seed: top-k ids drawn uniformly from ``[0, E*R)``
 (:meth:`PlanSpec.topk_ids`), the ids >= E those of other ranks' experts
 (dropped), the plan ``fused_mapping_numpy(ids, E, alignment=A)`` with its
-exact X (every expert's segment padded to a multiple of A). X is then derived
-(:attr:`Workload.num_expanded`), and the entry must not state
-``pos_to_expert``.
+exact X (every expert's segment padded to a multiple of A); with ``trimmed:
+false`` in the plan, at the X ``fused_mapping`` takes by default without a
+host sync instead (the tight worst case of T*K slots, the rows past the last
+segment padding). X is then derived (:attr:`Workload.num_expanded`), and the
+entry must not state ``pos_to_expert``.
 
 The newer ops state sizes rather than input shapes where their rows come from
 a plan. ``reduce_fused`` and ``swiglu_quantize_fp8`` run on the X rows of a
@@ -110,10 +112,12 @@ _OPTIONAL = {
     "swiglu_quantize_fp8": ({"topk_weights", "pos_to_expert", "zero_padding", "token_topk_to_pos"}
                             | _QUANT_OPTIONAL),
 }
-# the keys of an entry's plan, all ints: key -> least value; ep_ranks may be
-# left out (1: every expert is local)
-_PLAN_KEYS = {"num_experts": 1, "alignment": 1, "ep_ranks": 1, "seed": 0}
-_PLAN_OPTIONAL = {"ep_ranks"}
+# the int keys of an entry's plan: key -> least value; ep_ranks may be left
+# out (1: every expert is local); and one bool, trimmed (true if left out: X
+# the plan's exact rows, else fused_mapping's default, the worst case)
+_PLAN_KEYS = {"num_experts": 1, "alignment": 1, "ep_ranks": 1, "seed": 0, "trimmed": None}
+_PLAN_BOOL_KEYS = {"trimmed"}
+_PLAN_OPTIONAL = {"ep_ranks", "trimmed"}
 _DTYPES = {("expand_to_fused", "dtype"): _EXPAND_DTYPES,
            ("expand_to_fused_with_sf", "dtype"): _EXPAND_DTYPES,
            ("expand_to_fused_with_sf", "sf_dtype"): _SF_DTYPES,
@@ -133,13 +137,15 @@ class PlanSpec:
     ``num_experts`` (E) local experts of ``ep_ranks`` (R) ranks' E*R; the
     ids are :meth:`topk_ids`, the plan ``fused_mapping_numpy(ids, E,
     alignment=alignment)`` at its exact X (ids >= E are other ranks'
-    experts: dropped).
+    experts: dropped), or with ``trimmed`` false at ``worst_case_rows(T*K,
+    E, alignment)``, the X ``fused_mapping`` takes by default.
     """
 
     num_experts: int
     alignment: int
     seed: int
     ep_ranks: int = 1
+    trimmed: bool = True
 
     @property
     def total_experts(self) -> int:
@@ -153,11 +159,15 @@ class PlanSpec:
         return _plan_topk_ids(num_tokens, top_k, self.total_experts, self.seed)
 
     def sizes(self, num_tokens: int, top_k: int) -> tuple[int, int, int]:
-        """``(X, routed_rows, used_tokens)`` of the plan: its exact rows, the
-        rows that hold a slot (slots of local experts) and the tokens with at
-        least one such slot. Cached: the manifest needs them when it loads."""
-        return _plan_sizes(num_tokens, top_k, self.num_experts, self.ep_ranks,
-                           self.alignment, self.seed)
+        """``(X, routed_rows, used_tokens)`` of the plan: its rows (exact, or
+        the worst case where not ``trimmed``), the rows that hold a slot
+        (slots of local experts) and the tokens with at least one such slot.
+        Cached: the manifest needs them when it loads."""
+        num_expanded, routed, used = _plan_sizes(num_tokens, top_k, self.num_experts,
+                                                 self.ep_ranks, self.alignment, self.seed)
+        if not self.trimmed:
+            num_expanded = worst_case_rows(num_tokens * top_k, self.num_experts, self.alignment)
+        return num_expanded, routed, used
 
 
 @functools.lru_cache(maxsize=64)
@@ -408,7 +418,8 @@ def _check_value(where: str, key: str, kind: str, value: Any) -> None:
 def _parse_plan(where: str, raw: Any) -> PlanSpec:
     """The :class:`PlanSpec` of an entry's ``plan:``; TypeError for a value
     of the wrong type, ValueError for an unknown or missing key or a value
-    below its least (num_experts, alignment, ep_ranks >= 1; seed >= 0)."""
+    below its least (num_experts, alignment, ep_ranks >= 1; seed >= 0;
+    trimmed true or false)."""
     if not isinstance(raw, Mapping):
         raise TypeError(f"{where}: plan must be a mapping with keys {sorted(_PLAN_KEYS)}; "
                         f"got {raw!r} ({_type_name(raw)})")
@@ -420,6 +431,9 @@ def _parse_plan(where: str, raw: Any) -> PlanSpec:
     if missing:
         raise ValueError(f"{where}: plan: missing key(s) {missing}")
     for key, value in raw.items():
+        if key in _PLAN_BOOL_KEYS:
+            _check_value(where, f"plan.{key}", "bool", value)
+            continue
         _check_value(where, f"plan.{key}", "int", value)
         if value < _PLAN_KEYS[key]:
             raise ValueError(f"{where}: plan.{key} must be >= {_PLAN_KEYS[key]}; got {value}")
