@@ -279,15 +279,6 @@ def test_the_bulk_layout_of_the_expert_parallel_prefill():
                           top_k=8)
     assert (shape.row_threads, shape.chunks, shape.token_blocks) == (128, 4, 256)
     assert shape.shared_bytes == 4 * 128 * 2 * 16 and shape.threads == 128
-    with pytest.raises(ValueError, match=r"bulk_stages needs top_k"):
-        combine_shape(4096, 896, 132, bulk_stages=4)
-    with pytest.raises(ValueError, match=r"bulk_stages must be one of \(0, 2, 4, 8\); got 3"):
-        combine_shape(4096, 896, 132, bulk_stages=3, top_k=8)
-    with pytest.raises(TypeError, match=r"bulk_stages must be an int; got True"):
-        combine_shape(4096, 896, 132, bulk_stages=True, top_k=8)
-    for other in ({"warp_slots": True}, {"stream_rounds": 1}):
-        with pytest.raises(ValueError, match=r"bulk_stages is a layout of its own"):
-            combine_shape(4096, 896, 132, bulk_stages=2, top_k=8, **other)
     # at 8k, two groups of 16 tokens a block: half the token blocks
     rounds = combine_shape(8192, 896, 132, vecs_per_thread=2, max_warps=4, bulk_stages=4,
                            bulk_rounds=2, top_k=8)
@@ -295,12 +286,24 @@ def test_the_bulk_layout_of_the_expert_parallel_prefill():
     # (at 4096 that grid would be short of 4 blocks an SM: rows are cut finer)
     assert combine_shape(4096, 896, 132, vecs_per_thread=2, max_warps=4, bulk_stages=4,
                          bulk_rounds=2, top_k=8).chunks == 5
-    with pytest.raises(ValueError, match=r"bulk_rounds needs bulk_stages"):
-        combine_shape(4096, 896, 132, bulk_rounds=2, top_k=8)
-    with pytest.raises(ValueError, match=r"bulk_rounds must be one of \(1, 2, 4\); got 3"):
-        combine_shape(4096, 896, 132, bulk_stages=2, bulk_rounds=3, top_k=8)
-    with pytest.raises(TypeError, match=r"bulk_rounds must be an int; got True"):
-        combine_shape(4096, 896, 132, bulk_stages=2, bulk_rounds=True, top_k=8)
+
+
+@pytest.mark.parametrize(("kwargs", "error", "message"), [
+    ({"bulk_stages": 4, "top_k": None}, ValueError, "bulk_stages needs top_k"),
+    ({"bulk_stages": 3}, ValueError, "bulk_stages must be one of (0, 2, 4, 8); got 3"),
+    ({"bulk_stages": True}, TypeError, "bulk_stages must be an int; got True"),
+    ({"bulk_stages": 2, "warp_slots": True}, ValueError,
+     "bulk_stages is a layout of its own: not with warp_slots or stream_rounds"),
+    ({"bulk_stages": 2, "stream_rounds": 1}, ValueError,
+     "bulk_stages is a layout of its own: not with warp_slots or stream_rounds"),
+    ({"bulk_rounds": 2}, ValueError, "bulk_rounds needs bulk_stages"),
+    ({"bulk_stages": 2, "bulk_rounds": 3}, ValueError,
+     "bulk_rounds must be one of (1, 2, 4); got 3"),
+    ({"bulk_stages": 2, "bulk_rounds": True}, TypeError, "bulk_rounds must be an int; got True"),
+])
+def test_the_bulk_options_reject(kwargs, error, message):
+    with pytest.raises(error, match=f"^{re.escape(message)}$"):
+        combine_shape(4096, 896, 132, **{"top_k": 8, **kwargs})
 
 
 def test_auto_shape_takes_a_bulk_default_only_where_the_launch_allows(monkeypatch):
