@@ -98,6 +98,9 @@ def test_shapes_text_names_the_plan_and_the_optional_inputs():
         "T=32 H=7168 K=8 X=3072 plan E=32/256 A=128 routed=34 +topk_weights")
     assert runner._shapes_text(WORKLOADS["reduce-kimi-k2-medium-row-scale"]) == (
         "T=512 H=7168 K=8 X=4096 plan E=384 A=1 routed=4096 +topk_weights +row_scale")
+    # fused_mapping's default X (the worst case), not the plan's exact rows
+    assert runner._shapes_text(WORKLOADS["reduce-dsv3-ep8-prefill-plan-untrimmed"]) == (
+        "T=4096 H=7168 K=8 X=36736 plan E=32/256 A=128 routed=4128 untrimmed +topk_weights")
     assert runner.output_names(WORKLOADS["reduce-kimi-k2-decode"]) == ("out",)
 
 

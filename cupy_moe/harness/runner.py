@@ -165,6 +165,8 @@ def _shapes_text(w: Workload) -> str:
         if w.plan.ep_ranks != 1:
             experts += f"/{w.plan.total_experts}"
         text += f" plan E={experts} A={w.plan.alignment} routed={w.routed_rows}"
+        if not w.plan.trimmed:  # X is fused_mapping's default, the worst case
+            text += " untrimmed"
     if w.sf_columns is not None:
         layout = "col" if w.use_tma_aligned_col_major_sf else "row"
         text += f" S={w.sf_columns} {w.sf_dtype}/{layout}"
