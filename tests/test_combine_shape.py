@@ -320,3 +320,19 @@ def test_auto_shape_takes_a_bulk_default_only_where_the_launch_allows(monkeypatc
         combine_shape(4096, 896, 132, fill_blocks_per_sm=0, top_k=8, **bulk)
     assert auto_combine_shape(4096, 896, 132, top_k=8, sparse=True) == combine_shape(
         4096, 896, 132, fill_blocks_per_sm=0, top_k=8, **SPARSE_WIDE_OPTIONS)
+
+
+@pytest.mark.parametrize("name", ["max_warps", "vecs_per_thread", "slot_batch", "warp_tokens",
+                                  "stream_rounds", "bulk_stages", "bulk_rounds"])
+def test_int_options_reject_floats_and_take_numpy_ints(name):
+    """Each int option becomes a -D define of the kernel's source: a float
+    ("4.0") is a TypeError naming it; a NumPy int is taken as a Python int."""
+    value = {"max_warps": 4, "vecs_per_thread": 2, "slot_batch": 4, "warp_tokens": 2,
+             "stream_rounds": 1, "bulk_stages": 4, "bulk_rounds": 2}[name]
+    others = ({"warp_slots": True} if name == "warp_tokens"
+              else {"bulk_stages": 4} if name == "bulk_rounds" else {})
+    with pytest.raises(TypeError, match=f"^{name} must be an int; got {float(value)}$"):
+        combine_shape(8192, 896, 132, top_k=8, **others, **{name: float(value)})
+    shape = combine_shape(8192, 896, 132, top_k=8, **others, **{name: np.int64(value)})
+    assert shape == combine_shape(8192, 896, 132, top_k=8, **others, **{name: value})
+    assert all(type(v) is int for _, v in shape.defines())

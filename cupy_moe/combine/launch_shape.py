@@ -67,7 +67,10 @@ only the aligned shapes are meant to be fast.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+import operator
+from typing import Any, NamedTuple
+
+import numpy as np
 
 from ..runtime.sizes import ceil_div
 
@@ -240,6 +243,13 @@ def combine_shape(num_tokens: int, row_vecs: int, multiprocessors: int, *,
     """
     if row_vecs < 1:
         raise ValueError(f"row_vecs must be >= 1; got {row_vecs}")
+    # ints (NumPy's too) as Python ints: each one may become a -D define
+    max_warps, vecs_per_thread, slot_batch, warp_tokens, stream_rounds, bulk_stages, \
+        bulk_rounds = (_int_option(name, value) for name, value in (
+            ("max_warps", max_warps), ("vecs_per_thread", vecs_per_thread),
+            ("slot_batch", slot_batch), ("warp_tokens", warp_tokens),
+            ("stream_rounds", stream_rounds), ("bulk_stages", bulk_stages),
+            ("bulk_rounds", bulk_rounds)))
     if not 1 <= max_warps <= MAX_BLOCK_THREADS // 32:
         raise ValueError(f"max_warps must be in 1 .. {MAX_BLOCK_THREADS // 32}; got {max_warps}")
     if vecs_per_thread not in VECS_PER_THREAD_CHOICES:
@@ -249,10 +259,6 @@ def combine_shape(num_tokens: int, row_vecs: int, multiprocessors: int, *,
         raise ValueError(f"slot_batch must be one of {SLOT_BATCH_CHOICES}; got {slot_batch}")
     if not isinstance(warp_slots, bool):
         raise TypeError(f"warp_slots must be True or False; got {warp_slots!r}")
-    for name, value in (("warp_tokens", warp_tokens), ("stream_rounds", stream_rounds),
-                        ("bulk_stages", bulk_stages), ("bulk_rounds", bulk_rounds)):
-        if isinstance(value, bool):
-            raise TypeError(f"{name} must be an int; got {value!r}")
     if warp_tokens not in WARP_TOKENS_CHOICES:
         raise ValueError(f"warp_tokens must be one of {WARP_TOKENS_CHOICES}; got {warp_tokens}")
     if warp_tokens != 1 and not warp_slots:
@@ -316,3 +322,15 @@ def combine_shape(num_tokens: int, row_vecs: int, multiprocessors: int, *,
     return CombineShape(row_threads, tokens_per_block, chunks, token_blocks, vecs_per_thread,
                         slot_batch, warp_slots, warp_tokens, stream_rounds, bulk_stages,
                         bulk_rounds)
+
+
+def _int_option(name: str, value: Any) -> int:
+    """``value`` as a Python int; TypeError naming the option for a bool, a
+    float or anything else that is not an integer (a float define would
+    reach the kernel's source as "4.0")."""
+    if isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} must be an int; got {value!r}")
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise TypeError(f"{name} must be an int; got {value!r}") from None
