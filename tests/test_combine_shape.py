@@ -253,13 +253,20 @@ def test_bulk_blocks_store_every_output_vector_once(seed):
     top_k = int(rng.choice([1, 3, 8, 10, 33, 64, 100, 300]))
     vecs, stages = int(rng.choice([1, 2, 4])), int(rng.choice([2, 4, 8]))
     rounds = int(rng.choice([1, 2, 4]))
-    shape = combine_shape(num_tokens, row_vecs, int(rng.choice([1, 8, 132])),
-                          max_warps=int(rng.integers(1, 9)),
-                          fill_blocks_per_sm=float(rng.choice([0.0, 1.0, 4.0, 16.0])),
-                          vecs_per_thread=vecs, bulk_stages=stages, bulk_rounds=rounds,
-                          top_k=top_k)
+    shape_mps, shape_warps = int(rng.choice([1, 8, 132])), int(rng.integers(1, 9))
+    shape_fill = float(rng.choice([0.0, 1.0, 4.0, 16.0]))
+    shape = combine_shape(num_tokens, row_vecs, shape_mps, max_warps=shape_warps,
+                          fill_blocks_per_sm=shape_fill, vecs_per_thread=vecs,
+                          bulk_stages=stages, bulk_rounds=rounds, top_k=top_k)
     packed = -(-row_vecs // vecs) <= 16
     assert (shape.bulk_stages == 0) == (packed or shape.row_threads < top_k)
+    # a launch without bulk copies: the same options' per-thread walk
+    assert combine_shape(num_tokens, row_vecs, shape_mps, max_warps=shape_warps,
+                         fill_blocks_per_sm=shape_fill, vecs_per_thread=vecs,
+                         bulk_stages=stages, bulk_rounds=rounds, top_k=top_k,
+                         bulk_ok=False) == combine_shape(
+        num_tokens, row_vecs, shape_mps, max_warps=shape_warps, fill_blocks_per_sm=shape_fill,
+        vecs_per_thread=vecs, top_k=top_k)
     if not shape.bulk_stages:
         assert shape.warp_slots == (not packed) and shape.bulk_rounds == 1
         return

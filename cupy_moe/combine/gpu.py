@@ -100,16 +100,13 @@ class CombinePlan:
         if found is None:
             problem = self.problem
             traits = device_traits(self.device)
-            options = dict(self.shape_options)
-            # bulk copies: 16-byte rows and bases, sm_90 and newer
-            bulk_ok = vec_bytes == BULK_VEC_BYTES and traits.major >= 9
-            if options.get("bulk_stages") and not bulk_ok:
-                options["bulk_stages"] = 0
-                options.pop("bulk_rounds", None)
             sparse = sparse_slots(problem.num_tokens, problem.top_k, problem.num_expanded)
-            shape = auto_combine_shape(problem.num_tokens, self.row_bytes // vec_bytes,
-                                       traits.multiprocessors, top_k=problem.top_k,
-                                       sparse=sparse, bulk_ok=bulk_ok, **options)
+            shape = auto_combine_shape(
+                problem.num_tokens, self.row_bytes // vec_bytes, traits.multiprocessors,
+                top_k=problem.top_k, sparse=sparse,
+                # bulk copies: 16-byte rows and bases, sm_90 and newer
+                bulk_ok=vec_bytes == BULK_VEC_BYTES and traits.major >= 9,
+                **dict(self.shape_options))
             if shape.shared_bytes + BULK_STATIC_SHARED_BYTES > traits.shared_bytes_optin:
                 raise ValueError(f"bulk stages of {shape.shared_bytes} bytes do not fit the "
                                  f"{traits.shared_bytes_optin} bytes of shared memory a block "

@@ -180,7 +180,8 @@ def auto_combine_shape(num_tokens: int, row_vecs: int, multiprocessors: int, *,
     a many-token option set with ``bulk_stages`` is passed over for the
     next one (no default has it yet: it is a sweep option)."""
     if options:
-        return combine_shape(num_tokens, row_vecs, multiprocessors, top_k=top_k, **options)
+        return combine_shape(num_tokens, row_vecs, multiprocessors, top_k=top_k,
+                             bulk_ok=bulk_ok, **options)
     target = FILL_BLOCKS_PER_SM * multiprocessors
     candidates = SPARSE_CANDIDATES if sparse and top_k is not None else ()
     candidates = [wide_options for wide_options in (*candidates, WIDE_OPTIONS)
@@ -203,7 +204,7 @@ def combine_shape(num_tokens: int, row_vecs: int, multiprocessors: int, *,
                   vecs_per_thread: int = VECS_PER_THREAD,
                   slot_batch: int = SLOT_BATCH,
                   warp_slots: bool = False, warp_tokens: int = 1, stream_rounds: int = 0,
-                  bulk_stages: int = 0, bulk_rounds: int = 1,
+                  bulk_stages: int = 0, bulk_rounds: int = 1, bulk_ok: bool = True,
                   top_k: int | None = None) -> CombineShape:
     """The launch shape of ``num_tokens`` rows of ``row_vecs`` vectors each.
 
@@ -229,13 +230,14 @@ def combine_shape(num_tokens: int, row_vecs: int, multiprocessors: int, *,
     a warp would span two tokens' columns, or K > 32, the shape falls back to
     ``warp_slots`` (``stream_rounds=0``).
     ``bulk_stages`` (needs ``top_k``; the kernel's 16-byte access on sm_90
-    and newer, which the caller checks): a block takes ``row_threads // K``
+    and newer: ``bulk_ok`` says whether the launch has them): a block takes ``row_threads // K``
     consecutive tokens (thread i their flat slot i), lists their live slots
     and has the bulk-copy engine land each one's column chunk in shared
     memory, ``bulk_stages`` chunks in flight, from which every thread sums
     its vectors (``shared_bytes`` of stages a block). Where a block's
     threads are fewer than K the shape falls back to ``warp_slots``, where
-    rows are packed to the per-thread walk (``bulk_stages=0`` both times).
+    rows are packed or the launch is not ``bulk_ok`` to the per-thread walk
+    of the other options (``bulk_stages=0`` each time).
     ``bulk_rounds`` (with ``bulk_stages``): each block takes that many
     consecutive groups of ``row_threads // K`` tokens in turn, its stages
     carried over (a grid that many times shorter: batches whose blocks
@@ -279,6 +281,8 @@ def combine_shape(num_tokens: int, row_vecs: int, multiprocessors: int, *,
         raise ValueError(f"bulk_rounds must be one of {BULK_ROUNDS_CHOICES}; got {bulk_rounds}")
     if bulk_rounds != 1 and not bulk_stages:
         raise ValueError("bulk_rounds needs bulk_stages")
+    if not bulk_ok:  # no bulk copies here (narrower accesses, or before sm_90)
+        bulk_stages, bulk_rounds = 0, 1
     if stream_rounds and not 1 <= top_k <= WARP_LANES:
         stream_rounds, warp_slots = 0, True  # one load cannot cover a token's slots
     # consecutive tokens a warp takes (bulk: a block's, at its widest)
