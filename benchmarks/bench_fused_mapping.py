@@ -2,6 +2,7 @@
 ``get_fused_mapping`` when it can be imported. GPU only.
 
     python benchmarks/bench_fused_mapping.py [--iters N] [--json PATH] [--sweep]
+                                             [--clusters] [--only LABEL ...]
 
 Per shape, torch int64 ids (what ``torch.topk`` returns), about 2% dropped:
 the plan is first checked bit-identical to the NumPy oracle, then timed: GPU
@@ -16,7 +17,11 @@ its plan is checked against ours where the two contracts agree (the rows each
 expert owns; TileKernels orders an expert's slots differently and counts
 aligned rows in ``tokens_per_expert``). ``--sweep`` also times other launch
 shapes of our kernels (per call in a CUDA graph of kernel launches alone,
-preallocated buffer).
+preallocated buffer); ``--clusters`` times, the same way, the cooperative
+kernel in clusters of 2, 4 and 8 blocks (``MappingShape.cluster_blocks``, sm_90+)
+on 64 and 128 blocks beside the plain cooperative grids, where the default
+plan is cooperative. ``--only``: these shapes alone (labels without
+"mapping-").
 """
 
 from __future__ import annotations
@@ -109,19 +114,66 @@ def sweep_shapes(device_ids, num_experts, alignment, rows, iters):
                                            else shape.count_split)
                 overlap = mode == "overlap"
                 plan = MappingPlan(problem, device_ids.device.index, shape, overlap)
-                buffer = torch.empty(plan.buffer_size, dtype=torch.int32, device="cuda")
-
-                def launch(plan=plan, buffer=buffer):
-                    plan.launch(torch.cuda.current_stream().cuda_stream, device_ids.data_ptr(),
-                                buffer.data_ptr())
-
-                launch()
-                if any(not np.array_equal(got.cpu().numpy(), want)
-                       for got, want in zip(plan.torch_views(buffer), expected, strict=True)):
-                    raise AssertionError(f"shape {shape} gives a different plan")
                 default = shape == base and overlap == default_overlap
                 text = f"w{warps} b{blocks} {mode}{' (default)' if default else ''}"
-                times[text] = torch_graph_us(launch)
+                times[text] = checked_graph_us(plan, device_ids, expected)
+    return times
+
+
+def checked_graph_us(plan, device_ids, expected) -> float:
+    """``plan``'s launches on ``device_ids`` (a preallocated buffer), checked
+    bit-identical to ``expected`` (the oracle's plan) first: us per call
+    replaying a CUDA graph of them."""
+    buffer = torch.empty(plan.buffer_size, dtype=torch.int32, device="cuda")
+
+    def launch():
+        plan.launch(torch.cuda.current_stream().cuda_stream, device_ids.data_ptr(),
+                    buffer.data_ptr())
+
+    launch()
+    if any(not np.array_equal(got.cpu().numpy(), want)
+           for got, want in zip(plan.torch_views(buffer), expected, strict=True)):
+        raise AssertionError(f"shape {plan.shape} gives a different plan")
+    return torch_graph_us(launch)
+
+
+def cluster_shapes(device_ids, num_experts, alignment, rows):
+    """The cooperative kernel plain and in clusters, each plan checked
+    bit-identical first: {shape text: us per call replaying a CUDA graph of
+    kernel launches alone (preallocated buffer)}; a grid the GPU cannot hold
+    in clusters says so instead of a time."""
+    from cupy_moe.mapping.gpu import MappingPlan
+    from cupy_moe.mapping.launch_shape import CLUSTER_SIZES, mapping_shape
+    from cupy_moe.mapping.rules import MappingProblem
+    from cupy_moe.runtime.launch import device_traits
+
+    num_tokens, top_k = device_ids.shape
+    slots = num_tokens * top_k
+    device = device_ids.device.index
+    traits = device_traits(device)
+    problem = MappingProblem(num_tokens, top_k, num_experts, alignment, rows, "int64")
+    base = mapping_shape(slots, num_experts, rows, traits.multiprocessors,
+                         traits.shared_bytes_optin, cooperative=traits.cooperative_launch)
+    if not base.cooperative or traits.major < 9:
+        return {}
+    expected = fused_mapping_numpy(device_ids.cpu().numpy(), num_experts, alignment=alignment,
+                                   num_expanded=rows)
+    times = {}
+    for cluster in (0, *CLUSTER_SIZES):
+        for blocks in (64, 128, None):  # None: the default grid (of the clusters' rule)
+            shape = mapping_shape(slots, num_experts, rows, traits.multiprocessors,
+                                  traits.shared_bytes_optin, blocks=blocks, cooperative=True,
+                                  cluster_blocks=cluster)
+            text = (f"b{shape.blocks} " + (f"c{cluster}" if cluster else "plain")
+                    + (" (default)" if shape == base else ""))
+            if text in times or shape.cluster_blocks != cluster:
+                continue
+            try:
+                plan = MappingPlan(problem, device, shape)
+            except ValueError as error:
+                times[text] = str(error)
+                continue
+            times[text] = checked_graph_us(plan, device_ids, expected)
     return times
 
 
@@ -130,9 +182,19 @@ def main() -> int:
     parser.add_argument("--iters", type=int, default=50)
     parser.add_argument("--json", metavar="PATH")
     parser.add_argument("--sweep", action="store_true", help="time other launch shapes too")
+    parser.add_argument("--clusters", action="store_true",
+                        help="time the cooperative kernel in clusters too")
+    parser.add_argument("--only", nargs="+", metavar="LABEL", help="these shapes alone")
     args = parser.parse_args()
     if args.iters < 1:
         parser.error(f"--iters must be >= 1, got {args.iters}")
+    shapes = SHAPES
+    if args.only:
+        unknown = sorted(set(args.only) - {shape[0] for shape in SHAPES})
+        if unknown:
+            parser.error(f"no shape {', '.join(unknown)}; the shapes: "
+                         + ", ".join(shape[0] for shape in SHAPES))
+        shapes = [shape for shape in SHAPES if shape[0] in args.only]
     timer = GpuTimer()
     rng = np.random.default_rng()
     peer = tilekernels_op()
@@ -140,7 +202,7 @@ def main() -> int:
     print("| shape | T | K | E | A | X | GPU us | GPU+host us | graph us/call | eager us | "
           "TileKernels GPU us | TK graph us/call | TK eager us | TK plan |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
-    for label, num_tokens, top_k, num_experts, alignment in SHAPES:
+    for label, num_tokens, top_k, num_experts, alignment in shapes:
         ids = rng.integers(0, num_experts, size=(num_tokens, top_k))
         ids[rng.random(ids.shape) < 0.02] = -1
         device_ids = torch.from_numpy(ids).cuda()
@@ -182,6 +244,8 @@ def main() -> int:
         if args.sweep:
             record["sweep_graph_us"] = sweep_shapes(device_ids, num_experts, alignment, rows,
                                                     args.iters)
+        if args.clusters:
+            record["cluster_graph_us"] = cluster_shapes(device_ids, num_experts, alignment, rows)
         records.append(record)
         print(f"| {label} | {num_tokens} | {top_k} | {num_experts} | {alignment} | {rows} | "
               f"{record['gpu_us']:.1f} | {record['gpu_with_host_us']:.1f} | "
@@ -194,6 +258,14 @@ def main() -> int:
             best = min(record["sweep_graph_us"].items(), key=lambda item: item[1])
             cells = ", ".join(f"{k}: {v:.2f}" for k, v in record["sweep_graph_us"].items())
             print(f"- {record['label']}: best {best[0]} {best[1]:.1f}; {cells}")
+    if args.clusters:
+        print("\nus per call in a CUDA graph of kernel launches, the cooperative kernel plain "
+              "and in clusters (blocks, cluster size):")
+        for record in records:
+            if record["cluster_graph_us"]:
+                cells = ", ".join(f"{k}: {v:.2f}" if isinstance(v, float) else f"{k}: {v}"
+                                  for k, v in record["cluster_graph_us"].items())
+                print(f"- {record['label']}: {cells}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"device": timer.device_name, "versions": {

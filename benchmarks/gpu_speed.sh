@@ -5,7 +5,7 @@
 # short summary at the end.
 #
 #   bash benchmarks/gpu_speed.sh [--combine] [--combine-ep] [--swiglu] [--expand-decode]
-#                                [--padding] [--compiled-row] [--seed]
+#                                [--padding] [--compiled-row] [--seed] [--mapping-clusters]
 #                                [--ncu LABEL KERNEL_REGEX]...
 #                                [--ncu-combine LABEL "NAME=VALUE ..."]...
 #
@@ -25,6 +25,12 @@
 #   (ExpandTuning.compiled_row 1, and 2: only where a thread holds one access)
 #   on the Qwen3 plans, JSON to $OUT/sweep_compiled_row.json; then the expand
 #   GPU tests of the compiled-row kernel path for up to 200 s.
+# --mapping-clusters: issue 12's cooperative mapping kernel in clusters
+#   (MappingShape.cluster_blocks): the mapping GPU tests of clusters and of
+#   every launch shape, compute-sanitizer memcheck over the cluster tests,
+#   phase traces of the prefill shapes plain and in clusters of 2, 4 and 8,
+#   and bench_fused_mapping.py --clusters on the prefill shapes (beside
+#   TileKernels where .peers/ is carried), JSON to $OUT/mapping_clusters.json.
 # --seed: benchmarks/bench_expand_seed.py (the seed's TileLang kernel beside
 #   ours on every plan workload; needs the .peers/ bundle carried and
 #   .peers/seed/ holding the PR text), JSON and Markdown to $OUT/seed.*.
@@ -42,7 +48,8 @@ LOG=$OUT/gpu_speed.log
 : > "$LOG"
 summary=()
 section() { printf '\n===== %s =====\n' "$1" | tee -a "$LOG"; }
-combine=0 combine_ep=0 swiglu=0 expand_decode=0 padding=0 compiled_row=0 seed=0 profiles=()
+combine=0 combine_ep=0 swiglu=0 expand_decode=0 padding=0 compiled_row=0 seed=0
+mapping_clusters=0 profiles=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --combine) combine=1 ;;
@@ -52,6 +59,7 @@ while [ $# -gt 0 ]; do
     --padding) padding=1 ;;
     --compiled-row) compiled_row=1 ;;
     --seed) seed=1 ;;
+    --mapping-clusters) mapping_clusters=1 ;;
     --ncu) profiles+=("$2|$3|"); shift 2 ;;
     --ncu-combine) profiles+=("$2|reduce_fused|$3"); shift 2 ;;
     *) echo "unknown option $1" >&2; exit 2 ;;
@@ -64,6 +72,32 @@ if [ $combine -eq 1 ]; then
   section "reduce_fused launch-shape sweep"
   timeout 240 python3 benchmarks/sweep_combine.py 2>> "$LOG" | tee -a "$LOG"
   summary+=("sweep_combine rc=${PIPESTATUS[0]} [$(( $(date +%s) - start ))s]")
+fi
+
+if [ $mapping_clusters -eq 1 ]; then
+  start=$(date +%s)
+  section "fused_mapping in clusters: GPU tests"
+  timeout 150 python3 -m pytest -q -p no:cacheprovider tests/test_mapping_gpu.py \
+    -k "clusters or every_launch_shape" >> "$LOG" 2>&1
+  summary+=("mapping cluster tests rc=$? $(grep -E '^[0-9]+ (passed|failed)' "$LOG" | tail -1)")
+  section "fused_mapping in clusters: memcheck"
+  timeout 150 compute-sanitizer --tool memcheck --error-exitcode 9 python3 -m pytest -q \
+    -p no:cacheprovider tests/test_mapping_gpu.py -k clusters >> "$LOG" 2>&1
+  summary+=("mapping cluster memcheck rc=$? (9: errors)")
+  section "fused_mapping in clusters: phase traces"
+  prefill="4096 8 128 128 4096 8 256 128 4096 8 384 128 8192 8 384 128"
+  for cluster in 0 2 4 8; do
+    args=()
+    [ $cluster -gt 0 ] && args=(--cluster $cluster)
+    timeout 60 python3 benchmarks/profile_mapping_phases.py ${args[@]+"${args[@]}"} $prefill \
+      2>&1 | tee -a "$LOG"
+  done
+  section "fused_mapping in clusters: graph us per call"
+  ( [ -d .peers ] && source benchmarks/peer_setup.sh >> "$LOG" 2>&1
+    timeout 200 python3 benchmarks/bench_fused_mapping.py --iters 30 --clusters \
+      --only prefill-e128 prefill-e256 prefill-e384 prefill-8k-e384 \
+      --json "$OUT/mapping_clusters.json" 2>> "$LOG" | tee -a "$LOG"; exit "${PIPESTATUS[0]}" )
+  summary+=("bench_fused_mapping clusters rc=$? [$(( $(date +%s) - start ))s]")
 fi
 
 if [ $combine_ep -eq 1 ]; then

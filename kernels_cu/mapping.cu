@@ -25,12 +25,19 @@
 //                 resident): each block writes its own warps' counts per
 //                 expert (uint16), a grid barrier, then each block sums the
 //                 columns, 8 experts a 16-byte load.
+//                 mapping_coop_cluster_* (sm_90+, launched cooperative in
+//                 clusters of C blocks): the blocks of a cluster first add
+//                 up their counts through distributed shared memory (each
+//                 its prefix within the cluster, and the cluster's totals:
+//                 one uint16 row a cluster), so after the grid barrier a
+//                 block sums blocks / C rows, not blocks rows.
 // A warp's worth of slots (decode) takes none of these: mapping_warp_*
 // (below) works the whole plan out in one warp's registers.
 // Each row of pos_* is written exactly once: by its slot, or as padding (the
 // tail of a segment, or past the last segment).
 // *_i32 / *_i64: the dtype of topk_ids.
 
+#include "cluster.cuh"
 #include "dependent_launch.cuh"
 #include "grid_barrier.cuh"
 #include "vector_access.cuh"
@@ -40,6 +47,7 @@
 #define LOAD_BATCH 8       // loads a thread has in flight in a block-strided loop
 #define SUM_BATCH 16       // block counts a thread has in flight summing a column
 #define COOP_MAX_WARPS 16  // warps of a cooperative block, at most (its registers)
+#define CLUSTER_MAX_BLOCKS 8  // blocks of a cluster, at most (the portable size)
 // Traced builds only (wrong plans): MAP_TRACE_DROP_STORES 1 drops the place
 // phase's three pos-row stores, 2 its token_topk_to_pos store too, to time
 // what the phase costs without them (profile_mapping_phases.py -D ...).
@@ -89,7 +97,9 @@ struct MappingArgs {
     int* block_counts;         // block-counts mode: [count blocks, E] totals, then
                                // [place blocks, E] prefixes in their count block;
                                // cooperative: [blocks, align(E, 8)] uint16 totals
-                               // (16-byte aligned); then [1]: total rows
+                               // (16-byte aligned; in clusters, the first
+                               // blocks / C rows: the clusters' totals); then
+                               // [1]: total rows
     int num_slots;             // N = T * K
     int top_k;                 // K
     int num_experts;           // E
@@ -247,7 +257,9 @@ __device__ __forceinline__ void sum_column(const int* counts, int experts, int j
     }
 }
 
-template <typename Id, bool Cooperative>
+// Clustered (a cooperative launch in clusters, sm_90+ only): the block's
+// totals go to shared memory, where the cluster's blocks read them.
+template <typename Id, bool Cooperative, bool Clustered = false>
 __device__ __forceinline__ void place_block(const MappingArgs& a) {
     extern __shared__ int shared[];
     const int experts = a.num_experts, warps = blockDim.x >> 5;
@@ -256,6 +268,7 @@ __device__ __forceinline__ void place_block(const MappingArgs& a) {
                                                  //      + start_e: the block's first row of e
     int* start = base + experts;                 // [E]: first row of e
     int* tokens = start + experts;               // [E]: slots of e in all
+    int* block_totals = tokens + experts;        // [E] (Clustered): this block's slots of e
     __shared__ int warp_sums[MAP_MAX_WARPS];
     __shared__ int total_rows;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -312,7 +325,9 @@ __device__ __forceinline__ void place_block(const MappingArgs& a) {
                 running += count[u];
             }
         }
-        if (Cooperative)
+        if (Clustered)
+            block_totals[j] = running;
+        else if (Cooperative)
             reinterpret_cast<unsigned short*>(a.block_counts)[
                 static_cast<long long>(blockIdx.x) * padded_experts(experts) + j] =
                 static_cast<unsigned short>(running);
@@ -325,22 +340,65 @@ __device__ __forceinline__ void place_block(const MappingArgs& a) {
     // atomics; sums do not depend on their order) of the ids themselves or of
     // the block counts, each load independent of the others
     if (Cooperative) {
-        // the pad columns of this block's row (read with the rest, never used)
         const int padded = padded_experts(experts);
-        for (int j = experts + threadIdx.x; j < padded; j += blockDim.x)
-            reinterpret_cast<unsigned short*>(a.block_counts)[
-                static_cast<long long>(blockIdx.x) * padded + j] = 0;
+        // Clustered: the rows summed after the grid barrier (a cluster's),
+        // and this block's cluster's row
+        int rows_summed = 0, my_row = 0;
+        if (Clustered) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+            // the cluster's blocks add up their totals through distributed
+            // shared memory: each gets the slots of e in the cluster's blocks
+            // before it (its base so far), and rank 0 writes the cluster's
+            // totals (at most C * a block's slots: uint16, the plan's rule)
+            // as the cluster's row, pad columns zero. A block's totals stay
+            // in its shared memory, unchanged, until every block has passed
+            // the grid barrier, so no block reads a peer that has moved on.
+            cluster_sync();
+            MAP_PHASE(12);
+            const unsigned rank = cluster_rank(), size = cluster_size();
+            rows_summed = gridDim.x / size;
+            my_row = blockIdx.x / size;
+            unsigned short* cluster_row = reinterpret_cast<unsigned short*>(a.block_counts)
+                                        + static_cast<long long>(my_row) * padded;
+            for (int j = threadIdx.x; j < padded; j += blockDim.x) {
+                int earlier = 0, total = 0;
+                if (j < experts) {
+                    int count[CLUSTER_MAX_BLOCKS];  // loads in flight together
+#pragma unroll
+                    for (unsigned r = 0; r < CLUSTER_MAX_BLOCKS; ++r)
+                        count[r] = r < size ? load_from_cluster_block(block_totals + j, r) : 0;
+#pragma unroll
+                    for (unsigned r = 0; r < CLUSTER_MAX_BLOCKS; ++r) {
+                        total += count[r];
+                        earlier += r < rank ? count[r] : 0;
+                    }
+                    base[j] = earlier;
+                }
+                if (rank == 0) cluster_row[j] = static_cast<unsigned short>(total);
+            }
+            MAP_PHASE(13);  // thread 0's share of the cluster's counts added up
+#else
+            __trap();  // clusters are sm_90+: the plan never launches this elsewhere
+#endif
+        } else {
+            // the pad columns of this block's row (read with the rest, never used)
+            for (int j = experts + threadIdx.x; j < padded; j += blockDim.x)
+                reinterpret_cast<unsigned short*>(a.block_counts)[
+                    static_cast<long long>(blockIdx.x) * padded + j] = 0;
+        }
         MAP_PHASE(3);
         grid_barrier();
         MAP_PHASE(4);
-        // every block's counts, 8 experts a 16-byte load: a thread takes a
-        // group of 8 experts and every parts-th block from `part` on, with
-        // SUM_VECS loads in flight (one batch on the default shapes, whose
-        // blocks x E keep to 2048 x warps: every block reads the same few
-        // KiB, so a round trip is long); consecutive lanes take consecutive
-        // groups (coalesced: lanes of one group summing by shuffles instead
-        // read 32 rows at once and measured slower, NOTES.md eleventh session)
-        const int blocks = gridDim.x, block = blockIdx.x, groups = padded >> 3;
+        // every block's (cluster's) counts, 8 experts a 16-byte load: a
+        // thread takes a group of 8 experts and every parts-th row from
+        // `part` on, with SUM_VECS loads in flight (one batch on the default
+        // shapes, whose rows x E keep to 2048 x warps: every block reads the
+        // same few KiB, so a round trip is long); consecutive lanes take
+        // consecutive groups (coalesced: lanes of one group summing by
+        // shuffles instead read 32 rows at once and measured slower,
+        // NOTES.md eleventh session)
+        const int blocks = Clustered ? rows_summed : static_cast<int>(gridDim.x);
+        const int block = Clustered ? my_row : static_cast<int>(blockIdx.x), groups = padded >> 3;
         const int parts = max(1, static_cast<int>(blockDim.x) / groups);
         const uint4* rows = reinterpret_cast<const uint4*>(a.block_counts);
         for (int t = threadIdx.x; t < groups * parts; t += blockDim.x) {
@@ -549,6 +607,18 @@ mapping_coop_i32(const MappingArgs a) {
 extern "C" __global__ void COOP_LAUNCH_BOUNDS
 mapping_coop_i64(const MappingArgs a) {
     place_block<long long, true>(a);
+}
+
+// Cooperative launches in clusters of 2..CLUSTER_MAX_BLOCKS blocks (sm_90+;
+// the cluster size is the launch's, the plan checks it divides the grid).
+extern "C" __global__ void COOP_LAUNCH_BOUNDS
+mapping_coop_cluster_i32(const MappingArgs a) {
+    place_block<int, true, true>(a);
+}
+
+extern "C" __global__ void COOP_LAUNCH_BOUNDS
+mapping_coop_cluster_i64(const MappingArgs a) {
+    place_block<long long, true, true>(a);
 }
 
 // A warp's worth of slots (N <= 32: decode). One warp holds every slot, a

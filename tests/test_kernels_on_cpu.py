@@ -12,6 +12,7 @@ blocks). Kernels not yet run on a GPU are covered here first.
 from __future__ import annotations
 
 import math
+import re
 
 import ml_dtypes
 import numpy as np
@@ -308,6 +309,44 @@ def test_fused_mapping_matches_the_oracle(monkeypatch, rng, num_tokens, top_k, n
         np.testing.assert_array_equal(np.asarray(got_field), want_field, err_msg=name)
 
 
+@pytest.mark.parametrize(("num_tokens", "top_k", "num_experts", "alignment", "blocks", "warps",
+                          "cluster", "dtype"), [
+    (4096, 8, 128, 128, 16, 8, 8, "int64"),
+    (1500, 6, 384, 64, 8, 4, 4, "int32"),
+    (2000, 5, 100, 16, 12, 3, 2, "int64"),   # E not a multiple of 8: pad columns
+    (1700, 7, 33, 1, 6, 2, 2, "int32"),
+])
+def test_fused_mapping_in_clusters_matches_the_oracle(monkeypatch, rng, num_tokens, top_k,
+                                                      num_experts, alignment, blocks, warps,
+                                                      cluster, dtype):
+    """The cooperative kernel in clusters (MappingShape.cluster_blocks): the
+    blocks of a cluster add up their counts through each other's shared
+    memory before the grid barrier; the plan is the oracle's."""
+    from cupy_moe.mapping.gpu import MappingPlan
+    from cupy_moe.mapping.launch_shape import mapping_shape
+    from cupy_moe.mapping.rules import MappingProblem
+
+    ids = rng.integers(-1, num_experts + 3, (num_tokens, top_k)).astype(dtype)
+    gpu = emulated_gpu(monkeypatch, seed=int(rng.integers(1, 2**62)))
+    slots = ids.size
+    rows = (slots + min(num_experts, slots) * (alignment - 1)) // alignment * alignment
+    shape = mapping_shape(slots, num_experts, rows, 132, 232448, warps=warps, blocks=blocks,
+                          cooperative=True, cluster_blocks=cluster)
+    assert shape.cooperative and shape.cluster_blocks == cluster
+    plan = MappingPlan(MappingProblem(num_tokens, top_k, num_experts, alignment, rows, dtype),
+                       0, shape)
+    buffer = gpu.empty((plan.buffer_size,), np.int32)
+    plan.launch(0, ids.ctypes.data, buffer.ctypes.data)
+    gpu.check_canaries()
+    assert gpu.launches == [f"mapping_coop_cluster_i{dtype[3:]}"]
+    want = fused_mapping_numpy(ids, num_experts, alignment=alignment, num_expanded=rows)
+    for name, got_field, want_field in zip(want._fields, plan.views(buffer), want, strict=True):
+        np.testing.assert_array_equal(got_field, want_field, err_msg=name)
+    # the total of the rows (trim's), every expert's aligned rows
+    aligned = -(-want.tokens_per_expert // alignment) * alignment
+    assert buffer[plan.total_index] == aligned.sum()
+
+
 @pytest.mark.parametrize(("dtype", "hidden"), [("bfloat16", 7168), ("float16", 2048),
                                                ("float32", 1024), ("bfloat16", 100)])
 @pytest.mark.parametrize("row_scale", [False, True])
@@ -466,16 +505,59 @@ def test_inline_ptx_is_rewritten_or_refused():
 
 
 def _launch_selftest(name: str, blocks: int, threads: int, *arrays,
-                     shared_bytes: int = 0, seed: int = 7) -> None:
+                     shared_bytes: int = 0, seed: int = 7, cluster: int = 0) -> None:
     """Launch selftest.cu's ``name``; each argument an array (its pointer) or
-    a Python int (an int64)."""
+    a Python int (an int64); ``cluster``: cooperative, in clusters of that many."""
     import ctypes
 
     pointers = [ctypes.c_void_p(a.ctypes.data) if isinstance(a, np.ndarray)
                 else ctypes.c_longlong(a) for a in arrays]
     params = (ctypes.c_void_p * len(pointers))(*[ctypes.addressof(p) for p in pointers])
     build.module("selftest.cu").launch(name, (blocks, 1, 1), (threads, 1, 1), shared_bytes,
-                                       ctypes.addressof(params), seed=seed)
+                                       ctypes.addressof(params), seed=seed,
+                                       cooperative=cluster > 0, cluster=cluster)
+
+
+@pytest.mark.parametrize(("cluster", "seed"), [(2, 1), (4, 2), (8, 3)])
+def test_a_cluster_reads_its_blocks_shared_memory_after_its_barrier(cluster, seed):
+    """barrier.cluster and ld.shared::cluster: each block reads what the next
+    block of its cluster wrote before the barrier, in any order of blocks and
+    threads; a block that leaves before the barrier is reported, not waited
+    for forever, and so is a read of a block that has ended (no last
+    barrier: 1 block a thread, blocks end while others read them); a launch
+    in clusters that do not divide the grid is refused."""
+    blocks, threads = 4 * cluster, 64  # whole warps (.aligned)
+    out = np.zeros(blocks * threads, np.int32)
+    shared_bytes = 4 * threads
+    _launch_selftest("selftest_cluster", blocks, threads, out, -1, 1, shared_bytes=shared_bytes,
+                     seed=seed, cluster=cluster)
+    block = np.arange(blocks)[:, None]
+    peer = block - block % cluster + (block % cluster + 1) % cluster
+    np.testing.assert_array_equal(out.reshape(blocks, threads),
+                                  peer * 1000 + np.arange(threads))
+    with pytest.raises(RuntimeError, match="selftest_cluster: cluster barrier: a block of the "
+                                           "cluster ended without arriving"):
+        _launch_selftest("selftest_cluster", blocks, threads, out, cluster + 1, 1,
+                         shared_bytes=shared_bytes, seed=seed, cluster=cluster)
+    with pytest.raises(RuntimeError, match=rf"bad launch in clusters of {cluster}: grid "
+                                           rf"\({blocks + 1},1,1\), cooperative"):
+        _launch_selftest("selftest_cluster", blocks + 1, threads, out, -1, 1,
+                         shared_bytes=shared_bytes, cluster=cluster)
+
+
+def test_a_read_of_a_cluster_block_that_has_ended_is_reported():
+    """Without the last barrier, a block's peer may end before it reads: the
+    emulation reports the read (the GPU would read freed shared memory)."""
+    out = np.zeros(2 * 32, np.int32)
+    for seed in range(1, 200):  # until a peer ends first (the orders vary by seed)
+        try:
+            _launch_selftest("selftest_cluster", 2, 32, out, -1, 0, shared_bytes=128,
+                             seed=seed, cluster=2)
+        except RuntimeError as error:
+            assert re.search(r"selftest_cluster: ld.shared::cluster of block [01], which has "
+                             r"ended", str(error))
+            return
+    pytest.fail("no order of 199 seeds had a block end before its peer's read")
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3, 7])

@@ -8,7 +8,13 @@ import pytest
 
 import cupy_moe
 from cupy_moe.mapping import fused_mapping_numpy, worst_case_rows
-from cupy_moe.mapping.launch_shape import COOP_MAX_WARPS, mapping_shape
+from cupy_moe.mapping.launch_shape import (
+    CLUSTER_SIZES,
+    COOP_MAX_BLOCK_SLOTS,
+    COOP_MAX_WARPS,
+    mapping_shape,
+    place_shared_bytes,
+)
 from cupy_moe.mapping.rules import MappingProblem
 from gpu_cases import GPU_MARKS, cupy, needs_torch_cuda, torch
 from helpers import assert_bits_equal
@@ -75,7 +81,8 @@ def test_thousand_random_plans_are_bit_identical(kind):
 
 def test_every_launch_shape_gives_the_same_plan():
     """All three counting modes of the general kernels (self-counting, block
-    counts, cooperative), whatever the slots,
+    counts, cooperative; on sm_90+ half the cooperative grids in clusters of
+    2, 4 or 8 blocks adding up their counts first), whatever the slots,
     any warps per block and blocks (more or fewer than the slots need, more
     than the GPU's SMs but for a cooperative launch): the plan does not
     move."""
@@ -105,6 +112,18 @@ def test_every_launch_shape_gives_the_same_plan():
                               one_warp=False)
         shape = shape._replace(self_counting=mode == "self", cooperative=mode == "cooperative",
                                count_split=1 if mode == "cooperative" else shape.count_split)
+        if mode == "cooperative" and traits.major >= 9 and rng.integers(0, 2):
+            cluster = int(rng.choice(CLUSTER_SIZES))
+            # 64 blocks at most: 8 clusters of 8 fit any H100/H200's GPCs
+            blocks = max(cluster, min(shape.blocks, 64) // cluster * cluster)
+            clustered = mapping_shape(topk_ids.size, num_experts, x, traits.multiprocessors,
+                                      traits.shared_bytes_optin, warps=shape.warps,
+                                      blocks=blocks, one_warp=False)
+            if cluster * clustered.warps * clustered.warp_slots <= COOP_MAX_BLOCK_SLOTS:
+                shape = clustered._replace(
+                    self_counting=False, cooperative=True, count_split=1,
+                    cluster_blocks=cluster,
+                    shared_bytes=place_shared_bytes(clustered.warps, num_experts, cluster))
         plan = MappingPlan(problem, device, shape, overlap=bool(rng.integers(0, 2)))
         buffer = cupy.full(plan.buffer_size, 0x5A5A5A5A, dtype=cupy.int32)
         ids = cupy.asarray(topk_ids)
@@ -117,6 +136,40 @@ def test_every_launch_shape_gives_the_same_plan():
                 raise AssertionError(f"case {case}: {shape}, T={topk_ids.shape[0]} "
                                      f"K={topk_ids.shape[1]} E={num_experts} A={alignment} "
                                      f"X={x}: {error}") from None
+
+
+@pytest.mark.parametrize("cluster", CLUSTER_SIZES)
+@pytest.mark.parametrize(("num_tokens", "num_experts"), [(4096, 128), (4096, 384), (8192, 384)])
+def test_prefill_grids_in_clusters_give_the_same_plan(num_tokens, num_experts, cluster):
+    """The default cluster grids of the prefill shapes (128 blocks): the plan
+    is the oracle's, launched cooperative in clusters (skipped before sm_90,
+    or where the GPU holds too few clusters at once, saying so)."""
+    from cupy_moe.mapping.gpu import MappingPlan
+    from cupy_moe.runtime.launch import current_device, device_traits
+
+    device = current_device()
+    traits = device_traits(device)
+    if traits.major < 9:
+        pytest.skip("clusters are sm_90+")
+    rng = np.random.default_rng(num_tokens + num_experts + cluster)
+    topk_ids = rng.integers(-1, num_experts + 2, (num_tokens, 8))
+    x = worst_case_rows(topk_ids.size, num_experts, 128)
+    shape = mapping_shape(topk_ids.size, num_experts, x, traits.multiprocessors,
+                          traits.shared_bytes_optin, cooperative=True, cluster_blocks=cluster)
+    assert shape.cluster_blocks == cluster
+    try:
+        plan = MappingPlan(MappingProblem(num_tokens, 8, num_experts, 128, x, "int64"), device,
+                           shape)
+    except ValueError as error:
+        if "clusters of" in str(error) and "at once" in str(error):
+            pytest.skip(str(error))
+        raise
+    buffer = cupy.full(plan.buffer_size, 0x5A5A5A5A, dtype=cupy.int32)
+    ids = cupy.asarray(topk_ids)
+    plan.launch(cupy.cuda.get_current_stream().ptr, ids.data.ptr, buffer.data.ptr)
+    expected = fused_mapping_numpy(topk_ids, num_experts, alignment=128, num_expanded=x)
+    for name, got, want in zip(FIELDS, plan.views(buffer), expected, strict=True):
+        assert_bits_equal(cupy.asnumpy(got), want, name)
 
 
 def test_a_cooperative_plan_refuses_more_warps_than_its_kernel_takes():

@@ -172,3 +172,91 @@ def test_the_plan_names_its_kernels_and_aligns_its_scratch(monkeypatch):
     for got, want in zip(plan.torch_views(torch.from_numpy(buffer)), plan.views(buffer),
                          strict=True):
         assert got.shape == want.shape and np.array_equal(got.numpy(), want)
+
+
+def test_cluster_shapes():
+    """cluster_blocks: the default cooperative grid follows from the rows a
+    block sums after the grid barrier (blocks / C), so E = 384 takes 128
+    blocks, not 64; a block keeps one more counter row (its totals, for the
+    cluster to read)."""
+    shape = mapping_shape(32768, 384, 81536, **H200, cooperative=True, cluster_blocks=8)
+    assert shape == MappingShape(8, 128, 32, False, 4 * 12 * 384, 1, True, cluster_blocks=8)
+    shape = mapping_shape(65536, 384, 114304, **H200, cooperative=True, cluster_blocks=4)
+    assert (shape.blocks, shape.warp_slots, shape.cluster_blocks) == (128, 64, 4)
+    # clusters of 2 at E = 128: the plain grid already (128 blocks)
+    shape = mapping_shape(32768, 128, 49024, **H200, cooperative=True, cluster_blocks=2)
+    assert (shape.blocks, shape.cluster_blocks) == (128, 2)
+    # no cooperative launch, no clusters
+    assert mapping_shape(4096, 256, 36608, **H200, cooperative=True,
+                         cluster_blocks=8).cluster_blocks == 0
+    assert mapping_shape(32768, 384, 81536, **H200, cluster_blocks=8).cluster_blocks == 0
+    # a cluster's totals must fit uint16: 8 blocks of 16,384 slots do not
+    shape = mapping_shape(16 * 16384, 384, 10**6, **H200, blocks=16, cooperative=True,
+                          cluster_blocks=8)
+    assert shape.cooperative and shape.warps * shape.warp_slots == 16384
+    assert shape.cluster_blocks == 0 and shape.shared_bytes == 4 * 11 * 384
+
+
+def test_cluster_shapes_refused():
+    with pytest.raises(ValueError, match=r"cluster_blocks must be 0 or one of \(2, 4, 8\); "
+                                         r"got 3"):
+        mapping_shape(32768, 384, 81536, **H200, cooperative=True, cluster_blocks=3)
+    with pytest.raises(ValueError, match="clusters of 8 blocks do not divide a grid of 100 "
+                                         "blocks"):
+        mapping_shape(32768, 384, 81536, **H200, blocks=100, cooperative=True,
+                      cluster_blocks=8)
+
+
+def test_a_cluster_plan_launches_cooperative_in_clusters(monkeypatch):
+    """MappingPlan (host bookkeeping, no GPU) for clusters: its kernel, one
+    cooperative launch in clusters; refused before sm_90, with a cluster
+    size the kernel does not take, or where the GPU holds too few clusters
+    at once for every block to be resident."""
+    pytest.importorskip("cupy")
+    from cupy_moe.mapping import gpu
+    from cupy_moe.mapping.rules import MappingProblem
+    from cupy_moe.runtime import launch
+    from cupy_moe.runtime.launch import DeviceTraits
+
+    monkeypatch.setitem(launch._device_traits, 0, DeviceTraits(132, 9, 232448, True))
+    requested, launched, asked = [], [], []
+    monkeypatch.setattr(gpu, "function_handle",
+                        lambda source, defines, device, name: requested.append(name) or name)
+    monkeypatch.setattr(gpu.driver, "funcSetAttribute", lambda *args: None)
+    monkeypatch.setattr(gpu, "launch_cooperative_in_clusters",
+                        lambda *args: launched.append(args))
+    monkeypatch.setattr(gpu, "max_active_clusters",
+                        lambda *args: asked.append(args) or 16)
+    problem = MappingProblem(4096, 8, 384, 128, 81536, "int64")
+    shape = mapping_shape(32768, 384, 81536, **H200, cooperative=True, cluster_blocks=8)
+    plan = gpu.MappingPlan(problem, 0, shape)
+    assert requested == ["mapping_coop_cluster_i64"]
+    assert asked == [("mapping_coop_cluster_i64", 256, 4 * 12 * 384, 8)]
+    plan.launch(7, 0x1000, 0x2000)
+    handle, blocks, threads, shared_bytes, stream, _, cluster = launched[0]
+    assert (handle, blocks, threads, shared_bytes, stream, cluster) == (
+        "mapping_coop_cluster_i64", 128, 256, 4 * 12 * 384, 7, 8)
+    # the same scratch as without clusters: a row a block (the clusters' rows first)
+    plain = gpu.MappingPlan(problem, 0, shape._replace(cluster_blocks=0))
+    assert plan.buffer_size == plain.buffer_size and plan.total_index == plain.total_index
+    monkeypatch.setattr(gpu, "max_active_clusters", lambda *args: 15)
+    with pytest.raises(ValueError, match="this GPU holds 15 clusters of 8 blocks at once; a "
+                                         "cooperative grid of 128 blocks needs 16"):
+        gpu.MappingPlan(problem, 0, shape)
+    for bad, why in (
+            (shape._replace(cluster_blocks=3), r"cluster_blocks must be one of \(2, 4, 8\) and "
+                                               r"divide the blocks of a cooperative grid on "
+                                               r"sm_90\+; got cluster_blocks=3, 128 blocks"),
+            (shape._replace(blocks=60), r"got cluster_blocks=8, 60 blocks, cooperative=True"),
+            (shape._replace(cooperative=False), r"128 blocks, cooperative=False, sm_9x"),
+            (shape._replace(warp_slots=2048), r"a cluster's slot counts are uint16: 8 blocks "
+                                              r"of 16384 slots pass 65535"),
+            # a hand-edited shape (sweeps) without the cluster's counter row
+            (shape._replace(shared_bytes=4 * 11 * 384),
+             r"the place kernel needs 18432 bytes of shared memory for 8 warps and 384 "
+             r"experts in clusters; the shape gives 16896")):
+        with pytest.raises(ValueError, match=why):
+            gpu.MappingPlan(problem, 0, bad)
+    monkeypatch.setitem(launch._device_traits, 0, DeviceTraits(108, 8, 166912, True))
+    with pytest.raises(ValueError, match=r"128 blocks, cooperative=True, sm_8x"):
+        gpu.MappingPlan(problem, 0, shape)

@@ -17,7 +17,8 @@ VARIANTS = [
 ]
 MAPPING_KERNELS = ("mapping_count_i32", "mapping_count_i64",
                    "mapping_place_i32", "mapping_place_i64",
-                   "mapping_coop_i32", "mapping_coop_i64")
+                   "mapping_coop_i32", "mapping_coop_i64",
+                   "mapping_coop_cluster_i32", "mapping_coop_cluster_i64")
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])

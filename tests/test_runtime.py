@@ -175,3 +175,44 @@ def test_the_dynamic_shared_memory_opt_in_is_only_ever_raised(monkeypatch):
     launch.allow_dynamic_shared(0x20, 60_000)
     launch.allow_dynamic_shared(0x10, 100_000)
     assert calls == [(0x10, 8, 80_000), (0x20, 8, 60_000), (0x10, 8, 100_000)]
+
+
+def test_a_launch_in_clusters_passes_both_attributes(monkeypatch):
+    """launch_cooperative_in_clusters / max_active_clusters (ctypes, no
+    GPU): the CUlaunchConfig the driver gets holds the grid, block, shared
+    memory and stream, the cooperative attribute and the cluster size; the
+    occupancy query's the cluster attribute alone (the driver's functions
+    stood in for)."""
+    pytest.importorskip("cupy")
+    import ctypes
+
+    from cupy_moe.runtime import launch
+
+    seen = []
+
+    def read_config(address):
+        config = launch._LaunchConfig.from_address(address)
+        attributes = [(config.attrs[i].id, config.attrs[i].value[0], config.attrs[i].value[1],
+                       config.attrs[i].value[2]) for i in range(config.num_attrs)]
+        return (tuple(config.grid), tuple(config.block), config.shared_bytes, config.stream,
+                attributes)
+
+    def launch_ex(config, handle, params, extra):
+        seen.append(("launch", read_config(config), handle, params))
+        return 0
+
+    def occupancy(count, handle, config):
+        seen.append(("query", read_config(config), handle))
+        count._obj.value = 16
+        return 0
+
+    monkeypatch.setattr(launch, "_clusters", launch._ClusterLaunch())
+    monkeypatch.setattr(launch, "_launch_kernel_ex", launch_ex)
+    monkeypatch.setattr(launch, "_max_active_clusters", occupancy)
+    launch.launch_cooperative_in_clusters(0xAB, 128, 256, 18432, 0x77, 0x1000, 8)
+    assert launch.max_active_clusters(0xAB, 256, 18432, 4) == 16
+    cooperative, cluster = (2, 1, 0, 0), (4, 8, 1, 1)
+    assert seen == [
+        ("launch", ((128, 1, 1), (256, 1, 1), 18432, 0x77, [cooperative, cluster]), 0xAB, 0x1000),
+        ("query", ((4, 1, 1), (256, 1, 1), 18432, None, [(4, 4, 1, 1)]), 0xAB)]
+    assert ctypes.sizeof(launch._LaunchAttribute) == 72  # CUlaunchAttribute's size (cuda.h)

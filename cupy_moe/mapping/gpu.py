@@ -23,10 +23,19 @@ from ..runtime.launch import (
     allow_dynamic_shared,
     device_traits,
     function_handle,
+    launch_cooperative_in_clusters,
     launch_overlapping_previous,
+    max_active_clusters,
 )
 from ..runtime.sizes import align_up
-from .launch_shape import COOP_MAX_WARPS, MappingShape, mapping_shape
+from .launch_shape import (
+    CLUSTER_SIZES,
+    COOP_MAX_BLOCK_SLOTS,
+    COOP_MAX_WARPS,
+    MappingShape,
+    mapping_shape,
+    place_shared_bytes,
+)
 from .reference import FusedMapping
 from .rules import MappingProblem, raise_mapping_error
 
@@ -46,7 +55,8 @@ def kernel_names(shape: MappingShape, id_dtype: str) -> list[str]:
     """The kernels of mapping.cu a plan launches, in launch order (the count
     kernel first where there are two)."""
     suffix = "i64" if id_dtype == "int64" else "i32"
-    kernel = "warp" if shape.one_warp else "coop" if shape.cooperative else "place"
+    kernel = ("warp" if shape.one_warp else "place" if not shape.cooperative
+              else "coop_cluster" if shape.cluster_blocks else "coop")
     count = [] if shape.self_counting or shape.cooperative else [f"mapping_count_{suffix}"]
     return count + [f"mapping_{kernel}_{suffix}"]
 
@@ -58,13 +68,14 @@ class MappingPlan:
     rows [3, E], then, from the next 16-byte boundary, the kernels' scratch:
     with two launches the count blocks' totals [count blocks, E] and the
     place blocks' prefixes [blocks, E], with a cooperative launch the blocks'
-    totals as uint16 [blocks, align(E, 8)] (16-byte loads of 8 experts); then
-    the total of the rows [1].
+    totals as uint16 [blocks, align(E, 8)] (16-byte loads of 8 experts; in
+    clusters only the first blocks / C rows are written: the clusters'
+    totals); then the total of the rows [1].
     """
 
     __slots__ = ("args", "device", "launches", "offsets", "problem", "buffer_size",
                  "total_index", "shape", "split_sizes", "overlap", "token_shape",
-                 "byte_offsets", "cooperative")
+                 "byte_offsets", "cooperative", "cluster")
 
     def __init__(self, problem: MappingProblem, device: int,
                  shape: MappingShape | None = None, overlap: bool | None = None) -> None:
@@ -84,6 +95,24 @@ class MappingPlan:
         if shape.cooperative and shape.warps > COOP_MAX_WARPS:
             raise ValueError(f"a cooperative launch has at most {COOP_MAX_WARPS} warps a block; "
                              f"got {shape.warps}")
+        cluster = shape.cluster_blocks
+        if cluster and not (shape.cooperative and traits.major >= 9
+                            and cluster in CLUSTER_SIZES and shape.blocks % cluster == 0):
+            raise ValueError(f"cluster_blocks must be one of {CLUSTER_SIZES} and divide the "
+                             f"blocks of a cooperative grid on sm_90+; got cluster_blocks="
+                             f"{cluster}, {shape.blocks} blocks, cooperative={shape.cooperative}, "
+                             f"sm_{traits.major}x")
+        if cluster and cluster * shape.warps * shape.warp_slots > COOP_MAX_BLOCK_SLOTS:
+            raise ValueError(f"a cluster's slot counts are uint16: {cluster} blocks of "
+                             f"{shape.warps * shape.warp_slots} slots pass "
+                             f"{COOP_MAX_BLOCK_SLOTS}")
+        # (a shape edited by hand, as sweeps do, must still give the kernel its rows)
+        needed = place_shared_bytes(shape.warps, experts, cluster)
+        if not shape.one_warp and shape.shared_bytes < needed:
+            raise ValueError(f"the place kernel needs {needed} bytes of shared memory for "
+                             f"{shape.warps} warps and {experts} experts"
+                             f"{' in clusters' if cluster else ''}; the shape gives "
+                             f"{shape.shared_bytes}")
         # block totals (cooperative: uint16, two to an int32), or count-block
         # totals and place-block prefixes
         block_counts = (0 if shape.self_counting else
@@ -95,6 +124,7 @@ class MappingPlan:
         # launch()'s hot path reads these, not offsets and shape.cooperative
         self.byte_offsets = tuple(4 * o for o in self.offsets)
         self.cooperative = shape.cooperative
+        self.cluster = cluster
         self.total_index = scratch + block_counts
         self.buffer_size = self.total_index + 1
         self.split_sizes = (slots, rows, rows, rows, experts, experts, experts,
@@ -104,6 +134,14 @@ class MappingPlan:
         place = function_handle(SOURCE, (), device, names[-1])
         if shape.shared_bytes > SHARED_BYTES_DEFAULT:
             allow_dynamic_shared(place, shape.shared_bytes)
+        if cluster:
+            # a cluster sits in one GPC: fewer may fit at once than SMs // C,
+            # and a cooperative launch needs every block resident
+            most = max_active_clusters(place, shape.threads, shape.shared_bytes, cluster)
+            if shape.blocks > most * cluster:
+                raise ValueError(f"this GPU holds {most} clusters of {cluster} blocks at once; "
+                                 f"a cooperative grid of {shape.blocks} blocks needs "
+                                 f"{shape.blocks // cluster}")
         self.launches = [] if len(names) == 1 else [
             (function_handle(SOURCE, (), device, names[0]), shape.count_blocks,
              shape.threads, 4 * shape.count_split * experts)]
@@ -121,6 +159,10 @@ class MappingPlan:
         launches = self.launches
         if self.cooperative:
             handle, blocks, threads, shared_bytes = launches[0]
+            if self.cluster:
+                launch_cooperative_in_clusters(handle, blocks, threads, shared_bytes, stream,
+                                               block.params_address, self.cluster)
+                return
             driver.launchCooperativeKernel(handle, blocks, 1, 1, threads, 1, 1, shared_bytes,
                                            stream, block.params_address)
             return

@@ -33,6 +33,7 @@ COOP_MAX_BLOCK_SLOTS = 65535  # a cooperative block's slots, at most (uint16 blo
 COOP_MIN_SLOTS = 8192       # cooperative above this; two launches of 8-warp blocks up to it
 MEDIUM_WARPS = 8            # the two launches' warps there (sweep: 8 beat 16 at 4096 slots)
 COOP_COUNT_READS = 24576    # block counts (uint16) a cooperative block sums, at most
+CLUSTER_SIZES = (2, 4, 8)   # blocks of a cluster (cluster_blocks; 8: the portable most)
 WARP_PLAN_MAX_SLOTS = 32    # up to here one warp works the plan out (mapping_warp_*)
 WARP_PLAN_MAX_WARPS = 8     # its blocks' warps (the kernel's launch bounds)
 WARP_PLAN_ROWS_PER_THREAD = 1  # expert or padding rows a thread writes, about, at most
@@ -50,6 +51,10 @@ class MappingShape(NamedTuple):
     one_warp: bool = False  # a warp's worth of slots: one warp of each block works
                             # the plan out, the blocks write the rows (no shared
                             # counters; self_counting's buffer layout)
+    cluster_blocks: int = 0  # cooperative, sm_90+: clusters of this many blocks add
+                             # up their counts in distributed shared memory before
+                             # the grid barrier, so each block sums blocks / C rows
+                             # after it (0: no clusters, every block's row)
 
     @property
     def count_blocks(self) -> int:
@@ -58,6 +63,13 @@ class MappingShape(NamedTuple):
     @property
     def threads(self) -> int:
         return 32 * self.warps
+
+
+def place_shared_bytes(warps: int, num_experts: int, cluster_blocks: int = 0) -> int:
+    """The place kernel's dynamic shared memory: a counter row per warp, then
+    three rows (base, start, tokens), and in clusters a fourth (the block's
+    totals, which the cluster's blocks read)."""
+    return 4 * (warps + (4 if cluster_blocks else 3)) * num_experts
 
 
 def max_warps_for(num_experts: int, shared_bytes_optin: int) -> int:
@@ -70,7 +82,7 @@ def max_warps_for(num_experts: int, shared_bytes_optin: int) -> int:
 def mapping_shape(num_slots: int, num_experts: int, num_expanded: int, multiprocessors: int,
                   shared_bytes_optin: int, *, warps: int | None = None,
                   blocks: int | None = None, cooperative: bool = False,
-                  one_warp: bool | None = None) -> MappingShape:
+                  one_warp: bool | None = None, cluster_blocks: int = 0) -> MappingShape:
     """The launch shape of one problem; ``warps`` / ``blocks`` override the
     defaults (sweeps). ``cooperative``: the GPU can launch cooperatively, so
     too many slots for self-counting take one cooperative launch (at most a
@@ -79,7 +91,16 @@ def mapping_shape(num_slots: int, num_experts: int, num_expanded: int, multiproc
     slots; False: the general kernels whatever the slots). A cooperative
     launch keeps its blocks to ``COOP_MAX_WARPS`` warps (fewer than asked
     for when ``warps`` is not given) and ``COOP_MAX_BLOCK_SLOTS`` slots; where
-    the slots need more, count blocks and place blocks run instead."""
+    the slots need more, count blocks and place blocks run instead.
+    ``cluster_blocks`` (2, 4 or 8): a cooperative grid in clusters of that
+    many blocks (a multiple of it; the default grid follows from the
+    clusters' rows, blocks / C, that each block sums); where a cluster's
+    slots would pass the uint16 counts, or the launch is not cooperative,
+    no clusters. The GPU's limits on clusters are the plan's to check
+    (gpu.MappingPlan)."""
+    if cluster_blocks and cluster_blocks not in CLUSTER_SIZES:
+        raise ValueError(f"cluster_blocks must be 0 or one of {CLUSTER_SIZES}; "
+                         f"got {cluster_blocks}")
     if one_warp is None:
         one_warp = num_slots <= WARP_PLAN_MAX_SLOTS
     elif one_warp and num_slots > WARP_PLAN_MAX_SLOTS:
@@ -103,7 +124,8 @@ def mapping_shape(num_slots: int, num_experts: int, num_expanded: int, multiproc
     coop_blocks = None  # a cooperative grid's default, where its warps follow from it
     if cooperative and not explicit_warps:
         coop_blocks = (blocks if blocks is not None
-                       else _cooperative_blocks(warp_steps, num_experts, multiprocessors))
+                       else _cooperative_blocks(warp_steps, num_experts, multiprocessors,
+                                                max(1, cluster_blocks)))
         # 8 warps: with every batch of loads in flight, 8-warp blocks beat 16
         # on every prefill shape of the sweep (NOTES.md, twelfth session)
         warps = min(fit, MEDIUM_WARPS)
@@ -129,13 +151,19 @@ def mapping_shape(num_slots: int, num_experts: int, num_expanded: int, multiproc
     if not self_counting and not cooperative:
         split = max(1, min(ceil_div(blocks, COUNT_BLOCKS), COUNT_SHARED_INTS // num_experts))
         blocks = max(split, blocks // split * split)  # warp_slots below covers the rest
+    if cooperative and cluster_blocks and blocks % cluster_blocks:
+        raise ValueError(f"clusters of {cluster_blocks} blocks do not divide a grid of "
+                         f"{blocks} blocks")
     warp_slots = 32 * max(1, ceil_div(warp_steps, blocks * warps))
     if cooperative and warps * warp_slots > COOP_MAX_BLOCK_SLOTS:
         return mapping_shape(num_slots, num_experts, num_expanded, multiprocessors,
                              shared_bytes_optin, warps=warps if explicit_warps else None,
                              blocks=blocks, cooperative=False, one_warp=False)
+    if not cooperative or cluster_blocks * warps * warp_slots > COOP_MAX_BLOCK_SLOTS:
+        cluster_blocks = 0
     return MappingShape(warps, blocks, warp_slots, self_counting,
-                        4 * (warps + 3) * num_experts, split, cooperative)
+                        place_shared_bytes(warps, num_experts, cluster_blocks), split,
+                        cooperative, cluster_blocks=cluster_blocks)
 
 
 def _one_warp_shape(num_experts: int, num_expanded: int, multiprocessors: int,
@@ -157,12 +185,14 @@ def _one_warp_shape(num_experts: int, num_expanded: int, multiprocessors: int,
     return MappingShape(warps, blocks, 32, True, 0, one_warp=True)
 
 
-def _cooperative_blocks(warp_steps: int, num_experts: int, multiprocessors: int) -> int:
+def _cooperative_blocks(warp_steps: int, num_experts: int, multiprocessors: int,
+                        cluster: int = 1) -> int:
     """A cooperative grid: a 32-slot step for each warp of 8-warp blocks, at
-    most a block per multiprocessor and ``COOP_COUNT_READS // E`` blocks
-    (after the grid barrier every block reads every block's E counts),
-    rounded down to a power of two (128 blocks at E = 128, 64 at 256 and
-    384; 132 at E = 128 measured 12% slower, 128 at E = 256 and 384 1-9%)."""
-    wanted = max(1, min(multiprocessors, ceil_div(warp_steps, MEDIUM_WARPS),
-                        COOP_COUNT_READS // num_experts))
+    most a block per multiprocessor and ``cluster * COOP_COUNT_READS // E``
+    blocks (after the grid barrier every block reads every block's E counts,
+    or every cluster's), rounded down to a power of two (128 blocks at E =
+    128, 64 at 256 and 384; 132 at E = 128 measured 12% slower, 128 at E =
+    256 and 384 1-9%), and to at least a cluster."""
+    wanted = max(cluster, min(multiprocessors, ceil_div(warp_steps, MEDIUM_WARPS),
+                              cluster * COOP_COUNT_READS // num_experts))
     return 1 << (wanted.bit_length() - 1)

@@ -19,7 +19,8 @@ from cupy.cuda import driver, runtime
 from .loader import get_module
 
 __all__ = ["ArgStruct", "ArgBlock", "function_handle", "allow_dynamic_shared", "DeviceTraits",
-           "device_traits", "OnDevice", "launch", "launch_overlapping_previous"]
+           "device_traits", "OnDevice", "launch", "launch_overlapping_previous",
+           "launch_cooperative_in_clusters", "max_active_clusters"]
 
 # C field types of a kernel argument struct: struct code and size (= alignment)
 _FIELD_TYPES = {"ptr": ("Q", 8), "i64": ("q", 8), "i32": ("i", 4)}
@@ -107,8 +108,9 @@ class _LaunchConfig(ctypes.Structure):
                 ("attrs", ctypes.POINTER(_LaunchAttribute)), ("num_attrs", ctypes.c_uint))
 
 
-# CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION (cuda.h)
-_PROGRAMMATIC_STREAM_SERIALIZATION = 6
+# CU_LAUNCH_ATTRIBUTE_COOPERATIVE, _CLUSTER_DIMENSION,
+# _PROGRAMMATIC_STREAM_SERIALIZATION (cuda.h)
+_COOPERATIVE, _CLUSTER_DIMENSION, _PROGRAMMATIC_STREAM_SERIALIZATION = 2, 4, 6
 
 
 class _OverlapLaunch(threading.local):
@@ -124,8 +126,45 @@ class _OverlapLaunch(threading.local):
         self.config_address = ctypes.addressof(self.config)
 
 
+class _ClusterLaunch(threading.local):
+    """cuLaunchKernelEx of a cooperative grid in clusters: a per-thread
+    config with both attributes (the cluster size set per launch), and the
+    occupancy query's config with the cluster attribute alone."""
+
+    def __init__(self) -> None:
+        self.attributes = (_LaunchAttribute * 2)()
+        self.attributes[0].id = _COOPERATIVE
+        self.attributes[0].value[0] = 1
+        self.attributes[1].id = _CLUSTER_DIMENSION
+        self.attributes[1].value[1] = self.attributes[1].value[2] = 1
+        self.config = _LaunchConfig(
+            attrs=ctypes.cast(self.attributes, ctypes.POINTER(_LaunchAttribute)), num_attrs=2)
+        self.query = _LaunchConfig(attrs=ctypes.pointer(self.attributes[1]), num_attrs=1)
+        for config in (self.config, self.query):
+            config.grid[1] = config.grid[2] = 1
+            config.block[1] = config.block[2] = 1
+        self.config_address = ctypes.addressof(self.config)
+        self.query_address = ctypes.addressof(self.query)
+
+
 _overlap = None  # _OverlapLaunch, made on first use (loads the driver library)
-_launch_kernel_ex = None
+_clusters = None  # _ClusterLaunch, likewise
+_launch_kernel_ex = _max_active_clusters = None
+
+
+def _driver_functions() -> None:
+    """The driver's cuLaunchKernelEx and cuOccupancyMaxActiveClusters (CuPy
+    binds neither), and the per-thread launch configs, on first use."""
+    global _overlap, _clusters, _launch_kernel_ex, _max_active_clusters
+    library = ctypes.CDLL("libcuda.so.1")
+    launch_ex = library.cuLaunchKernelEx
+    launch_ex.argtypes = (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p)
+    launch_ex.restype = ctypes.c_int
+    occupancy = library.cuOccupancyMaxActiveClusters
+    occupancy.argtypes = (ctypes.POINTER(ctypes.c_int), ctypes.c_void_p, ctypes.c_void_p)
+    occupancy.restype = ctypes.c_int
+    _overlap, _clusters = _OverlapLaunch(), _ClusterLaunch()
+    _launch_kernel_ex, _max_active_clusters = launch_ex, occupancy
 
 
 def launch_overlapping_previous(handle: int, blocks: int, threads: int, shared_bytes: int,
@@ -135,19 +174,50 @@ def launch_overlapping_previous(handle: int, blocks: int, threads: int, shared_b
     it with ``griddepcontrol.wait`` before reading what it wrote, and the
     previous kernel lets it start with ``griddepcontrol.launch_dependents``.
     Captured into CUDA graphs as a programmatic edge."""
-    global _overlap, _launch_kernel_ex
     if _launch_kernel_ex is None:
-        library = ctypes.CDLL("libcuda.so.1")
-        function = library.cuLaunchKernelEx
-        function.argtypes = (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p)
-        function.restype = ctypes.c_int
-        _overlap, _launch_kernel_ex = _OverlapLaunch(), function
+        _driver_functions()
     config = _overlap.config
     config.grid[0], config.block[0], config.shared_bytes = blocks, threads, shared_bytes
     config.stream = stream
     status = _launch_kernel_ex(_overlap.config_address, handle, params_address, None)
     if status:
         driver.check_status(status)
+
+
+def _cluster_config(blocks: int, threads: int, shared_bytes: int, stream: int,
+                    cluster: int, query: bool = False) -> int:
+    """The address of this thread's cluster launch config (``query``: the
+    occupancy query's, without the cooperative attribute), filled in."""
+    if _launch_kernel_ex is None:
+        _driver_functions()
+    config = _clusters.query if query else _clusters.config
+    config.grid[0], config.block[0], config.shared_bytes = blocks, threads, shared_bytes
+    config.stream = stream
+    _clusters.attributes[1].value[0] = cluster
+    return _clusters.query_address if query else _clusters.config_address
+
+
+def launch_cooperative_in_clusters(handle: int, blocks: int, threads: int, shared_bytes: int,
+                                   stream: int, params_address: int, cluster: int) -> None:
+    """A cooperative launch (every block resident at once) whose blocks form
+    clusters of ``cluster`` consecutive blocks (sm_90+; ``blocks`` a
+    multiple of it, at most ``cluster * max_active_clusters(...)``)."""
+    config = _cluster_config(blocks, threads, shared_bytes, stream, cluster)
+    status = _launch_kernel_ex(config, handle, params_address, None)
+    if status:
+        driver.check_status(status)
+
+
+def max_active_clusters(handle: int, threads: int, shared_bytes: int, cluster: int) -> int:
+    """How many clusters of ``cluster`` blocks of kernel ``handle`` the GPU
+    holds at once (the driver's occupancy query: clusters sit in one GPC
+    each, so this can be less than multiprocessors // cluster)."""
+    config = _cluster_config(cluster, threads, shared_bytes, 0, cluster, query=True)
+    count = ctypes.c_int(0)
+    status = _max_active_clusters(ctypes.byref(count), handle, config)
+    if status:
+        driver.check_status(status)
+    return count.value
 
 
 _functions: dict[tuple, int] = {}

@@ -48,6 +48,13 @@ PTX_STAND_INS = {
     "mov.u32 %0, %%envreg1;": "{0} = emu::envreg(1)",
     "mov.u32 %0, %%envreg2;": "{0} = emu::envreg(2)",
     "atom.add.release.gpu.u32 %0, [%1], %2;": "{0} = emu::atom_add_release({1}, {2})",
+    # thread block clusters (a cooperative launch's blocks, consecutive along x)
+    "mov.u32 %0, %%cluster_ctarank;": "{0} = emu::cluster_rank()",
+    "mov.u32 %0, %%cluster_nctarank;": "{0} = emu::cluster_size()",
+    "barrier.cluster.arrive.release.aligned; barrier.cluster.wait.acquire.aligned;":
+        "emu::cluster_sync()",
+    "mapa.shared::cluster.u32 %0, %1, %2;": "{0} = emu::map_to_cluster_block({1}, {2})",
+    "ld.shared::cluster.u32 %0, [%1];": "{0} = emu::load_shared_cluster({1})",
     "ld.acquire.gpu.u32 %0, [%1];": "{0} = emu::ld_acquire({1})",
     "": "(void)({0})",  # an empty asm that only pins a value
     "ld.global.nc.b32 %0, [%1];": "{0} = *reinterpret_cast<const int*>({1})",
@@ -264,18 +271,19 @@ class Module:
         self.library = ctypes.CDLL(str(path))
         self.library.emu_launch.argtypes = (
             ctypes.c_char_p, *(ctypes.c_uint,) * 7, ctypes.c_void_p, ctypes.c_int, ctypes.c_int,
-            ctypes.c_ulonglong, ctypes.c_char_p, ctypes.c_int)
+            ctypes.c_int, ctypes.c_ulonglong, ctypes.c_char_p, ctypes.c_int)
         self.library.emu_launch.restype = ctypes.c_int
 
     def launch(self, name: str, grid: tuple[int, int, int], block: tuple[int, int, int],
                shared_bytes: int, params_address: int, cooperative: bool = False,
-               seed: int = 0) -> None:
+               seed: int = 0, cluster: int = 0) -> None:
         """Run ``name`` to completion; ``seed`` nonzero: blocks and threads in
-        random orders drawn from it (else in index order)."""
+        random orders drawn from it (else in index order); ``cluster`` > 1:
+        clusters of that many consecutive blocks (cooperative launches only)."""
         error = ctypes.create_string_buffer(512)
         status = self.library.emu_launch(name.encode(), *grid, *block, shared_bytes,
-                                         params_address, int(cooperative), os.cpu_count() or 1,
-                                         seed, error, len(error))
+                                         params_address, int(cooperative), cluster,
+                                         os.cpu_count() or 1, seed, error, len(error))
         if status:
             raise RuntimeError(f"cuda_on_cpu: {name}: {error.value.decode()}")
 

@@ -85,6 +85,7 @@ struct Block {
     const char* error = nullptr;
     char error_text[256];
     void* scheduler_sp = nullptr;
+    unsigned cluster_arrived = 0, cluster_generation = 0;  // its threads at a cluster barrier
 };
 
 extern thread_local Block* current_block;
@@ -473,6 +474,15 @@ inline unsigned envreg(int which) {
 unsigned wait_while_equal(const unsigned* p, unsigned seen);
 void wake_all(unsigned* p);
 extern thread_local unsigned last_acquired;
+
+// Thread block clusters, in a cooperative launch in clusters (runtime.inc):
+// clusters of consecutive blocks along x; a block reads a peer's dynamic
+// shared memory through an address mapa gives (its rank in the top byte).
+unsigned cluster_rank();
+unsigned cluster_size();
+void cluster_sync();
+unsigned map_to_cluster_block(unsigned local, unsigned rank);
+int load_shared_cluster(unsigned address);
 
 // The grid barrier's arrival and its spin on the word: the spin sleeps
 // until the word differs from what this thread last read of it.

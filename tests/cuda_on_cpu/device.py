@@ -59,6 +59,17 @@ class EmulatedGpu:
         self._module(handle).launch(handle.name, (gx, gy, gz), (bx, by, bz), shared_bytes,
                                     params, cooperative=True, seed=self._launch_seed())
 
+    def launch_cooperative_in_clusters(self, handle, blocks, threads, shared_bytes, stream,
+                                       params, cluster):
+        self._module(handle).launch(handle.name, (blocks, 1, 1), (threads, 1, 1), shared_bytes,
+                                    params, cooperative=True, seed=self._launch_seed(),
+                                    cluster=cluster)
+
+    def max_active_clusters(self, handle, threads, shared_bytes, cluster):
+        """As an H100/H200 answers for a block an SM: clusters sit in one of
+        8 GPCs of (at least) 16 SMs each."""
+        return (self.multiprocessors // 16) * (16 // cluster)
+
     def _module(self, handle: KernelHandle) -> build.Module:
         """The CPU build of ``handle``'s source for this device's architecture
         (the launch recorded)."""
@@ -197,6 +208,8 @@ def emulated_gpu(monkeypatch, major: int = 9, seed: int = 0,
                  "function_handle": gpu.function_handle, "device_traits": gpu.device_traits,
                  "driver": driver, "runtime": _runtime_stand_in(),
                  "launch_overlapping_previous": gpu.launch_overlapping_previous,
+                 "launch_cooperative_in_clusters": gpu.launch_cooperative_in_clusters,
+                 "max_active_clusters": gpu.max_active_clusters,
                  "cupy": _cupy_stand_in(gpu, device_arrays or np.ndarray)}
     for module in gpu_modules:
         for name, value in stand_ins.items():

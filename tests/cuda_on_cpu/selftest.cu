@@ -60,3 +60,21 @@ extern "C" __global__ void selftest_shared_garbage(int* out) {
     __syncthreads();
     value = 7;
 }
+
+// Clusters (a cooperative launch in clusters): each block puts a value per
+// thread in its shared memory, then, past the cluster barrier, reads the
+// next block's of its cluster; a last barrier keeps every block until the
+// others have read it (`last_barrier` 0: none, a read may find its block
+// ended). Block `leave` (if any) returns before the first barrier: its
+// cluster can never complete it.
+#include "cluster.cuh"
+
+extern "C" __global__ void selftest_cluster(int* out, long long leave, long long last_barrier) {
+    extern __shared__ int values[];
+    if (blockIdx.x == leave) return;
+    values[threadIdx.x] = static_cast<int>(blockIdx.x * 1000 + threadIdx.x);
+    cluster_sync();
+    const unsigned next = (cluster_rank() + 1) % cluster_size();
+    out[blockIdx.x * blockDim.x + threadIdx.x] = load_from_cluster_block(values + threadIdx.x, next);
+    if (last_barrier) cluster_sync();
+}
