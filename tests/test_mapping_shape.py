@@ -260,3 +260,31 @@ def test_a_cluster_plan_launches_cooperative_in_clusters(monkeypatch):
     monkeypatch.setitem(launch._device_traits, 0, DeviceTraits(108, 8, 166912, True))
     with pytest.raises(ValueError, match=r"128 blocks, cooperative=True, sm_8x"):
         gpu.MappingPlan(problem, 0, shape)
+
+
+def test_the_default_plan_takes_clusters_where_they_are_the_default_and_fit(monkeypatch):
+    """DEFAULT_CLUSTER_BLOCKS (0 until measured): set, a default plan on
+    sm_90+ takes clusters where the GPU holds its grid's clusters at once,
+    else the plain cooperative grid; before sm_90 never."""
+    pytest.importorskip("cupy")
+    from cupy_moe.mapping import gpu, launch_shape
+    from cupy_moe.mapping.rules import MappingProblem
+    from cupy_moe.runtime import launch
+    from cupy_moe.runtime.launch import DeviceTraits
+
+    monkeypatch.setitem(launch._device_traits, 0, DeviceTraits(132, 9, 232448, True))
+    monkeypatch.setattr(gpu, "function_handle", lambda source, defines, device, name: name)
+    monkeypatch.setattr(gpu.driver, "funcSetAttribute", lambda *args: None)
+    held = [16]
+    monkeypatch.setattr(gpu, "max_active_clusters", lambda *args: held[0])
+    problem = MappingProblem(4096, 8, 384, 128, 81536, "int32")
+    assert gpu.MappingPlan(problem, 0).shape.cluster_blocks == 0  # the shipped default
+    monkeypatch.setattr(launch_shape, "DEFAULT_CLUSTER_BLOCKS", 8)
+    shape = gpu.MappingPlan(problem, 0).shape
+    assert (shape.blocks, shape.cluster_blocks) == (128, 8)
+    held[0] = 15
+    shape = gpu.MappingPlan(problem, 0).shape
+    assert (shape.blocks, shape.cluster_blocks) == (64, 0)
+    held[0] = 16
+    monkeypatch.setitem(launch._device_traits, 0, DeviceTraits(132, 8, 232448, True))
+    assert gpu.MappingPlan(problem, 0).shape.cluster_blocks == 0

@@ -28,6 +28,7 @@ from ..runtime.launch import (
     max_active_clusters,
 )
 from ..runtime.sizes import align_up
+from . import launch_shape
 from .launch_shape import (
     CLUSTER_SIZES,
     COOP_MAX_BLOCK_SLOTS,
@@ -61,6 +62,37 @@ def kernel_names(shape: MappingShape, id_dtype: str) -> list[str]:
     return count + [f"mapping_{kernel}_{suffix}"]
 
 
+def _clusters_held(place: int, shape: MappingShape) -> int:
+    """How many clusters of ``shape``'s place kernel the GPU holds at once: a
+    cluster sits in one GPC, so fewer may fit than SMs // C, and a
+    cooperative launch needs every block resident. (Its shared memory opt-in
+    set first: the query counts it.)"""
+    if shape.shared_bytes > SHARED_BYTES_DEFAULT:
+        allow_dynamic_shared(place, shape.shared_bytes)
+    return max_active_clusters(place, shape.threads, shape.shared_bytes, shape.cluster_blocks)
+
+
+def default_shape(problem: MappingProblem, device: int) -> MappingShape:
+    """The launch shape a plan takes unless given one: on sm_90+ in clusters
+    of ``launch_shape.DEFAULT_CLUSTER_BLOCKS`` where the grid is cooperative and the GPU
+    holds its clusters at once, else without."""
+    traits = device_traits(device)
+    slots, experts, rows = problem.num_slots, problem.num_experts, problem.num_expanded
+
+    def shape_with(cluster: int) -> MappingShape:
+        return mapping_shape(slots, experts, rows, traits.multiprocessors,
+                             traits.shared_bytes_optin, cooperative=traits.cooperative_launch,
+                             cluster_blocks=cluster)
+
+    # (read at call time: a measured default is one constant's edit, and tests set it)
+    shape = shape_with(launch_shape.DEFAULT_CLUSTER_BLOCKS if traits.major >= 9 else 0)
+    if shape.cluster_blocks:
+        place = function_handle(SOURCE, (), device, kernel_names(shape, problem.id_dtype)[-1])
+        if shape.blocks > _clusters_held(place, shape) * shape.cluster_blocks:
+            shape = shape_with(0)
+    return shape
+
+
 class MappingPlan:
     """Launches and buffer layout of one problem on one device.
 
@@ -85,9 +117,7 @@ class MappingPlan:
         slots, experts, rows = problem.num_slots, problem.num_experts, problem.num_expanded
         traits = device_traits(device)
         if shape is None:
-            shape = mapping_shape(slots, experts, rows, traits.multiprocessors,
-                                  traits.shared_bytes_optin,
-                                  cooperative=traits.cooperative_launch)
+            shape = default_shape(problem, device)
         if overlap is None:
             overlap = traits.major >= 9
         self.overlap = overlap and not shape.self_counting and not shape.cooperative
@@ -135,9 +165,7 @@ class MappingPlan:
         if shape.shared_bytes > SHARED_BYTES_DEFAULT:
             allow_dynamic_shared(place, shape.shared_bytes)
         if cluster:
-            # a cluster sits in one GPC: fewer may fit at once than SMs // C,
-            # and a cooperative launch needs every block resident
-            most = max_active_clusters(place, shape.threads, shape.shared_bytes, cluster)
+            most = _clusters_held(place, shape)
             if shape.blocks > most * cluster:
                 raise ValueError(f"this GPU holds {most} clusters of {cluster} blocks at once; "
                                  f"a cooperative grid of {shape.blocks} blocks needs "

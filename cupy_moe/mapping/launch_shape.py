@@ -34,6 +34,8 @@ COOP_MIN_SLOTS = 8192       # cooperative above this; two launches of 8-warp blo
 MEDIUM_WARPS = 8            # the two launches' warps there (sweep: 8 beat 16 at 4096 slots)
 COOP_COUNT_READS = 24576    # block counts (uint16) a cooperative block sums, at most
 CLUSTER_SIZES = (2, 4, 8)   # blocks of a cluster (cluster_blocks; 8: the portable most)
+DEFAULT_CLUSTER_BLOCKS = 0  # the default plans' clusters on sm_90+ (0: none; a variant
+                            # until measured, benchmarks/NOTES.md twenty-seventh session)
 WARP_PLAN_MAX_SLOTS = 32    # up to here one warp works the plan out (mapping_warp_*)
 WARP_PLAN_MAX_WARPS = 8     # its blocks' warps (the kernel's launch bounds)
 WARP_PLAN_ROWS_PER_THREAD = 1  # expert or padding rows a thread writes, about, at most
