@@ -195,6 +195,12 @@ def test_cluster_shapes():
                           cluster_blocks=8)
     assert shape.cooperative and shape.warps * shape.warp_slots == 16384
     assert shape.cluster_blocks == 0 and shape.shared_bytes == 4 * 11 * 384
+    # nor where the cluster's counter row would not fit a block's shared memory
+    room = 4 * (8 + 3) * 1000 + 1024  # 8 warps' rows and three more, E = 1000
+    assert mapping_shape(32768, 1000, 10**6, 132, room, warps=8, cooperative=True,
+                         cluster_blocks=2).cluster_blocks == 0
+    assert mapping_shape(32768, 1000, 10**6, 132, room + 4000, warps=8, cooperative=True,
+                         cluster_blocks=2).cluster_blocks == 2
 
 
 def test_cluster_shapes_refused():

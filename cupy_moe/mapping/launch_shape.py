@@ -161,7 +161,11 @@ def mapping_shape(num_slots: int, num_experts: int, num_expanded: int, multiproc
         return mapping_shape(num_slots, num_experts, num_expanded, multiprocessors,
                              shared_bytes_optin, warps=warps if explicit_warps else None,
                              blocks=blocks, cooperative=False, one_warp=False)
-    if not cooperative or cluster_blocks * warps * warp_slots > COOP_MAX_BLOCK_SLOTS:
+    # no clusters where a cluster's totals would pass uint16, or where the
+    # cluster's extra counter row would pass the shared memory a block may have
+    if (not cooperative or cluster_blocks * warps * warp_slots > COOP_MAX_BLOCK_SLOTS
+            or place_shared_bytes(warps, num_experts, cluster_blocks)
+            > shared_bytes_optin - STATIC_SHARED_BYTES):
         cluster_blocks = 0
     return MappingShape(warps, blocks, warp_slots, self_counting,
                         place_shared_bytes(warps, num_experts, cluster_blocks), split,
