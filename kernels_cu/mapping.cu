@@ -356,6 +356,7 @@ __device__ __forceinline__ void place_block(const MappingArgs& a) {
             cluster_sync();
             MAP_PHASE(12);
             const unsigned rank = cluster_rank(), size = cluster_size();
+            if (size > CLUSTER_MAX_BLOCKS) __trap();  // the plan's rule: C <= 8 (portable)
             rows_summed = gridDim.x / size;
             my_row = blockIdx.x / size;
             unsigned short* cluster_row = reinterpret_cast<unsigned short*>(a.block_counts)

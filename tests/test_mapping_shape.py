@@ -195,6 +195,15 @@ def test_cluster_shapes():
                           cluster_blocks=8)
     assert shape.cooperative and shape.warps * shape.warp_slots == 16384
     assert shape.cluster_blocks == 0 and shape.shared_bytes == 4 * 11 * 384
+    # dropped clusters leave the plain default shape, its own grid (not the
+    # larger one the clusters' rule gives)
+    # (2^21 slots in clusters of 2 fit: 128 blocks of 16,384 slots, 32,768 a cluster)
+    shape = mapping_shape(2**21, 384, 2**23, **H200, cooperative=True, cluster_blocks=2)
+    assert (shape.blocks, shape.cluster_blocks) == (128, 2)
+    for slots, cluster in ((2**21, 8), (2**22, 2), (2**22, 8)):
+        got = mapping_shape(slots, 384, 4 * slots, **H200, cooperative=True,
+                            cluster_blocks=cluster)
+        assert got == mapping_shape(slots, 384, 4 * slots, **H200, cooperative=True)
     # nor where the cluster's counter row would not fit a block's shared memory
     room = 4 * (8 + 3) * 1000 + 1024  # 8 warps' rows and three more, E = 1000
     assert mapping_shape(32768, 1000, 10**6, 132, room, warps=8, cooperative=True,
@@ -271,7 +280,8 @@ def test_a_cluster_plan_launches_cooperative_in_clusters(monkeypatch):
 def test_the_default_plan_takes_clusters_where_they_are_the_default_and_fit(monkeypatch):
     """DEFAULT_CLUSTER_BLOCKS (0 until measured): set, a default plan on
     sm_90+ takes clusters where the GPU holds its grid's clusters at once,
-    else the plain cooperative grid; before sm_90 never."""
+    else (or where the driver refuses the query) the plain cooperative grid;
+    before sm_90 never."""
     pytest.importorskip("cupy")
     from cupy_moe.mapping import gpu, launch_shape
     from cupy_moe.mapping.rules import MappingProblem
@@ -291,6 +301,13 @@ def test_the_default_plan_takes_clusters_where_they_are_the_default_and_fit(monk
     held[0] = 15
     shape = gpu.MappingPlan(problem, 0).shape
     assert (shape.blocks, shape.cluster_blocks) == (64, 0)
-    held[0] = 16
+    def refused(*args):
+        # (made without __init__, which asks the driver library for the message)
+        raise gpu.driver.CUDADriverError.__new__(gpu.driver.CUDADriverError)
+
+    monkeypatch.setattr(gpu, "max_active_clusters", refused)
+    shape = gpu.MappingPlan(problem, 0).shape
+    assert (shape.blocks, shape.cluster_blocks) == (64, 0)
+    monkeypatch.setattr(gpu, "max_active_clusters", lambda *args: 16)
     monkeypatch.setitem(launch._device_traits, 0, DeviceTraits(132, 8, 232448, True))
     assert gpu.MappingPlan(problem, 0).shape.cluster_blocks == 0

@@ -88,7 +88,11 @@ def default_shape(problem: MappingProblem, device: int) -> MappingShape:
     shape = shape_with(launch_shape.DEFAULT_CLUSTER_BLOCKS if traits.major >= 9 else 0)
     if shape.cluster_blocks:
         place = function_handle(SOURCE, (), device, kernel_names(shape, problem.id_dtype)[-1])
-        if shape.blocks > _clusters_held(place, shape) * shape.cluster_blocks:
+        try:
+            held = _clusters_held(place, shape)
+        except driver.CUDADriverError:  # a GPU (or partition) that takes no such clusters
+            held = 0
+        if shape.blocks > held * shape.cluster_blocks:
             shape = shape_with(0)
     return shape
 

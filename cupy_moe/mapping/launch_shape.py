@@ -103,6 +103,7 @@ def mapping_shape(num_slots: int, num_experts: int, num_expanded: int, multiproc
     if cluster_blocks and cluster_blocks not in CLUSTER_SIZES:
         raise ValueError(f"cluster_blocks must be 0 or one of {CLUSTER_SIZES}; "
                          f"got {cluster_blocks}")
+    given_blocks = blocks
     if one_warp is None:
         one_warp = num_slots <= WARP_PLAN_MAX_SLOTS
     elif one_warp and num_slots > WARP_PLAN_MAX_SLOTS:
@@ -153,20 +154,26 @@ def mapping_shape(num_slots: int, num_experts: int, num_expanded: int, multiproc
     if not self_counting and not cooperative:
         split = max(1, min(ceil_div(blocks, COUNT_BLOCKS), COUNT_SHARED_INTS // num_experts))
         blocks = max(split, blocks // split * split)  # warp_slots below covers the rest
-    if cooperative and cluster_blocks and blocks % cluster_blocks:
+    warp_slots = 32 * max(1, ceil_div(warp_steps, blocks * warps))
+    if not cooperative:
+        cluster_blocks = 0
+    elif cluster_blocks and (
+            cluster_blocks * warps * warp_slots > COOP_MAX_BLOCK_SLOTS
+            or place_shared_bytes(warps, num_experts, cluster_blocks)
+            > shared_bytes_optin - STATIC_SHARED_BYTES):
+        # no clusters where a cluster's totals would pass uint16 or its extra
+        # counter row a block's shared memory: the shape without them, with
+        # its own grid unless one was given
+        return mapping_shape(num_slots, num_experts, num_expanded, multiprocessors,
+                             shared_bytes_optin, warps=warps if explicit_warps else None,
+                             blocks=given_blocks, cooperative=True, one_warp=False)
+    if cluster_blocks and blocks % cluster_blocks:
         raise ValueError(f"clusters of {cluster_blocks} blocks do not divide a grid of "
                          f"{blocks} blocks")
-    warp_slots = 32 * max(1, ceil_div(warp_steps, blocks * warps))
     if cooperative and warps * warp_slots > COOP_MAX_BLOCK_SLOTS:
         return mapping_shape(num_slots, num_experts, num_expanded, multiprocessors,
                              shared_bytes_optin, warps=warps if explicit_warps else None,
                              blocks=blocks, cooperative=False, one_warp=False)
-    # no clusters where a cluster's totals would pass uint16, or where the
-    # cluster's extra counter row would pass the shared memory a block may have
-    if (not cooperative or cluster_blocks * warps * warp_slots > COOP_MAX_BLOCK_SLOTS
-            or place_shared_bytes(warps, num_experts, cluster_blocks)
-            > shared_bytes_optin - STATIC_SHARED_BYTES):
-        cluster_blocks = 0
     return MappingShape(warps, blocks, warp_slots, self_counting,
                         place_shared_bytes(warps, num_experts, cluster_blocks), split,
                         cooperative, cluster_blocks=cluster_blocks)

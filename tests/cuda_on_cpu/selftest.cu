@@ -65,8 +65,9 @@ extern "C" __global__ void selftest_shared_garbage(int* out) {
 // thread in its shared memory, then, past the cluster barrier, reads the
 // next block's of its cluster; a last barrier keeps every block until the
 // others have read it (`last_barrier` 0: none, a read may find its block
-// ended). Block `leave` (if any) returns before the first barrier: its
-// cluster can never complete it.
+// ended). Block `leave` (if any) returns before the first barrier, which
+// then does not wait for it (PTX: exited threads do not count), and the
+// block reading it finds it ended.
 #include "cluster.cuh"
 
 extern "C" __global__ void selftest_cluster(int* out, long long leave, long long last_barrier) {
