@@ -97,9 +97,10 @@ def mapping_shape(num_slots: int, num_experts: int, num_expanded: int, multiproc
     ``cluster_blocks`` (2, 4 or 8): a cooperative grid in clusters of that
     many blocks (a multiple of it; the default grid follows from the
     clusters' rows, blocks / C, that each block sums); where a cluster's
-    slots would pass the uint16 counts, or the launch is not cooperative,
-    no clusters. The GPU's limits on clusters are the plan's to check
-    (gpu.MappingPlan)."""
+    slots would pass the uint16 counts or its blocks' extra counter row the
+    shared memory, the shape without clusters (its own grid), and where the
+    launch is not cooperative, no clusters. The GPU's limits on clusters are
+    the plan's to check (gpu.MappingPlan)."""
     if cluster_blocks and cluster_blocks not in CLUSTER_SIZES:
         raise ValueError(f"cluster_blocks must be 0 or one of {CLUSTER_SIZES}; "
                          f"got {cluster_blocks}")
