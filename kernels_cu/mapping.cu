@@ -400,7 +400,13 @@ __device__ __forceinline__ void place_block(const MappingArgs& a) {
         // NOTES.md eleventh session)
         const int blocks = Clustered ? rows_summed : static_cast<int>(gridDim.x);
         const int block = Clustered ? my_row : static_cast<int>(blockIdx.x), groups = padded >> 3;
-        const int parts = max(1, static_cast<int>(blockDim.x) / groups);
+        // (in clusters the rows are few: no more parts than batches of
+        // SUM_VECS rows, so that fewer threads end in the shared atomics,
+        // 16 a thread, which the expert scan's first read waits behind)
+        const int parts = Clustered
+            ? max(1, min(static_cast<int>(blockDim.x) / groups,
+                         (blocks + SUM_VECS - 1) / SUM_VECS))
+            : max(1, static_cast<int>(blockDim.x) / groups);
         const uint4* rows = reinterpret_cast<const uint4*>(a.block_counts);
         for (int t = threadIdx.x; t < groups * parts; t += blockDim.x) {
             const int group = t % groups, part = t / groups;
