@@ -12,6 +12,7 @@ from cupy_moe.mapping.launch_shape import (
     CLUSTER_SIZES,
     COOP_MAX_BLOCK_SLOTS,
     COOP_MAX_WARPS,
+    MappingShape,
     mapping_shape,
     place_shared_bytes,
 )
@@ -116,14 +117,11 @@ def test_every_launch_shape_gives_the_same_plan():
             cluster = int(rng.choice(CLUSTER_SIZES))
             # 64 blocks at most: 8 clusters of 8 fit any H100/H200's GPCs
             blocks = max(cluster, min(shape.blocks, 64) // cluster * cluster)
-            clustered = mapping_shape(topk_ids.size, num_experts, x, traits.multiprocessors,
-                                      traits.shared_bytes_optin, warps=shape.warps,
-                                      blocks=blocks, one_warp=False)
-            if cluster * clustered.warps * clustered.warp_slots <= COOP_MAX_BLOCK_SLOTS:
-                shape = clustered._replace(
-                    self_counting=False, cooperative=True, count_split=1,
-                    cluster_blocks=cluster,
-                    shared_bytes=place_shared_bytes(clustered.warps, num_experts, cluster))
+            warp_slots = 32 * max(1, -(-topk_ids.size // (32 * blocks * shape.warps)))
+            if cluster * shape.warps * warp_slots <= COOP_MAX_BLOCK_SLOTS:
+                shape = MappingShape(shape.warps, blocks, warp_slots, False,
+                                     place_shared_bytes(shape.warps, num_experts, cluster),
+                                     1, True, cluster_blocks=cluster)
         plan = MappingPlan(problem, device, shape, overlap=bool(rng.integers(0, 2)))
         buffer = cupy.full(plan.buffer_size, 0x5A5A5A5A, dtype=cupy.int32)
         ids = cupy.asarray(topk_ids)
