@@ -8,8 +8,11 @@
 // matches), so a block runs deterministically and every warp-level exchange
 // sees exactly the lanes that reached it. Blocks run on a few OS threads at
 // once (every block at once for a cooperative launch, whose grid barrier
-// needs them all resident). __shared__ variables are static thread_local:
-// one copy per OS thread, and an OS thread runs one block at a time.
+// needs them all resident; in clusters, a block reads its cluster's blocks'
+// dynamic shared memory through mapa / ld.shared::cluster, and a cluster
+// barrier waits for every block of the cluster that has not ended).
+// __shared__ variables are static thread_local: one copy per OS thread, and
+// an OS thread runs one block at a time.
 //
 // What it checks beyond the results: a barrier that can never complete (a
 // __syncthreads some threads skip, a warp op whose mask names a lane that
