@@ -18,10 +18,10 @@ expert owns; TileKernels orders an expert's slots differently and counts
 aligned rows in ``tokens_per_expert``). ``--sweep`` also times other launch
 shapes of our kernels (per call in a CUDA graph of kernel launches alone,
 preallocated buffer); ``--clusters`` times, the same way, the cooperative
-kernel in clusters of 2, 4 and 8 blocks (``MappingShape.cluster_blocks``, sm_90+)
-on 64 and 128 blocks beside the plain cooperative grids, where the default
-plan is cooperative. ``--only``: these shapes alone (labels without
-"mapping-").
+kernel of 8-warp blocks on 16 to 128 blocks, plain and in clusters of 2, 4
+and 8 blocks (``MappingShape.cluster_blocks``, sm_90+), beside the default
+plan, where the slots are too many for one self-counting launch. ``--only``:
+these shapes alone (labels without "mapping-").
 """
 
 from __future__ import annotations
@@ -138,12 +138,23 @@ def checked_graph_us(plan, device_ids, expected) -> float:
 
 
 def cluster_shapes(device_ids, num_experts, alignment, rows):
-    """The cooperative kernel plain and in clusters, each plan checked
-    bit-identical first: {shape text: us per call replaying a CUDA graph of
-    kernel launches alone (preallocated buffer)}; a grid the GPU cannot hold
-    in clusters says so instead of a time."""
+    """The default plan, and the cooperative kernel of 8-warp blocks on 16 to
+    128 blocks, plain and in clusters of 2, 4 and 8 (also where the default
+    takes two launches: the medium batches), each plan checked bit-identical
+    first: {shape text: us per call replaying a CUDA graph of kernel launches
+    alone (preallocated buffer)}; a grid the GPU cannot hold in clusters says
+    so instead of a time. Empty before sm_90, without cooperative launches,
+    or where every block counts all slots itself (a single launch)."""
     from cupy_moe.mapping.gpu import MappingPlan
-    from cupy_moe.mapping.launch_shape import CLUSTER_SIZES, mapping_shape
+    from cupy_moe.mapping.launch_shape import (
+        CLUSTER_SIZES,
+        COOP_MAX_BLOCK_SLOTS,
+        MEDIUM_WARPS,
+        SELF_COUNT_MAX_SLOTS,
+        MappingShape,
+        mapping_shape,
+        place_shared_bytes,
+    )
     from cupy_moe.mapping.rules import MappingProblem
     from cupy_moe.runtime.launch import device_traits
 
@@ -151,30 +162,37 @@ def cluster_shapes(device_ids, num_experts, alignment, rows):
     slots = num_tokens * top_k
     device = device_ids.device.index
     traits = device_traits(device)
+    if traits.major < 9 or not traits.cooperative_launch or slots <= SELF_COUNT_MAX_SLOTS:
+        return {}
     problem = MappingProblem(num_tokens, top_k, num_experts, alignment, rows, "int64")
     base = mapping_shape(slots, num_experts, rows, traits.multiprocessors,
-                         traits.shared_bytes_optin, cooperative=traits.cooperative_launch)
-    if not base.cooperative or traits.major < 9:
-        return {}
+                         traits.shared_bytes_optin, cooperative=True)
     expected = fused_mapping_numpy(device_ids.cpu().numpy(), num_experts, alignment=alignment,
                                    num_expanded=rows)
-    times = {}
+    kind = ("coop" if base.cooperative else "self-counting" if base.self_counting
+            else "two launches")
+    shapes = {f"default (b{base.blocks} {kind})": base}
+    warps = MEDIUM_WARPS
     for cluster in (0, *CLUSTER_SIZES):
-        for blocks in (64, 128, None):  # None: the default grid (of the clusters' rule)
-            shape = mapping_shape(slots, num_experts, rows, traits.multiprocessors,
-                                  traits.shared_bytes_optin, blocks=blocks, cooperative=True,
-                                  cluster_blocks=cluster)
-            text = (f"b{shape.blocks} " + (f"c{cluster}" if cluster else "plain")
-                    + (" (default)" if shape == base else ""))
-            if text in times or shape.cluster_blocks != cluster:
+        for blocks in (16, 32, 64, 128):
+            warp_slots = 32 * max(1, -(-slots // (32 * blocks * warps)))
+            if (blocks > traits.multiprocessors or blocks % max(1, cluster)
+                    or max(1, cluster) * warps * warp_slots > COOP_MAX_BLOCK_SLOTS):
                 continue
-            try:
-                times[text] = checked_graph_us(MappingPlan(problem, device, shape), device_ids,
-                                               expected)
-            except AssertionError:
-                raise
-            except Exception as error:  # noqa: BLE001 - a refused grid or launch is a figure too
-                times[text] = f"{type(error).__name__}: {error}"[:160]
+            shape = MappingShape(warps, blocks, warp_slots, False,
+                                 place_shared_bytes(warps, num_experts, cluster), 1, True,
+                                 cluster_blocks=cluster)
+            if shape != base:
+                shapes[f"b{blocks} " + (f"c{cluster}" if cluster else "coop")] = shape
+    times = {}
+    for text, shape in shapes.items():
+        try:
+            times[text] = checked_graph_us(MappingPlan(problem, device, shape), device_ids,
+                                           expected)
+        except AssertionError:
+            raise
+        except Exception as error:  # noqa: BLE001 - a refused grid or launch is a figure too
+            times[text] = f"{type(error).__name__}: {error}"[:160]
     return times
 
 

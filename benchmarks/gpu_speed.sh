@@ -29,8 +29,10 @@
 #   (MappingShape.cluster_blocks): the mapping GPU tests of clusters and of
 #   every launch shape, compute-sanitizer memcheck over the cluster tests,
 #   phase traces of the prefill shapes plain and in clusters of 2, 4 and 8,
-#   and bench_fused_mapping.py --clusters on the prefill shapes (beside
-#   TileKernels where .peers/ is carried), JSON to $OUT/mapping_clusters.json.
+#   and bench_fused_mapping.py --clusters on the medium and prefill shapes
+#   (cooperative grids of 16-128 blocks, plain and in clusters, beside the
+#   default and TileKernels where .peers/ is carried), JSON to
+#   $OUT/mapping_clusters.json.
 # --seed: benchmarks/bench_expand_seed.py (the seed's TileLang kernel beside
 #   ours on every plan workload; needs the .peers/ bundle carried and
 #   .peers/seed/ holding the PR text), JSON and Markdown to $OUT/seed.*.
@@ -95,7 +97,7 @@ if [ $mapping_clusters -eq 1 ]; then
   section "fused_mapping in clusters: graph us per call"
   ( [ -d .peers ] && source benchmarks/peer_setup.sh >> "$LOG" 2>&1
     timeout 200 python3 benchmarks/bench_fused_mapping.py --iters 30 --clusters \
-      --only prefill-e128 prefill-e256 prefill-e384 prefill-8k-e384 \
+      --only medium prefill-e128 prefill-e256 prefill-e384 prefill-8k-e384 \
       --json "$OUT/mapping_clusters.json" 2>> "$LOG" | tee -a "$LOG"; exit "${PIPESTATUS[0]}" )
   summary+=("bench_fused_mapping clusters rc=$? [$(( $(date +%s) - start ))s]")
 fi
