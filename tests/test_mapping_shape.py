@@ -216,6 +216,11 @@ def test_cluster_shapes_refused():
     with pytest.raises(ValueError, match=r"cluster_blocks must be 0 or one of \(2, 4, 8\); "
                                          r"got 3"):
         mapping_shape(32768, 384, 81536, **H200, cooperative=True, cluster_blocks=3)
+    for bad, kind in ((8.0, "float"), (True, "bool"), ("8", "str")):
+        with pytest.raises(TypeError, match=f"cluster_blocks must be an int; got {kind}"):
+            mapping_shape(32768, 384, 81536, **H200, cooperative=True, cluster_blocks=bad)
+    assert mapping_shape(32768, 384, 81536, **H200, cooperative=True,
+                         cluster_blocks=np.int64(8)).cluster_blocks == 8
     with pytest.raises(ValueError, match="clusters of 8 blocks do not divide a grid of 100 "
                                          "blocks"):
         mapping_shape(32768, 384, 81536, **H200, blocks=100, cooperative=True,

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from ..runtime.rules import require_int
 from ..runtime.sizes import ceil_div
 
 STEPS_PER_WARP = 1          # 32-slot steps a warp aims at (more blocks beat longer warps)
@@ -101,6 +102,8 @@ def mapping_shape(num_slots: int, num_experts: int, num_expanded: int, multiproc
     shared memory, the shape without clusters (its own grid), and where the
     launch is not cooperative, no clusters. The GPU's limits on clusters are
     the plan's to check (gpu.MappingPlan)."""
+    # (a float 8.0 would pass the check below and reach the launch's attribute)
+    cluster_blocks = require_int("cluster_blocks", cluster_blocks)
     if cluster_blocks and cluster_blocks not in CLUSTER_SIZES:
         raise ValueError(f"cluster_blocks must be 0 or one of {CLUSTER_SIZES}; "
                          f"got {cluster_blocks}")
