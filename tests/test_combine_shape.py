@@ -181,7 +181,7 @@ def test_warp_tokens_shorten_the_grid():
         combine_shape(4096, 896, 132, warp_slots=True, warp_tokens=3)
     with pytest.raises(ValueError, match=r"warp_tokens needs warp_slots=True"):
         combine_shape(4096, 896, 132, warp_tokens=2)
-    with pytest.raises(TypeError, match=r"warp_tokens must be an int; got True"):
+    with pytest.raises(TypeError, match=r"warp_tokens must be an int; got bool True"):
         combine_shape(4096, 896, 132, warp_slots=True, warp_tokens=True)
 
 
@@ -204,7 +204,7 @@ def test_stream_rounds_take_rounds_of_32_over_k_tokens():
         combine_shape(4096, 896, 132, stream_rounds=1)
     with pytest.raises(ValueError, match=r"stream_rounds must be one of \(0, 1, 2, 4\); got 3"):
         combine_shape(4096, 896, 132, stream_rounds=3, top_k=8)
-    with pytest.raises(TypeError, match=r"stream_rounds must be an int; got True"):
+    with pytest.raises(TypeError, match=r"stream_rounds must be an int; got bool True"):
         combine_shape(4096, 896, 132, stream_rounds=True, top_k=8)
 
 
@@ -298,7 +298,7 @@ def test_the_bulk_layout_of_the_expert_parallel_prefill():
 @pytest.mark.parametrize(("kwargs", "error", "message"), [
     ({"bulk_stages": 4, "top_k": None}, ValueError, "bulk_stages needs top_k"),
     ({"bulk_stages": 3}, ValueError, "bulk_stages must be one of (0, 2, 4, 8); got 3"),
-    ({"bulk_stages": True}, TypeError, "bulk_stages must be an int; got True"),
+    ({"bulk_stages": True}, TypeError, "bulk_stages must be an int; got bool True"),
     ({"bulk_stages": 2, "warp_slots": True}, ValueError,
      "bulk_stages is a layout of its own: not with warp_slots or stream_rounds"),
     ({"bulk_stages": 2, "stream_rounds": 1}, ValueError,
@@ -306,7 +306,8 @@ def test_the_bulk_layout_of_the_expert_parallel_prefill():
     ({"bulk_rounds": 2}, ValueError, "bulk_rounds needs bulk_stages"),
     ({"bulk_stages": 2, "bulk_rounds": 3}, ValueError,
      "bulk_rounds must be one of (1, 2, 4); got 3"),
-    ({"bulk_stages": 2, "bulk_rounds": True}, TypeError, "bulk_rounds must be an int; got True"),
+    ({"bulk_stages": 2, "bulk_rounds": True}, TypeError,
+     "bulk_rounds must be an int; got bool True"),
 ])
 def test_the_bulk_options_reject(kwargs, error, message):
     with pytest.raises(error, match=f"^{re.escape(message)}$"):
@@ -338,7 +339,7 @@ def test_int_options_reject_floats_and_take_numpy_ints(name):
              "stream_rounds": 1, "bulk_stages": 4, "bulk_rounds": 2}[name]
     others = ({"warp_slots": True} if name == "warp_tokens"
               else {"bulk_stages": 4} if name == "bulk_rounds" else {})
-    with pytest.raises(TypeError, match=f"^{name} must be an int; got {float(value)}$"):
+    with pytest.raises(TypeError, match=f"^{name} must be an int; got float {float(value)}$"):
         combine_shape(8192, 896, 132, top_k=8, **others, **{name: float(value)})
     shape = combine_shape(8192, 896, 132, top_k=8, **others, **{name: np.int64(value)})
     assert shape == combine_shape(8192, 896, 132, top_k=8, **others, **{name: value})

@@ -67,11 +67,9 @@ only the aligned shapes are meant to be fast.
 
 from __future__ import annotations
 
-import operator
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
-import numpy as np
-
+from ..runtime.rules import require_int
 from ..runtime.sizes import ceil_div
 
 MAX_WARPS = 8              # warps of one chunk: a row's chunk covers up to 256 vectors
@@ -247,7 +245,7 @@ def combine_shape(num_tokens: int, row_vecs: int, multiprocessors: int, *,
         raise ValueError(f"row_vecs must be >= 1; got {row_vecs}")
     # ints (NumPy's too) as Python ints: each one may become a -D define
     max_warps, vecs_per_thread, slot_batch, warp_tokens, stream_rounds, bulk_stages, \
-        bulk_rounds = (_int_option(name, value) for name, value in (
+        bulk_rounds = (require_int(name, value) for name, value in (
             ("max_warps", max_warps), ("vecs_per_thread", vecs_per_thread),
             ("slot_batch", slot_batch), ("warp_tokens", warp_tokens),
             ("stream_rounds", stream_rounds), ("bulk_stages", bulk_stages),
@@ -326,15 +324,3 @@ def combine_shape(num_tokens: int, row_vecs: int, multiprocessors: int, *,
     return CombineShape(row_threads, tokens_per_block, chunks, token_blocks, vecs_per_thread,
                         slot_batch, warp_slots, warp_tokens, stream_rounds, bulk_stages,
                         bulk_rounds)
-
-
-def _int_option(name: str, value: Any) -> int:
-    """``value`` as a Python int; TypeError naming the option for a bool, a
-    float or anything else that is not an integer (a float define would
-    reach the kernel's source as "4.0")."""
-    if isinstance(value, (bool, np.bool_)):
-        raise TypeError(f"{name} must be an int; got {value!r}")
-    try:
-        return operator.index(value)
-    except TypeError:
-        raise TypeError(f"{name} must be an int; got {value!r}") from None
