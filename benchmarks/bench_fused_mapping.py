@@ -228,7 +228,7 @@ def main() -> int:
         rows = worst_case_rows(ids.size, num_experts, alignment)
         plan = cupy_moe.fused_mapping(device_ids, num_experts, alignment=alignment)
         expected = fused_mapping_numpy(ids, num_experts, alignment=alignment, num_expanded=rows)
-        for name, got, want in zip(plan._fields, plan, expected):
+        for name, got, want in zip(plan._fields, plan, expected, strict=True):
             if not np.array_equal(got.cpu().numpy(), want):
                 print(f"MISMATCH in {name} for {label}", file=sys.stderr)
                 return 1

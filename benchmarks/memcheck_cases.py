@@ -196,7 +196,7 @@ def run_mapping_cases(rng) -> int:
                                           num_expanded=rows)
             want = reference.fused_mapping_numpy(ids, num_experts, alignment=alignment,
                                                  num_expanded=rows)
-            for got, expected in zip(plan, want):
+            for got, expected in zip(plan, want, strict=True):
                 assert np.array_equal(cupy.asnumpy(got), expected)
             cases += 1
     return cases
@@ -246,7 +246,7 @@ def run_combine_quantize_cases(rng) -> int:
                         "use_tma_aligned_col_major_sf": col_major}
             got = cupy_moe.quantize_fp8(cupy.asarray(x.view(np.uint16)), **settings)
             want = cupy_moe.quantize_fp8(x, **settings)
-            for g, w in zip(got, want):
+            for g, w in zip(got, want, strict=True):
                 assert np.array_equal(bits(cupy.asnumpy(g)), bits(np.asarray(w)))
             if col_major:
                 got = run_quantize_with_tuning(PACKED_VEC if packed else VEC_COLUMNS,
@@ -261,7 +261,7 @@ def run_combine_quantize_cases(rng) -> int:
                                                pos_to_expert=cupy.asarray(pos_to_expert),
                                                **settings)
             want = cupy_moe.swiglu_quantize_fp8(h, pos_to_expert=pos_to_expert, **settings)
-            for g, w in zip(got, want):
+            for g, w in zip(got, want, strict=True):
                 assert np.array_equal(bits(cupy.asnumpy(g)), bits(np.asarray(w)))
             # *_block_rows, up to 32 rows a block (the last block partial)
             got = run_quantize_with_tuning(FEW_ROW_BLOCKS, "swiglu_quantize_fp8",

@@ -226,7 +226,7 @@ def _check(w: Workload, tuning: ExpandTuning, args: dict, expected: tuple,
     for out in outs:
         _raw_bytes(out).fill_(0xA5)
     _run(w, tuning, args, outs, with_pos_to_token)
-    for name, got, want in zip(("expanded_x", "expanded_x_sf"), outs, expected):
+    for name, got, want in zip(("expanded_x", "expanded_x_sf"), outs, expected, strict=True):
         if not torch.equal(got.contiguous().view(torch.uint8), want.contiguous().view(torch.uint8)):
             return f"MISMATCH {name}"
     return None

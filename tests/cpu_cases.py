@@ -96,7 +96,8 @@ def check_expand_sf(kind, x, x_sf, token_topk_to_pos, pos_to_expert, *, npc, col
     if col_major:
         expected = (1, align_up(num_expanded, 4))
         assert all(n <= 1 or got == want
-                   for n, got, want in zip(out_sf.shape, element_strides(out_sf), expected))
+                   for n, got, want in zip(out_sf.shape, element_strides(out_sf), expected,
+                                           strict=True))
     else:
         assert out_sf.flags.c_contiguous
     return out, out_sf

@@ -590,7 +590,8 @@ def test_torch_fast_path_hits_and_still_checks_overlap(monkeypatch):
                         lambda *a, **k: calls.append(1) or real_check(*a, **k))
     for _ in range(2):
         case = _decode_case(rng, "float32", num_tokens=8, hidden=256)
-        for tensor, name in zip(args, ("expanded", "token_topk_to_pos", "topk_weights")):
+        for tensor, name in zip(args, ("expanded", "token_topk_to_pos", "topk_weights"),
+                                strict=True):
             tensor.copy_(to_device("torch", case[name]))
         result = reduce_fused(*args)
         assert_bits_equal(to_host_bits("torch", result), bits_of(reduce_fused_numpy(**case)),

@@ -54,7 +54,7 @@ def _problem(num_tokens=64, hidden=7168, top_k=8, num_expanded=600, dtype="bfloa
 def _fields(plan, vec_bytes):
     layout = gpu.COMBINE_ARGS
     values = layout.packer.unpack_from(plan.kernel(vec_bytes).args.buffer)
-    return dict(zip(layout.names, values))
+    return dict(zip(layout.names, values, strict=True))
 
 
 @pytest.mark.parametrize(("dtype", "item", "hidden", "expanded", "out", "kernel"), [

@@ -178,7 +178,7 @@ def test_unvalidated_malformed_map_stays_in_bounds(kind, rng):
     cupy_moe.expand_to_fused(*(as_kind(kind, a) for a in (bf16, token_topk_to_pos,
                                                            pos_to_expert)), out=inner[2])
 
-    for buffer, old in zip(buffers, before):
+    for buffer, old in zip(buffers, before, strict=True):
         now = to_host(kind, buffer, old.dtype.name)
         for rows in (slice(0, guard), slice(guard + num_expanded, None)):
             assert_bits_equal(now[rows], old[rows], "guard rows")

@@ -41,7 +41,8 @@ def assert_same_float32(got: np.ndarray, expected: np.ndarray, cases) -> None:
 
 def check(a, b, c) -> None:
     a, b, c = (np.asarray(v, dtype=np.float32).reshape(-1) for v in (a, b, c))
-    expected = np.array([exact_fma32(float(x), float(y), float(z)) for x, y, z in zip(a, b, c)],
+    expected = np.array([exact_fma32(float(x), float(y), float(z))
+                         for x, y, z in zip(a, b, c, strict=True)],
                         dtype=np.float32)
     assert_same_float32(fma_float32(a, b, c), expected, (a, b, c))
 
@@ -61,7 +62,7 @@ def test_round_exact_agrees_with_numpy_casts_of_doubles():
                               -mantissas * np.exp2(rng.integers(-30, 17, size=4000))])
     with np.errstate(over="ignore"):
         as_f32, as_f16 = doubles.astype(np.float32), doubles.astype(np.float16)
-    for d, want32, want16 in zip(doubles.tolist(), as_f32.tolist(), as_f16.tolist()):
+    for d, want32, want16 in zip(doubles.tolist(), as_f32.tolist(), as_f16.tolist(), strict=True):
         got32 = round_exact(Fraction(d), "f32")
         got16 = round_exact(Fraction(d), "f16")
         assert f32_bits(got32) == f32_bits(want32), (d, got32, want32)

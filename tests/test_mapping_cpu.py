@@ -19,7 +19,7 @@ FIELDS = cupy_moe.FusedMapping._fields
 
 def check_plan(plan, topk_ids, num_experts, alignment, num_expanded):
     expected = loop_mapping(topk_ids, num_experts, alignment, num_expanded)
-    for name, got, want in zip(FIELDS, plan, expected):
+    for name, got, want in zip(FIELDS, plan, expected, strict=True):
         assert_bits_equal(np.asarray(got), want, name)
 
 

@@ -60,7 +60,7 @@ def check_case(kind, topk_ids, num_experts, alignment, num_expanded, **kwargs):
     _poison_allocator(kind, 4 * plan_for(problem, current_device()).buffer_size)
     plan = cupy_moe.fused_mapping(_to_device(kind, topk_ids), num_experts, alignment=alignment,
                                   num_expanded=num_expanded, **kwargs)
-    for name, got, want in zip(FIELDS, plan, expected):
+    for name, got, want in zip(FIELDS, plan, expected, strict=True):
         assert_bits_equal(_host(kind, got), want, name)
     return plan
 
@@ -127,7 +127,7 @@ def test_every_launch_shape_gives_the_same_plan():
         ids = cupy.asarray(topk_ids)
         plan.launch(stream, ids.data.ptr, buffer.data.ptr)
         expected = fused_mapping_numpy(topk_ids, num_experts, alignment=alignment, num_expanded=x)
-        for name, got, want in zip(FIELDS, plan.views(buffer), expected):
+        for name, got, want in zip(FIELDS, plan.views(buffer), expected, strict=True):
             try:
                 assert_bits_equal(cupy.asnumpy(got), want, name)
             except AssertionError as error:
@@ -285,5 +285,5 @@ def test_graph_capture_replays_with_new_ids_and_the_fast_path_is_taken(monkeypat
         torch.cuda.synchronize()
         expected = fused_mapping_numpy(ids, 64, alignment=16,
                                        num_expanded=worst_case_rows(ids.size, 64, 16))
-        for name, got, want in zip(FIELDS, plan, expected):
+        for name, got, want in zip(FIELDS, plan, expected, strict=True):
             assert_bits_equal(got.cpu().numpy(), want, name)

@@ -89,7 +89,7 @@ def test_fast_path_keeps_the_newest_plans_only(monkeypatch):
     monkeypatch.setattr(path, "_current_device", lambda: 0)
     tensors = [torch.zeros(t, 8) for t in range(1, 6)]
     plans = [_FakePlan() for _ in tensors]
-    for tensor, plan in zip(tensors, plans):
+    for tensor, plan in zip(tensors, plans, strict=True):
         path.remember((), (describe("x", tensor),), plan)
     assert len(path) == 3
     assert [path.lookup((), (t,)) for t in tensors] == [None, None, *plans[2:]]

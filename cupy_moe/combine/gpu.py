@@ -203,7 +203,7 @@ def run_torch_fast(plan: CombinePlan, expanded, token_topk_to_pos, topk_weights,
     else:  # the one rule that depends on addresses, not on descriptions
         first = out.data_ptr()
         end = first + plan.out_bytes
-        for pointer, size in zip(pointers, plan.input_bytes):
+        for pointer, size in zip(pointers, plan.input_bytes, strict=True):
             if pointer < end and first < pointer + size:
                 return None
     plan.launch(_raw_torch_stream(plan.device), *pointers, out.data_ptr())

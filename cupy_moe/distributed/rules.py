@@ -72,7 +72,7 @@ def raise_disagreement(rank: int, mine: tuple[int, ...], theirs: list[tuple[int,
     here, after the same collective: none is left waiting in another one.
     """
     for other, signature in enumerate(theirs):
-        for name, their_value, my_value in zip(_SIGNATURE_NAMES, signature, mine):
+        for name, their_value, my_value in zip(_SIGNATURE_NAMES, signature, mine, strict=True):
             if their_value != my_value:
                 if name.endswith("dtype"):
                     their_value, my_value = (_DTYPE_CODES[v - 1] if v else "none"
@@ -177,7 +177,7 @@ def check_ep_layer(x, router_logits, w_gate_up_local, w_down_local, *, top_k, nu
     num_per_channels are ints already)."""
     names = ("x", "router_logits", "w_gate_up_local", "w_down_local")
     arrays = (x, router_logits, w_gate_up_local, w_down_local)
-    descs = {name: describe(name, array) for name, array in zip(names, arrays)}
+    descs = {name: describe(name, array) for name, array in zip(names, arrays, strict=True)}
     kind = _torch_kind(descs, "ep_moe_layer")
     num_experts = require_int("num_experts", num_experts)
     for name in ("x", "w_gate_up_local", "w_down_local"):

@@ -97,7 +97,8 @@ def run_torch_fast(plan: ExpandPlan, x, x_sf, token_topk_to_pos, pos_to_expert,
     else:  # the one rule that depends on addresses, not on descriptions
         first = out.data_ptr()
         end = first + plan.out_bytes
-        for pointer, size in zip((x_ptr, map_ptr, p2e_ptr, sf_ptr, p2t_ptr), plan.input_bytes):
+        for pointer, size in zip((x_ptr, map_ptr, p2e_ptr, sf_ptr, p2t_ptr), plan.input_bytes,
+                                 strict=True):
             if pointer < end and first < pointer + size:
                 return None
     if x_sf is None:
@@ -138,6 +139,6 @@ def _validate_routing(lib, problem: ExpandProblem, token_topk_to_pos: Any, pos_t
                         runtime.memcpyDeviceToHost, stream)
     runtime.streamSynchronize(stream)
     first = {kind: (-1 if value == _NONE_FOUND else int(value))
-             for kind, value in zip(ROUTING_ERROR_KINDS, found_host)}
+             for kind, value in zip(ROUTING_ERROR_KINDS, found_host, strict=True)}
     raise_routing_error(first, problem, lambda i: lib.flat_value(token_topk_to_pos, i),
                         lambda p: lib.flat_value(pos_to_token, p))

@@ -316,14 +316,15 @@ def write_plot(result: dict[str, Any], path: str) -> None:
     cols = min(2, len(runs)) or 1
     rows = math.ceil(len(runs) / cols) or 1
     fig, axes = plt.subplots(rows, cols, figsize=(7 * cols, 4.2 * rows), squeeze=False)
-    for ax, run in zip(axes.flat, runs):
+    # the grid may have one axis more than runs (hidden below)
+    for ax, run in zip(axes.flat, runs, strict=False):
         steps = run["steps"][::-1]
         where = list(range(len(steps)))
         ours = [s[key] for s in steps]
         bars = ax.barh([y + 0.2 for y in where], ours, height=0.4, color="tab:green",
                        label="cupy_moe layer step")
         ax.bar_label(bars, fmt="%.0f", padding=2, fontsize=7)
-        peer = [(y, s.get("peer_gpu_us")) for y, s in zip(where, steps)
+        peer = [(y, s.get("peer_gpu_us")) for y, s in zip(where, steps, strict=True)
                 if s.get("peer_gpu_us") is not None]
         if peer:
             bars = ax.barh([y - 0.2 for y, _ in peer], [v for _, v in peer], height=0.4,

@@ -124,7 +124,7 @@ def write_plot(result: dict[str, Any], path: str) -> None:
                    label="% copy bandwidth")
     ax.bar_label(bars, fmt="%.1f", padding=2, fontsize=8)
     if paired:
-        shown = [(y, m) for y, m in zip(where, models) if m is not None]
+        shown = [(y, m) for y, m in zip(where, models, strict=True) if m is not None]
         bars = ax.barh([y - height / 2 for y, _ in shown], [m for _, m in shown],
                        height=height, color="tab:blue", label="% copy+memset floor")
         ax.bar_label(bars, fmt="%.1f", padding=2, fontsize=8)

@@ -286,7 +286,7 @@ def _mismatch(results, expected, to_host: Callable[[Any], np.ndarray],
     the indices reported are then among them)."""
     if len(results) != len(expected):
         return f"{len(results)} outputs, expected {len(expected)}"
-    for name, got, want in zip(names, results, expected):
+    for name, got, want in zip(names, results, expected, strict=True):
         got, want = to_host(got), np.asarray(want)
         if got.dtype.itemsize != want.dtype.itemsize:
             return f"{name}: dtype {got.dtype} != {want.dtype}"

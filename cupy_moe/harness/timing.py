@@ -74,7 +74,7 @@ class GpuTimer:
         fn()  # warm-up
         starts = [cupy.cuda.Event() for _ in range(iters)]
         ends = [cupy.cuda.Event() for _ in range(iters)]
-        for start, end in zip(starts, ends):
+        for start, end in zip(starts, ends, strict=True):
             if flush:
                 self.flush_l2()
             if hide_host:
@@ -84,7 +84,7 @@ class GpuTimer:
             end.record()
         ends[-1].synchronize()
         return statistics.median(cupy.cuda.get_elapsed_time(s, e) * 1e3
-                                 for s, e in zip(starts, ends))
+                                 for s, e in zip(starts, ends, strict=True))
 
     def copy_us(self, nbytes: int, iters: int) -> float:
         """Median time of a device-to-device copy of ``nbytes`` (read, then written)."""

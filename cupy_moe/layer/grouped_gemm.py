@@ -123,7 +123,7 @@ def grouped_gemm(a: Any, w: Any, expert_start: Any, tokens_per_expert: Any, *,
         out = np.zeros((num_rows, num_out), dtype=ml_dtypes.bfloat16)
         starts = np.asarray(expert_start).tolist()
         counts = np.asarray(tokens_per_expert).tolist()
-        for expert, (start, count) in enumerate(zip(starts, counts)):
+        for expert, (start, count) in enumerate(zip(starts, counts, strict=True)):
             if count:
                 rows = a[start:start + count].astype(np.float32)
                 product = rows @ w[expert].astype(np.float32).T
@@ -135,7 +135,7 @@ def grouped_gemm(a: Any, w: Any, expert_start: Any, tokens_per_expert: Any, *,
         return torch._grouped_mm(a, w.transpose(1, 2), offs=offsets)
     out = torch.zeros((num_rows, num_out), dtype=a.dtype, device=a.device)
     for expert, (start, count) in enumerate(zip(expert_start.tolist(),
-                                                tokens_per_expert.tolist())):
+                                                tokens_per_expert.tolist(), strict=True)):
         if count:
             torch.matmul(a[start:start + count], w[expert].T, out=out[start:start + count])
     return out

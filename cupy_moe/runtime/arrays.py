@@ -189,7 +189,7 @@ def byte_span(kind: ArrayKind, array: Any) -> tuple[int, int]:
     if 0 in array.shape:
         return (0, 0)
     low = high = address
-    for n, stride in zip(array.shape, strides):
+    for n, stride in zip(array.shape, strides, strict=True):
         reach = (n - 1) * stride
         low, high = (low + reach, high) if reach < 0 else (low, high + reach)
     return (low, high + item)

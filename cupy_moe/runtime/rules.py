@@ -71,7 +71,7 @@ def check_strides(name: str, kind: ArrayKind, array: Any, expected: tuple[int, .
     if 0 in tuple(array.shape):
         return
     strides = element_strides(kind, array)
-    if not all(n <= 1 or s == e for n, s, e in zip(array.shape, strides, expected)):
+    if not all(n <= 1 or s == e for n, s, e in zip(array.shape, strides, expected, strict=True)):
         raise ValueError(f"{name} must be {layout}, element strides {tuple(expected)}; "
                          f"got {tuple(strides)}")
 
