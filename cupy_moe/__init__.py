@@ -1,13 +1,16 @@
 """cupy_moe: CUDA raw kernels for the token-layout steps of Mixture-of-Experts layers.
 
-NumPy-style functions that take NumPy arrays (run on the CPU), CuPy arrays
-and torch tensors (run on the GPU, zero-copy), and return the kind they were
-given. ``as_cupy`` / ``as_torch`` move GPU arrays between CuPy and torch
-without a copy.
+NumPy-style functions that take NumPy arrays and CPU torch tensors (run on
+the CPU), CuPy arrays and CUDA torch tensors (run on the GPU, zero-copy), and
+return the kind they were given. ``as_cupy`` / ``as_torch`` move GPU arrays
+between CuPy and torch without a copy. ``cupy_moe.reference`` (the NumPy
+oracles), ``cupy_moe.layer`` (the end-to-end MoE layer) and
+``cupy_moe.distributed`` (expert parallelism) load on first use.
 """
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
 from ._version import __version__
@@ -36,10 +39,15 @@ __all__ = [
 # The manifest lives in the benchmark harness, which the ops never import;
 # these names load it on first use.
 _HARNESS_NAMES = ("load_workloads", "roofline_bytes", "Workload")
+# Subpackages that `import cupy_moe` leaves unloaded (the layer and the
+# distributed code import torch), reachable as attributes all the same.
+_LAZY_SUBPACKAGES = ("reference", "layer", "distributed", "harness")
 
 
 def __getattr__(name: str) -> Any:
     if name in _HARNESS_NAMES:
         from .harness import manifest
         return getattr(manifest, name)
+    if name in _LAZY_SUBPACKAGES:
+        return importlib.import_module(f".{name}", __name__)
     raise AttributeError(f"module 'cupy_moe' has no attribute {name!r}")

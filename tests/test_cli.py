@@ -57,6 +57,30 @@ def test_module_help_exits_zero():
     assert "info" in done.stdout
 
 
+def test_subpackages_load_on_first_use_and_import_cupy_moe_leaves_torch_alone():
+    """``import cupy_moe`` alone: the README's ``cupy_moe.reference.*_numpy``
+    and ``cupy_moe.layer.moe_layer`` are attributes (loaded on first use), and
+    torch is not imported until one of them needs it."""
+    code = (
+        "import sys, cupy_moe\n"
+        "assert 'torch' not in sys.modules and 'cupy_moe.layer' not in sys.modules\n"
+        "found = (cupy_moe.reference.fused_mapping_numpy, cupy_moe.layer.moe_layer,\n"
+        "         cupy_moe.distributed.dispatch)\n"
+        "from cupy_moe.reference import fused_mapping_numpy\n"
+        "from cupy_moe.layer import moe_layer\n"
+        "from cupy_moe.distributed import dispatch\n"
+        "assert found == (fused_mapping_numpy, moe_layer, dispatch)\n"
+        "try:\n"
+        "    cupy_moe.no_such_name\n"
+        "except AttributeError as error:\n"
+        "    print(error)\n")
+    env = dict(os.environ, PYTHONPATH=str(REPO_ROOT))
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, env=env,
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "module 'cupy_moe' has no attribute 'no_such_name'\n"
+
+
 def test_bench_quick_on_the_cpu_writes_json_and_markdown(tmp_path, capsys):
     # Without a GPU (or with --backend cpu) the bench times the CPU backend,
     # still checks every result bit-exact first, and says so.

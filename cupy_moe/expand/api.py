@@ -106,8 +106,7 @@ def expand_to_fused(x: Any, token_topk_to_pos: Any, pos_to_expert: Any, *,
         A shape, dtype or device rule fails (the message names the argument and
         the numbers), ``out`` is read-only or overlaps an input, or
         ``validate=True`` finds a malformed map (or a ``pos_to_token`` that
-        disagrees with it). ``pos_to_token`` must be [X] int32 of the other
-        arrays' kind.
+        disagrees with it). ``pos_to_token`` must be [X] int32.
     """
     # zero_padding is in the key, as a bool only: 1 == True would find True's plan
     if validate is False and type(zero_padding) is bool:

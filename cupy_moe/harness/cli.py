@@ -197,8 +197,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="grouped GEMM method (default auto: NumPy on the CPU, "
                             "torch._grouped_mm where it runs, else a per-expert loop)")
     layer.add_argument("--leave-padding", action="store_true",
-                       help="expand and SwiGLU leave padding rows unwritten "
-                            "(zero_padding=False; the output is the same)")
+                       help="expand and (fp8 path) SwiGLU-quantize leave padding rows "
+                            "unwritten (zero_padding=False; the output is the same)")
     layer.add_argument("--iters", type=_positive_int, default=None,
                        help="timed iterations per figure (default 20; 3 on the CPU)")
     layer.add_argument("--seed", type=int, default=0)

@@ -628,7 +628,8 @@ def workload_from_entry(op_name: str, entry: Mapping[str, Any]) -> Workload:
 
 
 def load_workloads(op_name: str) -> list[Workload]:
-    """The manifest workloads of ``op_name``, in manifest order."""
+    """The manifest workloads of ``op_name``, in manifest order (KeyError,
+    naming the known ops, for an op the manifest does not have)."""
     _require_op(op_name, ALL_OP_NAMES)
     return list(_manifest()[op_name])
 

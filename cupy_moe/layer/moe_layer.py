@@ -115,7 +115,9 @@ def moe_layer(x: Any, router_logits: Any, w_gate_up: Any, w_down: Any, *, top_k:
         ``expanded`` (and on fp8 ``x_fp8``, ``x_sf``, ``expanded_sf``,
         ``gate_up_input``), ``h`` ([X, 2I]), ``act`` (fp8: and ``act_sf``,
         ``down_input``), ``y`` ([X, H]), ``out``, ``gemm`` (the method used);
-        padding rows zero unless ``zero_padding=False``.
+        padding rows zero unless ``zero_padding=False``, but for ``h`` and
+        ``y`` past the last expert's segment with ``gemm="grouped_mm"``
+        (torch leaves them unspecified).
         For CuPy inputs the GEMM side's arrays are torch views.
 
     Raises

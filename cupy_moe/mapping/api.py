@@ -53,8 +53,8 @@ def fused_mapping(topk_ids: Any, num_experts: int, *, alignment: int = 128,
         most ``num_expanded``): one host synchronisation.
     validate : bool
         Raise ValueError for the first slot whose id is >= ``num_experts``, or
-        else the first routed slot that found no row below X: one host
-        synchronisation.
+        else the first routed slot that found no row below X: the host waits
+        for the GPU (``topk_ids`` and ``token_topk_to_pos`` are copied to it).
 
     Returns
     -------

@@ -64,9 +64,11 @@ def quantize_fp8(x: Any, *, num_per_channels: int = 128, round_sf: bool = False,
     """Cast token rows to fp8 e4m3 with one scale factor per block of channels.
 
     ``x[t, j] ~ x_fp8[t, j] * x_sf[t, j // num_per_channels]`` (packed: the
-    block's UE8M0 byte, ``2**(byte - 127)``). The outputs are what
-    ``expand_to_fused_with_sf`` takes as ``x`` and ``x_sf`` (same
-    ``num_per_channels`` and ``use_tma_aligned_col_major_sf``). The module
+    block's UE8M0 byte, ``2**(byte - 127)``). Row-major float32 outputs are
+    what ``expand_to_fused_with_sf`` reads as ``x`` and ``x_sf`` (same
+    ``num_per_channels``); the column-major layouts are those of its output
+    and of a grouped GEMM's scale-factor input (as ``x_sf`` of an expand they
+    are copied to row-major on every call). The module
     docstring of ``cupy_moe.quantize.api`` has the exact arithmetic and what
     NaN and infinity give.
 
