@@ -96,12 +96,19 @@ def describe(name: str, array: Any) -> ArrayDesc:
 
     Raises TypeError naming ``name`` for anything that is not a NumPy array,
     CuPy array or torch tensor (None included), and ValueError for a tensor
-    on a device other than the CPU or a CUDA GPU (e.g. ``meta``).
+    on a device other than the CPU or a CUDA GPU (e.g. ``meta``), a sparse
+    tensor, or a NumPy array of non-native byte order.
     """
     torch = sys.modules.get("torch")
     if torch is not None and isinstance(array, torch.Tensor):
+        if array.layout is not torch.strided:  # (the fast path only keeps strided ones)
+            raise ValueError(f"{name} is a {str(array.layout).removeprefix('torch.')} tensor; "
+                             f"cupy_moe takes dense ones (pass {name}.to_dense())")
         return ArrayDesc._make(torch_fields(name, array))
     if isinstance(array, np.ndarray):
+        if not array.dtype.isnative:  # the kernels and the NumPy backend read raw bytes
+            raise ValueError(f"{name} has non-native byte order (dtype '{array.dtype.str}'); "
+                             f"pass {name}.astype({array.dtype.newbyteorder('=').str!r})")
         flags = array.flags
         return ArrayDesc(ArrayKind.NUMPY, array.shape, array.dtype.name, None,
                          flags.c_contiguous, False, flags.writeable)
@@ -151,6 +158,9 @@ _TORCH_VIA_BITS = {
 def torch_to_numpy(tensor: Any) -> np.ndarray:
     """A NumPy view of a CPU tensor (any strides), native dtype via ml_dtypes."""
     torch = sys.modules["torch"]
+    # a lazily negated or conjugated view (``z.conj().imag``): NumPy sees the
+    # stored values, so the negation is done first (a no-op without the bits)
+    tensor = tensor.resolve_neg().resolve_conj()
     name = _torch_dtype_name(tensor.dtype)
     if name in _TORCH_VIA_BITS:
         bits, np_dtype = _TORCH_VIA_BITS[name]

@@ -19,8 +19,11 @@ __all__ = ["require_int", "require_bool", "check_ndim", "check_dtype", "check_ou
 
 
 def require_int(name: str, value: Any) -> int:
-    """``value`` as a Python int; TypeError for bools, floats and non-numbers."""
-    if isinstance(value, (bool, np.bool_)):
+    """``value`` as a Python int; TypeError for bools (a 0-d bool array or
+    tensor too), floats and non-numbers."""
+    if type(value) is int:
+        return value
+    if isinstance(value, (bool, np.bool_)) or str(getattr(value, "dtype", "")).endswith("bool"):
         raise TypeError(f"{name} must be an int; got bool {value!r}")
     try:
         return operator.index(value)
