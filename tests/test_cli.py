@@ -81,6 +81,15 @@ def test_subpackages_load_on_first_use_and_import_cupy_moe_leaves_torch_alone():
     assert done.stdout == "module 'cupy_moe' has no attribute 'no_such_name'\n"
 
 
+@pytest.mark.parametrize("backend", ["cupy", "torch"])
+def test_a_gpu_backend_without_a_gpu_is_refused(backend, monkeypatch):
+    monkeypatch.setattr(runner, "_gpu_available", lambda: False)
+    with pytest.raises(SystemExit, match=re.escape(
+            f"--backend {backend} needs a CUDA GPU; none was found")):
+        runner.resolve_backend(backend)
+    assert runner.resolve_backend("auto") == "cpu"
+
+
 def test_bench_quick_on_the_cpu_writes_json_and_markdown(tmp_path, capsys):
     # Without a GPU (or with --backend cpu) the bench times the CPU backend,
     # still checks every result bit-exact first, and says so.

@@ -228,9 +228,12 @@ def _args(**changes):
      r"w_gate_up must be \[E, 2I, H\]"),
     ({"x": np.zeros((5,), BF16)}, {"top_k": 2}, ValueError, r"x must be 2-D \[T, H\]"),
     ({"x": None}, {"top_k": 2}, TypeError, "x must be a numpy.ndarray"),
+    ({"router_logits": np.zeros((5, 0), np.float32), "w_gate_up": np.zeros((0, 32, 32), BF16),
+      "w_down": np.zeros((0, 32, 16), BF16)}, {"top_k": 1}, ValueError,
+     "^the layer needs at least one expert; got E = 0$"),
 ], ids=["top_k-0", "top_k-over-E", "top_k-float", "alignment-0", "fp8-int", "npc-64",
         "gemm-unknown", "gemm-needs-torch", "x-float32", "logits-int", "logits-shape",
-        "w_down-shape", "w_gate_up-odd", "x-1d", "x-none"])
+        "w_down-shape", "w_gate_up-odd", "x-1d", "x-none", "no-experts"])
 def test_layer_argument_errors(changes, kwargs, error, match):
     with pytest.raises(error, match=match):
         moe_layer(**_args(**changes), **kwargs)

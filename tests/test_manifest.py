@@ -647,6 +647,11 @@ def test_a_newer_workload_built_by_hand_checks_its_shapes_against_the_plan():
         Workload("swiglu_quantize_fp8", "by-hand", {"h": (16, 63)}, "bfloat16",
                  num_per_channels=32, plan=spec, tokens_topk=(6, 2))
     with pytest.raises(ValueError, match=re.escape(
+            "by-hand: tokens_topk (6, 3) is not (6, 2) of the inputs")):
+        Workload("reduce_fused", "by-hand", {"expanded": (num_expanded, 32),
+                                             "token_topk_to_pos": (6, 2)}, "float32", plan=spec,
+                 tokens_topk=(6, 3))
+    with pytest.raises(ValueError, match=re.escape(
             "by-hand: topk_weights [6, 3] is not [T, K] = [6, 2]")):
         Workload("reduce_fused", "by-hand", {"expanded": (num_expanded, 32),
                                              "token_topk_to_pos": (6, 2),

@@ -5,6 +5,8 @@ not compile. Where CI=true a missing CuPy/NVRTC is an error, not a skip.
 """
 
 
+import re
+
 import pytest
 from helpers import nvrtc_or_skip
 
@@ -130,3 +132,18 @@ def test_an_unwritable_cache_compiles_to_a_private_folder(tmp_path, monkeypatch)
     monkeypatch.setenv("CUPY_MOE_CACHE_DIR", str(blocked / "cache"))
     path = loader._compile("mapping.cu", (), "sm_80", True)
     assert not path.is_relative_to(blocked) and path.read_bytes()[:4] == b"\x7fELF"
+
+
+def test_a_package_without_its_kernel_sources_says_so(tmp_path, monkeypatch):
+    import cupy_moe.runtime.loader as loader
+
+    monkeypatch.setattr(loader, "_PACKAGE_DIR", tmp_path / "cupy_moe")
+    loader.kernel_dir.cache_clear()
+    try:
+        with pytest.raises(FileNotFoundError, match=re.escape(
+                f"kernels_cu/ not found inside {tmp_path / 'cupy_moe'} nor beside it; the "
+                "installation is incomplete")):
+            loader.kernel_dir()
+    finally:
+        loader.kernel_dir.cache_clear()  # the real one again for the other tests
+

@@ -25,7 +25,7 @@ from quantize_cases import (
 )
 
 import cupy_moe
-from cupy_moe.quantize import dequantize_fp8_numpy, quantize_fp8
+from cupy_moe.quantize import dequantize_fp8_numpy, quantize_fp8, swiglu_quantize_fp8
 from cupy_moe.quantize.numerics import encode_e4m3
 
 
@@ -366,6 +366,31 @@ def test_bad_settings(kwargs, error, message):
 def test_bad_x(x, error, message):
     with pytest.raises(error, match=re.escape(message)):
         quantize_fp8(x)
+
+
+@pytest.mark.parametrize(("op", "width", "what"), [
+    (quantize_fp8, (1 << 30) + 1, "H = x.shape[1]"),
+    (swiglu_quantize_fp8, (1 << 31) + 2, "I = h.shape[1] / 2"),
+])
+def test_rows_wider_than_a_launch_takes_are_refused(op, width, what):
+    wide = np.broadcast_to(np.float32(1), (1, width))  # no memory behind it
+    name = "h" if op is swiglu_quantize_fp8 else "x"
+    with pytest.raises(ValueError, match=re.escape(
+            f"{name} must have {what} <= {1 << 30}; got shape (1, {width})")):
+        op(wide)
+
+
+def test_run_with_tuning_refuses_unknown_ops_and_keywords():
+    from cupy_moe.quantize.api import run_with_tuning
+    from cupy_moe.quantize.launch_shape import QuantizeTuning
+
+    with pytest.raises(ValueError, match=re.escape(
+            "op must be 'quantize_fp8' or 'swiglu_quantize_fp8'; got 'expand_to_fused'")):
+        run_with_tuning(QuantizeTuning(), "expand_to_fused", X)
+    with pytest.raises(TypeError, match=re.escape(
+            "quantize_fp8() got unexpected keyword arguments ['topk_weights', 'zero_padding']")):
+        run_with_tuning(QuantizeTuning(), "quantize_fp8", X, zero_padding=False,
+                        topk_weights=None)
 
 
 def test_grad_tensors_are_refused_outside_no_grad():
