@@ -129,6 +129,10 @@ def test_gpu_expert_limit_is_a_value_error():
     (np.zeros((2, 2), np.int32), {"trim": "yes"}, TypeError, "trim must be True or False; got str"),
     (np.zeros((2, 2), np.int32), {"validate": 1}, TypeError, "validate must be True or False; got int"),
     (np.zeros((2, 2), np.int32), {"num_expanded": 2**30}, ValueError, "rows are supported"),
+    (np.zeros((2, 2), np.int32), {"num_experts": 2**63}, ValueError,
+     f"num_experts must be <= {2**31 - 1} (int32 ids); got {2**63}"),
+    (np.zeros((0, 2), np.int32), {"alignment": 2**70}, ValueError,
+     f"alignment must be <= {(2**31 - 1) // 3} rows; got {2**70}"),
 ])
 def test_bad_arguments(topk_ids, kwargs, error, message):
     kwargs = {"num_experts": 4, **kwargs}

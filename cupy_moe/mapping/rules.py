@@ -16,6 +16,8 @@ MAX_ROWS = (2**31 - 1) // 3
 # the place kernel keeps (warps + 3) int32 per expert in shared memory: 4096
 # experts leave room for 8+ warps on every GPU since Ampere (163+ KiB a block)
 MAX_EXPERTS_GPU = 4096
+# expert ids and positions are int32 on every backend
+MAX_EXPERTS = 2**31 - 1
 
 
 @dataclass(frozen=True)
@@ -52,10 +54,14 @@ def check_fused_mapping(topk_ids: ArrayDesc, num_experts: int, alignment: int,
     num_tokens, top_k = check_topk_ids(topk_ids)
     if num_experts < 1:
         raise ValueError(f"num_experts must be >= 1; got {num_experts}")
+    if num_experts > MAX_EXPERTS:
+        raise ValueError(f"num_experts must be <= {MAX_EXPERTS} (int32 ids); got {num_experts}")
     if topk_ids.kind.on_gpu and num_experts > MAX_EXPERTS_GPU:
         raise ValueError(f"num_experts must be <= {MAX_EXPERTS_GPU} on the GPU; got {num_experts}")
     if alignment < 1:
         raise ValueError(f"alignment must be >= 1; got {alignment}")
+    if alignment > MAX_ROWS:  # (with no slots the row bound below would let it through)
+        raise ValueError(f"alignment must be <= {MAX_ROWS} rows; got {alignment}")
     bound = worst_case_rows(num_tokens * top_k, num_experts, alignment)
     if num_expanded is None:
         num_expanded = bound
