@@ -246,3 +246,121 @@ def test_a_launch_in_clusters_passes_both_attributes(monkeypatch):
         ("launch", ((128, 1, 1), (256, 1, 1), 18432, 0x77, [cooperative, cluster]), 0xAB, 0x1000),
         ("query", ((4, 1, 1), (256, 1, 1), 18432, None, [(4, 4, 1, 1)]), 0xAB)]
     assert ctypes.sizeof(launch._LaunchAttribute) == 72  # CUlaunchAttribute's size (cuda.h)
+
+
+def test_a_plans_argument_block_binds_the_context_once_per_thread(monkeypatch):
+    """A thread that has made no CUDA runtime call has no context, and a
+    driver launch there fails: a plan's block binds one (``cudaFree(0)``) the
+    first time each thread touches it, before its launch; other blocks never."""
+    import threading
+    import types
+
+    from cupy_moe.runtime import launch
+    from cupy_moe.runtime.launch import ArgBlock, ArgStruct
+
+    freed = []
+    monkeypatch.setattr(launch, "runtime", types.SimpleNamespace(
+        free=lambda pointer: freed.append((threading.get_ident(), pointer))))
+    layout = ArgStruct(("p", "ptr"), ("n", "i64"))
+    plan_block = ArgBlock(layout, (7,), bind_context=True)
+    other_block = ArgBlock(layout, (7,))
+    assert freed == [(threading.get_ident(), 0)]  # made on this thread: bound here
+    plan_block.set_pointers(0x1000)
+    other_block.set_pointers(0x1000)
+    assert len(freed) == 1  # once per thread
+
+    def launch_twice():
+        for _ in range(2):
+            plan_block.set_pointers(0x2000)
+            other_block.set_pointers(0x2000)
+
+    worker = threading.Thread(target=launch_twice)
+    worker.start()
+    worker.join()
+    assert [pointer for _, pointer in freed] == [0, 0]
+    assert freed[1][0] == worker.ident
+
+
+def test_concurrent_first_lookups_load_a_kernel_once_and_keep_its_module(monkeypatch):
+    """CuPy 13's RawModule, loading lazily in two threads at once, keeps one
+    module and unloads the other: a handle taken from the unloaded one would
+    dangle. The first lookups load under a lock, once, and keep the Function
+    (which holds its module) beside the handle."""
+    import sys
+    import threading
+    import time
+    import types
+
+    from cupy_moe.runtime import launch
+
+    loads = []
+
+    class FakeModule:
+        def get_function(self, name):
+            loads.append(name)
+            time.sleep(0.01)  # a slow load: the other threads arrive meanwhile
+            function = types.SimpleNamespace(ptr=0xF000 + len(loads))
+            return types.SimpleNamespace(kernel=function)
+
+    module = FakeModule()
+    monkeypatch.setattr(launch, "get_module", lambda source, defines, device: module)
+    monkeypatch.setattr(launch, "_functions", {})
+    monkeypatch.setattr(launch, "_function_objects", {})
+    old_interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    handles = []
+    threads = [threading.Thread(target=lambda: handles.append(
+        launch.function_handle("x.cu", (), 0, "kernel"))) for _ in range(8)]
+    try:
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    finally:
+        sys.setswitchinterval(old_interval)
+    key = (0, "x.cu", (), "kernel")
+    assert loads == ["kernel"] and handles == [0xF001] * 8
+    assert launch._function_objects[key].ptr == 0xF001
+
+
+def test_the_driver_functions_are_bound_once_whatever_the_threads(monkeypatch):
+    """Two threads binding cuLaunchKernelEx at once used to rebind the
+    per-thread launch configs, swapping a zeroed one under a launch that had
+    filled its own; ``_launch_kernel_ex``, which callers test, comes last."""
+    import sys
+    import threading
+    import time
+    import types
+
+    from cupy_moe.runtime import launch
+
+    libraries = []
+
+    def fake_cdll(name):
+        time.sleep(0.01)
+        libraries.append(name)
+        return types.SimpleNamespace(cuLaunchKernelEx=types.SimpleNamespace(),
+                                     cuOccupancyMaxActiveClusters=types.SimpleNamespace())
+
+    monkeypatch.setattr(launch.ctypes, "CDLL", fake_cdll)
+    for name in ("_overlap", "_clusters", "_launch_kernel_ex", "_max_active_clusters"):
+        monkeypatch.setattr(launch, name, None)
+    seen = []
+
+    def first_launch():
+        if launch._launch_kernel_ex is None:
+            launch._driver_functions()
+        seen.append((launch._overlap, launch._clusters, launch._max_active_clusters))
+
+    old_interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    threads = [threading.Thread(target=first_launch) for _ in range(8)]
+    try:
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    finally:
+        sys.setswitchinterval(old_interval)
+    assert libraries == ["libcuda.so.1"]
+    assert len(set(map(id, (s[0] for s in seen)))) == 1 and None not in seen[0]

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import cupy
 import numpy as np
 from cupy.cuda import driver, runtime
 
@@ -120,7 +119,8 @@ class CombinePlan:
                 num_expanded=problem.num_expanded, top_k=problem.top_k,
                 row_threads=shape.row_threads, tokens_per_block=shape.tokens_per_block)
             found = self.kernels[vec_bytes] = CombineLaunch(name, handle, shape,
-                                                            ArgBlock(COMBINE_ARGS, constants))
+                                                            ArgBlock(COMBINE_ARGS, constants,
+                                                                     bind_context=True))
         return found
 
     def launch(self, stream: int, expanded: int, token_topk_to_pos: int, topk_weights: int,
@@ -216,15 +216,16 @@ def _validate(lib, problem: CombineProblem, token_topk_to_pos: Any, device: int,
     num_slots = problem.num_tokens * problem.top_k
     if num_slots == 0:
         return
-    found = cupy.empty(1, dtype=cupy.int64)
-    runtime.memsetAsync(found.data.ptr, 0x7F, found.nbytes, stream)  # COMBINE_NONE
-    _check_args.set_all(lib.pointer(token_topk_to_pos), found.data.ptr, num_slots,
+    # one int64 as two int32, from the inputs' allocator (see expand's validate)
+    found = lib.empty_int32(2, token_topk_to_pos)
+    runtime.memsetAsync(lib.pointer(found), 0x7F, 8, stream)  # COMBINE_NONE
+    _check_args.set_all(lib.pointer(token_topk_to_pos), lib.pointer(found), num_slots,
                         problem.num_expanded)
     blocks = max(1, min(1024, ceil_div(num_slots, 256)))
     launch(function_handle(SOURCE, (), device, "reduce_fused_first_out_of_range"),
            (blocks, 1, 1), 256, 0, stream, _check_args)
     found_host = np.empty(1, dtype=np.int64)
-    runtime.memcpyAsync(found_host.ctypes.data, found.data.ptr, found_host.nbytes,
+    runtime.memcpyAsync(found_host.ctypes.data, lib.pointer(found), found_host.nbytes,
                         runtime.memcpyDeviceToHost, stream)
     runtime.streamSynchronize(stream)
     first = -1 if int(found_host[0]) == _NONE_FOUND else int(found_host[0])

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import cupy
 import numpy as np
 from cupy.cuda import runtime
 
@@ -120,14 +119,18 @@ def _validate_routing(lib, problem: ExpandProblem, token_topk_to_pos: Any, pos_t
                       pos_to_token: Any, device: int, stream: int) -> None:
     """Run the routing checks on ``stream``; one host synchronisation."""
     num_slots = problem.num_tokens * problem.top_k
-    first_slot = cupy.empty(max(problem.num_expanded, 1), dtype=cupy.int64)
-    found = cupy.empty(len(ROUTING_ERROR_KINDS), dtype=cupy.int64)
-    for scratch in (first_slot, found):  # every byte 0x7F: the "none found" sentinel
-        runtime.memsetAsync(scratch.data.ptr, 0x7F, scratch.nbytes, stream)
+    # int64 scratch as pairs of int32, from the inputs' own allocator (torch's
+    # for tensors: ordered on the stream the kernels run on; CuPy's pool would
+    # hand out memory ordered on CuPy's current stream instead)
+    scratch_words = (2 * max(problem.num_expanded, 1), 2 * len(ROUTING_ERROR_KINDS))
+    first_slot, found = (lib.empty_int32(words, token_topk_to_pos) for words in scratch_words)
+    for scratch, words in zip((first_slot, found), scratch_words, strict=True):
+        # every byte 0x7F: the "none found" sentinel
+        runtime.memsetAsync(lib.pointer(scratch), 0x7F, 4 * words, stream)
     _routing_args.set_all(lib.pointer(token_topk_to_pos), lib.pointer(pos_to_expert),
                           0 if pos_to_token is None else lib.pointer(pos_to_token),
-                          first_slot.data.ptr, found.data.ptr, num_slots, problem.num_expanded,
-                          problem.top_k)
+                          lib.pointer(first_slot), lib.pointer(found), num_slots,
+                          problem.num_expanded, problem.top_k)
     blocks = max(1, min(1024, ceil_div(max(num_slots, problem.num_expanded), 256)))
     # the routing kernels are the same in every variant: take the plain one's
     defines = kernel_defines(SF_NONE, ExpandTuning())
@@ -135,7 +138,7 @@ def _validate_routing(lib, problem: ExpandProblem, token_topk_to_pos: Any, pos_t
         launch(function_handle(SOURCE, defines, device, name), (blocks, 1, 1), 256, 0, stream,
                _routing_args)
     found_host = np.empty(len(ROUTING_ERROR_KINDS), dtype=np.int64)
-    runtime.memcpyAsync(found_host.ctypes.data, found.data.ptr, found_host.nbytes,
+    runtime.memcpyAsync(found_host.ctypes.data, lib.pointer(found), found_host.nbytes,
                         runtime.memcpyDeviceToHost, stream)
     runtime.streamSynchronize(stream)
     first = {kind: (-1 if value == _NONE_FOUND else int(value))

@@ -299,7 +299,8 @@ class ExpandPlan:
             sf_pass=sf_pass, sf_pass_blocks=sf_pass_blocks)
         zero_launch = self._zero_launch(fields, zero_rows_end) if zero_kernel else None
         return ExpandLaunch(kernel, handle, grid, threads, shared_bytes,
-                            ArgBlock(EXPAND_ARGS, EXPAND_ARGS.constants(**fields)), zero_launch)
+                            ArgBlock(EXPAND_ARGS, EXPAND_ARGS.constants(**fields),
+                                     bind_context=True), zero_launch)
 
     def _fields(self, **launch_fields: int) -> dict[str, int]:
         """The argument block's constant fields: the problem's, then
@@ -325,7 +326,8 @@ class ExpandPlan:
                               rows_per_gather_block=rows)
         return ExpandLaunch("expand_to_fused_gather", handle,
                             (sf_pass_blocks + ceil_div(problem.num_expanded, rows), 1, 1),
-                            threads, 0, ArgBlock(EXPAND_ARGS, EXPAND_ARGS.constants(**fields)))
+                            threads, 0, ArgBlock(EXPAND_ARGS, EXPAND_ARGS.constants(**fields),
+                                                 bind_context=True))
 
     def _zero_launch(self, fields: dict[str, int], zero_rows_end: int) -> ExpandLaunch:
         """expand_zero_padding_rows: blocks of ``tuning.threads`` threads, each
@@ -342,7 +344,8 @@ class ExpandPlan:
         constants = EXPAND_ARGS.constants(**{**fields, "rows_per_zero_block": rows,
                                              "zero_row_blocks": row_blocks})
         return ExpandLaunch("expand_zero_padding_rows", handle, (row_blocks + pass_blocks, 1, 1),
-                            int(tuning.threads), 0, ArgBlock(EXPAND_ARGS, constants))
+                            int(tuning.threads), 0,
+                            ArgBlock(EXPAND_ARGS, constants, bind_context=True))
 
     def launch(self, stream: int, x: int, token_topk_to_pos: int, pos_to_expert: int,
                out: int, x_sf: int, out_sf: int, pos_to_token: int = 0) -> None:

@@ -181,7 +181,8 @@ class MappingPlan:
         self.args = ArgBlock(MAPPING_ARGS, MAPPING_ARGS.constants(
             num_slots=slots, top_k=problem.top_k, num_experts=experts,
             alignment=problem.alignment, num_expanded=rows, warp_slots=shape.warp_slots,
-            self_counting=int(shape.self_counting), count_split=shape.count_split))
+            self_counting=int(shape.self_counting), count_split=shape.count_split),
+            bind_context=True)
 
     def launch(self, stream: int, topk_ids: int, buffer: int) -> None:
         block = self.args
@@ -265,7 +266,7 @@ _raw_torch_stream = _torch_int32 = None
 def run_torch_fast(plan: MappingPlan, topk_ids: Any) -> FusedMapping:
     """A torch call whose description ``plan`` was made for (the fast path's hit)."""
     global _raw_torch_stream, _torch_int32
-    if _raw_torch_stream is None:
+    if _torch_int32 is None:  # the one tested, bound last (free-threaded Python)
         _raw_torch_stream = raw_torch_stream_getter()
         _torch_int32 = sys.modules["torch"].int32
     buffer = topk_ids.new_empty(plan.buffer_size, dtype=_torch_int32)

@@ -155,7 +155,8 @@ class QuantizePlan:
             row_shift=shape.row_shift, block_shift=shape.block_shift,
             pass_shift=shape.pass_shift, passes=shape.passes,
             sf_layout=sf_layout(problem), round_sf=int(problem.round_sf),
-            block_rows=shape.block_rows, zero_padding=int(problem.zero_padding)))
+            block_rows=shape.block_rows, zero_padding=int(problem.zero_padding)),
+            bind_context=True)
 
     def kernel_name(self, vector: bool) -> str:
         """The kernel of the coalesced launch (``vector``) or of the

@@ -41,3 +41,7 @@ class BoundedCache(dict):
             while len(self) > self.max_entries:
                 del self[next(iter(self))]
         return value
+
+    def clear(self) -> None:
+        with self._insert_lock:  # not under an eviction in another thread
+            super().clear()

@@ -72,9 +72,26 @@ class ArgBlock(threading.local):
     for every call; per thread, so concurrent callers don't collide. With
     ``constants`` (the struct's non-pointer fields) each thread's block starts
     with them packed, and ``set_pointers`` packs only the leading pointers.
+    ``bind_context`` (a plan's blocks): each thread that touches the block
+    binds the current device's CUDA context first (see ``__init__``).
     """
 
-    def __init__(self, layout: ArgStruct, constants: tuple[int, ...] | None = None) -> None:
+    def __init__(self, layout: ArgStruct, constants: tuple[int, ...] | None = None, *,
+                 bind_context: bool = False) -> None:
+        if bind_context:
+            # A plan's block is first touched in a thread right before its
+            # first launch there, with the plan's device current. A thread
+            # that has made no CUDA runtime call yet (a worker handed tensors
+            # made elsewhere, torch's autograd thread) has no context bound,
+            # and a driver launch fails with CUDA_ERROR_INVALID_CONTEXT:
+            # cudaFree(0) binds the current device's primary context, once
+            # per thread and plan, off the per-call path. Where it fails (no
+            # usable GPU: the plan tests' stand-in devices) the launch, if
+            # any, reports the driver's own error.
+            try:
+                runtime.free(0)
+            except runtime.CUDARuntimeError:
+                pass
         self.layout = layout
         self.buffer = (ctypes.c_uint64 * -(-layout.size // 8))()
         self.params = (ctypes.c_void_p * 1)(ctypes.addressof(self.buffer))
@@ -150,21 +167,29 @@ class _ClusterLaunch(threading.local):
 _overlap = None  # _OverlapLaunch, made on first use (loads the driver library)
 _clusters = None  # _ClusterLaunch, likewise
 _launch_kernel_ex = _max_active_clusters = None
+_driver_functions_lock = threading.Lock()
 
 
 def _driver_functions() -> None:
     """The driver's cuLaunchKernelEx and cuOccupancyMaxActiveClusters (CuPy
-    binds neither), and the per-thread launch configs, on first use."""
+    binds neither), and the per-thread launch configs, on first use: once,
+    under a lock (a second thread rebinding ``_overlap`` or ``_clusters``
+    would swap another, zeroed config under a launch filling its own), and
+    ``_launch_kernel_ex``, which callers test, published last."""
     global _overlap, _clusters, _launch_kernel_ex, _max_active_clusters
-    library = ctypes.CDLL("libcuda.so.1")
-    launch_ex = library.cuLaunchKernelEx
-    launch_ex.argtypes = (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p)
-    launch_ex.restype = ctypes.c_int
-    occupancy = library.cuOccupancyMaxActiveClusters
-    occupancy.argtypes = (ctypes.POINTER(ctypes.c_int), ctypes.c_void_p, ctypes.c_void_p)
-    occupancy.restype = ctypes.c_int
-    _overlap, _clusters = _OverlapLaunch(), _ClusterLaunch()
-    _launch_kernel_ex, _max_active_clusters = launch_ex, occupancy
+    with _driver_functions_lock:
+        if _launch_kernel_ex is not None:
+            return
+        library = ctypes.CDLL("libcuda.so.1")
+        launch_ex = library.cuLaunchKernelEx
+        launch_ex.argtypes = (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p)
+        launch_ex.restype = ctypes.c_int
+        occupancy = library.cuOccupancyMaxActiveClusters
+        occupancy.argtypes = (ctypes.POINTER(ctypes.c_int), ctypes.c_void_p, ctypes.c_void_p)
+        occupancy.restype = ctypes.c_int
+        _overlap, _clusters = _OverlapLaunch(), _ClusterLaunch()
+        _max_active_clusters = occupancy
+        _launch_kernel_ex = launch_ex
 
 
 def launch_overlapping_previous(handle: int, blocks: int, threads: int, shared_bytes: int,
@@ -176,10 +201,11 @@ def launch_overlapping_previous(handle: int, blocks: int, threads: int, shared_b
     Captured into CUDA graphs as a programmatic edge."""
     if _launch_kernel_ex is None:
         _driver_functions()
-    config = _overlap.config
+    overlap = _overlap
+    config = overlap.config
     config.grid[0], config.block[0], config.shared_bytes = blocks, threads, shared_bytes
     config.stream = stream
-    status = _launch_kernel_ex(_overlap.config_address, handle, params_address, None)
+    status = _launch_kernel_ex(overlap.config_address, handle, params_address, None)
     if status:
         driver.check_status(status)
 
@@ -190,11 +216,12 @@ def _cluster_config(blocks: int, threads: int, shared_bytes: int, stream: int,
     occupancy query's, without the cooperative attribute), filled in."""
     if _launch_kernel_ex is None:
         _driver_functions()
-    config = _clusters.query if query else _clusters.config
+    clusters = _clusters
+    config = clusters.query if query else clusters.config
     config.grid[0], config.block[0], config.shared_bytes = blocks, threads, shared_bytes
     config.stream = stream
-    _clusters.attributes[1].value[0] = cluster
-    return _clusters.query_address if query else _clusters.config_address
+    clusters.attributes[1].value[0] = cluster
+    return clusters.query_address if query else clusters.config_address
 
 
 def launch_cooperative_in_clusters(handle: int, blocks: int, threads: int, shared_bytes: int,
@@ -221,6 +248,10 @@ def max_active_clusters(handle: int, threads: int, shared_bytes: int, cluster: i
 
 
 _functions: dict[tuple, int] = {}
+# the cupy Function objects behind the handles: each holds its loaded module,
+# so no handle outlives the module it points into
+_function_objects: dict[tuple, Any] = {}
+_functions_lock = threading.Lock()
 
 
 def function_handle(source: str, defines: tuple[tuple[str, int], ...], device: int,
@@ -230,9 +261,15 @@ def function_handle(source: str, defines: tuple[tuple[str, int], ...], device: i
     handle = _functions.get(key)
     if handle is None:
         module = get_module(source, defines, device)
-        # RawKernel.kernel is the loaded cupy.cuda.Function; the cached module
-        # keeps its code alive.
-        handle = _functions.setdefault(key, module.get_function(name).kernel.ptr)
+        # One thread at a time loads: CuPy 13's RawModule loads its module
+        # lazily and, when two threads race, keeps one load and unloads the
+        # other, whose handle would then dangle.
+        with _functions_lock:
+            handle = _functions.get(key)
+            if handle is None:
+                function = module.get_function(name).kernel  # a loaded cupy.cuda.Function
+                _function_objects[key] = function
+                handle = _functions[key] = function.ptr
     return handle
 
 

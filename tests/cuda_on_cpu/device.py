@@ -162,7 +162,8 @@ def _runtime_stand_in():
     return types.SimpleNamespace(
         memsetAsync=lambda pointer, value, size, stream: ctypes.memset(pointer, value, size),
         memcpyAsync=lambda dst, src, size, kind, stream: ctypes.memmove(dst, src, size),
-        memcpyDeviceToHost=2, streamSynchronize=lambda stream: None, getDevice=lambda: 0)
+        memcpyDeviceToHost=2, streamSynchronize=lambda stream: None, getDevice=lambda: 0,
+        free=lambda pointer: None)  # a plan's ArgBlock binds the context with free(0)
 
 
 def emulated_gpu(monkeypatch, major: int = 9, seed: int = 0,
