@@ -251,16 +251,23 @@ def test_a_launch_in_clusters_passes_both_attributes(monkeypatch):
 def test_a_plans_argument_block_binds_the_context_once_per_thread(monkeypatch):
     """A thread that has made no CUDA runtime call has no context, and a
     driver launch there fails: a plan's block binds one (``cudaFree(0)``) the
-    first time each thread touches it, before its launch; other blocks never."""
+    first time a thread without one touches it, before its launch; other
+    blocks never."""
     import threading
     import types
 
     from cupy_moe.runtime import launch
     from cupy_moe.runtime.launch import ArgBlock, ArgStruct
 
-    freed = []
-    monkeypatch.setattr(launch, "runtime", types.SimpleNamespace(
-        free=lambda pointer: freed.append((threading.get_ident(), pointer))))
+    freed, bound = [], {threading.get_ident(): 0}  # thread -> its current context
+
+    def free(pointer):
+        freed.append((threading.get_ident(), pointer))
+        bound[threading.get_ident()] = 0xC0  # cudaFree(0) binds the primary context
+
+    monkeypatch.setattr(launch, "runtime", types.SimpleNamespace(free=free))
+    monkeypatch.setattr(launch, "driver", types.SimpleNamespace(
+        ctxGetCurrent=lambda: bound.get(threading.get_ident(), 0)))
     layout = ArgStruct(("p", "ptr"), ("n", "i64"))
     plan_block = ArgBlock(layout, (7,), bind_context=True)
     other_block = ArgBlock(layout, (7,))
@@ -279,6 +286,17 @@ def test_a_plans_argument_block_binds_the_context_once_per_thread(monkeypatch):
     worker.join()
     assert [pointer for _, pointer in freed] == [0, 0]
     assert freed[1][0] == worker.ident
+
+    # a thread that has a context already (e.g. one capturing a CUDA graph)
+    # makes no call
+    def with_a_context():
+        bound[threading.get_ident()] = 0xC1
+        plan_block.set_pointers(0x3000)
+
+    worker = threading.Thread(target=with_a_context)
+    worker.start()
+    worker.join()
+    assert len(freed) == 2
 
 
 def test_concurrent_first_lookups_load_a_kernel_once_and_keep_its_module(monkeypatch):

@@ -65,6 +65,27 @@ class ArgStruct:
         return tuple(values[name] for name in names)
 
 
+def _bind_context() -> None:
+    """Bind the current device's primary CUDA context to this thread if it
+    has none.
+
+    A plan's argument block is first touched in a thread right before its
+    first launch there, with the plan's device current. A thread that has
+    made no CUDA runtime call yet (a worker handed tensors made elsewhere,
+    torch's autograd thread) has no context bound, and a driver launch fails
+    with CUDA_ERROR_INVALID_CONTEXT; ``cudaFree(0)`` binds one. Only then:
+    a thread with a context (every thread that could be capturing a CUDA
+    graph) makes no call that a capture might refuse. Where the driver is
+    missing (the plan tests' stand-in devices) nothing is bound and a real
+    launch, if any, reports the driver's own error.
+    """
+    try:
+        if not driver.ctxGetCurrent():
+            runtime.free(0)
+    except RuntimeError:  # CUDADriverError, CUDARuntimeError, no libcuda at all
+        pass
+
+
 class ArgBlock(threading.local):
     """A per-thread argument block and the one-entry ``void*`` array pointing at it.
 
@@ -79,19 +100,7 @@ class ArgBlock(threading.local):
     def __init__(self, layout: ArgStruct, constants: tuple[int, ...] | None = None, *,
                  bind_context: bool = False) -> None:
         if bind_context:
-            # A plan's block is first touched in a thread right before its
-            # first launch there, with the plan's device current. A thread
-            # that has made no CUDA runtime call yet (a worker handed tensors
-            # made elsewhere, torch's autograd thread) has no context bound,
-            # and a driver launch fails with CUDA_ERROR_INVALID_CONTEXT:
-            # cudaFree(0) binds the current device's primary context, once
-            # per thread and plan, off the per-call path. Where it fails (no
-            # usable GPU: the plan tests' stand-in devices) the launch, if
-            # any, reports the driver's own error.
-            try:
-                runtime.free(0)
-            except runtime.CUDARuntimeError:
-                pass
+            _bind_context()
         self.layout = layout
         self.buffer = (ctypes.c_uint64 * -(-layout.size // 8))()
         self.params = (ctypes.c_void_p * 1)(ctypes.addressof(self.buffer))

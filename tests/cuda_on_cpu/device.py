@@ -162,8 +162,7 @@ def _runtime_stand_in():
     return types.SimpleNamespace(
         memsetAsync=lambda pointer, value, size, stream: ctypes.memset(pointer, value, size),
         memcpyAsync=lambda dst, src, size, kind, stream: ctypes.memmove(dst, src, size),
-        memcpyDeviceToHost=2, streamSynchronize=lambda stream: None, getDevice=lambda: 0,
-        free=lambda pointer: None)  # a plan's ArgBlock binds the context with free(0)
+        memcpyDeviceToHost=2, streamSynchronize=lambda stream: None, getDevice=lambda: 0)
 
 
 def emulated_gpu(monkeypatch, major: int = 9, seed: int = 0,
@@ -204,7 +203,8 @@ def emulated_gpu(monkeypatch, major: int = 9, seed: int = 0,
             monkeypatch.setattr(api, "describe", describe)
     driver = types.SimpleNamespace(
         launchKernel=gpu.launch_kernel, launchCooperativeKernel=gpu.launch_cooperative,
-        funcSetAttribute=lambda *args: None, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES=8)
+        funcSetAttribute=lambda *args: None, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES=8,
+        ctxGetCurrent=lambda: 1)  # a context is bound: plans' blocks bind none
     stand_ins = {"gpu_library": lambda kind: host, "OnDevice": _NoDevice,
                  "function_handle": gpu.function_handle, "device_traits": gpu.device_traits,
                  "driver": driver, "runtime": _runtime_stand_in(),
