@@ -391,6 +391,48 @@ def check_errors(rank: int, world: int) -> None:
     torch.distributed.barrier()
 
 
+def check_one_rank_refuses(rank: int, world: int) -> None:
+    """One rank's own arguments break a rule (the others' are fine): that
+    rank raises its error and every other rank a ValueError naming it, after
+    the count exchange, so none waits for the group's timeout. Also ranks
+    whose packed scale factors have the same S but not the same
+    num_per_channels (H = 128: one word for 32 or 128)."""
+    import torch
+
+    from cupy_moe.distributed import dispatch, ep_moe_layer
+
+    last = world - 1
+    tokens = tokens_per_rank(world)[rank]
+    ids = torch.zeros((tokens, 2), dtype=torch.int64)
+    weights = torch.ones((tokens, 2), dtype=torch.float32)
+    refused = rf"rank {last} refused its own arguments to dispatch \(its error says why\); " \
+              rf"this rank \({rank}\) stops with it"
+    x = torch.zeros((tokens, 8), dtype=torch.float32 if rank == last else torch.bfloat16)
+    with pytest.raises(ValueError, match=("x must be one of" if rank == last else refused)):
+        dispatch(x, ids, weights, 2 * world)
+    bad_weights = weights.double() if rank == last else weights
+    with pytest.raises(ValueError, match=("topk_weights must be one of float32" if rank == last
+                                          else refused)):
+        dispatch(torch.zeros((tokens, 8), dtype=torch.bfloat16), ids, bad_weights, 2 * world)
+    # the layer: the last rank passes the full weights where its shard belongs
+    shape, inputs, _ = layer_inputs(world)
+    local = slice(rank * 4, (rank + 1) * 4)
+    mine = slice(0, tokens)
+    w_gate_up = inputs.w_gate_up if rank == last else inputs.w_gate_up[local]
+    with pytest.raises(ValueError, match=("w_gate_up_local must have shape" if rank == last
+                                          else refused)):
+        ep_moe_layer(inputs.x[mine], inputs.router_logits[mine], w_gate_up,
+                     inputs.w_down[local], top_k=4, num_experts=shape.num_experts)
+    # packed UE8M0 scale factors: S = 1 word for H = 128 with 32 or 128 channels a block
+    x8 = torch.zeros((tokens, 128), dtype=torch.uint8)
+    x_sf = torch.zeros((tokens, 1), dtype=torch.int32)
+    npc = 32 if rank == last else 128
+    with pytest.raises(ValueError, match=r"rank \d has num_per_channels = (32|128), this rank"):
+        dispatch(x8, ids, weights, 2 * world, x_sf=x_sf, num_per_channels=npc,
+                 use_tma_aligned_col_major_sf=True)
+    torch.distributed.barrier()  # the group still works
+
+
 # --- the expert-parallel layer -------------------------------------------------
 
 def layer_inputs(world: int, *, idle: bool = False):
@@ -500,6 +542,7 @@ CHECKS = {
     "combine": check_combine,
     "idle_ranks": check_idle_ranks,
     "errors": check_errors,
+    "one_rank_refuses": check_one_rank_refuses,
     "layer_bf16": check_layer_bf16,
     "layer_fp8": check_layer_fp8,
     "layer_idle_ranks": check_layer_idle_ranks,

@@ -35,11 +35,13 @@ from typing import Any
 from ..expand import expand_to_fused, expand_to_fused_with_sf
 from ..mapping import fused_mapping
 from ..mapping.reference import worst_case_rows
-from .exchange import all_to_all_rows, byte_rows, load_torch
+from .exchange import all_to_all_rows, byte_rows, group_info, load_torch
 from .handle import Dispatched, DispatchHandle
-from .rules import DispatchProblem, check_dispatch, raise_disagreement
+from .rules import (
+    SIGNATURE_WIDTH, DispatchProblem, check_dispatch, raise_disagreement, refused_signature,
+)
 
-__all__ = ["dispatch"]
+__all__ = ["dispatch", "refuse_dispatch"]
 
 
 def dispatch(x: Any, topk_ids: Any, topk_weights: Any, num_experts: int, *, group: Any = None,
@@ -104,17 +106,27 @@ def dispatch(x: Any, topk_ids: Any, topk_weights: Any, num_experts: int, *, grou
         A shape or dtype rule fails, ``num_experts`` is not a multiple of the
         group's size, a CPU tensor meets an NCCL group, or (on every rank at
         once, after the count exchange) the ranks disagree on H, K,
-        ``num_experts`` or the dtypes.
+        ``num_experts``, the dtypes or the scale-factor layout, or another
+        rank refused its own arguments.
     RuntimeError
         torch.distributed is not initialized.
 
-    Every rank-local rule is checked before the first collective; a rank
-    that raises there leaves the others waiting in the count exchange until
-    the group's timeout.
+    A rank whose own arguments break a rule still takes part in the count
+    exchange, saying so, and then raises its error; the other ranks raise a
+    ValueError naming it, after the same collective. (A rank that cannot
+    reach the exchange, e.g. not in the group, leaves the others waiting
+    until the group's timeout.) A failure after the count exchange (a
+    collective or the local plan failing on one rank) cannot be told to the
+    others without one more collective: they wait in their next one, so
+    destroy the process group after such an error.
     """
-    problem = check_dispatch(x, topk_ids, topk_weights, num_experts, x_sf, alignment,
-                             num_per_channels, use_tma_aligned_col_major_sf, group,
-                             zero_padding)
+    try:
+        problem = check_dispatch(x, topk_ids, topk_weights, num_experts, x_sf, alignment,
+                                 num_per_channels, use_tma_aligned_col_major_sf, group,
+                                 zero_padding)
+    except Exception:
+        refuse_dispatch(group, x)
+        raise
     torch = load_torch()
     info, partition = problem.info, problem.partition
     world, local_experts = info.world_size, partition.local_experts
@@ -178,14 +190,42 @@ def dispatch(x: Any, topk_ids: Any, topk_weights: Any, num_experts: int, *, grou
     return Dispatched(expanded_x, expanded_sf, handle)
 
 
+def refuse_dispatch(group: Any, x: Any) -> None:
+    """This rank's side of the count exchange when its own arguments (or
+    anything before the exchange, e.g. ``ep_moe_layer``'s router) failed: a
+    header of the usual width whose signature says "refused", so that the
+    other ranks raise with it instead of waiting. Nothing happens where no
+    exchange is possible (no initialized group, not a member of it) or where
+    the exchange itself fails: the caller raises its own error either way."""
+    try:
+        info = group_info(group)
+    except (RuntimeError, ValueError):
+        return
+    torch = load_torch()
+    try:
+        if info.backend == "nccl":  # NCCL moves CUDA tensors of the current device
+            on_cuda = isinstance(x, torch.Tensor) and x.is_cuda
+            device = x.device if on_cuda else torch.device("cuda", torch.cuda.current_device())
+        else:
+            device = torch.device("cpu")
+        header = torch.zeros((info.world_size, 2 + SIGNATURE_WIDTH), dtype=torch.int64,
+                             device=device)
+        header[:, 2:] = torch.tensor(refused_signature(), dtype=torch.int64, device=device)
+        ones = [1] * info.world_size
+        all_to_all_rows(header, ones, ones, info.group)
+    except Exception:  # noqa: BLE001 - the caller's own error is the one to raise
+        return
+
+
 def _exchange_counts(torch: Any, problem: DispatchProblem, goes_to: Any,
                      owned: Any) -> tuple[list[int], list[list[int]]]:
     """The count exchange: this rank's rows per destination, and from each
     source rank its header ``[rows, local slots, signature...]`` (rows it
     sends here, how many of their slots are this rank's experts, what the
     ranks must agree on). ValueError, on every rank, when the signatures
-    differ. The header's width is the same on every rank whatever the
-    arguments, so a disagreement cannot break the exchange itself."""
+    differ or a rank refused its arguments (``refuse_dispatch``). The
+    header's width is the same on every rank whatever the arguments, so a
+    disagreement cannot break the exchange itself."""
     info = problem.info
     world, device = info.world_size, goes_to.device
     signature = torch.tensor(problem.signature(), dtype=torch.int64)
@@ -198,6 +238,7 @@ def _exchange_counts(torch: Any, problem: DispatchProblem, goes_to: Any,
     received = all_to_all_rows(header, ones, ones, info.group)
     host = torch.cat([header[:, 0], received.flatten()]).tolist()  # the host sync
     width = header.shape[1]
+    assert width == 2 + SIGNATURE_WIDTH  # what refuse_dispatch sends
     headers = [host[world + s * width: world + (s + 1) * width] for s in range(world)]
     raise_disagreement(info.rank, problem.signature(), [tuple(h[2:]) for h in headers])
     return host[:world], headers

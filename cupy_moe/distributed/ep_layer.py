@@ -49,7 +49,7 @@ from ..layer.moe_layer import MoeLayer
 from ..layer.routing import route
 from ..runtime.rules import require_bool, require_int
 from .combine import combine
-from .dispatch import dispatch
+from .dispatch import dispatch, refuse_dispatch
 from .rules import check_ep_layer
 
 __all__ = ["EP_BF16_STEPS", "EP_FP8_STEPS", "EpMoeLayer", "ep_moe_layer"]
@@ -57,6 +57,10 @@ __all__ = ["EP_BF16_STEPS", "EP_FP8_STEPS", "EpMoeLayer", "ep_moe_layer"]
 EP_BF16_STEPS = ("route", "dispatch", "gemm_gate_up", "swiglu", "gemm_down", "combine")
 EP_FP8_STEPS = ("route", "quantize", "dispatch", "dequantize_gate_up", "gemm_gate_up",
                 "swiglu", "dequantize_down", "gemm_down", "combine")
+# the steps before dispatch's count exchange: a rank failing in one of them
+# still takes its part in the exchange (refuse_dispatch), so that the others
+# raise with it instead of waiting there
+_BEFORE_EXCHANGE = ("route", "quantize")
 
 
 def ep_moe_layer(x: Any, router_logits: Any, w_gate_up_local: Any, w_down_local: Any, *,
@@ -105,8 +109,9 @@ def ep_moe_layer(x: Any, router_logits: Any, w_gate_up_local: Any, w_down_local:
     ------
     TypeError, ValueError
         As ``moe_layer`` (the shard shapes must be those of E / R experts),
-        plus ``dispatch``'s rules; every rank-local rule before the first
-        collective.
+        plus ``dispatch``'s rules. A rank failing before dispatch's count
+        exchange (its own arguments, the router) raises its error and the
+        others a ValueError naming it, after that exchange (``dispatch``).
     """
     layer = EpMoeLayer(x, router_logits, w_gate_up_local, w_down_local, top_k=top_k,
                        num_experts=num_experts, group=group, alignment=alignment, fp8=fp8,
@@ -135,6 +140,17 @@ class EpMoeLayer(MoeLayer):
                  top_k: int, num_experts: int, group: Any = None, alignment: int = 128,
                  fp8: bool = False, num_per_channels: int = 128, renormalize: bool = True,
                  gemm: str = "auto", zero_padding: bool = True) -> None:
+        try:
+            self._take_arguments(x, router_logits, w_gate_up_local, w_down_local, top_k,
+                                 num_experts, group, alignment, fp8, num_per_channels,
+                                 renormalize, gemm, zero_padding)
+        except Exception:
+            refuse_dispatch(group, x)  # the other ranks raise with this one
+            raise
+
+    def _take_arguments(self, x, router_logits, w_gate_up_local, w_down_local, top_k,
+                        num_experts, group, alignment, fp8, num_per_channels, renormalize,
+                        gemm, zero_padding) -> None:
         # MoeLayer.__init__ checks a one-process layer's shapes (E experts in
         # the weights); this sets the same attributes, which its steps read,
         # after the expert-parallel rules.
@@ -160,6 +176,16 @@ class EpMoeLayer(MoeLayer):
         self.x, self.router_logits = x, router_logits
         self.w_gate_up, self.w_down = w_gate_up_local, w_down_local
         self.state: dict[str, Any] = {}
+
+    def run_step(self, name: str) -> None:
+        if name not in _BEFORE_EXCHANGE or name not in self.steps:
+            super().run_step(name)
+            return
+        try:
+            super().run_step(name)
+        except Exception:
+            refuse_dispatch(self.group, self.x)
+            raise
 
     def _step_route(self) -> None:
         # the router's output on this rank's tokens; "topk_ids" / "topk_weights"

@@ -1,11 +1,14 @@
 """Argument rules of the expert-parallel ops, checked on each rank before its
 first collective, and the cross-rank agreement check of ``dispatch``.
 
-A rank that raises here has called no collective; the other ranks of the group
-then wait in their first one until the group's timeout (the ``timeout`` of
-``init_process_group``), as with any collective API. Arguments that must agree
-between ranks (H, K, num_experts, dtypes) are compared in ``dispatch``'s count
-exchange instead, where every rank sees the disagreement and raises together.
+A rank whose own arguments fail here still takes part in ``dispatch``'s count
+exchange, with a header that says so (``refused_signature``), and then raises
+its error; every other rank raises a ValueError naming it after the same
+collective, so none is left waiting. Arguments that must agree between ranks
+(H, K, num_experts, dtypes, scale-factor layout) are compared in that exchange
+too. Where a rank cannot reach the exchange at all (torch.distributed not
+initialized, not a member of the group) the others wait until the group's
+timeout, as with any collective API.
 """
 
 from __future__ import annotations
@@ -21,8 +24,9 @@ from .exchange import GroupInfo, check_backend_device, group_info
 from .handle import DispatchHandle
 from .partition import ExpertPartition, partition_experts
 
-__all__ = ["COMBINE_DTYPES", "CombineProblem", "DispatchProblem", "EpLayerProblem",
-           "check_combine", "check_dispatch", "check_ep_layer", "raise_disagreement"]
+__all__ = ["COMBINE_DTYPES", "SIGNATURE_WIDTH", "CombineProblem", "DispatchProblem",
+           "EpLayerProblem", "check_combine", "check_dispatch", "check_ep_layer",
+           "raise_disagreement", "refused_signature"]
 
 WEIGHT_DTYPE = "float32"
 # combine's expert outputs and result (uint16 bf16 bits are CuPy's, not torch's)
@@ -55,22 +59,36 @@ class DispatchProblem:
         return self.sf_dtype is not None
 
     def signature(self) -> tuple[int, ...]:
-        """What every rank must agree on, as ints (see :func:`raise_disagreement`)."""
-        return (self.hidden, self.top_k, self.partition.num_experts,
+        """What every rank must agree on, as ints, after a status of 0 (see
+        :func:`raise_disagreement`). ``num_per_channels`` only with scale
+        factors: packed UE8M0 words can have the same S for 32 and 128."""
+        return (0, self.hidden, self.top_k, self.partition.num_experts,
                 _DTYPE_CODES.index(self.x_dtype) + 1, self.sf_columns,
-                0 if self.sf_dtype is None else _DTYPE_CODES.index(self.sf_dtype) + 1)
+                0 if self.sf_dtype is None else _DTYPE_CODES.index(self.sf_dtype) + 1,
+                self.num_per_channels if self.has_sf else 0)
 
 
-_SIGNATURE_NAMES = ("H (x.shape[1])", "K (topk_ids.shape[1])", "num_experts", "x's dtype",
-                    "S (x_sf.shape[1])", "x_sf's dtype")
+_SIGNATURE_NAMES = ("status", "H (x.shape[1])", "K (topk_ids.shape[1])", "num_experts",
+                    "x's dtype", "S (x_sf.shape[1])", "x_sf's dtype", "num_per_channels")
+SIGNATURE_WIDTH = len(_SIGNATURE_NAMES)
+
+
+def refused_signature() -> tuple[int, ...]:
+    """The signature of a rank whose own arguments failed its rules: status 1."""
+    return (1,) + (0,) * (SIGNATURE_WIDTH - 1)
 
 
 def raise_disagreement(rank: int, mine: tuple[int, ...], theirs: list[tuple[int, ...]]) -> None:
-    """ValueError for the first rank whose signature differs from this rank's.
+    """ValueError for the first rank that refused its own arguments, else
+    for the first rank whose signature differs from this rank's.
 
     Every rank compares all signatures, so when one differs every rank raises
     here, after the same collective: none is left waiting in another one.
     """
+    for other, signature in enumerate(theirs):
+        if signature[0]:
+            raise ValueError(f"rank {other} refused its own arguments to dispatch (its error "
+                             f"says why); this rank ({rank}) stops with it")
     for other, signature in enumerate(theirs):
         for name, their_value, my_value in zip(_SIGNATURE_NAMES, signature, mine, strict=True):
             if their_value != my_value:
@@ -80,7 +98,7 @@ def raise_disagreement(rank: int, mine: tuple[int, ...], theirs: list[tuple[int,
                 raise ValueError(f"the ranks disagree on dispatch's arguments: rank {other} "
                                  f"has {name} = {their_value}, this rank ({rank}) has "
                                  f"{my_value}; every rank must pass the same H, K, "
-                                 "num_experts, dtypes and scale-factor columns")
+                                 "num_experts, dtypes and scale-factor layout")
 
 
 def check_dispatch(x, topk_ids, topk_weights, num_experts, x_sf, alignment, num_per_channels,
