@@ -4,6 +4,8 @@ path's keys, scalar rules, address spans, the column-major allocation."""
 from __future__ import annotations
 
 import re
+import sys
+import threading
 
 import numpy as np
 import pytest
@@ -13,6 +15,22 @@ from cupy_moe.runtime.arrays import ArrayKind, describe
 from cupy_moe.runtime.bounded_cache import BoundedCache
 from cupy_moe.runtime.fast_path import TorchFastPath
 from cupy_moe.runtime.rules import require_bool, require_int
+
+
+def _race(targets) -> None:
+    """Run each callable on a thread of its own, all at once, switching
+    threads as often as CPython allows (races show within a few thousand
+    steps instead of hiding behind the GIL's 5 ms slices)."""
+    old_interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    threads = [threading.Thread(target=target) for target in targets]
+    try:
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    finally:
+        sys.setswitchinterval(old_interval)
 
 
 def test_describe_reads_what_the_rules_need():
@@ -113,11 +131,6 @@ def test_bounded_cache_takes_inserts_from_several_threads():
     bound must neither raise (two evictions of one oldest key, an eviction
     iterating while another thread inserts) nor leave the table over it.
     Without the insert lock this failed within a few thousand inserts."""
-    import sys
-    import threading
-
-    old_interval = sys.getswitchinterval()
-    sys.setswitchinterval(1e-6)  # switch threads as often as CPython allows
     cache, errors = BoundedCache(4), []
 
     def insert(thread):
@@ -127,14 +140,7 @@ def test_bounded_cache_takes_inserts_from_several_threads():
         except Exception as error:  # noqa: BLE001 - any of them fails the test
             errors.append(error)
 
-    threads = [threading.Thread(target=insert, args=(t,)) for t in range(8)]
-    try:
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
-    finally:
-        sys.setswitchinterval(old_interval)
+    _race([lambda t=t: insert(t) for t in range(8)])
     assert errors == [] and len(cache) == 4
 
 
@@ -253,7 +259,6 @@ def test_a_plans_argument_block_binds_the_context_once_per_thread(monkeypatch):
     driver launch there fails: a plan's block binds one (``cudaFree(0)``) the
     first time a thread without one touches it, before its launch; other
     blocks never."""
-    import threading
     import types
 
     from cupy_moe.runtime import launch
@@ -304,8 +309,6 @@ def test_concurrent_first_lookups_load_a_kernel_once_and_keep_its_module(monkeyp
     module and unloads the other: a handle taken from the unloaded one would
     dangle. The first lookups load under a lock, once, and keep the Function
     (which holds its module) beside the handle."""
-    import sys
-    import threading
     import time
     import types
 
@@ -324,18 +327,8 @@ def test_concurrent_first_lookups_load_a_kernel_once_and_keep_its_module(monkeyp
     monkeypatch.setattr(launch, "get_module", lambda source, defines, device: module)
     monkeypatch.setattr(launch, "_functions", {})
     monkeypatch.setattr(launch, "_function_objects", {})
-    old_interval = sys.getswitchinterval()
-    sys.setswitchinterval(1e-6)
     handles = []
-    threads = [threading.Thread(target=lambda: handles.append(
-        launch.function_handle("x.cu", (), 0, "kernel"))) for _ in range(8)]
-    try:
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
-    finally:
-        sys.setswitchinterval(old_interval)
+    _race([lambda: handles.append(launch.function_handle("x.cu", (), 0, "kernel"))] * 8)
     key = (0, "x.cu", (), "kernel")
     assert loads == ["kernel"] and handles == [0xF001] * 8
     assert launch._function_objects[key].ptr == 0xF001
@@ -345,8 +338,6 @@ def test_the_driver_functions_are_bound_once_whatever_the_threads(monkeypatch):
     """Two threads binding cuLaunchKernelEx at once used to rebind the
     per-thread launch configs, swapping a zeroed one under a launch that had
     filled its own; ``_launch_kernel_ex``, which callers test, comes last."""
-    import sys
-    import threading
     import time
     import types
 
@@ -370,15 +361,6 @@ def test_the_driver_functions_are_bound_once_whatever_the_threads(monkeypatch):
             launch._driver_functions()
         seen.append((launch._overlap, launch._clusters, launch._max_active_clusters))
 
-    old_interval = sys.getswitchinterval()
-    sys.setswitchinterval(1e-6)
-    threads = [threading.Thread(target=first_launch) for _ in range(8)]
-    try:
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
-    finally:
-        sys.setswitchinterval(old_interval)
+    _race([first_launch] * 8)
     assert libraries == ["libcuda.so.1"]
     assert len(set(map(id, (s[0] for s in seen)))) == 1 and None not in seen[0]
