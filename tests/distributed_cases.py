@@ -433,6 +433,48 @@ def check_one_rank_refuses(rank: int, world: int) -> None:
     torch.distributed.barrier()  # the group still works
 
 
+def check_out_of_step(rank: int, world: int) -> None:
+    """A rank failing after the count exchange (here its local plan) cannot
+    tell the others, who go on; its later dispatch and combine calls on that
+    group are refused at once, before any collective, instead of pairing
+    with the others' next collectives. Other groups are unaffected."""
+    import importlib
+
+    import torch
+
+    from cupy_moe.distributed import combine, dispatch
+
+    # the module (the package's attribute of that name is the function)
+    dispatch_module = importlib.import_module("cupy_moe.distributed.dispatch")
+
+    group = torch.distributed.new_group(list(range(world)))  # poisoned below, alone
+    last = world - 1
+    tokens = tokens_per_rank(world)[rank]
+    x = torch.zeros((tokens, 8), dtype=torch.bfloat16)
+    ids = torch.zeros((tokens, 2), dtype=torch.int64)
+    weights = torch.ones((tokens, 2), dtype=torch.float32)
+    if rank == last:
+        def broken_plan(*args, **kwargs):
+            raise MemoryError("the local plan failed")
+
+        real_plan = dispatch_module.fused_mapping
+        dispatch_module.fused_mapping = broken_plan
+        try:
+            with pytest.raises(MemoryError, match="the local plan failed"):
+                dispatch(x, ids, weights, 2 * world, group=group)
+        finally:
+            dispatch_module.fused_mapping = real_plan
+        out_of_step = r"an earlier dispatch or combine failed on this rank after the ranks " \
+                      r"had begun exchanging data"
+        with pytest.raises(RuntimeError, match=out_of_step):
+            dispatch(x, ids, weights, 2 * world, group=group)
+        with pytest.raises(RuntimeError, match=out_of_step):
+            combine(torch.zeros((0, 8), dtype=torch.bfloat16), None, group=group)
+    else:
+        dispatch(x, ids, weights, 2 * world, group=group)  # the others finish theirs
+    torch.distributed.barrier()  # the default group still works, in step
+
+
 # --- the expert-parallel layer -------------------------------------------------
 
 def layer_inputs(world: int, *, idle: bool = False):
@@ -543,6 +585,7 @@ CHECKS = {
     "idle_ranks": check_idle_ranks,
     "errors": check_errors,
     "one_rank_refuses": check_one_rank_refuses,
+    "out_of_step": check_out_of_step,
     "layer_bf16": check_layer_bf16,
     "layer_fp8": check_layer_fp8,
     "layer_idle_ranks": check_layer_idle_ranks,

@@ -32,7 +32,7 @@ from typing import Any
 from ..combine import reduce_fused
 from ..combine.reference import CANONICAL_NAN_BITS
 from ..combine.rules import ELEMENT_FORMAT
-from .exchange import all_to_all_rows, load_torch
+from .exchange import all_to_all_rows, load_torch, require_in_step
 from .handle import DispatchHandle
 from .rules import check_combine
 
@@ -75,8 +75,15 @@ def combine(y_expanded: Any, handle: DispatchHandle, *, group: Any = None,
     ValueError
         ``y_expanded``'s shape, dtype or device does not fit the handle, or
         ``group`` is not dispatch's (rank and size differ), or a CPU tensor
-        meets an NCCL group. All checked before the collective.
+        meets an NCCL group. All checked before the one collective, which
+        the other ranks have entered by then: they wait in it until this
+        rank calls combine again with the right arguments.
+    RuntimeError
+        An earlier dispatch (or an ``ep_moe_layer`` step) failed on this rank
+        after the ranks had begun exchanging data (destroy the process group
+        and make a new one).
     """
+    require_in_step(group)
     problem = check_combine(y_expanded, handle, group, weighted)
     torch = load_torch()
     weights = handle.recv_topk_weights if problem.weighted else None

@@ -35,7 +35,9 @@ from typing import Any
 from ..expand import expand_to_fused, expand_to_fused_with_sf
 from ..mapping import fused_mapping
 from ..mapping.reference import worst_case_rows
-from .exchange import all_to_all_rows, byte_rows, group_info, load_torch
+from .exchange import (
+    all_to_all_rows, byte_rows, group_info, load_torch, out_of_step_on_error, require_in_step,
+)
 from .handle import Dispatched, DispatchHandle
 from .rules import (
     SIGNATURE_WIDTH, DispatchProblem, check_dispatch, raise_disagreement, refused_signature,
@@ -117,9 +119,11 @@ def dispatch(x: Any, topk_ids: Any, topk_weights: Any, num_experts: int, *, grou
     reach the exchange, e.g. not in the group, leaves the others waiting
     until the group's timeout.) A failure after the count exchange (a
     collective or the local plan failing on one rank) cannot be told to the
-    others without one more collective: they wait in their next one, so
-    destroy the process group after such an error.
+    others without one more collective: they wait in their next one, and
+    this rank refuses every later dispatch and combine on the group
+    (RuntimeError) until it is destroyed and made anew.
     """
+    require_in_step(group)
     try:
         problem = check_dispatch(x, topk_ids, topk_weights, num_experts, x_sf, alignment,
                                  num_per_channels, use_tma_aligned_col_major_sf, group,
@@ -130,7 +134,6 @@ def dispatch(x: Any, topk_ids: Any, topk_weights: Any, num_experts: int, *, grou
     torch = load_torch()
     info, partition = problem.info, problem.partition
     world, local_experts = info.world_size, partition.local_experts
-    num_tokens, top_k = problem.num_tokens, problem.top_k
     device = x.device
 
     ids = topk_ids.to(torch.int64)
@@ -140,8 +143,21 @@ def dispatch(x: Any, topk_ids: Any, topk_weights: Any, num_experts: int, *, grou
     owned = owner.unsqueeze(0) == ranks.view(world, 1, 1)  # [R, T, K]
     goes_to = owned.any(dim=2)  # [R, T]
 
-    # 2. the count exchange (the host synchronisation)
+    # 2. the count exchange (the host synchronisation); a disagreement raises
+    # on every rank there, in step
     send_splits, recv_headers = _exchange_counts(torch, problem, goes_to, owned)
+    with out_of_step_on_error(info.group):  # the other ranks go on to the data
+        return _exchange_and_expand(torch, problem, x, x_sf, ids, topk_weights, owner, goes_to,
+                                    send_splits, recv_headers)
+
+
+def _exchange_and_expand(torch: Any, problem: DispatchProblem, x: Any, x_sf: Any, ids: Any,
+                         topk_weights: Any, owner: Any, goes_to: Any, send_splits: list[int],
+                         recv_headers: list[list[int]]) -> Dispatched:
+    """Steps 3 and 4 (module docstring), after the count exchange."""
+    info, partition = problem.info, problem.partition
+    world, local_experts = info.world_size, partition.local_experts
+    num_tokens, top_k = problem.num_tokens, problem.top_k
     recv_splits = [header[0] for header in recv_headers]
     local_slots = sum(header[1] for header in recv_headers)
     num_expanded = worst_case_rows(local_slots, local_experts, problem.alignment)

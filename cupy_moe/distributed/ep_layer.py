@@ -50,6 +50,7 @@ from ..layer.routing import route
 from ..runtime.rules import require_bool, require_int
 from .combine import combine
 from .dispatch import dispatch, refuse_dispatch
+from .exchange import out_of_step_on_error
 from .rules import check_ep_layer
 
 __all__ = ["EP_BF16_STEPS", "EP_FP8_STEPS", "EpMoeLayer", "ep_moe_layer"]
@@ -178,14 +179,21 @@ class EpMoeLayer(MoeLayer):
         self.state: dict[str, Any] = {}
 
     def run_step(self, name: str) -> None:
-        if name not in _BEFORE_EXCHANGE or name not in self.steps:
-            super().run_step(name)
-            return
-        try:
-            super().run_step(name)
-        except Exception:
-            refuse_dispatch(self.group, self.x)
-            raise
+        if name not in self.steps:
+            super().run_step(name)  # its ValueError
+        elif name in _BEFORE_EXCHANGE:
+            try:
+                super().run_step(name)
+            except Exception:
+                refuse_dispatch(self.group, self.x)
+                raise
+        elif name in ("dispatch", "combine"):
+            super().run_step(name)  # they keep track of their own collectives
+        else:
+            # between dispatch and combine: the other ranks go on to combine's
+            # collective, which this rank would not reach
+            with out_of_step_on_error(self.group):
+                super().run_step(name)
 
     def _step_route(self) -> None:
         # the router's output on this rank's tokens; "topk_ids" / "topk_weights"

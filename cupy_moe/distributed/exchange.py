@@ -9,10 +9,20 @@ int32 rows all take the same path, bit for bit.
 
 from __future__ import annotations
 
+import contextlib
+import weakref
+from collections.abc import Iterator
 from typing import Any, NamedTuple
 
 __all__ = ["GroupInfo", "all_to_all_rows", "byte_rows", "check_backend_device", "group_info",
-           "load_torch"]
+           "load_torch", "out_of_step_on_error", "require_in_step"]
+
+# Groups in which this rank failed between two collectives of one call: the
+# other ranks wait in a collective this rank will not reach, and this rank's
+# next collective would pair with theirs (a wrong-size exchange aborts the
+# process under gloo; where the sizes happen to match, data goes to the wrong
+# call). Such a group is refused until it is destroyed and made anew.
+_out_of_step: weakref.WeakSet = weakref.WeakSet()
 
 
 class GroupInfo(NamedTuple):
@@ -43,6 +53,38 @@ def group_info(group: Any = None) -> GroupInfo:
     if rank < 0:
         raise ValueError("this process is not a member of the group it was given")
     return GroupInfo(group, rank, dist.get_world_size(group), str(dist.get_backend(group)))
+
+
+def _resolved(group: Any) -> Any:
+    return group if group is not None else load_torch().distributed.group.WORLD
+
+
+def require_in_step(group: Any) -> None:
+    """RuntimeError when an earlier call failed on this rank between two of
+    its collectives on ``group`` (``out_of_step_on_error``). Nothing when
+    torch.distributed is not initialized (the call's own checks say so)."""
+    dist = load_torch().distributed
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    resolved = _resolved(group)
+    if resolved is not None and resolved in _out_of_step:
+        raise RuntimeError("an earlier dispatch or combine failed on this rank after the "
+                           "ranks had begun exchanging data, so this rank is out of step "
+                           "with the others (they wait in a collective it will not reach): "
+                           "destroy the process group and make a new one")
+
+
+@contextlib.contextmanager
+def out_of_step_on_error(group: Any) -> Iterator[None]:
+    """Marks ``group`` out of step for this rank if the block raises: wrap
+    what runs once the other ranks may be inside the call's collectives."""
+    try:
+        yield
+    except BaseException:
+        resolved = _resolved(group)
+        if resolved is not None:
+            _out_of_step.add(resolved)
+        raise
 
 
 def check_backend_device(info: GroupInfo, name: str, tensor: Any) -> None:
