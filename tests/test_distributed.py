@@ -213,7 +213,9 @@ DISPATCH_ERRORS = {
         {"topk_weights": torch.ones(3, 2, dtype=torch.float64)}, ValueError,
         r"topk_weights must be one of float32; got float64"),
     "no-experts": ({"num_experts": 0}, ValueError, r"num_experts must be >= 1; got 0"),
-    "alignment": ({"alignment": 0}, ValueError, r"alignment must be >= 1; got 0"),
+    "alignment": ({"alignment": 0}, ValueError, r"alignment must be in 1 \.\. 715827882; got 0"),
+    "alignment-huge": ({"alignment": 2**30}, ValueError,
+                       r"alignment must be in 1 \.\. 715827882; got 1073741824"),
     "fp8-without-sf": (
         {"x": torch.zeros(3, 16, dtype=FP8)}, ValueError,
         r"x must be one of bfloat16, float16, uint16; got float8_e4m3fn"),
@@ -322,7 +324,9 @@ LAYER_ERRORS = {
         {"num_experts": 16}, ValueError, r"router_logits must have shape \(3, 16\)"),
     "top-k": ({"top_k": 9}, ValueError, r"top_k must be in \[1, E = 8\]; got 9"),
     "top-k-type": ({"top_k": 4.0}, TypeError, r"top_k must be an int; got float 4.0"),
-    "alignment": ({"alignment": 0}, ValueError, r"alignment must be >= 1; got 0"),
+    "alignment": ({"alignment": 0}, ValueError, r"alignment must be in 1 \.\. 715827882; got 0"),
+    "alignment-huge": ({"alignment": 2**30}, ValueError,
+                       r"alignment must be in 1 \.\. 715827882; got 1073741824"),
     "channels": (
         {"num_per_channels": 64}, ValueError, r"num_per_channels must be 32 or 128; got 64"),
     "gemm": ({"gemm": "numpy"}, ValueError, r"gemm='numpy' needs NumPy arrays"),
@@ -344,3 +348,52 @@ def test_layer_step_names(one_rank):
     with pytest.raises(ValueError, match=r"the bf16 path has no step 'reduce'; its steps: "
                                          r"route, dispatch, gemm_gate_up"):
         layer.run_step("reduce")
+
+
+@pytest.mark.parametrize(("config", "device"), [
+    ("gloo", "cpu"), ("cpu:gloo,cuda:nccl", "cpu"), ("nccl", "cuda:3"), ("cuda:nccl", "cuda:3"),
+])
+def test_a_refusing_rank_sends_its_header_where_the_others_send_theirs(monkeypatch, config,
+                                                                       device):
+    """With no CUDA tensor among its arguments, a refusing rank picks the
+    device from the group's backends: init_process_group() with no backend
+    named reports "undefined" from get_backend, so its config decides (a
+    CPU header on a pure-NCCL group, or a CUDA one where gloo moves CPU
+    tensors, would never meet the others' headers)."""
+    import importlib
+
+    from cupy_moe.distributed.exchange import GroupInfo
+
+    dispatch_module = importlib.import_module("cupy_moe.distributed.dispatch")
+    monkeypatch.setattr(dist, "get_backend_config", lambda group: config)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 3)
+    info = GroupInfo(None, 0, 2, "undefined")
+    cpu_args = (torch.zeros((2, 8)), torch.zeros((2, 2), dtype=torch.int64))
+    assert str(dispatch_module._refusal_device(torch, info, cpu_args)) == device
+
+
+def test_a_layer_step_failing_after_dispatch_puts_the_rank_out_of_step(one_rank, monkeypatch):
+    """Between dispatch and combine the other ranks go on to combine's
+    collective: a rank whose step fails there refuses its later dispatch and
+    combine calls on the group (a RuntimeError before any collective),
+    until the group is made anew. A step failing before dispatch does not."""
+    from cupy_moe.distributed.ep_layer import EpMoeLayer
+
+    inputs = random_moe_inputs(SMALL, 7, seed=3, device="cpu")
+
+    def broken(self):
+        raise MemoryError("the GEMM ran out of memory")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(EpMoeLayer, "_step_route", broken)
+        with pytest.raises(MemoryError):  # before the exchange: the rank stays in step
+            ep_moe_layer(*inputs, top_k=4, num_experts=8, alignment=8)
+    ep_moe_layer(*inputs, top_k=4, num_experts=8, alignment=8)
+    with monkeypatch.context() as patch:
+        patch.setattr(EpMoeLayer, "_step_gemm_down", broken)
+        with pytest.raises(MemoryError):
+            ep_moe_layer(*inputs, top_k=4, num_experts=8, alignment=8)
+    with pytest.raises(RuntimeError, match="this rank is out of step with the others"):
+        ep_moe_layer(*inputs, top_k=4, num_experts=8, alignment=8)
+    with pytest.raises(RuntimeError, match="destroy the process group and make a new one"):
+        combine(torch.zeros((0, 64), dtype=torch.bfloat16), None)

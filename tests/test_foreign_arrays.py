@@ -1,9 +1,9 @@
 """Arrays the ops refuse, or take with care, on every op (CPU backend).
 
 The kernels and the NumPy backend read an array's raw bytes, so an array
-whose bytes do not mean what its dtype's name says must be refused by name
-(a byte-swapped NumPy array, a sparse tensor) or made plain first (a lazily
-negated torch view). A size given as a 0-d bool is not an int.
+whose bytes do not mean what its dtype's name says must be refused (a
+byte-swapped NumPy array, a sparse tensor, a lazily negated torch view). A
+size given as a 0-d bool is not an int.
 """
 
 from __future__ import annotations
@@ -96,19 +96,24 @@ def _negated_view(values: torch.Tensor) -> torch.Tensor:
     return view
 
 
-def test_lazily_negated_views_are_read_as_their_values():
+def test_lazily_negated_views_are_refused_on_the_cpu_as_inputs_and_outputs():
+    """The CPU backend views tensors through NumPy, which would see the stored
+    (un-negated) values; torch refuses and says what to call. Not resolved
+    for the caller: that copies, and an ``out`` so copied would lose the
+    results."""
     x = torch.from_numpy(_op_args("quantize_fp8")[0]["x"])
-    got = cupy_moe.quantize_fp8(_negated_view(x))
-    want = cupy_moe.quantize_fp8(-x)
-    assert torch.equal(got[0].view(torch.uint8), want[0].view(torch.uint8))
-    assert torch.equal(got[1], want[1])
-
+    with pytest.raises(RuntimeError, match="negative bit set.*resolve_neg"):
+        cupy_moe.quantize_fp8(_negated_view(x))
     arrays, _ = _op_args("reduce_fused")
     expanded = torch.from_numpy(arrays["expanded"])
     weights = torch.from_numpy(arrays["topk_weights"])
     t2p = torch.from_numpy(T2P)
-    assert torch.equal(cupy_moe.reduce_fused(_negated_view(expanded), t2p, weights),
-                       cupy_moe.reduce_fused(-expanded, t2p, weights))
+    # a contiguous negated view as out (torch's private _neg_view makes one)
+    out = torch.zeros((1, 2), dtype=torch.float32)
+    negated_out = torch._neg_view(out)
+    assert negated_out.is_neg() and negated_out.is_contiguous()
+    with pytest.raises(RuntimeError, match="negative bit set"):
+        cupy_moe.reduce_fused(expanded, t2p, weights, out=negated_out)
 
 
 @pytest.mark.parametrize("flag", [torch.tensor(True), np.bool_(True), np.array(True)])

@@ -115,7 +115,8 @@ def dispatch(x: Any, topk_ids: Any, topk_weights: Any, num_experts: int, *, grou
 
     A rank whose own arguments break a rule still takes part in the count
     exchange, saying so, and then raises its error; the other ranks raise a
-    ValueError naming it, after the same collective. (A rank that cannot
+    ValueError naming it, after the same collective (so that rank, too, waits
+    for the others to reach dispatch, up to the group's timeout). (A rank that cannot
     reach the exchange, e.g. not in the group, leaves the others waiting
     until the group's timeout.) A failure after the count exchange (a
     collective or the local plan failing on one rank) cannot be told to the
@@ -129,7 +130,7 @@ def dispatch(x: Any, topk_ids: Any, topk_weights: Any, num_experts: int, *, grou
                                  num_per_channels, use_tma_aligned_col_major_sf, group,
                                  zero_padding)
     except Exception:
-        refuse_dispatch(group, x)
+        refuse_dispatch(group, x, topk_ids, topk_weights, x_sf)
         raise
     torch = load_torch()
     info, partition = problem.info, problem.partition
@@ -206,24 +207,25 @@ def _exchange_and_expand(torch: Any, problem: DispatchProblem, x: Any, x_sf: Any
     return Dispatched(expanded_x, expanded_sf, handle)
 
 
-def refuse_dispatch(group: Any, x: Any) -> None:
+def refuse_dispatch(group: Any, *tensors: Any) -> None:
     """This rank's side of the count exchange when its own arguments (or
     anything before the exchange, e.g. ``ep_moe_layer``'s router) failed: a
     header of the usual width whose signature says "refused", so that the
     other ranks raise with it instead of waiting. Nothing happens where no
     exchange is possible (no initialized group, not a member of it) or where
-    the exchange itself fails: the caller raises its own error either way."""
+    the exchange itself fails: the caller raises its own error either way.
+
+    The header goes where the other ranks' headers go, which is where their
+    ``x`` is: the device of the first CUDA tensor among ``tensors`` (the
+    call's arguments), else, if the group has no CPU backend (pure NCCL), the
+    current CUDA device, else the CPU."""
     try:
         info = group_info(group)
     except (RuntimeError, ValueError):
         return
     torch = load_torch()
     try:
-        if info.backend == "nccl":  # NCCL moves CUDA tensors of the current device
-            on_cuda = isinstance(x, torch.Tensor) and x.is_cuda
-            device = x.device if on_cuda else torch.device("cuda", torch.cuda.current_device())
-        else:
-            device = torch.device("cpu")
+        device = _refusal_device(torch, info, tensors)
         header = torch.zeros((info.world_size, 2 + SIGNATURE_WIDTH), dtype=torch.int64,
                              device=device)
         header[:, 2:] = torch.tensor(refused_signature(), dtype=torch.int64, device=device)
@@ -231,6 +233,19 @@ def refuse_dispatch(group: Any, x: Any) -> None:
         all_to_all_rows(header, ones, ones, info.group)
     except Exception:  # noqa: BLE001 - the caller's own error is the one to raise
         return
+
+
+def _refusal_device(torch: Any, info: Any, tensors: tuple[Any, ...]) -> Any:
+    for tensor in tensors:
+        if isinstance(tensor, torch.Tensor) and tensor.is_cuda:
+            return tensor.device
+    # "nccl", "gloo", "cpu:gloo,cuda:nccl" (init_process_group() with no
+    # backend named reports "undefined" from get_backend, its config here)
+    get_config = getattr(torch.distributed, "get_backend_config", None)
+    config = get_config(info.group) if get_config is not None else info.backend
+    if "cpu" not in config and "gloo" not in config:
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
 
 
 def _exchange_counts(torch: Any, problem: DispatchProblem, goes_to: Any,

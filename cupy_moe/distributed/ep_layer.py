@@ -113,6 +113,10 @@ def ep_moe_layer(x: Any, router_logits: Any, w_gate_up_local: Any, w_down_local:
         plus ``dispatch``'s rules. A rank failing before dispatch's count
         exchange (its own arguments, the router) raises its error and the
         others a ValueError naming it, after that exchange (``dispatch``).
+    RuntimeError
+        An earlier call failed on this rank after the ranks had begun
+        exchanging data (a step after dispatch's count exchange): the group is
+        out of step for this rank; destroy it and make a new one.
     """
     layer = EpMoeLayer(x, router_logits, w_gate_up_local, w_down_local, top_k=top_k,
                        num_experts=num_experts, group=group, alignment=alignment, fp8=fp8,
@@ -146,7 +150,7 @@ class EpMoeLayer(MoeLayer):
                                  num_experts, group, alignment, fp8, num_per_channels,
                                  renormalize, gemm, zero_padding)
         except Exception:
-            refuse_dispatch(group, x)  # the other ranks raise with this one
+            refuse_dispatch(group, x, router_logits)  # the other ranks raise with this one
             raise
 
     def _take_arguments(self, x, router_logits, w_gate_up_local, w_down_local, top_k,
@@ -185,13 +189,14 @@ class EpMoeLayer(MoeLayer):
             try:
                 super().run_step(name)
             except Exception:
-                refuse_dispatch(self.group, self.x)
+                refuse_dispatch(self.group, self.x, self.router_logits)
                 raise
-        elif name in ("dispatch", "combine"):
-            super().run_step(name)  # they keep track of their own collectives
+        elif name == "dispatch":
+            super().run_step(name)  # it keeps track of its own collectives
         else:
-            # between dispatch and combine: the other ranks go on to combine's
-            # collective, which this rank would not reach
+            # after dispatch: the other ranks go on to combine's collective,
+            # which this rank would not reach (a layer cannot retry combine
+            # alone, as a caller of combine may)
             with out_of_step_on_error(self.group):
                 super().run_step(name)
 

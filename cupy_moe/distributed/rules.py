@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from ..expand.rules import check_expand, check_expand_with_sf
 from ..layer.grouped_gemm import resolve_method
-from ..mapping.rules import MAX_EXPERTS_GPU, check_topk_ids
+from ..mapping.rules import MAX_EXPERTS_GPU, MAX_ROWS, check_topk_ids
 from ..runtime.arrays import ArrayDesc, ArrayKind, common_kind, describe
 from ..runtime.rules import check_dtype, check_ndim, require_bool, require_int
 from .exchange import GroupInfo, check_backend_device, group_info
@@ -134,8 +134,8 @@ def check_dispatch(x, topk_ids, topk_weights, num_experts, x_sf, alignment, num_
     if tuple(weights.shape) != (num_tokens, top_k):
         raise ValueError(f"topk_weights must have the shape of topk_ids, (T, K) = "
                          f"({num_tokens}, {top_k}); got {tuple(weights.shape)}")
-    if alignment < 1:
-        raise ValueError(f"alignment must be >= 1; got {alignment}")
+    if not 1 <= alignment <= MAX_ROWS:  # fused_mapping's rule, checked before the exchange
+        raise ValueError(f"alignment must be in 1 .. {MAX_ROWS}; got {alignment}")
     info, partition = _group_and_partition(group, num_experts, kind, x)
     return DispatchProblem(info, partition, num_tokens, expand.hidden, top_k, alignment,
                            expand.x_dtype, expand.sf_columns, expand.sf_dtype,
@@ -222,8 +222,8 @@ def check_ep_layer(x, router_logits, w_gate_up_local, w_down_local, *, top_k, nu
                              f"experts here, I = {inter}); got {shapes[name]}")
     if not 1 <= top_k <= num_experts:
         raise ValueError(f"top_k must be in [1, E = {num_experts}]; got {top_k}")
-    if alignment < 1:
-        raise ValueError(f"alignment must be >= 1; got {alignment}")
+    if not 1 <= alignment <= MAX_ROWS:  # fused_mapping's rule, checked before the exchange
+        raise ValueError(f"alignment must be in 1 .. {MAX_ROWS}; got {alignment}")
     if num_per_channels not in (32, 128):
         raise ValueError(f"num_per_channels must be 32 or 128; got {num_per_channels}")
     return EpLayerProblem(kind, info, partition, inter, resolve_method(x, gemm))

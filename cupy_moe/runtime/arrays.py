@@ -158,9 +158,9 @@ _TORCH_VIA_BITS = {
 def torch_to_numpy(tensor: Any) -> np.ndarray:
     """A NumPy view of a CPU tensor (any strides), native dtype via ml_dtypes."""
     torch = sys.modules["torch"]
-    # a lazily negated or conjugated view (``z.conj().imag``): NumPy sees the
-    # stored values, so the negation is done first (a no-op without the bits)
-    tensor = tensor.resolve_neg().resolve_conj()
+    # A lazily negated view (``z.conj().imag``) raises here, torch's error
+    # saying to call resolve_neg() first: resolving it for the caller would
+    # copy, and an ``out`` so copied would lose the results.
     name = _torch_dtype_name(tensor.dtype)
     if name in _TORCH_VIA_BITS:
         bits, np_dtype = _TORCH_VIA_BITS[name]

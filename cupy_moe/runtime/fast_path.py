@@ -36,8 +36,10 @@ class TorchFastPath:
             return None
         try:
             key = (scalars, *[None if a is None else torch_fields("", a) for a in arrays])
-        except (AttributeError, ValueError):
-            return None  # not a tensor, or not one we take: the full path says why
+        except (AttributeError, ValueError, RuntimeError):
+            # not a tensor, or not one we take (a sparse CSR tensor has no
+            # is_contiguous): the full path says why
+            return None
         plan = self._plans.get(key)
         if plan is None or self._current_device() != plan.device:
             return None  # the full path switches devices
