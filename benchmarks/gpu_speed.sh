@@ -8,6 +8,7 @@
 #                                [--padding] [--compiled-row] [--seed] [--mapping-clusters]
 #                                [--ncu LABEL KERNEL_REGEX]...
 #                                [--ncu-combine LABEL "NAME=VALUE ..."]...
+#                                [--ncu-seed LABEL]...
 #
 # --combine: benchmarks/sweep_combine.py (vectors a thread, slot batch, warps).
 # --combine-ep: reduce_fused on the DeepSeek-V3 EP8 prefill plans (issue 14;
@@ -41,6 +42,10 @@
 # --ncu-combine LABEL SHAPE: the same for a reduce_fused workload under the
 #   launch shape SHAPE (profile_op.py --combine-shape), e.g.
 #   --ncu-combine reduce-dsv3-ep8-prefill-plan "vecs_per_thread=2 max_warps=4 bulk_stages=4".
+# --ncu-seed LABEL: the same for an expand plan workload, twice: the seed's
+#   TileLang kernel (benchmarks/profile_seed.py; needs the .peers/ bundle
+#   carried) and ours (profile_op.py), with each report's details page whole
+#   in the log, so that the two can be read side by side.
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu_speed_out}
@@ -51,7 +56,7 @@ LOG=$OUT/gpu_speed.log
 summary=()
 section() { printf '\n===== %s =====\n' "$1" | tee -a "$LOG"; }
 combine=0 combine_ep=0 swiglu=0 expand_decode=0 padding=0 compiled_row=0 seed=0
-mapping_clusters=0 profiles=()
+mapping_clusters=0 profiles=() seed_profiles=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --combine) combine=1 ;;
@@ -64,6 +69,7 @@ while [ $# -gt 0 ]; do
     --mapping-clusters) mapping_clusters=1 ;;
     --ncu) profiles+=("$2|$3|"); shift 2 ;;
     --ncu-combine) profiles+=("$2|reduce_fused|$3"); shift 2 ;;
+    --ncu-seed) seed_profiles+=("$2"); shift ;;
     *) echo "unknown option $1" >&2; exit 2 ;;
   esac
   shift
@@ -142,6 +148,25 @@ for entry in "${profiles[@]}"; do
   python3 benchmarks/ncu_top_sass.py "$OUT/$label.ncu-rep" 20 2>&1 | tee -a "$LOG"
   rm -f "$OUT/$label.ncu-rep"
   summary+=("ncu $label rc=$rc [$(( $(date +%s) - start ))s]")
+done
+
+for label in "${seed_profiles[@]}"; do
+  for side in seed ours; do
+    start=$(date +%s)
+    section "ncu $label, $side"
+    if [ $side = seed ]; then
+      driver=(bash -c 'source benchmarks/peer_setup.sh >/dev/null && exec python3 benchmarks/profile_seed.py "$0"' "$label")
+    else
+      driver=(python3 benchmarks/profile_op.py "$label")
+    fi
+    timeout 240 ncu --set full --import-source no --kernel-name "regex:expand_to_fused" \
+      --launch-skip 2 --launch-count 1 -f -o "$OUT/$label-$side" "${driver[@]}" >> "$LOG" 2>&1
+    rc=$?
+    ncu --import "$OUT/$label-$side.ncu-rep" --page details >> "$LOG" 2>&1
+    python3 benchmarks/ncu_top_sass.py "$OUT/$label-$side.ncu-rep" 20 2>&1 | tee -a "$LOG"
+    rm -f "$OUT/$label-$side.ncu-rep"
+    summary+=("ncu $label $side rc=$rc [$(( $(date +%s) - start ))s]")
+  done
 done
 
 if [ $expand_decode -eq 1 ]; then
