@@ -5,7 +5,8 @@
 # short summary at the end.
 #
 #   bash benchmarks/gpu_speed.sh [--combine] [--combine-ep] [--swiglu] [--expand-decode]
-#                                [--padding] [--compiled-row] [--seed] [--mapping-clusters]
+#                                [--padding] [--compiled-row] [--zero-runs] [--seed]
+#                                [--mapping-clusters]
 #                                [--ncu LABEL KERNEL_REGEX]...
 #                                [--ncu-combine LABEL "NAME=VALUE ..."]...
 #                                [--ncu-seed LABEL]...
@@ -26,6 +27,10 @@
 #   (ExpandTuning.compiled_row 1, and 2: only where a thread holds one access)
 #   on the Qwen3 plans, JSON to $OUT/sweep_compiled_row.json; then the expand
 #   GPU tests of the compiled-row kernel path for up to 200 s.
+# --zero-runs: issue 13's zero-fill blocks by runs of rows
+#   (ExpandTuning.zero_fill_runs) on the Qwen3 plans and the Kimi-K2 plans the
+#   register kernel takes, JSON to $OUT/sweep_zero_runs.json; then the expand
+#   GPU tests of the zero-runs kernel path for up to 200 s.
 # --mapping-clusters: issue 12's cooperative mapping kernel in clusters
 #   (MappingShape.cluster_blocks): the mapping GPU tests of clusters and of
 #   every launch shape, compute-sanitizer memcheck over the cluster tests,
@@ -55,7 +60,7 @@ LOG=$OUT/gpu_speed.log
 : > "$LOG"
 summary=()
 section() { printf '\n===== %s =====\n' "$1" | tee -a "$LOG"; }
-combine=0 combine_ep=0 swiglu=0 expand_decode=0 padding=0 compiled_row=0 seed=0
+combine=0 combine_ep=0 swiglu=0 expand_decode=0 padding=0 compiled_row=0 zero_runs=0 seed=0
 mapping_clusters=0 profiles=() seed_profiles=()
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -65,6 +70,7 @@ while [ $# -gt 0 ]; do
     --expand-decode) expand_decode=1 ;;
     --padding) padding=1 ;;
     --compiled-row) compiled_row=1 ;;
+    --zero-runs) zero_runs=1 ;;
     --seed) seed=1 ;;
     --mapping-clusters) mapping_clusters=1 ;;
     --ncu) profiles+=("$2|$3|"); shift 2 ;;
@@ -204,6 +210,25 @@ if [ $compiled_row -eq 1 ]; then
   timeout 200 python3 -m pytest -q -p no:cacheprovider -k compiled-row \
     tests/test_expand_gpu_contract.py tests/test_expand_gpu_zero_padding.py >> "$LOG" 2>&1
   summary+=("expand compiled-row tests rc=$? $(grep -E '^[0-9]+ (passed|failed)' "$LOG" \
+            | tail -1) [$(( $(date +%s) - start ))s]")
+fi
+
+if [ $zero_runs -eq 1 ]; then
+  start=$(date +%s)
+  section "expand: zero-fill blocks by runs of rows"
+  timeout 240 python3 benchmarks/sweep_kernel_config.py --plans --rounds 2 \
+    --json "$OUT/sweep_zero_runs.json" --configs "zero-fill by runs" "compiled for rows of one" \
+    --only qwen3-30b-decode-e128-plan qwen3-30b-small-e128-plan qwen3-30b-medium-e128-plan \
+    qwen3-30b-small-e128-plan-sf-row-major qwen3-30b-medium-e128-plan-sf-row-major \
+    qwen3-30b-medium-e128-plan-sf-packed qwen3-30b-medium-e48-ep8-plan \
+    kimi-k2-small-e128-plan kimi-k2-medium-e128-plan kimi-k2-medium-e48-ep8-plan \
+    2>> "$LOG" | tee -a "$LOG"
+  summary+=("sweep_kernel_config zero runs rc=${PIPESTATUS[0]} [$(( $(date +%s) - start ))s]")
+  start=$(date +%s)
+  section "expand GPU tests, the zero-runs kernel path"
+  timeout 200 python3 -m pytest -q -p no:cacheprovider -k zero-runs \
+    tests/test_expand_gpu_contract.py tests/test_expand_gpu_zero_padding.py >> "$LOG" 2>&1
+  summary+=("expand zero-runs tests rc=$? $(grep -E '^[0-9]+ (passed|failed)' "$LOG" \
             | tail -1) [$(( $(date +%s) - start ))s]")
 fi
 

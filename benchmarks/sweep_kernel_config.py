@@ -86,6 +86,14 @@ CONFIGS: list[tuple[str, ExpandTuning]] = [
      _tuned(bulk_min_blocks=math.inf, compiled_row=1)),
     # ... only where a thread of a chunk holds one access (the rows that gained)
     ("register kernel compiled for rows of one access a thread", _tuned(compiled_row=2)),
+    # zero-fill blocks by runs of rows (ExpandTuning.zero_fill_runs), alone,
+    # with the compiled row, and with more rows a block
+    ("zero-fill by runs", _tuned(zero_fill_runs=1)),
+    ("zero-fill by runs, rows of one access a thread compiled",
+     _tuned(zero_fill_runs=1, compiled_row=2)),
+    ("zero-fill by runs, 32 KiB a block", _tuned(zero_fill_runs=1,
+                                                 zero_block_bytes_registers=32 * 1024)),
+    ("zero-fill by runs, 32 rows a block", _tuned(zero_fill_runs=1, zero_rows_registers=32)),
     # blocks that fit the row: 3 KiB fp8 rows are 192 16-byte accesses (a
     # quarter of a 256-thread block idle), Kimi-K2's 14 KiB bf16 rows 896 (4 x 224)
     *((f"register kernel: {threads} threads", _tuned(threads=threads)) for threads in (192, 224)),

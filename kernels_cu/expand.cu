@@ -81,6 +81,11 @@ static_assert(EXPAND_THREADS % 32 == 0, "blocks are whole warps (the zero-fill b
 static_assert(EXPAND_VECS_PER_THREAD >= 0 && EXPAND_VECS_PER_THREAD <= EXPAND_UNROLL,
               "a thread holds at most EXPAND_UNROLL accesses");
 
+// Zero-fill by runs (ExpandTuning.zero_fill_runs): see zero_row_runs.
+#ifndef EXPAND_ZERO_RUNS
+#define EXPAND_ZERO_RUNS 0
+#endif
+
 // The argument block, passed by value. The host packs it field for field
 // (cupy_moe/expand/plan.py, EXPAND_ARGS), in this order.
 struct ExpandArgs {
@@ -210,6 +215,42 @@ __device__ __forceinline__ void zero_fill(const ExpandArgs& a, i64 zero_block, i
     if (blockIdx.y == 0) zero_sf_rows(a, rows, threads);
 }
 
+// A zero-fill block whose chunk is the whole row (one y plane; EXPAND_ZERO_RUNS):
+// consecutive rows are then consecutive bytes, so each run of rows in `rows`
+// is one flat range, stored by all the block's threads together (no row loop,
+// no lanes idle where a row is shorter than the chunk); the row-major scale
+// factors of a run likewise one range of words. Column-major ones as
+// zero_sf_rows does. Rows at or past X (the column-major pad columns) have
+// no data.
+template <int VEC_BYTES>
+__device__ __forceinline__ void zero_row_runs(const ExpandArgs& a, ZeroRows rows, i64 n_vec) {
+    typedef typename VecOf<VEC_BYTES>::type Vec;
+    Vec zero;
+    memset(&zero, 0, sizeof(Vec));
+    for (unsigned mask = rows.mask; mask != 0;) {
+        const int first = __ffs(mask) - 1;
+        const unsigned from_first = mask >> first;  // the run starts at bit 0
+        const int run = from_first == 0xffffffffu ? 32 : __ffs(~from_first) - 1;
+        mask &= ~static_cast<unsigned>(((1ull << run) - 1) << first);
+        const i64 begin = rows.first_row + first;
+        const i64 end = min(begin + run, static_cast<i64>(a.num_expanded));
+        if (begin >= end) continue;
+        Vec* dst = reinterpret_cast<Vec*>(a.out) + begin * n_vec;
+        const int vecs = static_cast<int>((end - begin) * n_vec);  // <= 32 rows of one chunk
+        for (int i = threadIdx.x; i < vecs; i += EXPAND_THREADS) store_once(dst + i, zero);
+#if CUPY_MOE_SF_MODE == SF_ROW_MAJOR
+        if (a.sf_pass == SF_PASS_NONE) {  // (always, row-major: the pass is column-major's)
+            unsigned int* sf = a.out_sf + begin * a.sf_columns;
+            const int words = static_cast<int>((end - begin) * a.sf_columns);
+            for (int i = threadIdx.x; i < words; i += EXPAND_THREADS) sf[i] = 0u;
+        }
+#endif
+    }
+#if CUPY_MOE_SF_MODE == SF_COL_MAJOR
+    zero_sf_rows(a, rows, EXPAND_THREADS);
+#endif
+}
+
 // The SF pass (sf_pass != SF_PASS_NONE, column-major SF): thread p of the
 // pass blocks writes all S scale factors of row p, p in [0, sf_ld): zeros
 // for the pad columns, for padding rows when zero_padding is set and for expert
@@ -322,6 +363,13 @@ __device__ __forceinline__ void expand_to_fused_body(const ExpandArgs& a) {
 
     // Zero-fill: padding rows (expert rows too when there are no tokens) and,
     // for the column-major SF, the pad columns X .. sf_ld that a TMA load reads.
+#if EXPAND_ZERO_RUNS
+    if (gridDim.y == 1) {
+        zero_row_runs<VEC_BYTES>(a, rows_to_zero(a, zero_block_of_chunk_grid(block - a.num_tokens)),
+                                 n_vec);
+        return;
+    }
+#endif
     zero_fill(a, zero_block_of_chunk_grid(block - a.num_tokens), EXPAND_THREADS, [&](i64 p) {
         zero_row_chunk<VEC_BYTES>(a.out, p, n_vec, vec_begin, vecs_per_thread);
     });

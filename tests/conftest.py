@@ -36,6 +36,9 @@ KERNEL_PATHS = {
     "registers": ExpandTuning(bulk_min_blocks=math.inf),
     # the register kernel compiled for each call's row (EXPAND_ROW_BYTES)
     "registers-compiled-row": ExpandTuning(bulk_min_blocks=math.inf, compiled_row=1),
+    # zero-fill blocks of 32 rows, by runs of rows where a row is one chunk
+    "registers-zero-runs": ExpandTuning(bulk_min_blocks=math.inf, zero_fill_runs=1,
+                                        zero_rows_registers=32),
     # every shape padding-heavy and on the bulk kernel (chunks always shrink):
     # zero-fill blocks of whole rows in 2 KiB bulk stores of a stage larger
     # than the 512-byte copy chunks

@@ -522,6 +522,7 @@ def test_plain_op_fast_path_keys_pos_to_token(expand_fast_paths):
     ({"bulk_zero_rows_plain": 3}, r"bulk_zero_rows_plain must be 0 or 1; got 3"),
     ({"zero_kernel_beside_registers": 2}, r"zero_kernel_beside_registers must be 0 or 1; got 2"),
     ({"compiled_row": 3}, r"compiled_row must be 0, 1 or 2; got 3"),
+    ({"zero_fill_runs": 2}, r"zero_fill_runs must be 0 or 1; got 2"),
     ({"compiled_row": True}, r"compiled_row must be a number >= 0; got True"),
     ({"padding_zero_rows_bulk_whole": 0}, r"padding_zero_rows_bulk_whole must be in 1 \.\. 32"),
     ({"zero_kernel_from_bytes": -1.0}, r"zero_kernel_from_bytes must be a number >= 0; got -1\.0"),
@@ -930,3 +931,20 @@ def test_compiled_row_2_takes_rows_of_one_access_a_thread(fake_h200, monkeypatch
     launch = _launch_for(num_tokens, hidden, item_bytes=item_bytes, tuning=tuning)
     assert launch.handle == "expand_to_fused_v16"
     assert ("EXPAND_ROW_BYTES" in dict(modules["expand_to_fused_v16"])) == compiled
+
+
+def test_zero_fill_runs_is_a_define_of_every_module_only_where_set(fake_h200, monkeypatch):
+    """zero_fill_runs: EXPAND_ZERO_RUNS in the modules' defines (the register
+    kernel reads it); none by default, so the default modules compile as
+    before; the launch itself is the same."""
+    modules = _record_modules(monkeypatch)
+    tuning = ExpandTuning(bulk_min_blocks=math.inf, zero_fill_runs=1)
+    launch = _launch_for(512, 3072, item_bytes=1, tuning=tuning)
+    assert dict(modules["expand_to_fused_v16"])["EXPAND_ZERO_RUNS"] == 1
+    modules.clear()
+    default = _launch_for(512, 3072, item_bytes=1,
+                          tuning=dataclasses.replace(tuning, zero_fill_runs=0))
+    assert "EXPAND_ZERO_RUNS" not in dict(modules["expand_to_fused_v16"])
+    assert (launch.handle, launch.grid, launch.threads) == (default.handle, default.grid,
+                                                            default.threads)
+    assert bytes(launch.args.buffer) == bytes(default.args.buffer)

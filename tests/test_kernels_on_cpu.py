@@ -211,6 +211,11 @@ GATHER_A_BLOCK_A_ROW = ExpandTuning(gather_x_bytes_below=float("inf"), gather_ro
                                     threads=32)
 # the register kernel compiled for the call's row (EXPAND_ROW_BYTES)
 COMPILED_ROW = ExpandTuning(bulk_min_blocks=float("inf"), compiled_row=1)
+# zero-fill blocks of 32 rows, by runs of rows where a row is one chunk (fp8
+# rows of 3 KiB: 192 accesses of 256 threads); the SF by the zero-fill blocks
+ZERO_RUNS = ExpandTuning(bulk_min_blocks=float("inf"), zero_fill_runs=1, zero_rows_registers=32)
+ZERO_RUNS_SF_IN_LINE = ExpandTuning(bulk_min_blocks=float("inf"), zero_fill_runs=1,
+                                    zero_rows_registers=32, sf_by_position=0)
 BULK = ExpandTuning(bulk_min_blocks=0.0, padding_share_registers=float("inf"),
                     medium_padding_share_registers=float("inf"),
                     bulk_whole_row_zero_from=float("inf"))
@@ -225,6 +230,8 @@ BULK = ExpandTuning(bulk_min_blocks=0.0, padding_share_registers=float("inf"),
     (3072, 2, ExpandTuning()),           # the default's kernels
     (3072, 2, COMPILED_ROW),             # one access a thread of 192 threads' row
     (7172, 2, COMPILED_ROW),             # 8-byte rows: the v8 kernel, chunks and a short one
+    (1536, 2, ZERO_RUNS),                # zero-fill by runs: 3 KiB rows of one chunk
+    (3072, 2, ZERO_RUNS),                # ... rows of two chunks: row by row as before
     (7168, 2, BULK),                     # Hopper's bulk copies (cp.async.bulk)
 ])
 def test_expand_matches_the_oracle(monkeypatch, rng, zero_padding, hidden, item, tuning):
@@ -258,6 +265,8 @@ def test_expand_matches_the_oracle(monkeypatch, rng, zero_padding, hidden, item,
     ("col-ue8m0", 7168, ExpandTuning()),
     ("row-f32", 2048, ExpandTuning()),
     ("row-f32", 3072, COMPILED_ROW),
+    ("row-f32", 3072, ZERO_RUNS),       # a run's scale factors as one range of words
+    ("col-f32", 3072, ZERO_RUNS_SF_IN_LINE),  # ... column-major: row by row, pad columns too
     ("col-ue8m0", 3072, GATHER),
 ])
 def test_expand_with_sf_matches_the_oracle(monkeypatch, rng, layout, hidden, tuning):

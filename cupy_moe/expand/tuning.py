@@ -103,6 +103,16 @@ class ExpandTuning:
     ``threads`` vectors: the rows that gained), not yet measured as a rule;
     0 until it is.
 
+    ``zero_fill_runs`` (0 or 1): the register kernel's zero-fill blocks,
+    where a row is one chunk (one y plane), zero each run of consecutive
+    rows that need it as one flat byte range (and its row-major scale
+    factors as one range of words), all the block's threads together,
+    instead of row by row, each row's stores on the threads of its chunk
+    (a quarter of a 256-thread block idle on 3 KiB rows; the SF words of a
+    row on 24 threads, row after row). Built for Qwen3's fp8 plans, where
+    the kernel issues stores slower than the seed's (twenty-ninth session);
+    0 until measured.
+
     ``sf_by_position`` (0 or 1): column-major scale factors (16-byte rows,
     sm_90+, T > 0) are written by pass blocks that walk positions, a thread a
     row, so that stores fill whole 32-byte sectors (the copy kernel's first
@@ -151,6 +161,7 @@ class ExpandTuning:
     zero_rows_registers: int = 2
     zero_block_bytes_registers: int = 16 * 1024
     compiled_row: int = 0
+    zero_fill_runs: int = 0
     # bulk-copy kernel
     bulk_min_blocks: float = 1.0
     bulk_target_blocks: float = 12.0
@@ -197,7 +208,7 @@ class ExpandTuning:
             if not 1 <= getattr(self, name) <= 32:  # one warp ballot covers a block's rows
                 raise ValueError(f"ExpandTuning.{name} must be in 1 .. 32; "
                                  f"got {getattr(self, name)}")
-        for name in ("padding_zero_whole_rows", "bulk_zero_rows_plain",
+        for name in ("zero_fill_runs", "padding_zero_whole_rows", "bulk_zero_rows_plain",
                      "zero_kernel_beside_registers", "sf_by_position",
                      "sf_pass_beside_zero_kernel"):
             if getattr(self, name) not in (0, 1):
@@ -216,8 +227,12 @@ class ExpandTuning:
                                  f"got {getattr(self, name)}, {self.bulk_max_chunk_bytes}")
 
     def defines(self) -> tuple[tuple[str, int], ...]:
-        """The compile-time part (the kernel source's EXPAND_* macros)."""
-        return (("EXPAND_THREADS", int(self.threads)), ("EXPAND_UNROLL", int(self.unroll)))
+        """The compile-time part (the kernel source's EXPAND_* macros);
+        EXPAND_ZERO_RUNS only where set, so that the default modules compile
+        as before."""
+        runs = (("EXPAND_ZERO_RUNS", 1),) if self.zero_fill_runs else ()
+        return (("EXPAND_THREADS", int(self.threads)), ("EXPAND_UNROLL", int(self.unroll)),
+                *runs)
 
 
 DEFAULT_TUNING = ExpandTuning()
