@@ -94,6 +94,9 @@ CONFIGS: list[tuple[str, ExpandTuning]] = [
     ("zero-fill by runs, 32 KiB a block", _tuned(zero_fill_runs=1,
                                                  zero_block_bytes_registers=32 * 1024)),
     ("zero-fill by runs, 32 rows a block", _tuned(zero_fill_runs=1, zero_rows_registers=32)),
+    # ... with blocks of 192 threads: token blocks that fit a 3 KiB row (the
+    # zero-fill blocks by runs no longer care)
+    ("zero-fill by runs, 192 threads", _tuned(zero_fill_runs=1, threads=192)),
     # blocks that fit the row: 3 KiB fp8 rows are 192 16-byte accesses (a
     # quarter of a 256-thread block idle), Kimi-K2's 14 KiB bf16 rows 896 (4 x 224)
     *((f"register kernel: {threads} threads", _tuned(threads=threads)) for threads in (192, 224)),
