@@ -88,6 +88,7 @@ CONFIGS: list[tuple[str, ExpandTuning]] = [
     ("register kernel compiled for rows of one access a thread", _tuned(compiled_row=2)),
     # zero-fill blocks by runs of rows (ExpandTuning.zero_fill_runs), alone,
     # with the compiled row, and with more rows a block
+    ("zero-fill row by row", _tuned(zero_fill_runs=0)),
     ("zero-fill by runs", _tuned(zero_fill_runs=1)),
     ("zero-fill by runs, rows of one access a thread compiled",
      _tuned(zero_fill_runs=1, compiled_row=2)),

@@ -934,17 +934,18 @@ def test_compiled_row_2_takes_rows_of_one_access_a_thread(fake_h200, monkeypatch
 
 
 def test_zero_fill_runs_is_a_define_of_every_module_only_where_set(fake_h200, monkeypatch):
-    """zero_fill_runs: EXPAND_ZERO_RUNS in the modules' defines (the register
-    kernel reads it); none by default, so the default modules compile as
-    before; the launch itself is the same."""
+    """zero_fill_runs (on by default): EXPAND_ZERO_RUNS in the modules'
+    defines (the register kernel reads it); none with 0; the launch itself
+    is the same."""
     modules = _record_modules(monkeypatch)
-    tuning = ExpandTuning(bulk_min_blocks=math.inf, zero_fill_runs=1)
+    tuning = ExpandTuning(bulk_min_blocks=math.inf)
+    assert tuning.zero_fill_runs == 1
     launch = _launch_for(512, 3072, item_bytes=1, tuning=tuning)
     assert dict(modules["expand_to_fused_v16"])["EXPAND_ZERO_RUNS"] == 1
     modules.clear()
-    default = _launch_for(512, 3072, item_bytes=1,
-                          tuning=dataclasses.replace(tuning, zero_fill_runs=0))
+    row_by_row = _launch_for(512, 3072, item_bytes=1,
+                             tuning=dataclasses.replace(tuning, zero_fill_runs=0))
     assert "EXPAND_ZERO_RUNS" not in dict(modules["expand_to_fused_v16"])
-    assert (launch.handle, launch.grid, launch.threads) == (default.handle, default.grid,
-                                                            default.threads)
-    assert bytes(launch.args.buffer) == bytes(default.args.buffer)
+    assert (launch.handle, launch.grid, launch.threads) == (row_by_row.handle, row_by_row.grid,
+                                                            row_by_row.threads)
+    assert bytes(launch.args.buffer) == bytes(row_by_row.args.buffer)

@@ -150,15 +150,17 @@ def test_a_package_without_its_kernel_sources_says_so(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("sf_mode", [0, 1, 2])
-def test_the_zero_runs_variant_compiles(sf_mode):
-    """ExpandTuning.zero_fill_runs (EXPAND_ZERO_RUNS), alone and with the
-    register kernel compiled for a 3 KiB row (one access a thread)."""
+def test_the_row_by_row_zero_fill_compiles(sf_mode):
+    """ExpandTuning.zero_fill_runs=0 (no EXPAND_ZERO_RUNS: zero-fill row by
+    row), alone and with the register kernel compiled for a 3 KiB row (one
+    access a thread); the default (runs) compiles above."""
     nvrtc_or_skip()
     from cupy_moe.expand.plan import kernel_defines
-    from cupy_moe.expand.tuning import ExpandTuning
+    from cupy_moe.expand.tuning import DEFAULT_TUNING, ExpandTuning
 
-    defines = kernel_defines(sf_mode, ExpandTuning(zero_fill_runs=1))
-    assert ("EXPAND_ZERO_RUNS", 1) in defines
+    assert ("EXPAND_ZERO_RUNS", 1) in kernel_defines(sf_mode, DEFAULT_TUNING)
+    defines = kernel_defines(sf_mode, ExpandTuning(zero_fill_runs=0))
+    assert not any(name == "EXPAND_ZERO_RUNS" for name, _ in defines)
     for extra in ((), (("EXPAND_ROW_BYTES", 3072), ("EXPAND_VECS_PER_THREAD", 1))):
         cubin = compile_for_arch("expand.cu", defines + extra, "sm_90")
         assert b"expand_to_fused_v16" in cubin
