@@ -60,6 +60,15 @@ LOG=$OUT/gpu_speed.log
 : > "$LOG"
 summary=()
 section() { printf '\n===== %s =====\n' "$1" | tee -a "$LOG"; }
+# the expand GPU tests of one conftest kernel path (KERNEL_PATHS), for up to 200 s
+kernel_path_tests() {
+  local start=$(date +%s)
+  section "expand GPU tests, the $1 kernel path"
+  timeout 200 python3 -m pytest -q -p no:cacheprovider -k "$1" \
+    tests/test_expand_gpu_contract.py tests/test_expand_gpu_zero_padding.py >> "$LOG" 2>&1
+  summary+=("expand $1 tests rc=$? $(grep -E '^[0-9]+ (passed|failed)' "$LOG" \
+            | tail -1) [$(( $(date +%s) - start ))s]")
+}
 combine=0 combine_ep=0 swiglu=0 expand_decode=0 padding=0 compiled_row=0 zero_runs=0 seed=0
 mapping_clusters=0 profiles=() seed_profiles=()
 while [ $# -gt 0 ]; do
@@ -205,12 +214,7 @@ if [ $compiled_row -eq 1 ]; then
     qwen3-30b-medium-e128-plan-sf-row-major qwen3-30b-medium-e128-plan-sf-packed \
     2>> "$LOG" | tee -a "$LOG"
   summary+=("sweep_kernel_config compiled row rc=${PIPESTATUS[0]} [$(( $(date +%s) - start ))s]")
-  start=$(date +%s)
-  section "expand GPU tests, the compiled-row kernel path"
-  timeout 200 python3 -m pytest -q -p no:cacheprovider -k compiled-row \
-    tests/test_expand_gpu_contract.py tests/test_expand_gpu_zero_padding.py >> "$LOG" 2>&1
-  summary+=("expand compiled-row tests rc=$? $(grep -E '^[0-9]+ (passed|failed)' "$LOG" \
-            | tail -1) [$(( $(date +%s) - start ))s]")
+  kernel_path_tests compiled-row
 fi
 
 if [ $zero_runs -eq 1 ]; then
@@ -224,12 +228,7 @@ if [ $zero_runs -eq 1 ]; then
     kimi-k2-small-e128-plan kimi-k2-medium-e128-plan kimi-k2-medium-e48-ep8-plan \
     2>> "$LOG" | tee -a "$LOG"
   summary+=("sweep_kernel_config zero runs rc=${PIPESTATUS[0]} [$(( $(date +%s) - start ))s]")
-  start=$(date +%s)
-  section "expand GPU tests, the zero-runs kernel path"
-  timeout 200 python3 -m pytest -q -p no:cacheprovider -k zero-runs \
-    tests/test_expand_gpu_contract.py tests/test_expand_gpu_zero_padding.py >> "$LOG" 2>&1
-  summary+=("expand zero-runs tests rc=$? $(grep -E '^[0-9]+ (passed|failed)' "$LOG" \
-            | tail -1) [$(( $(date +%s) - start ))s]")
+  kernel_path_tests zero-runs
 fi
 
 if [ $seed -eq 1 ]; then
