@@ -98,6 +98,9 @@ CONFIGS: list[tuple[str, ExpandTuning]] = [
     # ... with blocks of 192 threads: token blocks that fit a 3 KiB row (the
     # zero-fill blocks by runs no longer care)
     ("zero-fill by runs, 192 threads", _tuned(zero_fill_runs=1, threads=192)),
+    # the register kernels bounded to 8 blocks of 256 threads an SM (32
+    # registers: without SF they take 37, 6 blocks an SM)
+    ("register kernel: 8 blocks an SM", _tuned(register_min_blocks=8)),
     # blocks that fit the row: 3 KiB fp8 rows are 192 16-byte accesses (a
     # quarter of a 256-thread block idle), Kimi-K2's 14 KiB bf16 rows 896 (4 x 224)
     *((f"register kernel: {threads} threads", _tuned(threads=threads)) for threads in (192, 224)),

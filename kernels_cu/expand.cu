@@ -81,6 +81,18 @@ static_assert(EXPAND_THREADS % 32 == 0, "blocks are whole warps (the zero-fill b
 static_assert(EXPAND_VECS_PER_THREAD >= 0 && EXPAND_VECS_PER_THREAD <= EXPAND_UNROLL,
               "a thread holds at most EXPAND_UNROLL accesses");
 
+// The register kernels' blocks an SM the compiler must leave room for
+// (ExpandTuning.register_min_blocks; 0: no bound but the block size). 256
+// threads at 37 registers (no SF) fit 6 blocks an SM, not 8.
+#ifndef EXPAND_MIN_BLOCKS
+#define EXPAND_MIN_BLOCKS 0
+#endif
+#if EXPAND_MIN_BLOCKS > 0
+#define EXPAND_REGISTER_BOUNDS __launch_bounds__(EXPAND_THREADS, EXPAND_MIN_BLOCKS)
+#else
+#define EXPAND_REGISTER_BOUNDS __launch_bounds__(EXPAND_THREADS)
+#endif
+
 // Zero-fill by runs (ExpandTuning.zero_fill_runs): see zero_row_runs.
 #ifndef EXPAND_ZERO_RUNS
 #define EXPAND_ZERO_RUNS 0
@@ -376,7 +388,7 @@ __device__ __forceinline__ void expand_to_fused_body(const ExpandArgs& a) {
 }
 
 #define DEFINE_EXPAND_KERNEL(VEC_BYTES)                                              \
-    extern "C" __global__ void __launch_bounds__(EXPAND_THREADS)                     \
+    extern "C" __global__ void EXPAND_REGISTER_BOUNDS                                \
     expand_to_fused_v##VEC_BYTES(const ExpandArgs args) {                            \
         expand_to_fused_body<VEC_BYTES>(args);                                       \
     }
@@ -384,7 +396,7 @@ __device__ __forceinline__ void expand_to_fused_body(const ExpandArgs& a) {
 DEFINE_EXPAND_KERNEL(16)
 DEFINE_EXPAND_KERNEL(8)
 
-extern "C" __global__ void __launch_bounds__(EXPAND_THREADS)
+extern "C" __global__ void EXPAND_REGISTER_BOUNDS
 expand_to_fused_v16_overlapped(const ExpandArgs args) {
     expand_to_fused_body<16, true>(args);
 }

@@ -523,6 +523,10 @@ def test_plain_op_fast_path_keys_pos_to_token(expand_fast_paths):
     ({"zero_kernel_beside_registers": 2}, r"zero_kernel_beside_registers must be 0 or 1; got 2"),
     ({"compiled_row": 3}, r"compiled_row must be 0, 1 or 2; got 3"),
     ({"zero_fill_runs": 2}, r"zero_fill_runs must be 0 or 1; got 2"),
+    ({"register_min_blocks": 9}, r"register_min_blocks must leave blocks of 256 threads room "
+                                 r"on an SM \(at most 8\); got 9"),
+    ({"register_min_blocks": 3, "threads": 1024},
+     r"blocks of 1024 threads room on an SM \(at most 2\); got 3"),
     ({"compiled_row": True}, r"compiled_row must be a number >= 0; got True"),
     ({"padding_zero_rows_bulk_whole": 0}, r"padding_zero_rows_bulk_whole must be in 1 \.\. 32"),
     ({"zero_kernel_from_bytes": -1.0}, r"zero_kernel_from_bytes must be a number >= 0; got -1\.0"),
@@ -949,3 +953,14 @@ def test_zero_fill_runs_is_a_define_of_every_module_only_where_set(fake_h200, mo
     assert (launch.handle, launch.grid, launch.threads) == (row_by_row.handle, row_by_row.grid,
                                                             row_by_row.threads)
     assert bytes(launch.args.buffer) == bytes(row_by_row.args.buffer)
+
+
+def test_register_min_blocks_is_a_define_only_where_set(fake_h200, monkeypatch):
+    """register_min_blocks: EXPAND_MIN_BLOCKS (the register kernels'
+    __launch_bounds__ minimum) only where set; 0 by default."""
+    modules = _record_modules(monkeypatch)
+    _launch_for(512, 3072, tuning=ExpandTuning(bulk_min_blocks=math.inf, register_min_blocks=8))
+    assert dict(modules["expand_to_fused_v16"])["EXPAND_MIN_BLOCKS"] == 8
+    modules.clear()
+    _launch_for(512, 3072, tuning=ExpandTuning(bulk_min_blocks=math.inf))
+    assert "EXPAND_MIN_BLOCKS" not in dict(modules["expand_to_fused_v16"])

@@ -164,3 +164,17 @@ def test_the_row_by_row_zero_fill_compiles(sf_mode):
     for extra in ((), (("EXPAND_ROW_BYTES", 3072), ("EXPAND_VECS_PER_THREAD", 1))):
         cubin = compile_for_arch("expand.cu", defines + extra, "sm_90")
         assert b"expand_to_fused_v16" in cubin
+
+
+@pytest.mark.parametrize("sf_mode", [0, 1, 2])
+def test_the_bounded_register_kernels_compile(sf_mode):
+    """ExpandTuning.register_min_blocks=8 (EXPAND_MIN_BLOCKS): the register
+    kernels compile under __launch_bounds__(256, 8)."""
+    nvrtc_or_skip()
+    from cupy_moe.expand.plan import kernel_defines
+    from cupy_moe.expand.tuning import ExpandTuning
+
+    defines = kernel_defines(sf_mode, ExpandTuning(register_min_blocks=8))
+    assert ("EXPAND_MIN_BLOCKS", 8) in defines
+    cubin = compile_for_arch("expand.cu", defines, "sm_90")
+    assert b"expand_to_fused_v16" in cubin and b"expand_to_fused_v16_overlapped" in cubin

@@ -115,6 +115,12 @@ class ExpandTuning:
     the other plans within a point (Qwen3 bf16 medium EP8 89.2 -> 88.5,
     packed SF 91.2 -> 90.7, decode 3.37 -> 3.40 us). So 1.
 
+    ``register_min_blocks``: the register kernels are compiled to fit this
+    many blocks an SM (``__launch_bounds__``' second argument: registers
+    capped at 65,536 / (threads x this)); 0: no bound but the block size.
+    Without SF the 256-thread kernel takes 37 registers: 6 blocks an SM, not
+    8. Not yet measured; 0 until it is.
+
     ``sf_by_position`` (0 or 1): column-major scale factors (16-byte rows,
     sm_90+, T > 0) are written by pass blocks that walk positions, a thread a
     row, so that stores fill whole 32-byte sectors (the copy kernel's first
@@ -164,6 +170,7 @@ class ExpandTuning:
     zero_block_bytes_registers: int = 16 * 1024
     compiled_row: int = 0
     zero_fill_runs: int = 1
+    register_min_blocks: int = 0
     # bulk-copy kernel
     bulk_min_blocks: float = 1.0
     bulk_target_blocks: float = 12.0
@@ -216,6 +223,10 @@ class ExpandTuning:
             if getattr(self, name) not in (0, 1):
                 raise ValueError(f"ExpandTuning.{name} must be 0 or 1; "
                                  f"got {getattr(self, name)!r}")
+        if self.register_min_blocks * self.threads > 2048:  # an SM holds 2,048 threads
+            raise ValueError(f"ExpandTuning.register_min_blocks must leave blocks of "
+                             f"{self.threads} threads room on an SM (at most "
+                             f"{2048 // self.threads}); got {self.register_min_blocks}")
         if self.compiled_row not in (0, 1, 2):
             raise ValueError(f"ExpandTuning.compiled_row must be 0, 1 or 2; "
                              f"got {self.compiled_row!r}")
@@ -230,10 +241,13 @@ class ExpandTuning:
 
     def defines(self) -> tuple[tuple[str, int], ...]:
         """The compile-time part (the kernel source's EXPAND_* macros);
-        EXPAND_ZERO_RUNS only where set (the source's default is row by row)."""
+        EXPAND_ZERO_RUNS and EXPAND_MIN_BLOCKS only where set (the source's
+        defaults: row by row, no bound but the block size)."""
         runs = (("EXPAND_ZERO_RUNS", 1),) if self.zero_fill_runs else ()
+        bound = ((("EXPAND_MIN_BLOCKS", int(self.register_min_blocks)),)
+                 if self.register_min_blocks else ())
         return (("EXPAND_THREADS", int(self.threads)), ("EXPAND_UNROLL", int(self.unroll)),
-                *runs)
+                *runs, *bound)
 
 
 DEFAULT_TUNING = ExpandTuning()
