@@ -90,6 +90,7 @@ CONFIGS: list[tuple[str, ExpandTuning]] = [
     # with the compiled row, and with more rows a block
     ("zero-fill row by row", _tuned(zero_fill_runs=0)),
     ("zero-fill by runs", _tuned(zero_fill_runs=1)),
+    ("zero-fill by runs, unrolled", _tuned(zero_fill_runs=2)),
     ("zero-fill by runs, rows of one access a thread compiled",
      _tuned(zero_fill_runs=1, compiled_row=2)),
     ("zero-fill by runs, 32 KiB a block", _tuned(zero_fill_runs=1,

@@ -93,7 +93,8 @@ static_assert(EXPAND_VECS_PER_THREAD >= 0 && EXPAND_VECS_PER_THREAD <= EXPAND_UN
 #define EXPAND_REGISTER_BOUNDS __launch_bounds__(EXPAND_THREADS)
 #endif
 
-// Zero-fill by runs (ExpandTuning.zero_fill_runs): see zero_row_runs.
+// Zero-fill by runs (ExpandTuning.zero_fill_runs: 1, or 2 with the run's loop
+// unrolled): see zero_row_runs.
 #ifndef EXPAND_ZERO_RUNS
 #define EXPAND_ZERO_RUNS 0
 #endif
@@ -249,6 +250,11 @@ __device__ __forceinline__ void zero_row_runs(const ExpandArgs& a, ZeroRows rows
         if (begin >= end) continue;
         Vec* dst = reinterpret_cast<Vec*>(a.out) + begin * n_vec;
         const int vecs = static_cast<int>((end - begin) * n_vec);  // <= 32 rows of one chunk
+        // (EXPAND_ZERO_RUNS 2: the loop unrolled by 4, stores issued in bursts
+        // as the row-by-row path's unrolled accesses are)
+#if EXPAND_ZERO_RUNS == 2
+#pragma unroll 4
+#endif
         for (int i = threadIdx.x; i < vecs; i += EXPAND_THREADS) store_once(dst + i, zero);
 #if CUPY_MOE_SF_MODE == SF_ROW_MAJOR
         if (a.sf_pass == SF_PASS_NONE) {  // (always, row-major: the pass is column-major's)

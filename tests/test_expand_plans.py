@@ -522,7 +522,7 @@ def test_plain_op_fast_path_keys_pos_to_token(expand_fast_paths):
     ({"bulk_zero_rows_plain": 3}, r"bulk_zero_rows_plain must be 0 or 1; got 3"),
     ({"zero_kernel_beside_registers": 2}, r"zero_kernel_beside_registers must be 0 or 1; got 2"),
     ({"compiled_row": 3}, r"compiled_row must be 0, 1 or 2; got 3"),
-    ({"zero_fill_runs": 2}, r"zero_fill_runs must be 0 or 1; got 2"),
+    ({"zero_fill_runs": 3}, r"zero_fill_runs must be 0, 1 or 2; got 3"),
     ({"register_min_blocks": 9}, r"register_min_blocks must leave blocks of 256 threads room "
                                  r"on an SM \(at most 8\); got 9"),
     ({"register_min_blocks": 3, "threads": 1024},

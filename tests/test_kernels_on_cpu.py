@@ -216,6 +216,9 @@ COMPILED_ROW = ExpandTuning(bulk_min_blocks=float("inf"), compiled_row=1)
 ZERO_RUNS = ExpandTuning(bulk_min_blocks=float("inf"), zero_fill_runs=1, zero_rows_registers=32)
 ZERO_RUNS_SF_IN_LINE = ExpandTuning(bulk_min_blocks=float("inf"), zero_fill_runs=1,
                                     zero_rows_registers=32, sf_by_position=0)
+# ... the runs' loops unrolled by 4
+ZERO_RUNS_UNROLLED = ExpandTuning(bulk_min_blocks=float("inf"), zero_fill_runs=2,
+                                  zero_rows_registers=32)
 # ... and row by row (zero_fill_runs 0, the default before the twenty-ninth session)
 ROW_BY_ROW = ExpandTuning(bulk_min_blocks=float("inf"), zero_fill_runs=0)
 BULK = ExpandTuning(bulk_min_blocks=0.0, padding_share_registers=float("inf"),
@@ -235,6 +238,7 @@ BULK = ExpandTuning(bulk_min_blocks=0.0, padding_share_registers=float("inf"),
     (1536, 2, ZERO_RUNS),                # zero-fill by runs: 3 KiB rows of one chunk
     (3072, 2, ZERO_RUNS),                # ... rows of two chunks: row by row as before
     (1536, 2, ROW_BY_ROW),               # zero_fill_runs 0: row by row
+    (1536, 2, ZERO_RUNS_UNROLLED),
     (7168, 2, BULK),                     # Hopper's bulk copies (cp.async.bulk)
 ])
 def test_expand_matches_the_oracle(monkeypatch, rng, zero_padding, hidden, item, tuning):
@@ -271,6 +275,7 @@ def test_expand_matches_the_oracle(monkeypatch, rng, zero_padding, hidden, item,
     ("row-f32", 3072, ZERO_RUNS),       # a run's scale factors as one range of words
     ("col-f32", 3072, ZERO_RUNS_SF_IN_LINE),  # ... column-major: row by row, pad columns too
     ("row-f32", 3072, ROW_BY_ROW),
+    ("row-f32", 3072, ZERO_RUNS_UNROLLED),
     ("col-ue8m0", 3072, GATHER),
 ])
 def test_expand_with_sf_matches_the_oracle(monkeypatch, rng, layout, hidden, tuning):

@@ -167,6 +167,20 @@ def test_the_row_by_row_zero_fill_compiles(sf_mode):
 
 
 @pytest.mark.parametrize("sf_mode", [0, 1, 2])
+def test_the_unrolled_runs_compile(sf_mode):
+    """ExpandTuning.zero_fill_runs=2 (EXPAND_ZERO_RUNS 2: each run's store
+    loop unrolled by 4)."""
+    nvrtc_or_skip()
+    from cupy_moe.expand.plan import kernel_defines
+    from cupy_moe.expand.tuning import ExpandTuning
+
+    defines = kernel_defines(sf_mode, ExpandTuning(zero_fill_runs=2))
+    assert ("EXPAND_ZERO_RUNS", 2) in defines
+    cubin = compile_for_arch("expand.cu", defines, "sm_90")
+    assert b"expand_to_fused_v16" in cubin
+
+
+@pytest.mark.parametrize("sf_mode", [0, 1, 2])
 def test_the_bounded_register_kernels_compile(sf_mode):
     """ExpandTuning.register_min_blocks=8 (EXPAND_MIN_BLOCKS): the register
     kernels compile under __launch_bounds__(256, 8)."""

@@ -103,7 +103,7 @@ class ExpandTuning:
     ``threads`` vectors: the rows that gained), not yet measured as a rule;
     0 until it is.
 
-    ``zero_fill_runs`` (0 or 1): the register kernel's zero-fill blocks,
+    ``zero_fill_runs`` (0, 1 or 2): the register kernel's zero-fill blocks,
     where a row is one chunk (one y plane), zero each run of consecutive
     rows that need it as one flat byte range (and its row-major scale
     factors as one range of words), all the block's threads together,
@@ -113,7 +113,11 @@ class ExpandTuning:
     session, results/sweep_zero_runs_h100.md, % of the copy, 0 -> 1): Qwen3
     fp8 medium row-major SF 89.2 -> 92.1, Kimi-K2 medium EP8 97.7 -> 98.6,
     the other plans within a point (Qwen3 bf16 medium EP8 89.2 -> 88.5,
-    packed SF 91.2 -> 90.7, decode 3.37 -> 3.40 us). So 1.
+    packed SF 91.2 -> 90.7, decode 3.37 -> 3.40 us); on the H200
+    (results/sweep_zero_runs_h200.md) 74.2 -> 76.8-77.1 on that plan, the
+    EP8 medium plans 0.7-0.9 down, the rest level. So 1. 2: the same with
+    each run's store loop unrolled by 4 (row by row, a row's stores come in
+    unrolled bursts: the EP8 loss?); not yet measured.
 
     ``register_min_blocks``: the register kernels are compiled to fit this
     many blocks an SM (``__launch_bounds__``' second argument: registers
@@ -217,7 +221,7 @@ class ExpandTuning:
             if not 1 <= getattr(self, name) <= 32:  # one warp ballot covers a block's rows
                 raise ValueError(f"ExpandTuning.{name} must be in 1 .. 32; "
                                  f"got {getattr(self, name)}")
-        for name in ("zero_fill_runs", "padding_zero_whole_rows", "bulk_zero_rows_plain",
+        for name in ("padding_zero_whole_rows", "bulk_zero_rows_plain",
                      "zero_kernel_beside_registers", "sf_by_position",
                      "sf_pass_beside_zero_kernel"):
             if getattr(self, name) not in (0, 1):
@@ -227,6 +231,9 @@ class ExpandTuning:
             raise ValueError(f"ExpandTuning.register_min_blocks must leave blocks of "
                              f"{self.threads} threads room on an SM (at most "
                              f"{2048 // self.threads}); got {self.register_min_blocks}")
+        if self.zero_fill_runs not in (0, 1, 2):
+            raise ValueError(f"ExpandTuning.zero_fill_runs must be 0, 1 or 2; "
+                             f"got {self.zero_fill_runs!r}")
         if self.compiled_row not in (0, 1, 2):
             raise ValueError(f"ExpandTuning.compiled_row must be 0, 1 or 2; "
                              f"got {self.compiled_row!r}")
@@ -243,7 +250,7 @@ class ExpandTuning:
         """The compile-time part (the kernel source's EXPAND_* macros);
         EXPAND_ZERO_RUNS and EXPAND_MIN_BLOCKS only where set (the source's
         defaults: row by row, no bound but the block size)."""
-        runs = (("EXPAND_ZERO_RUNS", 1),) if self.zero_fill_runs else ()
+        runs = (("EXPAND_ZERO_RUNS", int(self.zero_fill_runs)),) if self.zero_fill_runs else ()
         bound = ((("EXPAND_MIN_BLOCKS", int(self.register_min_blocks)),)
                  if self.register_min_blocks else ())
         return (("EXPAND_THREADS", int(self.threads)), ("EXPAND_UNROLL", int(self.unroll)),
