@@ -19,7 +19,9 @@
 //                          the z planes too: zero the rows with
 //                          pos_to_expert[p] < 0 (if zero_padding), every other
 //                          row when T == 0 and, column-major SF, the pad
-//                          columns X .. align(X, 4).
+//                          columns X .. align(X, 4). Where a row is one chunk
+//                          (one y plane), a run of such rows is one flat
+//                          range (zero_row_runs; EXPAND_ZERO_RUNS).
 //                          (expand_to_fused_bulk_zero_rows numbers them across
 //                          the y planes as well and zeroes whole rows; see
 //                          ZERO_ROWS below.)
