@@ -46,6 +46,11 @@ from cupy_moe.mapping import worst_case_rows
 REGISTERS_ONLY = dataclasses.replace(DEFAULT_TUNING, bulk_min_blocks=math.inf)
 # ... compiled for each call's row (EXPAND_ROW_BYTES, EXPAND_VECS_PER_THREAD)
 COMPILED_ROW = dataclasses.replace(REGISTERS_ONLY, compiled_row=1)
+# zero-fill blocks of 32 rows by runs (full masks), the runs' loops unrolled,
+# and row by row (zero_fill_runs 0)
+ZERO_RUNS_32 = dataclasses.replace(REGISTERS_ONLY, zero_rows_registers=32)
+ZERO_RUNS_UNROLLED = dataclasses.replace(ZERO_RUNS_32, zero_fill_runs=2)
+ROW_BY_ROW = dataclasses.replace(REGISTERS_ONLY, zero_fill_runs=0)
 BULK_ALWAYS = dataclasses.replace(DEFAULT_TUNING, bulk_min_blocks=0.0,
                                   padding_share_registers=math.inf,
                                   medium_padding_share_registers=math.inf)
@@ -413,6 +418,10 @@ def main() -> int:
     # or several, a short last chunk, 8-byte rows (the v8 kernel)
     cases += run_cases(rng, COMPILED_ROW, (4, 1536, 2064, 7168), sizes)
     cases += run_cases(rng, COMPILED_ROW, (16, 2064), sizes, layouts=("row", "col-ue8m0"))
+    # zero-fill by runs (rows of one chunk) in 32-row blocks, unrolled, and
+    # row by row
+    for tuning in (ZERO_RUNS_32, ZERO_RUNS_UNROLLED, ROW_BY_ROW):
+        cases += run_cases(rng, tuning, (4, 1536), sizes, layouts=("none", "row", "col-f32"))
     # rows by position, given pos_to_token (plain stores only: initcheck sees them);
     # X == 0 and T == 0 too, then a hint that disagrees with the map
     cases += run_cases(rng, GATHER, (16, 2064, 7168), (*sizes, (4, 2, 0)), given_tokens=True)
