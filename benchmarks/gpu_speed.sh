@@ -221,7 +221,8 @@ if [ $zero_runs -eq 1 ]; then
   start=$(date +%s)
   section "expand: zero-fill blocks by runs of rows"
   timeout 240 python3 benchmarks/sweep_kernel_config.py --plans --rounds 2 \
-    --json "$OUT/sweep_zero_runs.json" --configs "zero-fill" "compiled for rows of one" "blocks an SM" \
+    --json "$OUT/sweep_zero_runs.json" --configs "zero-fill row by row" "zero-fill by runs" \
+    "compiled for rows of one" "blocks an SM" \
     --only qwen3-30b-decode-e128-plan qwen3-30b-small-e128-plan qwen3-30b-medium-e128-plan \
     qwen3-30b-small-e128-plan-sf-row-major qwen3-30b-medium-e128-plan-sf-row-major \
     qwen3-30b-medium-e128-plan-sf-packed qwen3-30b-medium-e48-ep8-plan \

@@ -86,19 +86,15 @@ CONFIGS: list[tuple[str, ExpandTuning]] = [
      _tuned(bulk_min_blocks=math.inf, compiled_row=1)),
     # ... only where a thread of a chunk holds one access (the rows that gained)
     ("register kernel compiled for rows of one access a thread", _tuned(compiled_row=2)),
-    # zero-fill blocks by runs of rows (ExpandTuning.zero_fill_runs), alone,
-    # with the compiled row, and with more rows a block
+    # zero-fill blocks by runs of rows (ExpandTuning.zero_fill_runs; the
+    # default since the twenty-ninth session), row by row before it, the runs
+    # unrolled, with the compiled row (32 KiB or 32-row blocks and 192-thread
+    # blocks lost: results/sweep_zero_runs_h200.md)
     ("zero-fill row by row", _tuned(zero_fill_runs=0)),
     ("zero-fill by runs", _tuned(zero_fill_runs=1)),
     ("zero-fill by runs, unrolled", _tuned(zero_fill_runs=2)),
     ("zero-fill by runs, rows of one access a thread compiled",
      _tuned(zero_fill_runs=1, compiled_row=2)),
-    ("zero-fill by runs, 32 KiB a block", _tuned(zero_fill_runs=1,
-                                                 zero_block_bytes_registers=32 * 1024)),
-    ("zero-fill by runs, 32 rows a block", _tuned(zero_fill_runs=1, zero_rows_registers=32)),
-    # ... with blocks of 192 threads: token blocks that fit a 3 KiB row (the
-    # zero-fill blocks by runs no longer care)
-    ("zero-fill by runs, 192 threads", _tuned(zero_fill_runs=1, threads=192)),
     # the register kernels bounded to 8 blocks of 256 threads an SM (32
     # registers: without SF they take 37, 6 blocks an SM)
     ("register kernel: 8 blocks an SM", _tuned(register_min_blocks=8)),
