@@ -123,7 +123,9 @@ class ExpandTuning:
     many blocks an SM (``__launch_bounds__``' second argument: registers
     capped at 65,536 / (threads x this)); 0: no bound but the block size.
     Without SF the 256-thread kernel takes 37 registers: 6 blocks an SM, not
-    8. Not yet measured; 0 until it is.
+    8. Measured with 8 on the H200 (twenty-ninth session,
+    results/sweep_zero_runs_h200.md): level within the rounds' spread on ten
+    plans (Qwen3 EP8 medium +0.9, packed SF -0.9). So 0.
 
     ``sf_by_position`` (0 or 1): column-major scale factors (16-byte rows,
     sm_90+, T > 0) are written by pass blocks that walk positions, a thread a
