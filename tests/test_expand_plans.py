@@ -525,6 +525,8 @@ def test_plain_op_fast_path_keys_pos_to_token(expand_fast_paths):
     ({"zero_fill_runs": 3}, r"zero_fill_runs must be 0, 1 or 2; got 3"),
     ({"register_min_blocks": 9}, r"register_min_blocks must leave blocks of 256 threads room "
                                  r"on an SM \(at most 8\); got 9"),
+    ({"register_min_blocks": 2.5}, r"register_min_blocks must be a whole number of blocks; "
+                                   r"got 2\.5"),
     ({"register_min_blocks": 3, "threads": 1024},
      r"blocks of 1024 threads room on an SM \(at most 2\); got 3"),
     ({"compiled_row": True}, r"compiled_row must be a number >= 0; got True"),

@@ -229,6 +229,9 @@ class ExpandTuning:
             if getattr(self, name) not in (0, 1):
                 raise ValueError(f"ExpandTuning.{name} must be 0 or 1; "
                                  f"got {getattr(self, name)!r}")
+        if self.register_min_blocks != int(self.register_min_blocks):
+            raise ValueError(f"ExpandTuning.register_min_blocks must be a whole number of "
+                             f"blocks; got {self.register_min_blocks!r}")
         if self.register_min_blocks * self.threads > 2048:  # an SM holds 2,048 threads
             raise ValueError(f"ExpandTuning.register_min_blocks must leave blocks of "
                              f"{self.threads} threads room on an SM (at most "
