@@ -3,16 +3,26 @@
 # a representative subset, then optionally the benchmark, the host-path
 # profile and the kernel-config sweep; a short summary table at the end.
 #
-#   bash benchmarks/gpu_check.sh [--skip-tests] [--tests PATHS] [--profile] [--sweep]
-#                                [--mapping] [--layer] [--bench BENCH_ARGS...]
+#   bash benchmarks/gpu_check.sh [--skip-tests] [--tests PATHS] [--workers N] [--profile]
+#                                [--sweep] [--mapping] [--floor] [--layer]
+#                                [--bench BENCH_ARGS...]
 #
 # --tests PATHS: pytest only these test files (one word, shell globs allowed,
 # e.g. 'tests/test_expand_gpu_*.py'), to split the suite over two calls when
 # it nears the 10-minute limit (~480 s in the seventeenth session).
 #
+# --workers N: run pytest in N processes (pytest-xdist, on the device image) sharing
+# the GPU: the whole GPU suite then fits one call with the sanitizers (the
+# tests are small, none times anything, each process has its own plans and
+# the kernel cache's writes are atomic).
+#
 # --skip-tests: no pytest and no sanitizers (a second device call for the
 # benchmarks: with every op's workloads, the tests and the full bench no longer
 # fit one 10-minute call).
+#
+# --floor: benchmarks/mapping_floor.py, the dependency chain of a one-pass
+# routing plan in skeleton kernels beside fused_mapping (issue 12's floor),
+# JSON to $OUT/mapping_floor.json.
 #
 # --layer: `cupy-moe layer` (the end-to-end MoE layer: checked against its
 # dense reference, timed per step next to torch-only equivalents) for Kimi-K2
@@ -34,15 +44,18 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu_check_out}
 mkdir -p "$OUT"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
-skip_tests=0 profile=0 sweep=0 mapping=0 layer=0 bench_args=() test_paths=(tests)
+skip_tests=0 profile=0 sweep=0 mapping=0 floor=0 layer=0 bench_args=() test_paths=(tests)
+worker_args=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --skip-tests) skip_tests=1 ;;
     --tests) shift; read -r -a test_paths <<< "$(compgen -G "$1" | tr '\n' ' ')"
              [ ${#test_paths[@]} -eq 0 ] && { echo "--tests: nothing matches $1" >&2; exit 2; } ;;
+    --workers) shift; worker_args=(-n "$1" -m gpu) ;;
     --profile) profile=1 ;;
     --sweep) sweep=1 ;;
     --mapping) mapping=1 ;;
+    --floor) floor=1 ;;
     --layer) layer=1 ;;
     --bench) shift; bench_args=("$@"); [ ${#bench_args[@]} -eq 0 ] && bench_args=(--quick); break ;;
     *) echo "unknown option $1" >&2; exit 2 ;;
@@ -63,7 +76,8 @@ if [ $skip_tests -eq 0 ]; then
 start=$(date +%s)
 # --durations: the slowest tests in the log (the suite took ~480 s of a 600 s call
 # in the seventeenth session; trim from the top of this list)
-python3 -m pytest -q -p no:cacheprovider --durations=25 "${test_paths[@]}" > "$OUT/pytest.tmp" 2>&1
+python3 -m pytest -q -p no:cacheprovider --durations=25 "${worker_args[@]}" "${test_paths[@]}" \
+  > "$OUT/pytest.tmp" 2>&1
 rc=$?
 record "pytest ${#test_paths[@]} path(s) (rc=$rc)" "$(tail -n 1 "$OUT/pytest.tmp") [$(( $(date +%s) - start ))s]"
 [ $rc -ne 0 ] && grep -E '^(FAILED|ERROR)' "$OUT/pytest.tmp" | head -n 30
@@ -112,6 +126,15 @@ if [ $mapping -eq 1 ]; then
   shapes="4096 8 128 128 4096 8 256 128 4096 8 384 128 8192 8 384 128"
   python3 benchmarks/profile_mapping_phases.py $shapes >> "$LOG" 2>&1
   record "fused_mapping phases (rc=$?)" "[$(( $(date +%s) - start ))s]"
+fi
+
+if [ $floor -eq 1 ]; then
+  start=$(date +%s)
+  section "fused_mapping floor"
+  timeout 120 python3 benchmarks/mapping_floor.py --json "$OUT/mapping_floor.json" \
+    > "$OUT/floor.tmp" 2>> "$LOG"
+  record "mapping floor (rc=$?)" "[$(( $(date +%s) - start ))s]"
+  cat "$OUT/floor.tmp" | tee -a "$LOG"; rm -f "$OUT/floor.tmp"
 fi
 
 if [ $layer -eq 1 ]; then

@@ -1,0 +1,259 @@
+"""The floor under issue 12's prefill target: what the dependency chain of any
+one-pass, deterministic routing plan costs on this GPU before it does any of
+a plan's real work. GPU only.
+
+    python benchmarks/mapping_floor.py [--json PATH]
+
+Every slot's row depends on every expert's total, which depends on every
+slot: a plan must load all ids, count them, make the counts visible
+grid-wide (a grid barrier, or a second kernel), read counts back, and only
+then store its rows. These skeleton kernels do exactly that chain and
+nothing more, on the manifest's fused_mapping prefill shapes (int64 ids), per
+call in a CUDA graph of 100 calls (the issue's figure, timed as
+bench_fused_mapping.py times ``fused_mapping``):
+
+  empty        a launch that does nothing (the graph's per-node floor)
+  coop-empty   the same, launched cooperative on the plan's grid
+  barrier      one grid barrier (kernels_cu/grid_barrier.cuh), nothing else
+  stream       ids loaded, token_topk_to_pos and the three pos rows stored,
+               no dependency between them (launch + bandwidth)
+  chain        stream's loads and stores with the plan's dependency between
+               them: shared-memory counts, the block's counts row stored, a
+               grid barrier, ONE row of counts read back (a real plan sums
+               every block's row) and used in every store
+  two-kernel   the chain as two plain launches (counts, then stores): the
+               barrier replaced by a kernel boundary
+
+The real plan (``fused_mapping``, default launch shape) is timed in the same
+run. The skeletons' stores are dummies, not a plan; their outputs are never
+read. The grid is the default plan's (blocks x 256 threads).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import sys
+
+import cupy
+import numpy as np
+import torch
+from cupy.cuda import driver
+
+import cupy_moe
+from cupy_moe.harness.manifest import load_workloads
+from cupy_moe.harness.timing import torch_graph_us
+from cupy_moe.mapping import worst_case_rows
+from cupy_moe.mapping.gpu import plan_for
+from cupy_moe.mapping.rules import MappingProblem
+from cupy_moe.runtime.loader import kernel_dir
+
+THREADS = 256
+IDS_A_THREAD = 8  # loads in flight a thread (the shapes below need at most 2-4)
+
+SOURCE = r"""
+#include "grid_barrier.cuh"
+
+struct FloorArgs {
+    const long long* ids;   // [N]
+    int* counts;            // [blocks, E]
+    int* token_pos;         // [N]
+    int* pos_rows;          // [3, X]
+    int n, experts, x, pad;
+};
+
+extern "C" __global__ void floor_empty(const FloorArgs a) {}
+
+extern "C" __global__ void floor_barrier(const FloorArgs a) { grid_barrier(); }
+
+// The block's slots [first, end): blocks take equal consecutive shares.
+__device__ __forceinline__ void block_slots(const FloorArgs& a, int& first, int& end) {
+    const int share = (a.n + gridDim.x - 1) / gridDim.x;
+    first = blockIdx.x * share;
+    end = min(a.n, first + share);
+}
+
+// This thread's ids (every load issued before any is used), -1 past the end.
+__device__ __forceinline__ void load_ids(const FloorArgs& a, int first, int end,
+                                         long long (&id)[IDS]) {
+#pragma unroll
+    for (int u = 0; u < IDS; ++u) {
+        const int slot = first + threadIdx.x + u * blockDim.x;
+        id[u] = slot < end ? a.ids[slot] : -1;
+    }
+}
+
+// Every row of the three pos rows stored once, grid-stride.
+__device__ __forceinline__ void store_pos_rows(const FloorArgs& a, int value) {
+    for (int p = blockIdx.x * blockDim.x + threadIdx.x; p < a.x; p += gridDim.x * blockDim.x) {
+        a.pos_rows[p] = value;
+        a.pos_rows[a.x + p] = value;
+        a.pos_rows[2 * a.x + p] = value;
+    }
+}
+
+extern "C" __global__ void floor_stream(const FloorArgs a) {
+    int first, end;
+    block_slots(a, first, end);
+    long long id[IDS];
+    load_ids(a, first, end, id);
+#pragma unroll
+    for (int u = 0; u < IDS; ++u) {
+        const int slot = first + threadIdx.x + u * blockDim.x;
+        if (slot < end) a.token_pos[slot] = static_cast<int>(id[u]);
+    }
+    store_pos_rows(a, -1);
+}
+
+// Count phase: ids loaded, counted in shared memory, the block's row stored.
+__device__ __forceinline__ void count_phase(const FloorArgs& a, int* hist, int first, int end,
+                                            long long (&id)[IDS]) {
+    for (int j = threadIdx.x; j < a.experts; j += blockDim.x) hist[j] = 0;
+    load_ids(a, first, end, id);
+    __syncthreads();
+#pragma unroll
+    for (int u = 0; u < IDS; ++u)
+        if (id[u] >= 0 && id[u] < a.experts) atomicAdd(&hist[id[u]], 1);
+    __syncthreads();
+    for (int j = threadIdx.x; j < a.experts; j += blockDim.x)
+        a.counts[blockIdx.x * a.experts + j] = hist[j];
+}
+
+// Store phase: ONE block row of counts read back (the next block's), then
+// every store depends on it.
+__device__ __forceinline__ void store_phase(const FloorArgs& a, int* hist, int first, int end,
+                                            const long long (&id)[IDS]) {
+    const int* row = a.counts + ((blockIdx.x + 1) % gridDim.x) * a.experts;
+    for (int j = threadIdx.x; j < a.experts; j += blockDim.x) hist[j] = row[j];
+    __syncthreads();
+#pragma unroll
+    for (int u = 0; u < IDS; ++u) {
+        const int slot = first + threadIdx.x + u * blockDim.x;
+        if (slot < end)
+            a.token_pos[slot] = id[u] >= 0 && id[u] < a.experts ? hist[id[u]] + slot : -1;
+    }
+    store_pos_rows(a, hist[0]);
+}
+
+extern "C" __global__ void floor_chain(const FloorArgs a) {
+    extern __shared__ int hist[];
+    int first, end;
+    block_slots(a, first, end);
+    long long id[IDS];
+    count_phase(a, hist, first, end, id);
+    grid_barrier();
+    store_phase(a, hist, first, end, id);
+}
+
+extern "C" __global__ void floor_count(const FloorArgs a) {
+    extern __shared__ int hist[];
+    int first, end;
+    block_slots(a, first, end);
+    long long id[IDS];
+    count_phase(a, hist, first, end, id);
+}
+
+extern "C" __global__ void floor_store(const FloorArgs a) {
+    extern __shared__ int hist[];
+    int first, end;
+    block_slots(a, first, end);
+    long long id[IDS];
+    load_ids(a, first, end, id);
+    store_phase(a, hist, first, end, id);
+}
+"""
+
+KERNELS = ("floor_empty", "floor_barrier", "floor_stream", "floor_chain", "floor_count",
+           "floor_store")
+
+
+class FloorArgs(ctypes.Structure):
+    _fields_ = [("ids", ctypes.c_void_p), ("counts", ctypes.c_void_p),
+                ("token_pos", ctypes.c_void_p), ("pos_rows", ctypes.c_void_p),
+                ("n", ctypes.c_int), ("experts", ctypes.c_int), ("x", ctypes.c_int),
+                ("pad", ctypes.c_int)]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", metavar="PATH")
+    args = parser.parse_args()
+    module = cupy.RawModule(code=SOURCE, options=(
+        "-std=c++17", f"-I{kernel_dir()}", f"-DIDS={IDS_A_THREAD}"))
+    functions = {name: module.get_function(name) for name in KERNELS}
+    sms = cupy.cuda.runtime.getDeviceProperties(0)["multiProcessorCount"]
+    rng = np.random.default_rng()
+    shapes = [w for w in load_workloads("fused_mapping") if w.num_tokens >= 4096]
+    records = []
+    print("us per call in a CUDA graph of 100 calls\n")
+    print("| shape | blocks | empty | coop-empty | barrier | stream | chain | two-kernel | "
+          "fused_mapping |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for w in shapes:
+        n, experts = w.num_tokens * w.top_k, w.num_experts
+        ids = rng.integers(0, experts, size=(w.num_tokens, w.top_k))
+        device_ids = torch.from_numpy(ids).cuda()
+        x = worst_case_rows(n, experts, w.alignment)
+        plan = cupy_moe.fused_mapping(device_ids, experts, alignment=w.alignment)
+        shape = plan_for(MappingProblem(w.num_tokens, w.top_k, experts, w.alignment, x,
+                                        "int64"), 0).shape
+        blocks = min(shape.blocks, sms) if shape.cooperative else sms
+        if -(-n // blocks) > IDS_A_THREAD * THREADS:
+            raise SystemExit(f"{w.label}: {n} slots need more than {IDS_A_THREAD} ids a thread")
+        counts = torch.empty(blocks * experts, dtype=torch.int32, device="cuda")
+        token_pos = torch.empty(n, dtype=torch.int32, device="cuda")
+        pos_rows = torch.empty(3 * x, dtype=torch.int32, device="cuda")
+        block = FloorArgs(device_ids.data_ptr(), counts.data_ptr(), token_pos.data_ptr(),
+                          pos_rows.data_ptr(), n, experts, x, 0)
+        params = (ctypes.c_void_p * 1)(ctypes.addressof(block))
+        shared = 4 * experts
+
+        def launcher(name, cooperative, grid=blocks):
+            handle = functions[name].ptr
+            launch = driver.launchCooperativeKernel if cooperative else None
+
+            def call():
+                stream = torch.cuda.current_stream().cuda_stream
+                if cooperative:
+                    launch(handle, grid, 1, 1, THREADS, 1, 1, shared, stream,
+                           ctypes.addressof(params))
+                else:
+                    driver.launchKernel(handle, grid, 1, 1, THREADS, 1, 1, shared, stream,
+                                        ctypes.addressof(params), 0)
+            return call
+
+        count, store = launcher("floor_count", False), launcher("floor_store", False)
+
+        def two_kernels():
+            count()
+            store()
+
+        def plan_call(device_ids=device_ids, experts=experts, alignment=w.alignment):
+            return cupy_moe.fused_mapping(device_ids, experts, alignment=alignment)
+
+        record = {"label": w.label, "num_slots": n, "num_experts": experts, "num_expanded": x,
+                  "blocks": blocks, "threads": THREADS,
+                  "default_shape": str(shape),
+                  "empty": torch_graph_us(launcher("floor_empty", False)),
+                  "coop_empty": torch_graph_us(launcher("floor_empty", True)),
+                  "barrier": torch_graph_us(launcher("floor_barrier", True)),
+                  "stream": torch_graph_us(launcher("floor_stream", False)),
+                  "chain": torch_graph_us(launcher("floor_chain", True)),
+                  "two_kernel": torch_graph_us(two_kernels),
+                  "fused_mapping": torch_graph_us(plan_call)}
+        del plan
+        records.append(record)
+        print(f"| {w.label} | {blocks} | " + " | ".join(
+            f"{record[k]:.2f}" for k in ("empty", "coop_empty", "barrier", "stream", "chain",
+                                         "two_kernel", "fused_mapping")) + " |", flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"device": torch.cuda.get_device_name(), "records": records}, f,
+                      indent=1)
+            f.write("\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
