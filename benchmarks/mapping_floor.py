@@ -210,7 +210,7 @@ def main() -> int:
         shared = 4 * experts
 
         def launcher(name, cooperative, grid=blocks):
-            handle = functions[name].ptr
+            handle = functions[name].kernel.ptr  # the loaded cupy.cuda.Function
             launch = driver.launchCooperativeKernel if cooperative else None
 
             def call():

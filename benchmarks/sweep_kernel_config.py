@@ -101,6 +101,15 @@ CONFIGS: list[tuple[str, ExpandTuning]] = [
     # blocks that fit the row: 3 KiB fp8 rows are 192 16-byte accesses (a
     # quarter of a 256-thread block idle), Kimi-K2's 14 KiB bf16 rows 896 (4 x 224)
     *((f"register kernel: {threads} threads", _tuned(threads=threads)) for threads in (192, 224)),
+    # the seed's geometry (thirtieth session): its TileLang kernel, which
+    # leads on the small padding-heavy plans by 2-4%, is one block of 64
+    # threads a row (a padding row zeroed, or a token copied); here the
+    # register kernel's blocks of 64 or 128 threads, with zero-fill blocks of
+    # one row each
+    *((f"register kernel: {threads} threads, 1 row per zero-fill block",
+       _tuned(threads=threads, zero_rows_registers=1, zero_block_bytes_registers=0))
+      for threads in (64, 128, 256)),
+    ("register kernel: 64 threads", _tuned(threads=64)),
     # register zero-fill blocks sized by rows alone (before the ~16 KiB floor):
     # decode's graph time went 1.41 -> 1.65 us across that change
     ("register zero-fill blocks by rows only", _tuned(zero_block_bytes_registers=0)),
