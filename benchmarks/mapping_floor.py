@@ -23,6 +23,15 @@ bench_fused_mapping.py times ``fused_mapping``):
                every block's row) and used in every store
   two-kernel   the chain as two plain launches (counts, then stores): the
                barrier replaced by a kernel boundary
+  chain + sums the chain, but every block reads every block's counts row
+               after the barrier (its prefix and the totals), as
+               fused_mapping's cooperative kernel does: B x B x E reads
+  chain + scan the chain with a second barrier instead: block b scans the
+               columns of experts b, b + B, ... over the B blocks, writes
+               every block's prefix of them, and after the second barrier
+               each block reads its prefix row and the totals (B x E reads)
+  wide         the chain and chain + scan on 128 blocks (the default plan
+               takes 64 for E >= 256: its B x B x E reads)
 
 The real plan (``fused_mapping``, default launch shape) is timed in the same
 run. The skeletons' stores are dummies, not a plan; their outputs are never
@@ -50,6 +59,8 @@ from cupy_moe.mapping.rules import MappingProblem
 from cupy_moe.runtime.loader import kernel_dir
 
 THREADS = 256
+WIDE_BLOCKS = 128  # the "wide" columns' grid (or the SM count, if fewer)
+COLUMNS = 8  # experts a block scans in floor_chain_scan (COLS in the source)
 IDS_A_THREAD = 8  # loads in flight a thread (the shapes below need at most 2-4)
 
 SOURCE = r"""
@@ -120,20 +131,27 @@ __device__ __forceinline__ void count_phase(const FloorArgs& a, int* hist, int f
         a.counts[blockIdx.x * a.experts + j] = hist[j];
 }
 
-// Store phase: ONE block row of counts read back (the next block's), then
-// every store depends on it.
+// Store phase: every store depends on base[e] (shared memory, filled by
+// one of the variants below after the counts are visible).
+__device__ __forceinline__ void store_with(const FloorArgs& a, const int* base, int first,
+                                          int end, const long long (&id)[IDS]) {
+#pragma unroll
+    for (int u = 0; u < IDS; ++u) {
+        const int slot = first + threadIdx.x + u * blockDim.x;
+        if (slot < end)
+            a.token_pos[slot] = id[u] >= 0 && id[u] < a.experts ? base[id[u]] + slot : -1;
+    }
+    store_pos_rows(a, base[0]);
+}
+
+// ONE block row of counts read back (the next block's): the least any plan
+// reads after its counts are visible.
 __device__ __forceinline__ void store_phase(const FloorArgs& a, int* hist, int first, int end,
                                             const long long (&id)[IDS]) {
     const int* row = a.counts + ((blockIdx.x + 1) % gridDim.x) * a.experts;
     for (int j = threadIdx.x; j < a.experts; j += blockDim.x) hist[j] = row[j];
     __syncthreads();
-#pragma unroll
-    for (int u = 0; u < IDS; ++u) {
-        const int slot = first + threadIdx.x + u * blockDim.x;
-        if (slot < end)
-            a.token_pos[slot] = id[u] >= 0 && id[u] < a.experts ? hist[id[u]] + slot : -1;
-    }
-    store_pos_rows(a, hist[0]);
+    store_with(a, hist, first, end, id);
 }
 
 extern "C" __global__ void floor_chain(const FloorArgs a) {
@@ -162,10 +180,94 @@ extern "C" __global__ void floor_store(const FloorArgs a) {
     load_ids(a, first, end, id);
     store_phase(a, hist, first, end, id);
 }
+
+// What fused_mapping does after its barrier: every block sums every block's
+// row (B x E counts; all blocks read the same lines), its own prefix (rows
+// before it) and the totals, 4 loads in flight a thread.
+extern "C" __global__ void floor_chain_sums(const FloorArgs a) {
+    extern __shared__ int hist[];  // [E] counts, then [E] prefix + totals
+    int* base = hist + a.experts;
+    int first, end;
+    block_slots(a, first, end);
+    long long id[IDS];
+    count_phase(a, hist, first, end, id);
+    grid_barrier();
+    for (int j = threadIdx.x; j < a.experts; j += blockDim.x) {
+        int earlier = 0, total = 0;
+        for (int b0 = 0; b0 < gridDim.x; b0 += 4) {
+            int c[4];
+#pragma unroll
+            for (int u = 0; u < 4; ++u)
+                c[u] = b0 + u < gridDim.x ? a.counts[(b0 + u) * a.experts + j] : 0;
+#pragma unroll
+            for (int u = 0; u < 4; ++u) {
+                total += c[u];
+                earlier += b0 + u < blockIdx.x ? c[u] : 0;
+            }
+        }
+        base[j] = earlier + total;
+    }
+    __syncthreads();
+    store_with(a, base, first, end, id);
+}
+
+// The alternative: a second barrier instead of B x B x E reads. After the
+// first, block b takes columns b, b + B, ... (at most COLS), thread t < B
+// reads block t's count, and a block scan gives every block's prefix of that
+// expert (written to prefix [B, E]) and its total; after the second, a block
+// reads its own prefix row and the totals: O(B x E) reads in all.
+extern "C" __global__ void floor_chain_scan(const FloorArgs a) {
+    extern __shared__ int hist[];  // [E] counts, then [E] prefix + totals
+    int* base = hist + a.experts;
+    __shared__ int warp_sums[COLS][32];
+    int first, end;
+    block_slots(a, first, end);
+    long long id[IDS];
+    count_phase(a, hist, first, end, id);
+    grid_barrier();
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    int v[COLS], incl[COLS];
+#pragma unroll
+    for (int c = 0; c < COLS; ++c) {  // every column's load first
+        const int j = blockIdx.x + c * gridDim.x;
+        v[c] = j < a.experts && threadIdx.x < gridDim.x ? a.counts[threadIdx.x * a.experts + j]
+                                                         : 0;
+    }
+#pragma unroll
+    for (int c = 0; c < COLS; ++c) {
+        incl[c] = v[c];
+#pragma unroll
+        for (int d = 1; d < 32; d <<= 1) {
+            const int other = __shfl_up_sync(0xffffffffu, incl[c], d);
+            if (lane >= d) incl[c] += other;
+        }
+        if (lane == 31) warp_sums[c][warp] = incl[c];
+    }
+    __syncthreads();
+    int* prefix = a.counts + gridDim.x * a.experts;  // [B, E], then totals [E]
+#pragma unroll
+    for (int c = 0; c < COLS; ++c) {
+        const int j = blockIdx.x + c * gridDim.x;
+        int before = 0, total = 0;
+        for (int w = 0; w < (blockDim.x >> 5); ++w) {
+            before += w < warp ? warp_sums[c][w] : 0;
+            total += warp_sums[c][w];
+        }
+        if (j < a.experts && threadIdx.x < gridDim.x)
+            prefix[threadIdx.x * a.experts + j] = before + incl[c] - v[c];
+        if (j < a.experts && threadIdx.x == 0) prefix[gridDim.x * a.experts + j] = total;
+    }
+    grid_barrier();
+    const int* mine = prefix + blockIdx.x * a.experts;
+    const int* totals = prefix + gridDim.x * a.experts;
+    for (int j = threadIdx.x; j < a.experts; j += blockDim.x) base[j] = mine[j] + totals[j];
+    __syncthreads();
+    store_with(a, base, first, end, id);
+}
 """
 
 KERNELS = ("floor_empty", "floor_barrier", "floor_stream", "floor_chain", "floor_count",
-           "floor_store")
+           "floor_store", "floor_chain_sums", "floor_chain_scan")
 
 
 class FloorArgs(ctypes.Structure):
@@ -180,7 +282,7 @@ def main() -> int:
     parser.add_argument("--json", metavar="PATH")
     args = parser.parse_args()
     module = cupy.RawModule(code=SOURCE, options=(
-        "-std=c++17", f"-I{kernel_dir()}", f"-DIDS={IDS_A_THREAD}"))
+        "-std=c++17", f"-I{kernel_dir()}", f"-DIDS={IDS_A_THREAD}", f"-DCOLS={COLUMNS}"))
     functions = {name: module.get_function(name) for name in KERNELS}
     sms = cupy.cuda.runtime.getDeviceProperties(0)["multiProcessorCount"]
     rng = np.random.default_rng()
@@ -188,8 +290,8 @@ def main() -> int:
     records = []
     print("us per call in a CUDA graph of 100 calls\n")
     print("| shape | blocks | empty | coop-empty | barrier | stream | chain | two-kernel | "
-          "fused_mapping |")
-    print("|---|---|---|---|---|---|---|---|---|")
+          "chain + sums | chain + scan | chain, wide | chain + scan, wide | fused_mapping |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for w in shapes:
         n, experts = w.num_tokens * w.top_k, w.num_experts
         ids = rng.integers(0, experts, size=(w.num_tokens, w.top_k))
@@ -201,13 +303,19 @@ def main() -> int:
         blocks = min(shape.blocks, sms) if shape.cooperative else sms
         if -(-n // blocks) > IDS_A_THREAD * THREADS:
             raise SystemExit(f"{w.label}: {n} slots need more than {IDS_A_THREAD} ids a thread")
-        counts = torch.empty(blocks * experts, dtype=torch.int32, device="cuda")
+        wide = min(WIDE_BLOCKS, sms)
+        if experts > COLUMNS * min(blocks, wide) or max(blocks, wide) > THREADS:
+            raise SystemExit(f"{w.label}: the scan variant takes at most {COLUMNS} experts a "
+                             f"block and {THREADS} blocks")
+        # counts [B, E], then the scan variant's prefixes [B, E] and totals [E]
+        counts = torch.empty((2 * max(blocks, wide) + 1) * experts, dtype=torch.int32,
+                             device="cuda")
         token_pos = torch.empty(n, dtype=torch.int32, device="cuda")
         pos_rows = torch.empty(3 * x, dtype=torch.int32, device="cuda")
         block = FloorArgs(device_ids.data_ptr(), counts.data_ptr(), token_pos.data_ptr(),
                           pos_rows.data_ptr(), n, experts, x, 0)
         params = (ctypes.c_void_p * 1)(ctypes.addressof(block))
-        shared = 4 * experts
+        shared = 8 * experts
 
         def launcher(name, cooperative, grid=blocks):
             handle = functions[name].kernel.ptr  # the loaded cupy.cuda.Function
@@ -241,12 +349,19 @@ def main() -> int:
                   "stream": torch_graph_us(launcher("floor_stream", False)),
                   "chain": torch_graph_us(launcher("floor_chain", True)),
                   "two_kernel": torch_graph_us(two_kernels),
+                  "chain_sums": torch_graph_us(launcher("floor_chain_sums", True)),
+                  "chain_scan": torch_graph_us(launcher("floor_chain_scan", True)),
+                  "wide_blocks": wide,
+                  "chain_wide": torch_graph_us(launcher("floor_chain", True, wide)),
+                  "chain_scan_wide": torch_graph_us(launcher("floor_chain_scan", True, wide)),
                   "fused_mapping": torch_graph_us(plan_call)}
         del plan
         records.append(record)
         print(f"| {w.label} | {blocks} | " + " | ".join(
             f"{record[k]:.2f}" for k in ("empty", "coop_empty", "barrier", "stream", "chain",
-                                         "two_kernel", "fused_mapping")) + " |", flush=True)
+                                         "two_kernel", "chain_sums", "chain_scan", "chain_wide",
+                                         "chain_scan_wide", "fused_mapping")) + " |",
+              flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"device": torch.cuda.get_device_name(), "records": records}, f,
