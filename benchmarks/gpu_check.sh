@@ -76,12 +76,37 @@ if [ $skip_tests -eq 0 ]; then
 start=$(date +%s)
 # --durations: the slowest tests in the log (the suite took ~480 s of a 600 s call
 # in the seventeenth session; trim from the top of this list)
+# (with --workers, the layer tests run alone afterwards: Kimi-K2's weights are
+# 10.5 GiB a process, and eight workers at once ran an 80 GB H100 out of memory)
+serial_paths=()
+if [ ${#worker_args[@]} -gt 0 ]; then
+  kept=()
+  for path in "${test_paths[@]}"; do
+    case "$path" in
+      tests/test_layer_gpu.py) serial_paths=("$path") ;;
+      tests|tests/) kept+=("$path"); serial_paths=(tests/test_layer_gpu.py)
+                    worker_args+=(--ignore=tests/test_layer_gpu.py) ;;
+      *) kept+=("$path") ;;
+    esac
+  done
+  test_paths=(${kept[@]+"${kept[@]}"})
+fi
+if [ ${#test_paths[@]} -gt 0 ]; then
 python3 -m pytest -q -p no:cacheprovider --durations=25 "${worker_args[@]}" "${test_paths[@]}" \
   > "$OUT/pytest.tmp" 2>&1
 rc=$?
 record "pytest ${#test_paths[@]} path(s) (rc=$rc)" "$(tail -n 1 "$OUT/pytest.tmp") [$(( $(date +%s) - start ))s]"
 [ $rc -ne 0 ] && grep -E '^(FAILED|ERROR)' "$OUT/pytest.tmp" | head -n 30
 section pytest; cat "$OUT/pytest.tmp" >> "$LOG"; rm -f "$OUT/pytest.tmp"
+fi
+if [ ${#serial_paths[@]} -gt 0 ]; then
+  start=$(date +%s)
+  python3 -m pytest -q -p no:cacheprovider -m gpu "${serial_paths[@]}" > "$OUT/pytest.tmp" 2>&1
+  rc=$?
+  record "pytest layer, alone (rc=$rc)" "$(tail -n 1 "$OUT/pytest.tmp") [$(( $(date +%s) - start ))s]"
+  [ $rc -ne 0 ] && grep -E '^(FAILED|ERROR)' "$OUT/pytest.tmp" | head -n 30
+  section "pytest layer"; cat "$OUT/pytest.tmp" >> "$LOG"; rm -f "$OUT/pytest.tmp"
+fi
 
 # initcheck does not see the bulk-copy engine's writes (memcheck_cases.py says more)
 for tool in memcheck initcheck; do
