@@ -26,6 +26,9 @@ bench_fused_mapping.py times ``fused_mapping``):
   chain + sums the chain, but every block reads every block's counts row
                after the barrier (its prefix and the totals), as
                fused_mapping's cooperative kernel does: B x B x E reads
+               (here int32 loads, 4 in flight a thread: slower than the
+               kernel's 16-byte loads of 8 uint16 counts; measured slower
+               than fused_mapping itself, so it shows only these loads)
   chain + scan the chain with a second barrier instead: block b scans the
                columns of experts b, b + B, ... over the B blocks, writes
                every block's prefix of them, and after the second barrier
