@@ -103,9 +103,10 @@ CONFIGS: list[tuple[str, ExpandTuning]] = [
     *((f"register kernel: {threads} threads", _tuned(threads=threads)) for threads in (192, 224)),
     # the seed's geometry (thirtieth session): its TileLang kernel, which
     # leads on the small padding-heavy plans by 2-4%, is one block of 64
-    # threads a row (a padding row zeroed, or a token copied); here the
-    # register kernel's blocks of 64 or 128 threads, with zero-fill blocks of
-    # one row each
+    # threads a row (a padding row zeroed, or a token copied); here blocks of
+    # 64, 128 or 256 threads (the register kernel's, and the zero kernel's
+    # beside the bulk kernel) with zero-fill blocks of one row each. Tied or
+    # lost everywhere (results/expand_seed_geometry_h100.md)
     *((f"register kernel: {threads} threads, 1 row per zero-fill block",
        _tuned(threads=threads, zero_rows_registers=1, zero_block_bytes_registers=0))
       for threads in (64, 128, 256)),
