@@ -11,10 +11,11 @@
 # e.g. 'tests/test_expand_gpu_*.py'), to split the suite over two calls when
 # it nears the 10-minute limit (~480 s in the seventeenth session).
 #
-# --workers N: run pytest in N processes (pytest-xdist, on the device image) sharing
-# the GPU: the whole GPU suite then fits one call with the sanitizers (the
-# tests are small, none times anything, each process has its own plans and
-# the kernel cache's writes are atomic).
+# --workers N: run the GPU tests (marker gpu; the CPU tests are CI's) in N
+# processes (pytest-xdist, on the device image) sharing the GPU: the whole GPU
+# suite then fits one call with the sanitizers (the tests are small, none
+# times anything, each process has its own plans and the kernel cache's
+# writes are atomic).
 #
 # --skip-tests: no pytest and no sanitizers (a second device call for the
 # benchmarks: with every op's workloads, the tests and the full bench no longer
@@ -51,7 +52,9 @@ while [ $# -gt 0 ]; do
     --skip-tests) skip_tests=1 ;;
     --tests) shift; read -r -a test_paths <<< "$(compgen -G "$1" | tr '\n' ' ')"
              [ ${#test_paths[@]} -eq 0 ] && { echo "--tests: nothing matches $1" >&2; exit 2; } ;;
-    --workers) shift; worker_args=(-n "$1" -m gpu) ;;
+    --workers) shift
+               [[ "${1:-}" =~ ^[1-9][0-9]*$ ]] || { echo "--workers needs a count, got '${1:-}'" >&2; exit 2; }
+               worker_args=(-n "$1" -m gpu) ;;
     --profile) profile=1 ;;
     --sweep) sweep=1 ;;
     --mapping) mapping=1 ;;
