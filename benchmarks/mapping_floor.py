@@ -287,7 +287,8 @@ def main() -> int:
     module = cupy.RawModule(code=SOURCE, options=(
         "-std=c++17", f"-I{kernel_dir()}", f"-DIDS={IDS_A_THREAD}", f"-DCOLS={COLUMNS}"))
     functions = {name: module.get_function(name) for name in KERNELS}
-    sms = cupy.cuda.runtime.getDeviceProperties(0)["multiProcessorCount"]
+    device = torch.cuda.current_device()  # where .cuda() puts the ids
+    sms = cupy.cuda.runtime.getDeviceProperties(device)["multiProcessorCount"]
     rng = np.random.default_rng()
     shapes = [w for w in load_workloads("fused_mapping") if w.num_tokens >= 4096]
     records = []
@@ -300,9 +301,8 @@ def main() -> int:
         ids = rng.integers(0, experts, size=(w.num_tokens, w.top_k))
         device_ids = torch.from_numpy(ids).cuda()
         x = worst_case_rows(n, experts, w.alignment)
-        plan = cupy_moe.fused_mapping(device_ids, experts, alignment=w.alignment)
         shape = plan_for(MappingProblem(w.num_tokens, w.top_k, experts, w.alignment, x,
-                                        "int64"), 0).shape
+                                        "int64"), device).shape
         blocks = min(shape.blocks, sms) if shape.cooperative else sms
         if -(-n // blocks) > IDS_A_THREAD * THREADS:
             raise SystemExit(f"{w.label}: {n} slots need more than {IDS_A_THREAD} ids a thread")
@@ -322,13 +322,12 @@ def main() -> int:
 
         def launcher(name, cooperative, grid=blocks):
             handle = functions[name].kernel.ptr  # the loaded cupy.cuda.Function
-            launch = driver.launchCooperativeKernel if cooperative else None
 
             def call():
                 stream = torch.cuda.current_stream().cuda_stream
                 if cooperative:
-                    launch(handle, grid, 1, 1, THREADS, 1, 1, shared, stream,
-                           ctypes.addressof(params))
+                    driver.launchCooperativeKernel(handle, grid, 1, 1, THREADS, 1, 1, shared,
+                                                   stream, ctypes.addressof(params))
                 else:
                     driver.launchKernel(handle, grid, 1, 1, THREADS, 1, 1, shared, stream,
                                         ctypes.addressof(params), 0)
@@ -358,7 +357,6 @@ def main() -> int:
                   "chain_wide": torch_graph_us(launcher("floor_chain", True, wide)),
                   "chain_scan_wide": torch_graph_us(launcher("floor_chain_scan", True, wide)),
                   "fused_mapping": torch_graph_us(plan_call)}
-        del plan
         records.append(record)
         print(f"| {w.label} | {blocks} | " + " | ".join(
             f"{record[k]:.2f}" for k in ("empty", "coop_empty", "barrier", "stream", "chain",
