@@ -33,7 +33,13 @@ bench_fused_mapping.py times ``fused_mapping``):
                columns of experts b, b + B, ... over the B blocks, writes
                every block's prefix of them, and after the second barrier
                each block reads its prefix row and the totals (B x E reads)
-  wide         the chain and chain + scan on 128 blocks (the default plan
+  chain + tree the chain with a Fenwick tree of block counts instead: each
+               block adds its counts to at most log2(B) + 1 tree rows by
+               global atomics before the barrier, and reads popcount(b) + 1
+               rows after it (its prefix, the totals); the tree kept zero
+               between calls by two buffers and a parity word (checked
+               against chain + sums before timing)
+  wide         the chain, chain + scan and chain + tree on 128 blocks (the default plan
                takes 64 for E >= 256: its B x B x E reads)
 
 The real plan (``fused_mapping``, default launch shape) is timed in the same
@@ -74,6 +80,7 @@ struct FloorArgs {
     int* counts;            // [blocks, E]
     int* token_pos;         // [N]
     int* pos_rows;          // [3, X]
+    int* tree;              // floor_chain_tree: [2, B, E] + [1], zeroed once
     int n, experts, x, pad;
 };
 
@@ -120,9 +127,10 @@ extern "C" __global__ void floor_stream(const FloorArgs a) {
     store_pos_rows(a, -1);
 }
 
-// Count phase: ids loaded, counted in shared memory, the block's row stored.
+// Count phase: ids loaded, counted in shared memory, the block's row stored
+// (unless store_row is false).
 __device__ __forceinline__ void count_phase(const FloorArgs& a, int* hist, int first, int end,
-                                            long long (&id)[IDS]) {
+                                            long long (&id)[IDS], bool store_row = true) {
     for (int j = threadIdx.x; j < a.experts; j += blockDim.x) hist[j] = 0;
     load_ids(a, first, end, id);
     __syncthreads();
@@ -130,6 +138,7 @@ __device__ __forceinline__ void count_phase(const FloorArgs& a, int* hist, int f
     for (int u = 0; u < IDS; ++u)
         if (id[u] >= 0 && id[u] < a.experts) atomicAdd(&hist[id[u]], 1);
     __syncthreads();
+    if (!store_row) return;
     for (int j = threadIdx.x; j < a.experts; j += blockDim.x)
         a.counts[blockIdx.x * a.experts + j] = hist[j];
 }
@@ -267,16 +276,66 @@ extern "C" __global__ void floor_chain_scan(const FloorArgs a) {
     __syncthreads();
     store_with(a, base, first, end, id);
 }
+
+// A third way to read fewer counts after the one barrier: a Fenwick tree
+// of block counts built by global atomics before it. Block b adds its
+// counts to nodes b + 1, then i += lowbit(i) (at most log2(B) + 1 rows);
+// after the barrier its prefix is the sum of nodes b, then i -= lowbit(i)
+// (popcount(b) rows) and the totals that of nodes B, ... (one row when B is
+// a power of two). Integer sums do not depend on the atomics' order, so the
+// result is deterministic. The tree must start at zero: two buffers, a
+// parity word picks this call's; every block zeroes its share of the other
+// one for the next call (stream order), block 0 flips the parity after the
+// barrier (every block read it before arriving).
+#define TREE_DEPTH 9  // nodes a query visits, at most (B <= 256)
+extern "C" __global__ void floor_chain_tree(const FloorArgs a) {
+    extern __shared__ int hist[];  // [E] counts, then [E] prefix + totals
+    int* base = hist + a.experts;
+    const int nodes = gridDim.x, experts = a.experts;
+    int* parity_word = a.tree + 2 * nodes * experts;
+    const int parity = *parity_word;
+    int* tree = a.tree + parity * nodes * experts;
+    int* other = a.tree + (1 - parity) * nodes * experts;
+    int first, end;
+    block_slots(a, first, end);
+    long long id[IDS];
+    count_phase(a, hist, first, end, id, /*store_row=*/false);
+    for (int i = blockIdx.x + 1; i <= nodes; i += i & -i)
+        for (int j = threadIdx.x; j < experts; j += blockDim.x)
+            if (hist[j]) atomicAdd(&tree[(i - 1) * experts + j], hist[j]);
+    grid_barrier();
+    for (int j = threadIdx.x; j < experts; j += blockDim.x) {
+        int earlier[TREE_DEPTH], total[TREE_DEPTH];  // every load before any sum
+        int i = blockIdx.x, k = nodes;
+#pragma unroll
+        for (int d = 0; d < TREE_DEPTH; ++d) {
+            earlier[d] = i > 0 ? tree[(i - 1) * experts + j] : 0;
+            total[d] = k > 0 ? tree[(k - 1) * experts + j] : 0;
+            i -= i & -i;
+            k -= k & -k;
+        }
+        int sum = 0;
+#pragma unroll
+        for (int d = 0; d < TREE_DEPTH; ++d) sum += earlier[d] + total[d];
+        base[j] = sum;
+    }
+    __syncthreads();
+    store_with(a, base, first, end, id);
+    for (int k = blockIdx.x * blockDim.x + threadIdx.x; k < nodes * experts;
+         k += gridDim.x * blockDim.x)
+        other[k] = 0;
+    if (blockIdx.x == 0 && threadIdx.x == 0) *parity_word = 1 - parity;
+}
 """
 
 KERNELS = ("floor_empty", "floor_barrier", "floor_stream", "floor_chain", "floor_count",
-           "floor_store", "floor_chain_sums", "floor_chain_scan")
+           "floor_store", "floor_chain_sums", "floor_chain_scan", "floor_chain_tree")
 
 
 class FloorArgs(ctypes.Structure):
     _fields_ = [("ids", ctypes.c_void_p), ("counts", ctypes.c_void_p),
                 ("token_pos", ctypes.c_void_p), ("pos_rows", ctypes.c_void_p),
-                ("n", ctypes.c_int), ("experts", ctypes.c_int), ("x", ctypes.c_int),
+                ("tree", ctypes.c_void_p), ("n", ctypes.c_int), ("experts", ctypes.c_int), ("x", ctypes.c_int),
                 ("pad", ctypes.c_int)]
 
 
@@ -294,8 +353,9 @@ def main() -> int:
     records = []
     print("us per call in a CUDA graph of 100 calls\n")
     print("| shape | blocks | empty | coop-empty | barrier | stream | chain | two-kernel | "
-          "chain + sums | chain + scan | chain, wide | chain + scan, wide | fused_mapping |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "chain + sums | chain + scan | chain + tree | chain, wide | chain + scan, wide | "
+          "chain + tree, wide | fused_mapping |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for w in shapes:
         n, experts = w.num_tokens * w.top_k, w.num_experts
         ids = rng.integers(0, experts, size=(w.num_tokens, w.top_k))
@@ -315,15 +375,18 @@ def main() -> int:
                              device="cuda")
         token_pos = torch.empty(n, dtype=torch.int32, device="cuda")
         pos_rows = torch.empty(3 * x, dtype=torch.int32, device="cuda")
-        block = FloorArgs(device_ids.data_ptr(), counts.data_ptr(), token_pos.data_ptr(),
-                          pos_rows.data_ptr(), n, experts, x, 0)
-        params = (ctypes.c_void_p * 1)(ctypes.addressof(block))
         shared = 8 * experts
 
         def launcher(name, cooperative, grid=blocks):
             handle = functions[name].kernel.ptr  # the loaded cupy.cuda.Function
+            # floor_chain_tree's two trees and parity word, zeroed once: its
+            # own for each grid (the kernel keeps them zero between calls)
+            tree = torch.zeros(2 * grid * experts + 1, dtype=torch.int32, device="cuda")
+            block = FloorArgs(device_ids.data_ptr(), counts.data_ptr(), token_pos.data_ptr(),
+                              pos_rows.data_ptr(), tree.data_ptr(), n, experts, x, 0)
+            params = (ctypes.c_void_p * 1)(ctypes.addressof(block))
 
-            def call():
+            def call(keep=(tree, block, params)):  # alive as long as the launcher
                 stream = torch.cuda.current_stream().cuda_stream
                 if cooperative:
                     driver.launchCooperativeKernel(handle, grid, 1, 1, THREADS, 1, 1, shared,
@@ -342,6 +405,18 @@ def main() -> int:
         def plan_call(device_ids=device_ids, experts=experts, alignment=w.alignment):
             return cupy_moe.fused_mapping(device_ids, experts, alignment=alignment)
 
+        # the tree's prefixes and totals against every block's row summed
+        # (the same base a slot; three calls each: the parity's two buffers)
+        for grid in (blocks, wide):
+            launcher("floor_chain_sums", True, grid)()
+            expected = token_pos.clone()
+            tree_call = launcher("floor_chain_tree", True, grid)
+            for _ in range(3):
+                token_pos.fill_(-7)
+                tree_call()
+                if not torch.equal(token_pos, expected):
+                    raise SystemExit(f"{w.label}: floor_chain_tree on {grid} blocks disagrees "
+                                     "with floor_chain_sums")
         record = {"label": w.label, "num_slots": n, "num_experts": experts, "num_expanded": x,
                   "blocks": blocks, "threads": THREADS,
                   "default_shape": str(shape),
@@ -353,15 +428,18 @@ def main() -> int:
                   "two_kernel": torch_graph_us(two_kernels),
                   "chain_sums": torch_graph_us(launcher("floor_chain_sums", True)),
                   "chain_scan": torch_graph_us(launcher("floor_chain_scan", True)),
+                  "chain_tree": torch_graph_us(launcher("floor_chain_tree", True)),
                   "wide_blocks": wide,
                   "chain_wide": torch_graph_us(launcher("floor_chain", True, wide)),
                   "chain_scan_wide": torch_graph_us(launcher("floor_chain_scan", True, wide)),
+                  "chain_tree_wide": torch_graph_us(launcher("floor_chain_tree", True, wide)),
                   "fused_mapping": torch_graph_us(plan_call)}
         records.append(record)
         print(f"| {w.label} | {blocks} | " + " | ".join(
             f"{record[k]:.2f}" for k in ("empty", "coop_empty", "barrier", "stream", "chain",
-                                         "two_kernel", "chain_sums", "chain_scan", "chain_wide",
-                                         "chain_scan_wide", "fused_mapping")) + " |",
+                                         "two_kernel", "chain_sums", "chain_scan", "chain_tree",
+                                         "chain_wide", "chain_scan_wide", "chain_tree_wide",
+                                         "fused_mapping")) + " |",
               flush=True)
     if args.json:
         with open(args.json, "w") as f:
