@@ -39,6 +39,8 @@ bench_fused_mapping.py times ``fused_mapping``):
                rows after it (its prefix, the totals); the tree kept zero
                between calls by two buffers and a parity word (checked
                against chain + sums before timing)
+  + memset     chain + tree with one tree zeroed by a memset node before
+               every call instead (the tree in per-call scratch)
   wide         the chain, chain + scan and chain + tree on 128 blocks (the default plan
                takes 64 for E >= 256: its B x B x E reads)
 
@@ -293,7 +295,8 @@ extern "C" __global__ void floor_chain_tree(const FloorArgs a) {
     int* base = hist + a.experts;
     const int nodes = gridDim.x, experts = a.experts;
     int* parity_word = a.tree + 2 * nodes * experts;
-    const int parity = *parity_word;
+    // pad 1: the caller zeroes tree 0 before every call (a memset node)
+    const int parity = a.pad ? 0 : *parity_word;
     int* tree = a.tree + parity * nodes * experts;
     int* other = a.tree + (1 - parity) * nodes * experts;
     int first, end;
@@ -321,6 +324,7 @@ extern "C" __global__ void floor_chain_tree(const FloorArgs a) {
     }
     __syncthreads();
     store_with(a, base, first, end, id);
+    if (a.pad) return;
     for (int k = blockIdx.x * blockDim.x + threadIdx.x; k < nodes * experts;
          k += gridDim.x * blockDim.x)
         other[k] = 0;
@@ -353,9 +357,9 @@ def main() -> int:
     records = []
     print("us per call in a CUDA graph of 100 calls\n")
     print("| shape | blocks | empty | coop-empty | barrier | stream | chain | two-kernel | "
-          "chain + sums | chain + scan | chain + tree | chain, wide | chain + scan, wide | "
-          "chain + tree, wide | fused_mapping |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "chain + sums | chain + scan | chain + tree | chain + tree + memset | chain, wide | "
+          "chain + scan, wide | chain + tree, wide | fused_mapping |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for w in shapes:
         n, experts = w.num_tokens * w.top_k, w.num_experts
         ids = rng.integers(0, experts, size=(w.num_tokens, w.top_k))
@@ -377,17 +381,20 @@ def main() -> int:
         pos_rows = torch.empty(3 * x, dtype=torch.int32, device="cuda")
         shared = 8 * experts
 
-        def launcher(name, cooperative, grid=blocks):
+        def launcher(name, cooperative, grid=blocks, memset_tree=False):
             handle = functions[name].kernel.ptr  # the loaded cupy.cuda.Function
             # floor_chain_tree's two trees and parity word, zeroed once: its
             # own for each grid (the kernel keeps them zero between calls)
             tree = torch.zeros(2 * grid * experts + 1, dtype=torch.int32, device="cuda")
             block = FloorArgs(device_ids.data_ptr(), counts.data_ptr(), token_pos.data_ptr(),
-                              pos_rows.data_ptr(), tree.data_ptr(), n, experts, x, 0)
+                              pos_rows.data_ptr(), tree.data_ptr(), n, experts, x,
+                              int(memset_tree))
             params = (ctypes.c_void_p * 1)(ctypes.addressof(block))
 
             def call(keep=(tree, block, params)):  # alive as long as the launcher
                 stream = torch.cuda.current_stream().cuda_stream
+                if memset_tree:
+                    cupy.cuda.runtime.memsetAsync(tree.data_ptr(), 0, 4 * grid * experts, stream)
                 if cooperative:
                     driver.launchCooperativeKernel(handle, grid, 1, 1, THREADS, 1, 1, shared,
                                                    stream, ctypes.addressof(params))
@@ -410,13 +417,15 @@ def main() -> int:
         for grid in (blocks, wide):
             launcher("floor_chain_sums", True, grid)()
             expected = token_pos.clone()
-            tree_call = launcher("floor_chain_tree", True, grid)
-            for _ in range(3):
-                token_pos.fill_(-7)
-                tree_call()
-                if not torch.equal(token_pos, expected):
-                    raise SystemExit(f"{w.label}: floor_chain_tree on {grid} blocks disagrees "
-                                     "with floor_chain_sums")
+            for memset_tree in (False, True):
+                tree_call = launcher("floor_chain_tree", True, grid, memset_tree)
+                for _ in range(3):
+                    token_pos.fill_(-7)
+                    tree_call()
+                    if not torch.equal(token_pos, expected):
+                        raise SystemExit(f"{w.label}: floor_chain_tree on {grid} blocks "
+                                         f"(memset {memset_tree}) disagrees with "
+                                         "floor_chain_sums")
         record = {"label": w.label, "num_slots": n, "num_experts": experts, "num_expanded": x,
                   "blocks": blocks, "threads": THREADS,
                   "default_shape": str(shape),
@@ -429,6 +438,8 @@ def main() -> int:
                   "chain_sums": torch_graph_us(launcher("floor_chain_sums", True)),
                   "chain_scan": torch_graph_us(launcher("floor_chain_scan", True)),
                   "chain_tree": torch_graph_us(launcher("floor_chain_tree", True)),
+                  "chain_tree_memset": torch_graph_us(
+                      launcher("floor_chain_tree", True, memset_tree=True)),
                   "wide_blocks": wide,
                   "chain_wide": torch_graph_us(launcher("floor_chain", True, wide)),
                   "chain_scan_wide": torch_graph_us(launcher("floor_chain_scan", True, wide)),
@@ -438,6 +449,7 @@ def main() -> int:
         print(f"| {w.label} | {blocks} | " + " | ".join(
             f"{record[k]:.2f}" for k in ("empty", "coop_empty", "barrier", "stream", "chain",
                                          "two_kernel", "chain_sums", "chain_scan", "chain_tree",
+                                         "chain_tree_memset",
                                          "chain_wide", "chain_scan_wide", "chain_tree_wide",
                                          "fused_mapping")) + " |",
               flush=True)
