@@ -316,3 +316,62 @@ def test_the_default_plan_takes_clusters_where_they_are_the_default_and_fit(monk
     monkeypatch.setattr(gpu, "max_active_clusters", lambda *args: 16)
     monkeypatch.setitem(launch._device_traits, 0, DeviceTraits(132, 8, 232448, True))
     assert gpu.MappingPlan(problem, 0).shape.cluster_blocks == 0
+
+
+def test_tree_count_shapes_and_their_errors():
+    """tree_counts: the default cooperative grid is not held to
+    COOP_COUNT_READS // E blocks (a block reads a few tree rows), still a
+    power of two of 8-warp blocks; no tree without a cooperative launch; a
+    tree and clusters refused together."""
+    # E = 384: 64 blocks with every block's row read, 128 in a tree
+    assert mapping_shape(32768, 384, 81536, **H200, cooperative=True).blocks == 64
+    shape = mapping_shape(32768, 384, 81536, **H200, cooperative=True, tree_counts=True)
+    assert shape == MappingShape(8, 128, 32, False, 4 * 11 * 384, 1, True, tree_counts=True)
+    shape = mapping_shape(65536, 384, 114304, **H200, cooperative=True, tree_counts=True)
+    assert (shape.blocks, shape.warp_slots, shape.tree_counts) == (128, 64, True)
+    # a grid given: kept, a power of two or not
+    shape = mapping_shape(65536, 384, 114304, **H200, warps=8, blocks=132, cooperative=True,
+                          tree_counts=True)
+    assert (shape.blocks, shape.tree_counts) == (132, True)
+    # medium slots (two launches) and no cooperative launch: no tree
+    assert not mapping_shape(4096, 384, 53120, **H200, cooperative=True,
+                             tree_counts=True).tree_counts
+    assert not mapping_shape(32768, 384, 81536, **H200, tree_counts=True).tree_counts
+    with pytest.raises(ValueError, match="tree_counts and cluster_blocks are two ways to read "
+                                         "fewer block counts; a plan takes one"):
+        mapping_shape(32768, 384, 81536, **H200, cooperative=True, cluster_blocks=8,
+                      tree_counts=True)
+
+
+def test_a_tree_plan_zeroes_its_tree_then_launches_cooperative(monkeypatch):
+    """MappingPlan (host bookkeeping, no GPU) with tree counts: its kernel;
+    the scratch holds the tree (int32 [blocks, E]) then the total of the
+    rows; each launch first zeroes the tree, on the launch's stream, then
+    launches cooperative; a tree on a grid that is not cooperative, or in
+    clusters, is refused."""
+    pytest.importorskip("cupy")
+    from cupy_moe.mapping import gpu
+    from cupy_moe.mapping.rules import MappingProblem
+    from cupy_moe.runtime import launch
+    from cupy_moe.runtime.launch import DeviceTraits
+
+    monkeypatch.setitem(launch._device_traits, 0, DeviceTraits(132, 9, 232448, True))
+    requested, calls = [], []
+    monkeypatch.setattr(gpu, "function_handle",
+                        lambda source, defines, device, name: requested.append(name) or name)
+    monkeypatch.setattr(gpu.driver, "funcSetAttribute", lambda *args: None)
+    monkeypatch.setattr(gpu.driver, "launchCooperativeKernel",
+                        lambda *args: calls.append(("launch", *args[:3], args[8])))
+    monkeypatch.setattr(gpu.runtime, "memsetAsync", lambda *args: calls.append(("memset", *args)))
+    problem = MappingProblem(4096, 8, 384, 128, 81536, "int64")
+    shape = mapping_shape(32768, 384, 81536, **H200, cooperative=True, tree_counts=True)
+    plan = gpu.MappingPlan(problem, 0, shape)
+    assert requested == ["mapping_coop_tree_i64"]
+    assert plan.total_index == plan.offsets[3] + 128 * 384
+    plan.launch(7, 0x1000, 0x2000)
+    assert calls == [("memset", 0x2000 + 4 * plan.offsets[3], 0, 4 * 128 * 384, 7),
+                     ("launch", "mapping_coop_tree_i64", 128, 1, 7)]
+    for bad in (shape._replace(cooperative=False), shape._replace(cluster_blocks=8)):
+        with pytest.raises(ValueError, match="tree_counts needs a cooperative grid of fewer "
+                                             "than 2048 blocks, not in clusters"):
+            gpu.MappingPlan(problem, 0, bad)
