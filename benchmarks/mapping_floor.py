@@ -2,7 +2,7 @@
 one-pass, deterministic routing plan costs on this GPU before it does any of
 a plan's real work. GPU only.
 
-    python benchmarks/mapping_floor.py [--json PATH]
+    python benchmarks/mapping_floor.py [--json PATH] [--tree-only]
 
 Every slot's row depends on every expert's total, which depends on every
 slot: a plan must load all ids, count them, make the counts visible
@@ -41,8 +41,15 @@ bench_fused_mapping.py times ``fused_mapping``):
                against chain + sums before timing)
   + memset     chain + tree with one tree zeroed by a memset node before
                every call instead (the tree in per-call scratch)
-  wide         the chain, chain + scan and chain + tree on 128 blocks (the default plan
-               takes 64 for E >= 256: its B x B x E reads)
+  + PDL zero   ... zeroed by a small kernel launched just before, which the
+               cooperative kernel may overlap (programmatic dependent
+               launch): it waits for it before its atomics
+  v4           the tree's nodes float32 (exact for counts < 2^24), 4
+               experts an atomic (red.global.add.v4.f32, sm_90+)
+  wide         the chain, chain + scan and the trees on 128 blocks (the
+               default plan takes 64 for E >= 256: its B x B x E reads)
+
+``--tree-only``: the chain, the tree columns and fused_mapping alone.
 
 The real plan (``fused_mapping``, default launch shape) is timed in the same
 run. The skeletons' stores are dummies, not a plan; their outputs are never
@@ -285,46 +292,100 @@ extern "C" __global__ void floor_chain_scan(const FloorArgs a) {
 // after the barrier its prefix is the sum of nodes b, then i -= lowbit(i)
 // (popcount(b) rows) and the totals that of nodes B, ... (one row when B is
 // a power of two). Integer sums do not depend on the atomics' order, so the
-// result is deterministic. The tree must start at zero: two buffers, a
-// parity word picks this call's; every block zeroes its share of the other
-// one for the next call (stream order), block 0 flips the parity after the
-// barrier (every block read it before arriving).
+// result is deterministic. The tree must start at zero. a.pad's bits say
+// how, and how the atomics add:
+//   0            two buffers, a parity word picks this call's; every block
+//                zeroes its share of the other one for the next call
+//                (stream order), block 0 flips the parity after the barrier
+//                (every block read it before arriving)
+//   TREE_ZEROED  the caller zeroed tree 0 before the launch (a memset node)
+//   TREE_PDL     ... by floor_zero_tree, launched just before: this kernel
+//                may start while it runs (programmatic dependent launch)
+//                and waits for it before its atomics
+//   TREE_V4      the nodes float32 (counts < 2^24: exact, so still
+//                order-independent), 4 experts an atomic (red.v4.f32)
 #define TREE_DEPTH 9  // nodes a query visits, at most (B <= 256)
+#define TREE_ZEROED 1
+#define TREE_PDL 2
+#define TREE_V4 4
+
+extern "C" __global__ void floor_zero_tree(const FloorArgs a) {
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+    const int words = a.x;  // (the launcher passes the tree's words as x)
+    for (int k = blockIdx.x * blockDim.x + threadIdx.x; k < words; k += gridDim.x * blockDim.x)
+        a.tree[k] = 0;
+}
+
+__device__ __forceinline__ float4 operator+(float4 x, float4 y) {
+    return make_float4(x.x + y.x, x.y + y.y, x.z + y.z, x.w + y.w);
+}
+__device__ __forceinline__ float4& operator+=(float4& x, float4 y) { return x = x + y; }
+
+// The tree's nodes summed for expert j: every load before any sum.
+template <typename T>
+__device__ __forceinline__ T tree_sums(const T* tree, int experts, int j, int nodes) {
+    T earlier[TREE_DEPTH], total[TREE_DEPTH];
+    int i = blockIdx.x, k = nodes;
+#pragma unroll
+    for (int d = 0; d < TREE_DEPTH; ++d) {
+        earlier[d] = i > 0 ? __ldcg(tree + (i - 1) * experts + j) : T{};
+        total[d] = k > 0 ? __ldcg(tree + (k - 1) * experts + j) : T{};
+        i -= i & -i;
+        k -= k & -k;
+    }
+    T sum{};
+#pragma unroll
+    for (int d = 0; d < TREE_DEPTH; ++d) sum += earlier[d] + total[d];
+    return sum;
+}
+
 extern "C" __global__ void floor_chain_tree(const FloorArgs a) {
     extern __shared__ int hist[];  // [E] counts, then [E] prefix + totals
     int* base = hist + a.experts;
     const int nodes = gridDim.x, experts = a.experts;
+    const bool parity_buffers = (a.pad & (TREE_ZEROED | TREE_PDL)) == 0;
     int* parity_word = a.tree + 2 * nodes * experts;
-    // pad 1: the caller zeroes tree 0 before every call (a memset node)
-    const int parity = a.pad ? 0 : *parity_word;
+    const int parity = parity_buffers ? *parity_word : 0;
     int* tree = a.tree + parity * nodes * experts;
     int* other = a.tree + (1 - parity) * nodes * experts;
     int first, end;
     block_slots(a, first, end);
     long long id[IDS];
     count_phase(a, hist, first, end, id, /*store_row=*/false);
-    for (int i = blockIdx.x + 1; i <= nodes; i += i & -i)
-        for (int j = threadIdx.x; j < experts; j += blockDim.x)
-            if (hist[j]) atomicAdd(&tree[(i - 1) * experts + j], hist[j]);
+    if (a.pad & TREE_PDL) asm volatile("griddepcontrol.wait;" ::: "memory");
+    if (a.pad & TREE_V4) {
+        float* ftree = reinterpret_cast<float*>(tree);
+        for (int i = blockIdx.x + 1; i <= nodes; i += i & -i)
+            for (int q = threadIdx.x; q < experts / 4; q += blockDim.x) {
+                const int4 c = reinterpret_cast<const int4*>(hist)[q];
+                if (c.x | c.y | c.z | c.w)
+                    asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};"
+                                 :: "l"(ftree + (i - 1) * experts + 4 * q), "f"(float(c.x)),
+                                    "f"(float(c.y)), "f"(float(c.z)), "f"(float(c.w))
+                                 : "memory");
+            }
+    } else {
+        for (int i = blockIdx.x + 1; i <= nodes; i += i & -i)
+            for (int j = threadIdx.x; j < experts; j += blockDim.x)
+                if (hist[j]) atomicAdd(&tree[(i - 1) * experts + j], hist[j]);
+    }
     grid_barrier();
-    for (int j = threadIdx.x; j < experts; j += blockDim.x) {
-        int earlier[TREE_DEPTH], total[TREE_DEPTH];  // every load before any sum
-        int i = blockIdx.x, k = nodes;
-#pragma unroll
-        for (int d = 0; d < TREE_DEPTH; ++d) {
-            earlier[d] = i > 0 ? tree[(i - 1) * experts + j] : 0;
-            total[d] = k > 0 ? tree[(k - 1) * experts + j] : 0;
-            i -= i & -i;
-            k -= k & -k;
+    if (a.pad & TREE_V4) {
+        const float4* ftree = reinterpret_cast<const float4*>(tree);
+        for (int q = threadIdx.x; q < experts / 4; q += blockDim.x) {
+            const float4 sum = tree_sums(ftree, experts / 4, q, nodes);
+            base[4 * q] = static_cast<int>(sum.x);
+            base[4 * q + 1] = static_cast<int>(sum.y);
+            base[4 * q + 2] = static_cast<int>(sum.z);
+            base[4 * q + 3] = static_cast<int>(sum.w);
         }
-        int sum = 0;
-#pragma unroll
-        for (int d = 0; d < TREE_DEPTH; ++d) sum += earlier[d] + total[d];
-        base[j] = sum;
+    } else {
+        for (int j = threadIdx.x; j < experts; j += blockDim.x)
+            base[j] = tree_sums(tree, experts, j, nodes);
     }
     __syncthreads();
     store_with(a, base, first, end, id);
-    if (a.pad) return;
+    if (!parity_buffers) return;
     for (int k = blockIdx.x * blockDim.x + threadIdx.x; k < nodes * experts;
          k += gridDim.x * blockDim.x)
         other[k] = 0;
@@ -333,33 +394,69 @@ extern "C" __global__ void floor_chain_tree(const FloorArgs a) {
 """
 
 KERNELS = ("floor_empty", "floor_barrier", "floor_stream", "floor_chain", "floor_count",
-           "floor_store", "floor_chain_sums", "floor_chain_scan", "floor_chain_tree")
+           "floor_store", "floor_chain_sums", "floor_chain_scan", "floor_chain_tree",
+           "floor_zero_tree")
 
 
 class FloorArgs(ctypes.Structure):
     _fields_ = [("ids", ctypes.c_void_p), ("counts", ctypes.c_void_p),
                 ("token_pos", ctypes.c_void_p), ("pos_rows", ctypes.c_void_p),
-                ("tree", ctypes.c_void_p), ("n", ctypes.c_int), ("experts", ctypes.c_int), ("x", ctypes.c_int),
-                ("pad", ctypes.c_int)]
+                ("tree", ctypes.c_void_p), ("n", ctypes.c_int), ("experts", ctypes.c_int),
+                ("x", ctypes.c_int), ("pad", ctypes.c_int)]
+
+
+# floor_chain_tree's flags (a.pad; TREE_* in the source)
+TREE_ZEROED, TREE_PDL, TREE_V4 = 1, 2, 4
+TREE_VARIANTS = (  # (column key, title, flags)
+    ("chain_tree", "chain + tree", 0),
+    ("chain_tree_memset", "chain + tree + memset", TREE_ZEROED),
+    ("chain_tree_pdl", "chain + tree + PDL zero", TREE_PDL),
+    ("chain_tree_v4", "chain + tree v4", TREE_V4),
+    ("chain_tree_v4_pdl", "chain + tree v4 + PDL zero", TREE_V4 | TREE_PDL),
+)
+
+
+def cooperative_dependent_launcher():
+    """cuLaunchKernelEx of a cooperative grid that may start while the
+    stream's previous kernel runs (both launch attributes)."""
+    from cupy_moe.runtime import launch
+
+    launch._driver_functions()
+    attributes = (launch._LaunchAttribute * 2)()
+    attributes[0].id = launch._COOPERATIVE
+    attributes[1].id = launch._PROGRAMMATIC_STREAM_SERIALIZATION
+    attributes[0].value[0] = attributes[1].value[0] = 1
+    config = launch._LaunchConfig(
+        attrs=ctypes.cast(attributes, ctypes.POINTER(launch._LaunchAttribute)), num_attrs=2)
+    config.grid[1] = config.grid[2] = config.block[1] = config.block[2] = 1
+
+    def launch_ex(handle, grid, threads, shared, stream, params_address, keep=attributes):
+        config.grid[0], config.block[0], config.shared_bytes = grid, threads, shared
+        config.stream = stream
+        status = launch._launch_kernel_ex(ctypes.addressof(config), handle, params_address,
+                                          None)
+        if status:
+            driver.check_status(status)
+    return launch_ex
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", metavar="PATH")
+    parser.add_argument("--tree-only", action="store_true",
+                        help="the chain, the tree variants and fused_mapping alone")
     args = parser.parse_args()
     module = cupy.RawModule(code=SOURCE, options=(
         "-std=c++17", f"-I{kernel_dir()}", f"-DIDS={IDS_A_THREAD}", f"-DCOLS={COLUMNS}"))
     functions = {name: module.get_function(name) for name in KERNELS}
+    launch_dependent = cooperative_dependent_launcher()
     device = torch.cuda.current_device()  # where .cuda() puts the ids
     sms = cupy.cuda.runtime.getDeviceProperties(device)["multiProcessorCount"]
     rng = np.random.default_rng()
     shapes = [w for w in load_workloads("fused_mapping") if w.num_tokens >= 4096]
     records = []
     print("us per call in a CUDA graph of 100 calls\n")
-    print("| shape | blocks | empty | coop-empty | barrier | stream | chain | two-kernel | "
-          "chain + sums | chain + scan | chain + tree | chain + tree + memset | chain, wide | "
-          "chain + scan, wide | chain + tree, wide | fused_mapping |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    header_done = False
     for w in shapes:
         n, experts = w.num_tokens * w.top_k, w.num_experts
         ids = rng.integers(0, experts, size=(w.num_tokens, w.top_k))
@@ -374,6 +471,8 @@ def main() -> int:
         if experts > COLUMNS * min(blocks, wide) or max(blocks, wide) > THREADS:
             raise SystemExit(f"{w.label}: the scan variant takes at most {COLUMNS} experts a "
                              f"block and {THREADS} blocks")
+        if experts % 4:
+            raise SystemExit(f"{w.label}: the v4 tree takes E a multiple of 4")
         # counts [B, E], then the scan variant's prefixes [B, E] and totals [E]
         counts = torch.empty((2 * max(blocks, wide) + 1) * experts, dtype=torch.int32,
                              device="cuda")
@@ -381,19 +480,28 @@ def main() -> int:
         pos_rows = torch.empty(3 * x, dtype=torch.int32, device="cuda")
         shared = 8 * experts
 
-        def launcher(name, cooperative, grid=blocks, memset_tree=False):
+        def launcher(name, cooperative, grid=blocks, tree_flags=0):
             handle = functions[name].kernel.ptr  # the loaded cupy.cuda.Function
             # floor_chain_tree's two trees and parity word, zeroed once: its
             # own for each grid (the kernel keeps them zero between calls)
             tree = torch.zeros(2 * grid * experts + 1, dtype=torch.int32, device="cuda")
             block = FloorArgs(device_ids.data_ptr(), counts.data_ptr(), token_pos.data_ptr(),
-                              pos_rows.data_ptr(), tree.data_ptr(), n, experts, x,
-                              int(memset_tree))
+                              pos_rows.data_ptr(), tree.data_ptr(), n, experts, x, tree_flags)
             params = (ctypes.c_void_p * 1)(ctypes.addressof(block))
+            # floor_zero_tree's arguments: x = the tree's words
+            zero_block = FloorArgs(0, 0, 0, 0, tree.data_ptr(), 0, 0, grid * experts, 0)
+            zero_params = (ctypes.c_void_p * 1)(ctypes.addressof(zero_block))
+            zero_handle = functions["floor_zero_tree"].kernel.ptr
 
-            def call(keep=(tree, block, params)):  # alive as long as the launcher
+            def call(keep=(tree, block, params, zero_block, zero_params)):  # alive with it
                 stream = torch.cuda.current_stream().cuda_stream
-                if memset_tree:
+                if tree_flags & TREE_PDL:
+                    driver.launchKernel(zero_handle, 32, 1, 1, THREADS, 1, 1, 0, stream,
+                                        ctypes.addressof(zero_params), 0)
+                    launch_dependent(handle, grid, THREADS, shared, stream,
+                                     ctypes.addressof(params))
+                    return
+                if tree_flags & TREE_ZEROED:
                     cupy.cuda.runtime.memsetAsync(tree.data_ptr(), 0, 4 * grid * experts, stream)
                 if cooperative:
                     driver.launchCooperativeKernel(handle, grid, 1, 1, THREADS, 1, 1, shared,
@@ -417,42 +525,49 @@ def main() -> int:
         for grid in (blocks, wide):
             launcher("floor_chain_sums", True, grid)()
             expected = token_pos.clone()
-            for memset_tree in (False, True):
-                tree_call = launcher("floor_chain_tree", True, grid, memset_tree)
+            for _, title, flags in TREE_VARIANTS:
+                tree_call = launcher("floor_chain_tree", True, grid, flags)
                 for _ in range(3):
                     token_pos.fill_(-7)
                     tree_call()
                     if not torch.equal(token_pos, expected):
-                        raise SystemExit(f"{w.label}: floor_chain_tree on {grid} blocks "
-                                         f"(memset {memset_tree}) disagrees with "
-                                         "floor_chain_sums")
+                        raise SystemExit(f"{w.label}: {title} on {grid} blocks disagrees "
+                                         "with floor_chain_sums")
+        columns = [] if args.tree_only else [
+            ("empty", "empty", lambda: launcher("floor_empty", False)),
+            ("coop_empty", "coop-empty", lambda: launcher("floor_empty", True)),
+            ("barrier", "barrier", lambda: launcher("floor_barrier", True)),
+            ("stream", "stream", lambda: launcher("floor_stream", False))]
+        columns.append(("chain", "chain", lambda: launcher("floor_chain", True)))
+        if not args.tree_only:
+            columns += [
+                ("two_kernel", "two-kernel", lambda: two_kernels),
+                ("chain_sums", "chain + sums", lambda: launcher("floor_chain_sums", True)),
+                ("chain_scan", "chain + scan", lambda: launcher("floor_chain_scan", True))]
+        columns += [(key, title, lambda flags=flags: launcher("floor_chain_tree", True,
+                                                              tree_flags=flags))
+                    for key, title, flags in TREE_VARIANTS]
+        columns.append(("chain_wide", "chain, wide",
+                        lambda: launcher("floor_chain", True, wide)))
+        if not args.tree_only:
+            columns.append(("chain_scan_wide", "chain + scan, wide",
+                            lambda: launcher("floor_chain_scan", True, wide)))
+        columns += [(key + "_wide", title + ", wide",
+                     lambda flags=flags: launcher("floor_chain_tree", True, wide, flags))
+                    for key, title, flags in TREE_VARIANTS]
+        columns.append(("fused_mapping", "fused_mapping", lambda: plan_call))
+        if not header_done:
+            print("| shape | blocks | wide | " + " | ".join(t for _, t, _ in columns) + " |")
+            print("|---" * (len(columns) + 3) + "|")
+            header_done = True
         record = {"label": w.label, "num_slots": n, "num_experts": experts, "num_expanded": x,
-                  "blocks": blocks, "threads": THREADS,
-                  "default_shape": str(shape),
-                  "empty": torch_graph_us(launcher("floor_empty", False)),
-                  "coop_empty": torch_graph_us(launcher("floor_empty", True)),
-                  "barrier": torch_graph_us(launcher("floor_barrier", True)),
-                  "stream": torch_graph_us(launcher("floor_stream", False)),
-                  "chain": torch_graph_us(launcher("floor_chain", True)),
-                  "two_kernel": torch_graph_us(two_kernels),
-                  "chain_sums": torch_graph_us(launcher("floor_chain_sums", True)),
-                  "chain_scan": torch_graph_us(launcher("floor_chain_scan", True)),
-                  "chain_tree": torch_graph_us(launcher("floor_chain_tree", True)),
-                  "chain_tree_memset": torch_graph_us(
-                      launcher("floor_chain_tree", True, memset_tree=True)),
-                  "wide_blocks": wide,
-                  "chain_wide": torch_graph_us(launcher("floor_chain", True, wide)),
-                  "chain_scan_wide": torch_graph_us(launcher("floor_chain_scan", True, wide)),
-                  "chain_tree_wide": torch_graph_us(launcher("floor_chain_tree", True, wide)),
-                  "fused_mapping": torch_graph_us(plan_call)}
+                  "blocks": blocks, "wide_blocks": wide, "threads": THREADS,
+                  "default_shape": str(shape)}
+        for key, _, make in columns:
+            record[key] = torch_graph_us(make())
         records.append(record)
-        print(f"| {w.label} | {blocks} | " + " | ".join(
-            f"{record[k]:.2f}" for k in ("empty", "coop_empty", "barrier", "stream", "chain",
-                                         "two_kernel", "chain_sums", "chain_scan", "chain_tree",
-                                         "chain_tree_memset",
-                                         "chain_wide", "chain_scan_wide", "chain_tree_wide",
-                                         "fused_mapping")) + " |",
-              flush=True)
+        print(f"| {w.label} | {blocks} | {wide} | "
+              + " | ".join(f"{record[k]:.2f}" for k, _, _ in columns) + " |", flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"device": torch.cuda.get_device_name(), "records": records}, f,
