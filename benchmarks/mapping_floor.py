@@ -522,6 +522,7 @@ def main() -> int:
 
         # the tree's prefixes and totals against every block's row summed
         # (the same base a slot; three calls each: the parity's two buffers)
+        refused = {}  # flags -> the driver's error (e.g. a cooperative dependent launch)
         for grid in (blocks, wide):
             launcher("floor_chain_sums", True, grid)()
             expected = token_pos.clone()
@@ -529,7 +530,13 @@ def main() -> int:
                 tree_call = launcher("floor_chain_tree", True, grid, flags)
                 for _ in range(3):
                     token_pos.fill_(-7)
-                    tree_call()
+                    try:
+                        tree_call()
+                    except driver.CUDADriverError as error:
+                        refused[flags] = f"{title}: {error}"
+                        print(f"{w.label}: {title} refused: {error}", file=sys.stderr)
+                        torch.cuda.synchronize()
+                        break
                     if not torch.equal(token_pos, expected):
                         raise SystemExit(f"{w.label}: {title} on {grid} blocks disagrees "
                                          "with floor_chain_sums")
@@ -544,9 +551,10 @@ def main() -> int:
                 ("two_kernel", "two-kernel", lambda: two_kernels),
                 ("chain_sums", "chain + sums", lambda: launcher("floor_chain_sums", True)),
                 ("chain_scan", "chain + scan", lambda: launcher("floor_chain_scan", True))]
+        variants = [v for v in TREE_VARIANTS if v[2] not in refused]
         columns += [(key, title, lambda flags=flags: launcher("floor_chain_tree", True,
                                                               tree_flags=flags))
-                    for key, title, flags in TREE_VARIANTS]
+                    for key, title, flags in variants]
         columns.append(("chain_wide", "chain, wide",
                         lambda: launcher("floor_chain", True, wide)))
         if not args.tree_only:
@@ -554,7 +562,7 @@ def main() -> int:
                             lambda: launcher("floor_chain_scan", True, wide)))
         columns += [(key + "_wide", title + ", wide",
                      lambda flags=flags: launcher("floor_chain_tree", True, wide, flags))
-                    for key, title, flags in TREE_VARIANTS]
+                    for key, title, flags in variants]
         columns.append(("fused_mapping", "fused_mapping", lambda: plan_call))
         if not header_done:
             print("| shape | blocks | wide | " + " | ".join(t for _, t, _ in columns) + " |")
@@ -562,7 +570,7 @@ def main() -> int:
             header_done = True
         record = {"label": w.label, "num_slots": n, "num_experts": experts, "num_expanded": x,
                   "blocks": blocks, "wide_blocks": wide, "threads": THREADS,
-                  "default_shape": str(shape)}
+                  "default_shape": str(shape), "refused": list(refused.values())}
         for key, _, make in columns:
             record[key] = torch_graph_us(make())
         records.append(record)
