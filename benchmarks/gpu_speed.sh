@@ -42,8 +42,7 @@
 # --mapping-tree: issue 12's cooperative mapping kernel with its block counts
 #   in a Fenwick tree (MappingShape.tree_counts): the mapping GPU tests of the
 #   tree and of every launch shape, compute-sanitizer memcheck and initcheck
-#   over the tree tests, phase traces of the prefill shapes with and without
-#   the tree, benchmarks/mapping_floor.py (its chain + tree
+#   over the tree tests, benchmarks/mapping_floor.py (its chain + tree
 #   skeleton beside the rest, JSON to $OUT/mapping_floor.json), and
 #   bench_fused_mapping.py --tree on the medium and prefill shapes (beside
 #   the default and TileKernels where .peers/ is carried), JSON to
@@ -144,11 +143,6 @@ if [ $mapping_tree -eq 1 ]; then
     timeout 120 compute-sanitizer --tool $tool --error-exitcode 9 python3 -m pytest -q \
       -p no:cacheprovider tests/test_mapping_gpu.py -k tree_counts >> "$LOG" 2>&1
     summary+=("mapping tree $tool rc=$? (9: errors)")
-  done
-  section "fused_mapping with tree counts: phase traces"
-  prefill="4096 8 128 128 4096 8 256 128 4096 8 384 128 8192 8 384 128"
-  for args in "" "--tree"; do
-    timeout 60 python3 benchmarks/profile_mapping_phases.py $args $prefill 2>&1 | tee -a "$LOG"
   done
   section "the floor, with the tree skeleton"
   timeout 120 python3 benchmarks/mapping_floor.py --json "$OUT/mapping_floor.json" \

@@ -3,17 +3,14 @@ kernels compiled with ``MAP_TRACE`` record each block's SM clock at every
 ``MAP_PHASE`` point (kernels_cu/mapping.cu); this prints, per phase, the
 cycles since the block started (median and slowest block). GPU only.
 
-    python benchmarks/profile_mapping_phases.py [-D NAME=VALUE ...] [--cluster C | --tree]
-                                                [SHAPES]
+    python benchmarks/profile_mapping_phases.py [-D NAME=VALUE ...] [--cluster C] [SHAPES]
 
 SHAPES are groups of four numbers, T K E ALIGNMENT (default: the manifest's
 mapping workloads); ``-D`` adds a define to the traced build (a variant of
 the kernel source, e.g. ``-D SUM_VECS=16``). The traced launch is the last
 of several back to back, as in a CUDA graph (ids and code warm in the
 caches). ``--cluster C``: the cooperative kernel in clusters of C blocks
-(its default grid for them; sm_90+); ``--tree``: the cooperative kernel
-with its block counts in a Fenwick tree (its default grid; mark 10 is then
-thread 0's tree loads summed). Phases of the general kernel:
+(its default grid for them; sm_90+). Phases of the general kernel:
 0 start, 1 counters zeroed, 2 warps counted, (in clusters: 12 past the
 cluster barrier, 13 the cluster's counts added up,) 3 block totals written,
 4 past the grid barrier, 10 (cooperative kernel) thread 0's column-sum loads
@@ -49,20 +46,18 @@ LAUNCHES = 8       # back to back; the last is traced
 
 
 def traced_plan(problem: MappingProblem, device: int, extra_defines: tuple = (),
-                cluster: int = 0, tree: bool = False) -> tuple[MappingPlan, tuple]:
+                cluster: int = 0) -> tuple[MappingPlan, tuple]:
     """The default plan of ``problem`` (``cluster``: the cooperative one in
-    clusters of that many blocks; ``tree``: with tree counts) with its
-    kernels swapped for traced builds (with ``extra_defines`` too)."""
+    clusters of that many blocks) with its kernels swapped for traced builds
+    (with ``extra_defines`` too)."""
     shape = None
-    if cluster or tree:
+    if cluster:
         traits = device_traits(device)
         shape = mapping_shape(problem.num_slots, problem.num_experts, problem.num_expanded,
                               traits.multiprocessors, traits.shared_bytes_optin,
-                              cooperative=traits.cooperative_launch, cluster_blocks=cluster,
-                              tree_counts=tree)
-        if shape.cluster_blocks != cluster or shape.tree_counts != tree:
-            raise SystemExit(f"no {'tree' if tree else f'clusters of {cluster}'} for "
-                             f"{problem}: {shape}")
+                              cooperative=traits.cooperative_launch, cluster_blocks=cluster)
+        if shape.cluster_blocks != cluster:
+            raise SystemExit(f"no clusters of {cluster} for {problem}: {shape}")
     plan = MappingPlan(problem, device, shape)
     names = kernel_names(plan.shape, problem.id_dtype)
     defines = TRACE_DEFINES + tuple(extra_defines)
@@ -77,7 +72,7 @@ def traced_plan(problem: MappingProblem, device: int, extra_defines: tuple = (),
 
 
 def profile(num_tokens: int, top_k: int, num_experts: int, alignment: int,
-            extra_defines: tuple = (), cluster: int = 0, tree: bool = False) -> str:
+            extra_defines: tuple = (), cluster: int = 0) -> str:
     device = torch.cuda.current_device()
     rng = np.random.default_rng(0)
     ids = rng.integers(0, num_experts, size=(num_tokens, top_k))
@@ -85,7 +80,7 @@ def profile(num_tokens: int, top_k: int, num_experts: int, alignment: int,
     device_ids = torch.from_numpy(ids).cuda()
     rows = worst_case_rows(ids.size, num_experts, alignment)
     problem = MappingProblem(num_tokens, top_k, num_experts, alignment, rows, "int64")
-    plan, defines = traced_plan(problem, device, extra_defines, cluster, tree)
+    plan, defines = traced_plan(problem, device, extra_defines, cluster)
     module = get_module(SOURCE, defines, device)
     trace = cupy.ndarray((TRACED_BLOCKS, PHASES), dtype=cupy.int64,
                          memptr=module.get_global("map_trace"))
@@ -123,12 +118,8 @@ def profile(num_tokens: int, top_k: int, num_experts: int, alignment: int,
 
 
 def main() -> int:
-    args, extra_defines, cluster, tree = sys.argv[1:], [], 0, False
-    while args and args[0] == "--tree" or len(args) >= 2 and (
-            args[0] == "-D" and "=" in args[1] or args[0] == "--cluster"):
-        if args[0] == "--tree":
-            tree, args = True, args[1:]
-            continue
+    args, extra_defines, cluster = sys.argv[1:], [], 0
+    while len(args) >= 2 and (args[0] == "-D" and "=" in args[1] or args[0] == "--cluster"):
         if args[0] == "--cluster":
             cluster = int(args[1])
         else:
@@ -148,7 +139,7 @@ def main() -> int:
         for w in load_workloads("fused_mapping")]
     for shape in shapes:
         try:
-            print(profile(*shape, tuple(extra_defines), cluster, tree))
+            print(profile(*shape, tuple(extra_defines), cluster))
         except ValueError as error:  # a grid the GPU cannot hold in clusters: the next shape
             print(f"T K E A = {' '.join(map(str, shape))}: {error}")
     return 0
