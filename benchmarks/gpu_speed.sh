@@ -6,7 +6,7 @@
 #
 #   bash benchmarks/gpu_speed.sh [--combine] [--combine-ep] [--swiglu] [--expand-decode]
 #                                [--padding] [--compiled-row] [--zero-runs] [--seed]
-#                                [--mapping-clusters] [--mapping-tree]
+#                                [--mapping-clusters]
 #                                [--ncu LABEL KERNEL_REGEX]...
 #                                [--ncu-combine LABEL "NAME=VALUE ..."]...
 #                                [--ncu-seed LABEL]...
@@ -39,14 +39,6 @@
 #   (cooperative grids of 16-128 blocks, plain and in clusters, beside the
 #   default and TileKernels where .peers/ is carried), JSON to
 #   $OUT/mapping_clusters.json.
-# --mapping-tree: issue 12's cooperative mapping kernel with its block counts
-#   in a Fenwick tree (MappingShape.tree_counts): the mapping GPU tests of the
-#   tree and of every launch shape, compute-sanitizer memcheck and initcheck
-#   over the tree tests, benchmarks/mapping_floor.py (its chain + tree
-#   skeleton beside the rest, JSON to $OUT/mapping_floor.json), and
-#   bench_fused_mapping.py --tree on the medium and prefill shapes (beside
-#   the default and TileKernels where .peers/ is carried), JSON to
-#   $OUT/mapping_tree.json.
 # --seed: benchmarks/bench_expand_seed.py (the seed's TileLang kernel beside
 #   ours on every plan workload; needs the .peers/ bundle carried and
 #   .peers/seed/ holding the PR text), JSON and Markdown to $OUT/seed.*.
@@ -78,7 +70,7 @@ kernel_path_tests() {
             | tail -1) [$(( $(date +%s) - start ))s]")
 }
 combine=0 combine_ep=0 swiglu=0 expand_decode=0 padding=0 compiled_row=0 zero_runs=0 seed=0
-mapping_clusters=0 mapping_tree=0 profiles=() seed_profiles=()
+mapping_clusters=0 profiles=() seed_profiles=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --combine) combine=1 ;;
@@ -90,7 +82,6 @@ while [ $# -gt 0 ]; do
     --zero-runs) zero_runs=1 ;;
     --seed) seed=1 ;;
     --mapping-clusters) mapping_clusters=1 ;;
-    --mapping-tree) mapping_tree=1 ;;
     --ncu) profiles+=("$2|$3|"); shift 2 ;;
     --ncu-combine) profiles+=("$2|reduce_fused|$3"); shift 2 ;;
     --ncu-seed) seed_profiles+=("$2"); shift ;;
@@ -130,30 +121,6 @@ if [ $mapping_clusters -eq 1 ]; then
       --only medium prefill-e128 prefill-e256 prefill-e384 prefill-8k-e384 \
       --json "$OUT/mapping_clusters.json" 2>> "$LOG" | tee -a "$LOG"; exit "${PIPESTATUS[0]}" )
   summary+=("bench_fused_mapping clusters rc=$? [$(( $(date +%s) - start ))s]")
-fi
-
-if [ $mapping_tree -eq 1 ]; then
-  start=$(date +%s)
-  section "fused_mapping with tree counts: GPU tests"
-  timeout 150 python3 -m pytest -q -p no:cacheprovider tests/test_mapping_gpu.py \
-    -k "tree or every_launch_shape" >> "$LOG" 2>&1
-  summary+=("mapping tree tests rc=$? $(grep -E '^[0-9]+ (passed|failed)' "$LOG" | tail -1)")
-  for tool in memcheck initcheck; do
-    section "fused_mapping with tree counts: $tool"
-    timeout 120 compute-sanitizer --tool $tool --error-exitcode 9 python3 -m pytest -q \
-      -p no:cacheprovider tests/test_mapping_gpu.py -k tree_counts >> "$LOG" 2>&1
-    summary+=("mapping tree $tool rc=$? (9: errors)")
-  done
-  section "the floor, with the tree skeleton"
-  timeout 120 python3 benchmarks/mapping_floor.py --json "$OUT/mapping_floor.json" \
-    2>> "$LOG" | tee -a "$LOG"
-  summary+=("mapping_floor rc=${PIPESTATUS[0]}")
-  section "fused_mapping with tree counts: graph us per call"
-  ( [ -d .peers ] && source benchmarks/peer_setup.sh >> "$LOG" 2>&1
-    timeout 200 python3 benchmarks/bench_fused_mapping.py --iters 30 --tree \
-      --only medium prefill-e128 prefill-e256 prefill-e384 prefill-8k-e384 \
-      --json "$OUT/mapping_tree.json" 2>> "$LOG" | tee -a "$LOG"; exit "${PIPESTATUS[0]}" )
-  summary+=("bench_fused_mapping tree rc=$? [$(( $(date +%s) - start ))s]")
 fi
 
 if [ $combine_ep -eq 1 ]; then
