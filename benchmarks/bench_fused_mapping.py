@@ -2,7 +2,7 @@
 ``get_fused_mapping`` when it can be imported. GPU only.
 
     python benchmarks/bench_fused_mapping.py [--iters N] [--json PATH] [--sweep]
-                                             [--clusters] [--tree] [--only LABEL ...]
+                                             [--clusters] [--only LABEL ...]
 
 Per shape, torch int64 ids (what ``torch.topk`` returns), about 2% dropped:
 the plan is first checked bit-identical to the NumPy oracle, then timed: GPU
@@ -20,12 +20,8 @@ shapes of our kernels (per call in a CUDA graph of kernel launches alone,
 preallocated buffer); ``--clusters`` times, the same way, the cooperative
 kernel of 8-warp blocks on 16 to 128 blocks, plain and in clusters of 2, 4
 and 8 blocks (``MappingShape.cluster_blocks``, sm_90+), beside the default
-plan, where the slots are too many for one self-counting launch. ``--tree``
-times, the same way, the cooperative kernel with its block counts in a
-Fenwick tree (``MappingShape.tree_counts``; the memset that zeroes the tree
-is in each graph call) on its default grid and on 32 to 128 blocks and the
-SM count, beside the default plan. ``--only``: these shapes alone (labels
-without "mapping-").
+plan, where the slots are too many for one self-counting launch. ``--only``:
+these shapes alone (labels without "mapping-").
 """
 
 from __future__ import annotations
@@ -200,50 +196,6 @@ def cluster_shapes(device_ids, num_experts, alignment, rows):
     return times
 
 
-def tree_shapes(device_ids, num_experts, alignment, rows):
-    """The default plan, and the cooperative kernel with its counts in a
-    Fenwick tree on its default grid and on 32, 64, 128 and SM-count blocks
-    of 8 warps, each plan checked bit-identical first: {shape text: us per
-    call replaying a CUDA graph of the plan's launches alone, the tree's
-    memset included (preallocated buffer)}. Empty without cooperative
-    launches or where every block counts all slots itself."""
-    from cupy_moe.mapping.gpu import MappingPlan
-    from cupy_moe.mapping.launch_shape import SELF_COUNT_MAX_SLOTS, mapping_shape
-    from cupy_moe.mapping.rules import MappingProblem
-    from cupy_moe.runtime.launch import device_traits
-
-    num_tokens, top_k = device_ids.shape
-    slots = num_tokens * top_k
-    device = device_ids.device.index
-    traits = device_traits(device)
-    if not traits.cooperative_launch or slots <= SELF_COUNT_MAX_SLOTS:
-        return {}
-    problem = MappingProblem(num_tokens, top_k, num_experts, alignment, rows, "int64")
-    expected = fused_mapping_numpy(device_ids.cpu().numpy(), num_experts, alignment=alignment,
-                                   num_expanded=rows)
-
-    def shape_with(**kwargs):
-        return mapping_shape(slots, num_experts, rows, traits.multiprocessors,
-                             traits.shared_bytes_optin, cooperative=True, **kwargs)
-
-    base = shape_with()
-    tree = shape_with(tree_counts=True)
-    shapes = {f"default (b{base.blocks} w{base.warps}"
-              f"{' coop' if base.cooperative else ''})": base}
-    if tree.tree_counts:
-        shapes[f"tree default (b{tree.blocks} w{tree.warps})"] = tree
-        for blocks in sorted({32, 64, 128, traits.multiprocessors} - {tree.blocks}):
-            if blocks <= traits.multiprocessors:
-                shape = shape_with(tree_counts=True, warps=tree.warps, blocks=blocks)
-                if shape.tree_counts:
-                    shapes[f"tree b{blocks} w{shape.warps}"] = shape
-    times = {}
-    for text, shape in shapes.items():
-        times[text] = checked_graph_us(MappingPlan(problem, device, shape), device_ids,
-                                       expected)
-    return times
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--iters", type=int, default=50)
@@ -251,8 +203,6 @@ def main() -> int:
     parser.add_argument("--sweep", action="store_true", help="time other launch shapes too")
     parser.add_argument("--clusters", action="store_true",
                         help="time the cooperative kernel in clusters too")
-    parser.add_argument("--tree", action="store_true",
-                        help="time the cooperative kernel with tree counts too")
     parser.add_argument("--only", nargs="+", metavar="LABEL", help="these shapes alone")
     args = parser.parse_args()
     if args.iters < 1:
@@ -315,8 +265,6 @@ def main() -> int:
                                                     args.iters)
         if args.clusters:
             record["cluster_graph_us"] = cluster_shapes(device_ids, num_experts, alignment, rows)
-        if args.tree:
-            record["tree_graph_us"] = tree_shapes(device_ids, num_experts, alignment, rows)
         records.append(record)
         print(f"| {label} | {num_tokens} | {top_k} | {num_experts} | {alignment} | {rows} | "
               f"{record['gpu_us']:.1f} | {record['gpu_with_host_us']:.1f} | "
@@ -336,13 +284,6 @@ def main() -> int:
             if record["cluster_graph_us"]:
                 cells = ", ".join(f"{k}: {v:.2f}" if isinstance(v, float) else f"{k}: {v}"
                                   for k, v in record["cluster_graph_us"].items())
-                print(f"- {record['label']}: {cells}")
-    if args.tree:
-        print("\nus per call in a CUDA graph of the plan's launches, the cooperative kernel "
-              "with its counts in a Fenwick tree (memset included) beside the default:")
-        for record in records:
-            if record["tree_graph_us"]:
-                cells = ", ".join(f"{k}: {v:.2f}" for k, v in record["tree_graph_us"].items())
                 print(f"- {record['label']}: {cells}")
     if args.json:
         with open(args.json, "w") as f:

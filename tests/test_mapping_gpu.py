@@ -83,8 +83,7 @@ def test_thousand_random_plans_are_bit_identical(kind):
 def test_every_launch_shape_gives_the_same_plan():
     """All three counting modes of the general kernels (self-counting, block
     counts, cooperative; on sm_90+ half the cooperative grids in clusters of
-    2, 4 or 8 blocks adding up their counts first, a quarter of the others
-    with their counts in a Fenwick tree), whatever the slots,
+    2, 4 or 8 blocks adding up their counts first), whatever the slots,
     any warps per block and blocks (more or fewer than the slots need, more
     than the GPU's SMs but for a cooperative launch): the plan does not
     move."""
@@ -123,8 +122,6 @@ def test_every_launch_shape_gives_the_same_plan():
                 shape = MappingShape(shape.warps, blocks, warp_slots, False,
                                      place_shared_bytes(shape.warps, num_experts, cluster),
                                      1, True, cluster_blocks=cluster)
-        elif mode == "cooperative" and rng.integers(0, 2):
-            shape = shape._replace(tree_counts=True)
         plan = MappingPlan(problem, device, shape, overlap=bool(rng.integers(0, 2)))
         buffer = cupy.full(plan.buffer_size, 0x5A5A5A5A, dtype=cupy.int32)
         ids = cupy.asarray(topk_ids)
@@ -171,40 +168,6 @@ def test_prefill_grids_in_clusters_give_the_same_plan(num_tokens, num_experts, c
     expected = fused_mapping_numpy(topk_ids, num_experts, alignment=128, num_expanded=x)
     for name, got, want in zip(FIELDS, plan.views(buffer), expected, strict=True):
         assert_bits_equal(cupy.asnumpy(got), want, name)
-
-
-@pytest.mark.parametrize("blocks", [None, 64, 96, "sms"])
-@pytest.mark.parametrize(("num_tokens", "num_experts"), [(4096, 128), (4096, 384), (8192, 384)])
-def test_prefill_grids_with_tree_counts_give_the_same_plan(num_tokens, num_experts, blocks):
-    """The prefill shapes' cooperative grids with their block counts in a
-    Fenwick tree (the tree's default grid, a power of two or not, every SM):
-    the plan is the oracle's, a second call on the same buffer too (the tree
-    is zeroed before each launch)."""
-    from cupy_moe.mapping.gpu import MappingPlan
-    from cupy_moe.runtime.launch import current_device, device_traits
-
-    device = current_device()
-    traits = device_traits(device)
-    if not traits.cooperative_launch:
-        pytest.skip("no cooperative launches on this GPU")
-    rng = np.random.default_rng(num_tokens + num_experts)
-    topk_ids = rng.integers(-1, num_experts + 2, (num_tokens, 8))
-    x = worst_case_rows(topk_ids.size, num_experts, 128)
-    grid = traits.multiprocessors if blocks == "sms" else blocks
-    shape = mapping_shape(topk_ids.size, num_experts, x, traits.multiprocessors,
-                          traits.shared_bytes_optin, cooperative=True, tree_counts=True,
-                          blocks=None if grid is None else min(grid, traits.multiprocessors),
-                          warps=None if grid is None else 8)
-    assert shape.tree_counts
-    plan = MappingPlan(MappingProblem(num_tokens, 8, num_experts, 128, x, "int64"), device,
-                       shape)
-    buffer = cupy.full(plan.buffer_size, 0x5A5A5A5A, dtype=cupy.int32)
-    ids = cupy.asarray(topk_ids)
-    expected = fused_mapping_numpy(topk_ids, num_experts, alignment=128, num_expanded=x)
-    for _ in range(2):
-        plan.launch(cupy.cuda.get_current_stream().ptr, ids.data.ptr, buffer.data.ptr)
-        for name, got, want in zip(FIELDS, plan.views(buffer), expected, strict=True):
-            assert_bits_equal(cupy.asnumpy(got), want, name)
 
 
 def test_a_cooperative_plan_refuses_more_warps_than_its_kernel_takes():
