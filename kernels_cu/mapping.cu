@@ -31,15 +31,6 @@
 //                 its prefix within the cluster, and the cluster's totals:
 //                 one uint16 row a cluster), so after the grid barrier a
 //                 block sums blocks / C rows, not blocks rows.
-//                 mapping_coop_tree_*: the block counts in a Fenwick tree
-//                 (int32 [blocks, E], zeroed by the host before the
-//                 launch): block b adds its counts by global atomics to
-//                 nodes b + 1, i + lowbit(i), ... (at most log2(blocks) + 1
-//                 rows); after the grid barrier its earlier blocks' slots
-//                 are nodes b, i - lowbit(i), ... (popcount(b) rows) and
-//                 every expert's total nodes blocks, ... (one row when
-//                 blocks is a power of two). Integer sums do not depend on
-//                 the atomics' order: the plan stays deterministic.
 // A warp's worth of slots (decode) takes none of these: mapping_warp_*
 // (below) works the whole plan out in one warp's registers.
 // Each row of pos_* is written exactly once: by its slot, or as padding (the
@@ -57,7 +48,6 @@
 #define SUM_BATCH 16       // block counts a thread has in flight summing a column
 #define COOP_MAX_WARPS 16  // warps of a cooperative block, at most (its registers)
 #define CLUSTER_MAX_BLOCKS 8  // blocks of a cluster, at most (the portable size)
-#define TREE_DEPTH 11      // Fenwick nodes a query visits, at most (blocks < 2048)
 // Traced builds only (wrong plans): MAP_TRACE_DROP_STORES 1 drops the place
 // phase's three pos-row stores, 2 its token_topk_to_pos store too, to time
 // what the phase costs without them (profile_mapping_phases.py -D ...).
@@ -108,8 +98,7 @@ struct MappingArgs {
                                // [place blocks, E] prefixes in their count block;
                                // cooperative: [blocks, align(E, 8)] uint16 totals
                                // (16-byte aligned; in clusters, the first
-                               // blocks / C rows: the clusters' totals); in a
-                               // tree: [blocks, E] int32 Fenwick nodes; then
+                               // blocks / C rows: the clusters' totals); then
                                // [1]: total rows
     int num_slots;             // N = T * K
     int top_k;                 // K
@@ -269,9 +258,8 @@ __device__ __forceinline__ void sum_column(const int* counts, int experts, int j
 }
 
 // Clustered (a cooperative launch in clusters, sm_90+ only): the block's
-// totals go to shared memory, where the cluster's blocks read them. Tree
-// (cooperative, not clustered): the block counts in a Fenwick tree.
-template <typename Id, bool Cooperative, bool Clustered = false, bool Tree = false>
+// totals go to shared memory, where the cluster's blocks read them.
+template <typename Id, bool Cooperative, bool Clustered = false>
 __device__ __forceinline__ void place_block(const MappingArgs& a) {
     extern __shared__ int shared[];
     const int experts = a.num_experts, warps = blockDim.x >> 5;
@@ -337,15 +325,9 @@ __device__ __forceinline__ void place_block(const MappingArgs& a) {
                 running += count[u];
             }
         }
-        if (Clustered) {
+        if (Clustered)
             block_totals[j] = running;
-        } else if (Tree) {
-            // fire and forget (RED): the grid barrier's release orders them
-            if (running)
-                for (int i = blockIdx.x + 1; i <= static_cast<int>(gridDim.x); i += i & -i)
-                    atomicAdd(&a.block_counts[static_cast<long long>(i - 1) * experts + j],
-                              running);
-        } else if (Cooperative)
+        else if (Cooperative)
             reinterpret_cast<unsigned short*>(a.block_counts)[
                 static_cast<long long>(blockIdx.x) * padded_experts(experts) + j] =
                 static_cast<unsigned short>(running);
@@ -399,7 +381,7 @@ __device__ __forceinline__ void place_block(const MappingArgs& a) {
 #else
             __trap();  // clusters are sm_90+: the plan never launches this elsewhere
 #endif
-        } else if (!Tree) {
+        } else {
             // the pad columns of this block's row (read with the rest, never used)
             for (int j = experts + threadIdx.x; j < padded; j += blockDim.x)
                 reinterpret_cast<unsigned short*>(a.block_counts)[
@@ -408,87 +390,56 @@ __device__ __forceinline__ void place_block(const MappingArgs& a) {
         MAP_PHASE(3);
         grid_barrier();
         MAP_PHASE(4);
-        if (Tree) {
-            // a thread an expert: every node's load issued before any is
-            // summed (predicated: the walks end at zero); L2 loads, where
-            // the other blocks' atomics landed
-            if (gridDim.x >= (1u << TREE_DEPTH)) __trap();  // the plan's rule: blocks <= SMs
-            const int* tree = a.block_counts;
-            for (int j = threadIdx.x; j < experts; j += blockDim.x) {
-                int earlier[TREE_DEPTH], total[TREE_DEPTH];
-                int node = blockIdx.x, last = gridDim.x;
+        // every block's (cluster's) counts, 8 experts a 16-byte load: a
+        // thread takes a group of 8 experts and every parts-th row from
+        // `part` on, with SUM_VECS loads in flight (one batch on the default
+        // shapes, whose rows x E keep to 2048 x warps: every block reads the
+        // same few KiB, so a round trip is long); consecutive lanes take
+        // consecutive groups (coalesced: lanes of one group summing by
+        // shuffles instead read 32 rows at once and measured slower,
+        // NOTES.md eleventh session)
+        const int blocks = Clustered ? rows_summed : static_cast<int>(gridDim.x);
+        const int block = Clustered ? my_row : static_cast<int>(blockIdx.x), groups = padded >> 3;
+        // (in clusters the rows are few: no more parts than batches of
+        // SUM_VECS rows, so that fewer threads end in the shared atomics,
+        // 16 a thread, which the expert scan's first read waits behind)
+        const int parts = Clustered
+            ? max(1, min(static_cast<int>(blockDim.x) / groups,
+                         (blocks + SUM_VECS - 1) / SUM_VECS))
+            : max(1, static_cast<int>(blockDim.x) / groups);
+        const uint4* rows = reinterpret_cast<const uint4*>(a.block_counts);
+        for (int t = threadIdx.x; t < groups * parts; t += blockDim.x) {
+            const int group = t % groups, part = t / groups;
+            int earlier[8], total[8];
 #pragma unroll
-                for (int d = 0; d < TREE_DEPTH; ++d) {
-                    earlier[d] = node > 0
-                        ? __ldcg(tree + static_cast<long long>(node - 1) * experts + j) : 0;
-                    total[d] = last > 0
-                        ? __ldcg(tree + static_cast<long long>(last - 1) * experts + j) : 0;
-                    node -= node & -node;
-                    last -= last & -last;
-                }
-                int sum_earlier = 0, sum_total = 0;
+            for (int i = 0; i < 8; ++i) earlier[i] = total[i] = 0;
+            for (int b0 = part; b0 < blocks; b0 += parts * SUM_VECS) {
+                uint4 counts[SUM_VECS];
 #pragma unroll
-                for (int d = 0; d < TREE_DEPTH; ++d) {
-                    sum_earlier += earlier[d];
-                    sum_total += total[d];
+                for (int u = 0; u < SUM_VECS; ++u) {
+                    const int b = b0 + u * parts;
+                    counts[u] = b < blocks ? rows[static_cast<long long>(b) * groups + group]
+                                           : make_uint4(0, 0, 0, 0);
                 }
-                base[j] = sum_earlier;  // one thread an expert: no atomics
-                tokens[j] = sum_total;
+#pragma unroll
+                for (int u = 0; u < SUM_VECS; ++u) {
+                    const bool before = b0 + u * parts < block;
+                    const unsigned words[4] = {counts[u].x, counts[u].y, counts[u].z,
+                                               counts[u].w};
+#pragma unroll
+                    for (int i = 0; i < 8; ++i) {
+                        const int count = (words[i >> 1] >> (16 * (i & 1))) & 0xffff;
+                        total[i] += count;
+                        if (before) earlier[i] += count;
+                    }
+                }
             }
-            MAP_PHASE(10);
-        } else {
-            // every block's (cluster's) counts, 8 experts a 16-byte load: a
-            // thread takes a group of 8 experts and every parts-th row from
-            // `part` on, with SUM_VECS loads in flight (one batch on the default
-            // shapes, whose rows x E keep to 2048 x warps: every block reads the
-            // same few KiB, so a round trip is long); consecutive lanes take
-            // consecutive groups (coalesced: lanes of one group summing by
-            // shuffles instead read 32 rows at once and measured slower,
-            // NOTES.md eleventh session)
-            const int blocks = Clustered ? rows_summed : static_cast<int>(gridDim.x);
-            const int block = Clustered ? my_row : static_cast<int>(blockIdx.x);
-            const int groups = padded >> 3;
-            // (in clusters the rows are few: no more parts than batches of
-            // SUM_VECS rows, so that fewer threads end in the shared atomics,
-            // 16 a thread, which the expert scan's first read waits behind)
-            const int parts = Clustered
-                ? max(1, min(static_cast<int>(blockDim.x) / groups,
-                             (blocks + SUM_VECS - 1) / SUM_VECS))
-                : max(1, static_cast<int>(blockDim.x) / groups);
-            const uint4* rows = reinterpret_cast<const uint4*>(a.block_counts);
-            for (int t = threadIdx.x; t < groups * parts; t += blockDim.x) {
-                const int group = t % groups, part = t / groups;
-                int earlier[8], total[8];
+            MAP_PHASE(10);  // thread 0's loads summed (traced builds)
 #pragma unroll
-                for (int i = 0; i < 8; ++i) earlier[i] = total[i] = 0;
-                for (int b0 = part; b0 < blocks; b0 += parts * SUM_VECS) {
-                    uint4 counts[SUM_VECS];
-#pragma unroll
-                    for (int u = 0; u < SUM_VECS; ++u) {
-                        const int b = b0 + u * parts;
-                        counts[u] = b < blocks ? rows[static_cast<long long>(b) * groups + group]
-                                               : make_uint4(0, 0, 0, 0);
-                    }
-#pragma unroll
-                    for (int u = 0; u < SUM_VECS; ++u) {
-                        const bool before = b0 + u * parts < block;
-                        const unsigned words[4] = {counts[u].x, counts[u].y, counts[u].z,
-                                                   counts[u].w};
-#pragma unroll
-                        for (int i = 0; i < 8; ++i) {
-                            const int count = (words[i >> 1] >> (16 * (i & 1))) & 0xffff;
-                            total[i] += count;
-                            if (before) earlier[i] += count;
-                        }
-                    }
-                }
-                MAP_PHASE(10);  // thread 0's loads summed (traced builds)
-#pragma unroll
-                for (int i = 0; i < 8; ++i) {
-                    const int j = 8 * group + i;
-                    if (j < experts && earlier[i]) atomicAdd(&base[j], earlier[i]);
-                    if (j < experts && total[i]) atomicAdd(&tokens[j], total[i]);
-                }
+            for (int i = 0; i < 8; ++i) {
+                const int j = 8 * group + i;
+                if (j < experts && earlier[i]) atomicAdd(&base[j], earlier[i]);
+                if (j < experts && total[i]) atomicAdd(&tokens[j], total[i]);
             }
         }
     } else if (a.self_counting) {
@@ -556,8 +507,7 @@ __device__ __forceinline__ void place_block(const MappingArgs& a) {
     if (threadIdx.x == blockDim.x - 1) {
         total_rows = row0;
         if (blockIdx.x == 0)
-            a.block_counts[Tree ? static_cast<long long>(gridDim.x) * experts
-                           : Cooperative ? static_cast<long long>(gridDim.x)
+            a.block_counts[Cooperative ? static_cast<long long>(gridDim.x)
                                          * (padded_experts(experts) / 2)
                            : a.self_counting ? 0
                            : static_cast<long long>(gridDim.x / a.count_split + gridDim.x)
@@ -676,18 +626,6 @@ mapping_coop_cluster_i32(const MappingArgs a) {
 extern "C" __global__ void COOP_LAUNCH_BOUNDS
 mapping_coop_cluster_i64(const MappingArgs a) {
     place_block<long long, true, true>(a);
-}
-
-// Cooperative launches with the block counts in a Fenwick tree (the plan
-// zeroes it before the launch).
-extern "C" __global__ void COOP_LAUNCH_BOUNDS
-mapping_coop_tree_i32(const MappingArgs a) {
-    place_block<int, true, false, true>(a);
-}
-
-extern "C" __global__ void COOP_LAUNCH_BOUNDS
-mapping_coop_tree_i64(const MappingArgs a) {
-    place_block<long long, true, false, true>(a);
 }
 
 // A warp's worth of slots (N <= 32: decode). One warp holds every slot, a

@@ -365,48 +365,6 @@ def test_fused_mapping_in_clusters_matches_the_oracle(monkeypatch, rng, num_toke
     assert buffer[plan.total_index] == aligned.sum()
 
 
-@pytest.mark.parametrize(("num_tokens", "top_k", "num_experts", "alignment", "blocks", "warps",
-                          "dtype"), [
-    (4096, 8, 128, 128, 16, 8, "int64"),    # a power of two: the totals one node
-    (1500, 6, 384, 64, 13, 4, "int32"),     # not: the totals three nodes
-    (2000, 5, 100, 16, 7, 3, "int64"),
-    (1700, 7, 33, 1, 6, 2, "int32"),
-    (3000, 3, 1024, 8, 11, 1, "int64"),     # E > threads: a thread several experts
-])
-def test_fused_mapping_with_tree_counts_matches_the_oracle(monkeypatch, rng, num_tokens, top_k,
-                                                           num_experts, alignment, blocks,
-                                                           warps, dtype):
-    """The cooperative kernel with its block counts in a Fenwick tree
-    (MappingShape.tree_counts): global atomics before the grid barrier, a
-    few nodes read after it; the plan is the oracle's, and the tree, zeroed
-    by the plan before the launch, holds no earlier call's counts (the
-    buffer comes poisoned)."""
-    from cupy_moe.mapping.gpu import MappingPlan
-    from cupy_moe.mapping.launch_shape import mapping_shape
-    from cupy_moe.mapping.rules import MappingProblem
-
-    ids = rng.integers(-1, num_experts + 3, (num_tokens, top_k)).astype(dtype)
-    gpu = emulated_gpu(monkeypatch, seed=int(rng.integers(1, 2**62)))
-    slots = ids.size
-    rows = (slots + min(num_experts, slots) * (alignment - 1)) // alignment * alignment
-    shape = mapping_shape(slots, num_experts, rows, 132, 232448, warps=warps, blocks=blocks,
-                          cooperative=True, tree_counts=True)
-    assert shape.cooperative and shape.tree_counts and shape.blocks == blocks
-    plan = MappingPlan(MappingProblem(num_tokens, top_k, num_experts, alignment, rows, dtype),
-                       0, shape)
-    want = fused_mapping_numpy(ids, num_experts, alignment=alignment, num_expanded=rows)
-    buffer = gpu.empty((plan.buffer_size,), np.int32)
-    for _ in range(2):  # the second call's tree starts from the first's counts
-        plan.launch(0, ids.ctypes.data, buffer.ctypes.data)
-        gpu.check_canaries()
-        assert gpu.launches[-1] == f"mapping_coop_tree_i{dtype[3:]}"
-        for name, got_field, want_field in zip(want._fields, plan.views(buffer), want,
-                                               strict=True):
-            np.testing.assert_array_equal(got_field, want_field, err_msg=name)
-        aligned = -(-want.tokens_per_expert // alignment) * alignment
-        assert buffer[plan.total_index] == aligned.sum()
-
-
 @pytest.mark.parametrize(("dtype", "hidden"), [("bfloat16", 7168), ("float16", 2048),
                                                ("float32", 1024), ("bfloat16", 100)])
 @pytest.mark.parametrize("row_scale", [False, True])

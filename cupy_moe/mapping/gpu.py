@@ -11,7 +11,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from cupy.cuda import driver, runtime
+from cupy.cuda import driver
 
 from ..runtime.arrays import ArrayKind
 from ..runtime.bounded_cache import BoundedCache
@@ -42,7 +42,6 @@ from .rules import MappingProblem, raise_mapping_error
 
 SOURCE = "mapping.cu"
 SHARED_BYTES_DEFAULT = 48 * 1024  # dynamic shared memory a launch gets without opt-in
-TREE_MAX_BLOCKS = 1 << 11  # a Fenwick query's nodes fit the kernel's TREE_DEPTH (11)
 
 # struct MappingArgs of mapping.cu, field for field
 MAPPING_ARGS = ArgStruct(
@@ -58,8 +57,7 @@ def kernel_names(shape: MappingShape, id_dtype: str) -> list[str]:
     kernel first where there are two)."""
     suffix = "i64" if id_dtype == "int64" else "i32"
     kernel = ("warp" if shape.one_warp else "place" if not shape.cooperative
-              else "coop_cluster" if shape.cluster_blocks
-              else "coop_tree" if shape.tree_counts else "coop")
+              else "coop_cluster" if shape.cluster_blocks else "coop")
     count = [] if shape.self_counting or shape.cooperative else [f"mapping_count_{suffix}"]
     return count + [f"mapping_{kernel}_{suffix}"]
 
@@ -87,10 +85,6 @@ def default_shape(problem: MappingProblem, device: int) -> MappingShape:
                              cluster_blocks=cluster)
 
     # (read at call time: a measured default is one constant's edit, and tests set it)
-    if launch_shape.DEFAULT_TREE_COUNTS:
-        return mapping_shape(slots, experts, rows, traits.multiprocessors,
-                             traits.shared_bytes_optin, cooperative=traits.cooperative_launch,
-                             tree_counts=True)
     shape = shape_with(launch_shape.DEFAULT_CLUSTER_BLOCKS if traits.major >= 9 else 0)
     if shape.cluster_blocks:
         place = function_handle(SOURCE, (), device, kernel_names(shape, problem.id_dtype)[-1])
@@ -112,13 +106,12 @@ class MappingPlan:
     place blocks' prefixes [blocks, E], with a cooperative launch the blocks'
     totals as uint16 [blocks, align(E, 8)] (16-byte loads of 8 experts; in
     clusters only the first blocks / C rows are written: the clusters'
-    totals), or in a Fenwick tree (``tree_counts``) int32 nodes [blocks, E],
-    which launch() zeroes first; then the total of the rows [1].
+    totals); then the total of the rows [1].
     """
 
     __slots__ = ("args", "device", "launches", "offsets", "problem", "buffer_size",
                  "total_index", "shape", "split_sizes", "overlap", "token_shape",
-                 "byte_offsets", "cooperative", "cluster", "tree_bytes")
+                 "byte_offsets", "cooperative", "cluster")
 
     def __init__(self, problem: MappingProblem, device: int,
                  shape: MappingShape | None = None, overlap: bool | None = None) -> None:
@@ -147,12 +140,6 @@ class MappingPlan:
             raise ValueError(f"a cluster's slot counts are uint16: {cluster} blocks of "
                              f"{shape.warps * shape.warp_slots} slots pass "
                              f"{COOP_MAX_BLOCK_SLOTS}")
-        if shape.tree_counts and not (shape.cooperative and not cluster
-                                      and shape.blocks < TREE_MAX_BLOCKS):
-            raise ValueError(f"tree_counts needs a cooperative grid of fewer than "
-                             f"{TREE_MAX_BLOCKS} blocks, not in clusters; got {shape.blocks} "
-                             f"blocks, cooperative={shape.cooperative}, "
-                             f"cluster_blocks={cluster}")
         # (a shape edited by hand, as sweeps do, must still give the kernel its rows)
         needed = place_shared_bytes(shape.warps, experts, cluster)
         if not shape.one_warp and shape.shared_bytes < needed:
@@ -163,7 +150,6 @@ class MappingPlan:
         # block totals (cooperative: uint16, two to an int32), or count-block
         # totals and place-block prefixes
         block_counts = (0 if shape.self_counting else
-                        shape.blocks * experts if shape.tree_counts else
                         shape.blocks * align_up(experts, 8) // 2 if shape.cooperative else
                         (shape.count_blocks + shape.blocks) * experts)
         expert_rows = slots + 3 * rows
@@ -173,8 +159,6 @@ class MappingPlan:
         self.byte_offsets = tuple(4 * o for o in self.offsets)
         self.cooperative = shape.cooperative
         self.cluster = cluster
-        # the tree's bytes, zeroed before each launch (0: no tree)
-        self.tree_bytes = 4 * block_counts if shape.tree_counts else 0
         self.total_index = scratch + block_counts
         self.buffer_size = self.total_index + 1
         self.split_sizes = (slots, rows, rows, rows, experts, experts, experts,
@@ -212,8 +196,6 @@ class MappingPlan:
                 launch_cooperative_in_clusters(handle, blocks, threads, shared_bytes, stream,
                                                block.params_address, self.cluster)
                 return
-            if self.tree_bytes:  # the atomics add to zeros (a memset node in a graph)
-                runtime.memsetAsync(buffer + o[3], 0, self.tree_bytes, stream)
             driver.launchCooperativeKernel(handle, blocks, 1, 1, threads, 1, 1, shared_bytes,
                                            stream, block.params_address)
             return

@@ -37,8 +37,6 @@ COOP_COUNT_READS = 24576    # block counts (uint16) a cooperative block sums, at
 CLUSTER_SIZES = (2, 4, 8)   # blocks of a cluster (cluster_blocks; 8: the portable most)
 DEFAULT_CLUSTER_BLOCKS = 0  # the default plans' clusters on sm_90+ (0: none; a variant
                             # until measured, benchmarks/NOTES.md twenty-seventh session)
-DEFAULT_TREE_COUNTS = False  # the default cooperative plans' counts in a Fenwick tree (a
-                             # variant until measured, NOTES.md thirty-first session)
 WARP_PLAN_MAX_SLOTS = 32    # up to here one warp works the plan out (mapping_warp_*)
 WARP_PLAN_MAX_WARPS = 8     # its blocks' warps (the kernel's launch bounds)
 WARP_PLAN_ROWS_PER_THREAD = 1  # expert or padding rows a thread writes, about, at most
@@ -60,10 +58,6 @@ class MappingShape(NamedTuple):
                              # up their counts in distributed shared memory before
                              # the grid barrier, so each block sums blocks / C rows
                              # after it (0: no clusters, every block's row)
-    tree_counts: bool = False  # cooperative, not in clusters: the block counts in a
-                               # Fenwick tree (global atomics before the barrier, at
-                               # most log2(blocks) + 1 rows read after it; the plan
-                               # zeroes the tree before each launch)
 
     @property
     def count_blocks(self) -> int:
@@ -91,8 +85,7 @@ def max_warps_for(num_experts: int, shared_bytes_optin: int) -> int:
 def mapping_shape(num_slots: int, num_experts: int, num_expanded: int, multiprocessors: int,
                   shared_bytes_optin: int, *, warps: int | None = None,
                   blocks: int | None = None, cooperative: bool = False,
-                  one_warp: bool | None = None, cluster_blocks: int = 0,
-                  tree_counts: bool = False) -> MappingShape:
+                  one_warp: bool | None = None, cluster_blocks: int = 0) -> MappingShape:
     """The launch shape of one problem; ``warps`` / ``blocks`` override the
     defaults (sweeps). ``cooperative``: the GPU can launch cooperatively, so
     too many slots for self-counting take one cooperative launch (at most a
@@ -108,18 +101,12 @@ def mapping_shape(num_slots: int, num_experts: int, num_expanded: int, multiproc
     slots would pass the uint16 counts or its blocks' extra counter row the
     shared memory, the shape without clusters (its own grid), and where the
     launch is not cooperative, no clusters. The GPU's limits on clusters are
-    the plan's to check (gpu.MappingPlan). ``tree_counts``: a cooperative
-    grid's block counts in a Fenwick tree; its default grid is not held to
-    ``COOP_COUNT_READS // E`` blocks (a block reads a few tree rows, not every
-    block's); where the launch is not cooperative, no tree."""
+    the plan's to check (gpu.MappingPlan)."""
     # (a float 8.0 would pass the check below and reach the launch's attribute)
     cluster_blocks = require_int("cluster_blocks", cluster_blocks)
     if cluster_blocks and cluster_blocks not in CLUSTER_SIZES:
         raise ValueError(f"cluster_blocks must be 0 or one of {CLUSTER_SIZES}; "
                          f"got {cluster_blocks}")
-    if tree_counts and cluster_blocks:
-        raise ValueError("tree_counts and cluster_blocks are two ways to read fewer block "
-                         "counts; a plan takes one")
     given_blocks = blocks
     if one_warp is None:
         one_warp = num_slots <= WARP_PLAN_MAX_SLOTS
@@ -145,7 +132,7 @@ def mapping_shape(num_slots: int, num_experts: int, num_expanded: int, multiproc
     if cooperative and not explicit_warps:
         coop_blocks = (blocks if blocks is not None
                        else _cooperative_blocks(warp_steps, num_experts, multiprocessors,
-                                                max(1, cluster_blocks), tree_counts))
+                                                max(1, cluster_blocks)))
         # 8 warps: with every batch of loads in flight, 8-warp blocks beat 16
         # on every prefill shape of the sweep (NOTES.md, twelfth session)
         warps = min(fit, MEDIUM_WARPS)
@@ -173,7 +160,7 @@ def mapping_shape(num_slots: int, num_experts: int, num_expanded: int, multiproc
         blocks = max(split, blocks // split * split)  # warp_slots below covers the rest
     warp_slots = 32 * max(1, ceil_div(warp_steps, blocks * warps))
     if not cooperative:
-        cluster_blocks, tree_counts = 0, False
+        cluster_blocks = 0
     elif cluster_blocks and (
             cluster_blocks * warps * warp_slots > COOP_MAX_BLOCK_SLOTS
             or place_shared_bytes(warps, num_experts, cluster_blocks)
@@ -193,7 +180,7 @@ def mapping_shape(num_slots: int, num_experts: int, num_expanded: int, multiproc
                              blocks=blocks, cooperative=False, one_warp=False)
     return MappingShape(warps, blocks, warp_slots, self_counting,
                         place_shared_bytes(warps, num_experts, cluster_blocks), split,
-                        cooperative, cluster_blocks=cluster_blocks, tree_counts=tree_counts)
+                        cooperative, cluster_blocks=cluster_blocks)
 
 
 def _one_warp_shape(num_experts: int, num_expanded: int, multiprocessors: int,
@@ -216,15 +203,13 @@ def _one_warp_shape(num_experts: int, num_expanded: int, multiprocessors: int,
 
 
 def _cooperative_blocks(warp_steps: int, num_experts: int, multiprocessors: int,
-                        cluster: int = 1, tree_counts: bool = False) -> int:
+                        cluster: int = 1) -> int:
     """A cooperative grid: a 32-slot step for each warp of 8-warp blocks, at
     most a block per multiprocessor and ``cluster * COOP_COUNT_READS // E``
     blocks (after the grid barrier every block reads every block's E counts,
     or every cluster's), rounded down to a power of two (128 blocks at E =
     128, 64 at 256 and 384; 132 at E = 128 measured 12% slower, 128 at E =
-    256 and 384 1-9%), and to at least a cluster. In a Fenwick tree
-    (``tree_counts``) a block reads at most log2(blocks) + 1 rows: no cap
-    from E."""
-    reads_cap = multiprocessors if tree_counts else cluster * COOP_COUNT_READS // num_experts
-    wanted = max(cluster, min(multiprocessors, ceil_div(warp_steps, MEDIUM_WARPS), reads_cap))
+    256 and 384 1-9%), and to at least a cluster."""
+    wanted = max(cluster, min(multiprocessors, ceil_div(warp_steps, MEDIUM_WARPS),
+                              cluster * COOP_COUNT_READS // num_experts))
     return 1 << (wanted.bit_length() - 1)
