@@ -19,6 +19,7 @@ from ..runtime.gpu_arrays import gpu_library, raw_torch_stream_getter
 from ..runtime.launch import (
     ArgBlock,
     ArgStruct,
+    DEFAULT_DYNAMIC_SHARED_BYTES,
     OnDevice,
     allow_dynamic_shared,
     device_traits,
@@ -54,7 +55,6 @@ VEC_WIDTHS = {"f32": (16, 8, 4), "bf16": (16, 8, 4, 2), "f16": (16, 8, 4, 2)}
 # reduce_fused_bulk: its mbarriers, 256 listed slots of 12 bytes, warp counts,
 # token flags; ptxas reports 3,456 bytes on sm_90 with 4 or 8 stages)
 BULK_STATIC_SHARED_BYTES = 4096
-DEFAULT_DYNAMIC_SHARED_BYTES = 48 * 1024  # more needs the kernel's opt-in
 
 
 class CombineLaunch:

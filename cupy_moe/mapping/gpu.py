@@ -19,6 +19,7 @@ from ..runtime.gpu_arrays import gpu_library, raw_torch_stream_getter
 from ..runtime.launch import (
     ArgBlock,
     ArgStruct,
+    DEFAULT_DYNAMIC_SHARED_BYTES,
     OnDevice,
     allow_dynamic_shared,
     device_traits,
@@ -41,7 +42,6 @@ from .reference import FusedMapping
 from .rules import MappingProblem, raise_mapping_error
 
 SOURCE = "mapping.cu"
-SHARED_BYTES_DEFAULT = 48 * 1024  # dynamic shared memory a launch gets without opt-in
 
 # struct MappingArgs of mapping.cu, field for field
 MAPPING_ARGS = ArgStruct(
@@ -67,7 +67,7 @@ def _clusters_held(place: int, shape: MappingShape) -> int:
     cluster sits in one GPC, so fewer may fit than SMs // C, and a
     cooperative launch needs every block resident. (Its shared memory opt-in
     set first: the query counts it.)"""
-    if shape.shared_bytes > SHARED_BYTES_DEFAULT:
+    if shape.shared_bytes > DEFAULT_DYNAMIC_SHARED_BYTES:
         allow_dynamic_shared(place, shape.shared_bytes)
     return max_active_clusters(place, shape.threads, shape.shared_bytes, shape.cluster_blocks)
 
@@ -166,7 +166,7 @@ class MappingPlan:
         self.token_shape = (problem.num_tokens, problem.top_k)  # torch_views' view, cached
         names = kernel_names(shape, problem.id_dtype)
         place = function_handle(SOURCE, (), device, names[-1])
-        if shape.shared_bytes > SHARED_BYTES_DEFAULT:
+        if shape.shared_bytes > DEFAULT_DYNAMIC_SHARED_BYTES:
             allow_dynamic_shared(place, shape.shared_bytes)
         if cluster:
             most = _clusters_held(place, shape)

@@ -18,7 +18,8 @@ from cupy.cuda import driver, runtime
 
 from .loader import get_module
 
-__all__ = ["ArgStruct", "ArgBlock", "function_handle", "allow_dynamic_shared", "DeviceTraits",
+__all__ = ["ArgStruct", "ArgBlock", "function_handle", "allow_dynamic_shared",
+           "DEFAULT_DYNAMIC_SHARED_BYTES", "DeviceTraits",
            "device_traits", "OnDevice", "launch", "launch_overlapping_previous",
            "launch_cooperative_in_clusters", "max_active_clusters"]
 
@@ -281,6 +282,9 @@ def function_handle(source: str, defines: tuple[tuple[str, int], ...], device: i
                 handle = _functions[key] = function.ptr
     return handle
 
+
+# shared memory a block gets without its kernel's opt-in (static and dynamic together)
+DEFAULT_DYNAMIC_SHARED_BYTES = 48 * 1024
 
 _dynamic_shared_allowed: dict[int, int] = {}  # function handle -> the opt-in it has
 _dynamic_shared_lock = threading.Lock()
