@@ -62,9 +62,6 @@ ZERO_KERNEL = dataclasses.replace(DEFAULT_TUNING, padding_share_registers=0.0,
                                   zero_kernel_from_bytes=0, sf_pass_beside_zero_kernel=0)
 # beside it, column-major scale factors by SF pass blocks at the end of its grid
 ZERO_KERNEL_SF_PASS = dataclasses.replace(ZERO_KERNEL, sf_pass_beside_zero_kernel=1)
-# the bulk copies a token a warp in 256-thread blocks (expand_to_fused_bulk_warps)
-# on every call, 512-byte chunks, zero-fill blocks of whole rows
-BULK_WARPS = dataclasses.replace(BULK_ALWAYS, bulk_warp_blocks=2, bulk_min_chunk_bytes=512)
 # rows by position (expand_to_fused_gather) on every call that passes
 # pos_to_token; 40 rows a block: 5 a warp, the last block short
 GATHER = dataclasses.replace(DEFAULT_TUNING, gather_x_bytes_below=math.inf, gather_rows=40)
@@ -398,8 +395,6 @@ def main() -> int:
     cases += run_cases(rng, REGISTERS_ONLY if registers_only else BULK_ALWAYS,
                        (16, 2064, 7168, 16400), ((5, 3, 17), (0, 8, 6), (33, 9, 301)))
     cases += run_cases(rng, REGISTERS_ONLY if registers_only else BULK_ZERO_PLAIN,
-                       (16, 2064, 7168), ((5, 3, 17), (0, 8, 6), (33, 9, 301)))
-    cases += run_cases(rng, REGISTERS_ONLY if registers_only else BULK_WARPS,
                        (16, 2064, 7168), ((5, 3, 17), (0, 8, 6), (33, 9, 301)))
     # padding rows by expand_zero_padding_rows beside the copy kernel (16-byte
     # rows, sm_90+; the register kernel's zero-fill blocks under initcheck)

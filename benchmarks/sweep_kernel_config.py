@@ -166,12 +166,6 @@ CONFIGS: list[tuple[str, ExpandTuning]] = [
        _tuned(threads=threads, unroll=unroll, shrink_chunks_below=0.0, split_slots_below=0.0,
               zero_rows_registers=rows, zero_block_bytes_registers=0))
       for threads, unroll, rows in ((64, 16, 1), (128, 8, 1), (32, 16, 1), (64, 16, 2))),
-    # the bulk copies a token a warp in blocks of 256 threads, zero-fill blocks
-    # of whole rows by all 256 (expand_to_fused_bulk_warps; thirty-second
-    # session): where the bulk kernel runs, and on the padding-heavy plans the
-    # register kernel takes too
-    ("bulk: a token a warp", _tuned(bulk_warp_blocks=1)),
-    ("bulk: a token a warp, padding-heavy plans too", _tuned(bulk_warp_blocks=2)),
     # column-major scale factors: by the token and zero-fill blocks (before
     # the twentieth session), or every one by the SF pass blocks where the call
     # passes pos_to_token (default: the pass writes the zeros only)

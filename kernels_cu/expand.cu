@@ -441,49 +441,6 @@ DEFINE_EXPAND_KERNEL(1)
 //                the copy chunk's and more blocks fit an SM.
 enum BulkZeroFill { ZERO_CHUNKS, ZERO_ROWS, ZERO_ROWS_PLAIN };
 
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-// One token's column chunk (blockIdx.y) to the slots of its group (plane
-// blockIdx.z), by the calling warp: lane 0 lands the chunk in the stage at
-// `stage_at` (mbarrier `loaded_at`), then lane k stores it to slot k; the
-// scale factors (chunk 0) meanwhile by ordinary loads and stores.
-__device__ __forceinline__ void bulk_copy_token(const ExpandArgs& a, i64 t, int lane,
-                                                unsigned stage_at, unsigned loaded_at,
-                                                i64 chunk_begin, unsigned chunk_bytes) {
-    const int* slots = a.token_topk_to_pos + t * a.top_k;
-    const int k = blockIdx.z * a.slots_per_block + lane;
-    const int k_end = min(a.top_k, (blockIdx.z + 1) * a.slots_per_block);
-    const int p = k < k_end ? __ldg(slots + k) : -1;
-    // A token whose slots are all dropped (expert parallelism: remote
-    // experts) is not read at all: its row and scale factors go nowhere.
-    // Waiting for the slots first costs a block one load's latency;
-    // the other blocks of the SM stream meanwhile.
-    if (__ballot_sync(0xffffffffu, p >= 0 && p < a.num_expanded) == 0u) return;
-    if (lane == 0) {
-        mbarrier_expect(loaded_at, chunk_bytes);
-        bulk_load(stage_at, a.x + t * a.row_bytes + chunk_begin * 16, chunk_bytes, loaded_at);
-    }
-    __syncwarp();
-#if CUPY_MOE_SF_MODE != SF_NONE
-    // Scale factors while the chunk is in flight (chunk 0's blocks only).
-    if (blockIdx.y == 0 && a.sf_pass != SF_PASS_ALL) {
-        for (int s = lane; s < a.sf_columns; s += BULK_THREADS) {
-            const unsigned int word = a.x_sf[t * a.sf_columns + s];
-            for (int j = blockIdx.z * a.slots_per_block; j < k_end; ++j) {
-                const int q = __ldg(slots + j);
-                if (q >= 0 && q < a.num_expanded) store_sf_row(a.out_sf, a, q, s, word);
-            }
-        }
-    }
-#endif
-    mbarrier_wait(loaded_at);
-    if (p >= 0 && p < a.num_expanded) {
-        bulk_store(a.out + static_cast<i64>(p) * a.row_bytes + chunk_begin * 16, stage_at,
-                   chunk_bytes);
-        bulk_stores_done_reading();
-    }
-}
-#endif
-
 template <BulkZeroFill ZERO_FILL, bool OVERLAPPED = false>
 __device__ __forceinline__ void expand_to_fused_bulk_body(const ExpandArgs& a) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -500,8 +457,41 @@ __device__ __forceinline__ void expand_to_fused_bulk_body(const ExpandArgs& a) {
     if (!copy_or_zero_block(a, block)) return;
 
     if (block < a.num_tokens) {
-        bulk_copy_token(a, block, lane, shared_address(stage), shared_address(&loaded),
-                        chunk_begin, chunk_bytes);
+        const i64 t = block;
+        const unsigned stage_at = shared_address(stage);
+        const unsigned loaded_at = shared_address(&loaded);
+        const int* slots = a.token_topk_to_pos + t * a.top_k;
+        const int k = blockIdx.z * a.slots_per_block + lane;
+        const int k_end = min(a.top_k, (blockIdx.z + 1) * a.slots_per_block);
+        const int p = k < k_end ? __ldg(slots + k) : -1;
+        // A token whose slots are all dropped (expert parallelism: remote
+        // experts) is not read at all: its row and scale factors go nowhere.
+        // Waiting for the slots first costs a block one load's latency;
+        // the other blocks of the SM stream meanwhile.
+        if (__ballot_sync(0xffffffffu, p >= 0 && p < a.num_expanded) == 0u) return;
+        if (lane == 0) {
+            mbarrier_expect(loaded_at, chunk_bytes);
+            bulk_load(stage_at, a.x + t * a.row_bytes + chunk_begin * 16, chunk_bytes, loaded_at);
+        }
+        __syncwarp();
+#if CUPY_MOE_SF_MODE != SF_NONE
+        // Scale factors while the chunk is in flight (chunk 0's blocks only).
+        if (blockIdx.y == 0 && a.sf_pass != SF_PASS_ALL) {
+            for (int s = lane; s < a.sf_columns; s += BULK_THREADS) {
+                const unsigned int word = a.x_sf[t * a.sf_columns + s];
+                for (int j = blockIdx.z * a.slots_per_block; j < k_end; ++j) {
+                    const int q = __ldg(slots + j);
+                    if (q >= 0 && q < a.num_expanded) store_sf_row(a.out_sf, a, q, s, word);
+                }
+            }
+        }
+#endif
+        mbarrier_wait(loaded_at);
+        if (p >= 0 && p < a.num_expanded) {
+            bulk_store(a.out + static_cast<i64>(p) * a.row_bytes + chunk_begin * 16, stage_at,
+                       chunk_bytes);
+            bulk_stores_done_reading();
+        }
         return;
     }
 
@@ -566,50 +556,6 @@ expand_to_fused_bulk_zero_rows_plain(const ExpandArgs a) {
 extern "C" __global__ void __launch_bounds__(BULK_THREADS)
 expand_to_fused_bulk_overlapped(const ExpandArgs a) {
     expand_to_fused_bulk_body<ZERO_CHUNKS, true>(a);
-}
-
-// The bulk copies in blocks of EXPAND_THREADS threads (ExpandTuning.
-// bulk_warp_blocks; sm_90+, 16-byte rows): each warp of a copy block is a
-// token's one-warp block of the kernels above (its own stage of the dynamic
-// shared memory, 32 * vecs_per_thread accesses, and its own mbarrier), and
-// the zero-fill blocks zero whole rows with all the block's threads (by
-// runs of rows, as the register kernel's: zero_row_runs). One-warp blocks
-// cap an SM at 32 resident blocks, so at 32 warps (ncu on the EP8 medium
-// plan: 23% achieved occupancy, against the seed's kernel's 43%), and their
-// zero-fill blocks store with one warp where the register kernel's and the
-// zero kernel's store with eight. Grid: x the SF pass blocks, then
-// ceil(T / BULK_WARPS) copy blocks (warp w of block b: token b * BULK_WARPS
-// + w), then the zero-fill blocks, numbered across the y and z planes (whole
-// rows); y the column chunks, z the slot groups.
-#define BULK_WARPS (EXPAND_THREADS / 32)
-
-extern "C" __global__ void __launch_bounds__(EXPAND_THREADS)
-expand_to_fused_bulk_warps(const ExpandArgs a) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    extern __shared__ __align__(128) unsigned char stages[];  // BULK_WARPS chunks
-    __shared__ __align__(8) unsigned long long loaded[BULK_WARPS];
-    int block;
-    if (!copy_or_zero_block(a, block)) return;
-    const i64 n_vec = a.row_bytes / 16;
-    const int copy_blocks = (a.num_tokens + BULK_WARPS - 1) / BULK_WARPS;
-    if (block < copy_blocks) {
-        const int warp = threadIdx.x >> 5;
-        const i64 t = static_cast<i64>(block) * BULK_WARPS + warp;
-        if (t >= a.num_tokens) return;  // the last copy block's spare warps
-        const i64 stage_vecs = static_cast<i64>(BULK_THREADS) * a.vecs_per_thread;
-        const i64 chunk_begin = static_cast<i64>(blockIdx.y) * stage_vecs;
-        const unsigned chunk_bytes =
-            static_cast<unsigned>(min(stage_vecs, n_vec - chunk_begin) * 16);
-        bulk_copy_token(a, t, threadIdx.x & 31, shared_address(stages + warp * stage_vecs * 16),
-                        shared_address(loaded + warp), chunk_begin, chunk_bytes);
-        return;
-    }
-    const i64 zero_block = (static_cast<i64>(blockIdx.z) * gridDim.y + blockIdx.y) *
-                           (gridDim.x - a.sf_pass_blocks - copy_blocks) + (block - copy_blocks);
-    zero_row_runs<16>(a, rows_to_zero(a, zero_block), n_vec);
-#else
-    __trap();  // the host launches these kernels on sm_90 and newer only
-#endif
 }
 
 // Padding rows by a kernel of their own (padding-heavy plans, where the host

@@ -69,11 +69,6 @@ KERNEL_PATHS = {
     "zero-kernel-sf-pass-given-tokens": GivenPosToToken(ExpandTuning(
         padding_share_registers=0.0, zero_kernel_from_bytes=0, zero_kernel_beside_registers=1,
         sf_pass_beside_zero_kernel=1)),
-    # the bulk copies a token a warp in 256-thread blocks on every call with
-    # 16-byte rows (sm_90+), 512-byte chunks, zero-fill blocks of whole rows
-    # (expand_to_fused_bulk_warps)
-    "bulk-warps": ExpandTuning(bulk_min_blocks=0.0, bulk_warp_blocks=2, bulk_min_chunk_bytes=512,
-                               padding_bulk_min_chunk_bytes=512),
     # rows by position (expand_to_fused_gather) on every call given pos_to_token
     # with 16-byte rows and bases; 40 rows a block: 5 a warp, a short last block
     "gather": GivenPosToToken(ExpandTuning(gather_x_bytes_below=math.inf, gather_rows=40)),

@@ -541,7 +541,6 @@ def test_plain_op_fast_path_keys_pos_to_token(expand_fast_paths):
     ({"threads": 128, "gather_rows": 129},
      r"gather_rows must be in 1 \.\. threads \(128\); got 129"),
     ({"gather_x_bytes_below": -1}, r"gather_x_bytes_below must be a number >= 0; got -1"),
-    ({"bulk_warp_blocks": 3}, r"bulk_warp_blocks must be 0, 1 or 2; got 3"),
 ])
 def test_tuning_rejects_values_the_kernels_cannot_take(change, message):
     with pytest.raises(ValueError, match=message):
@@ -967,81 +966,3 @@ def test_register_min_blocks_is_a_define_only_where_set(fake_h200, monkeypatch):
     modules.clear()
     _launch_for(512, 3072, tuning=ExpandTuning(bulk_min_blocks=math.inf))
     assert "EXPAND_MIN_BLOCKS" not in dict(modules["expand_to_fused_v16"])
-
-
-# -- the bulk copies a token a warp (ExpandTuning.bulk_warp_blocks) ---------------------
-
-WARP_BLOCKS = dataclasses.replace(DEFAULT_TUNING, bulk_warp_blocks=1)
-
-
-@pytest.fixture
-def opt_ins(fake_h200, monkeypatch):
-    """The dynamic shared memory opt-ins the plans ask for: (handle, bytes)."""
-    asked = []
-    monkeypatch.setattr(plan_module, "allow_dynamic_shared",
-                        lambda handle, shared_bytes: asked.append((handle, shared_bytes)))
-    return asked
-
-
-@pytest.mark.parametrize(("num_tokens", "hidden", "num_expanded", "chunk_bytes", "chunks",
-                          "zero_rows"), [
-    # qwen3-30b-medium-e32-ep8-plan: 2 KiB chunks, zero-fill blocks of 2 rows
-    # (16 KiB over 6 KiB rows), numbered across the 3 chunk planes
-    (512, 3072, 4096, 2048, 3, 2),
-    (4096, 7168, 49152, 14336, 1, 1),   # kimi-k2-prefill-e384: whole rows, a row a zero block
-    (500, 1536, 4003, 3072, 1, 5),      # 3 KiB rows: whole, 5 rows a zero block
-])
-def test_warp_blocks_copy_a_token_a_warp(opt_ins, num_tokens, hidden, num_expanded, chunk_bytes,
-                                         chunks, zero_rows):
-    problem = ExpandProblem(num_tokens, hidden, 8, num_expanded, "bfloat16")
-    launch = ExpandPlan(problem, 2, 0, WARP_BLOCKS).kernel(16)
-    assert launch.handle == "expand_to_fused_bulk_warps" and launch.zero_launch is None
-    # 8 warps a block, a stage of the chunk each
-    assert (launch.threads, launch.shared_bytes) == (256, 8 * chunk_bytes)
-    assert launch.constant("vecs_per_thread") * 32 * 16 == chunk_bytes
-    assert launch.constant("rows_per_zero_block") == zero_rows
-    zero_blocks = -(-num_expanded // zero_rows)
-    assert launch.grid == (-(-num_tokens // 8) + -(-zero_blocks // chunks), chunks, 1)
-    # past 47 KiB the kernel must opt in (its mbarriers are static shared memory)
-    assert opt_ins == ([("expand_to_fused_bulk_warps", 8 * chunk_bytes)]
-                       if 8 * chunk_bytes > 47 * 1024 else [])
-
-
-def test_warp_blocks_take_no_zero_kernel(opt_ins):
-    # kimi-k2-small-e128-plan: 14 chunks of 1 KiB a token, 145 MB of padding
-    # rows, which the one-warp kernel leaves to expand_zero_padding_rows
-    problem = ExpandProblem(32, 7168, 8, 14848, "bfloat16")
-    assert ExpandPlan(problem, 2, 0, DEFAULT_TUNING).kernel(16).zero_launch is not None
-    launch = ExpandPlan(problem, 2, 0, WARP_BLOCKS).kernel(16)
-    assert launch.handle == "expand_to_fused_bulk_warps" and launch.zero_launch is None
-    assert launch.grid == (4 + -(-14848 // 14), 14, 1)  # a 14 KiB row a zero-fill block
-
-
-@pytest.mark.parametrize(("warp_blocks", "handle"), [
-    (0, "expand_to_fused_v16"), (1, "expand_to_fused_v16"), (2, "expand_to_fused_bulk_warps")])
-def test_warp_blocks_2_take_padding_heavy_plans_from_the_register_kernel(
-        opt_ins, warp_blocks, handle):
-    # qwen3-30b-medium-e128-plan: 512 tokens, 16384 rows, three in four padding
-    problem = ExpandProblem(512, 3072, 8, 16384, "bfloat16")
-    tuning = dataclasses.replace(DEFAULT_TUNING, bulk_warp_blocks=warp_blocks)
-    assert ExpandPlan(problem, 2, 0, tuning).kernel(16).handle == handle
-
-
-def test_warp_blocks_whose_stages_do_not_fit_take_one_warp_blocks(opt_ins):
-    # 32 warps of 16 KiB stages: 512 KiB, past the 227 KiB a block may have
-    tuning = dataclasses.replace(WARP_BLOCKS, threads=1024)
-    launch = _launch_for(4096, 16384, tuning=tuning)
-    assert launch.handle == "expand_to_fused_bulk_zero_rows_plain" and launch.threads == 32
-    assert opt_ins == []
-
-
-def test_warp_blocks_sf_pass_blocks_are_of_the_blocks_threads(opt_ins):
-    # column-major SF: the pass blocks lead the grid, a thread a row of 256 a
-    # block (kimi-k2-medium-e48-ep8-plan-sf: padding-heavy by its shapes)
-    problem = ExpandProblem(512, 7168, 8, 6147, "float8_e4m3fn", sf_columns=56,
-                            sf_dtype="float32", num_per_channels=128, sf_col_major=True)
-    tuning = dataclasses.replace(DEFAULT_TUNING, bulk_warp_blocks=2)
-    launch = ExpandPlan(problem, 1, 0, tuning).kernel(16)
-    assert launch.handle == "expand_to_fused_bulk_warps"
-    assert launch.constant("sf_pass") == SF_PASS_ZEROS
-    assert launch.constant("sf_pass_blocks") == -(-6148 // 256)

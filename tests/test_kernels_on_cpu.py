@@ -224,21 +224,6 @@ ROW_BY_ROW = ExpandTuning(bulk_min_blocks=float("inf"), zero_fill_runs=0)
 BULK = ExpandTuning(bulk_min_blocks=0.0, padding_share_registers=float("inf"),
                     medium_padding_share_registers=float("inf"),
                     bulk_whole_row_zero_from=float("inf"))
-# the bulk copies a token a warp in 256-thread blocks, 512-byte chunks (rows
-# of several y planes), zero-fill blocks of whole rows (expand_to_fused_bulk_warps);
-# ..._PADDING: padding-heavy plans too, zero-fill blocks of 3 rows
-BULK_WARPS = ExpandTuning(bulk_min_blocks=0.0, padding_share_registers=float("inf"),
-                          medium_padding_share_registers=float("inf"), bulk_min_chunk_bytes=512,
-                          bulk_warp_blocks=1)
-BULK_WARPS_PADDING = ExpandTuning(bulk_min_blocks=0.0, bulk_warp_blocks=2,
-                                  padding_bulk_min_chunk_bytes=512,
-                                  zero_block_bytes_registers=3 * 2048)
-
-
-def _assert_bulk_warps(gpu, tuning, hidden, item) -> None:
-    """The bulk_warp_blocks tunings launched expand_to_fused_bulk_warps (16-byte rows)."""
-    if tuning.bulk_warp_blocks:
-        assert ("expand_to_fused_bulk_warps" in gpu.launches) == (hidden * item % 16 == 0)
 
 
 @pytest.mark.parametrize("zero_padding", [True, False])
@@ -255,9 +240,6 @@ def _assert_bulk_warps(gpu, tuning, hidden, item) -> None:
     (1536, 2, ROW_BY_ROW),               # zero_fill_runs 0: row by row
     (1536, 2, ZERO_RUNS_UNROLLED),
     (7168, 2, BULK),                     # Hopper's bulk copies (cp.async.bulk)
-    (3072, 2, BULK_WARPS),               # ... a token a warp: 12 chunks of 512 bytes
-    (1024, 2, BULK_WARPS_PADDING),       # ... zero-fill blocks of 3 whole rows
-    (1004, 2, BULK_WARPS),               # 8-byte rows: the register kernel
 ])
 def test_expand_matches_the_oracle(monkeypatch, rng, zero_padding, hidden, item, tuning):
     """expand_to_fused on a padded plan, given pos_to_token: rows as the
@@ -275,7 +257,6 @@ def test_expand_matches_the_oracle(monkeypatch, rng, zero_padding, hidden, item,
     gpu.check_canaries()
     assert ("expand_to_fused_gather" in gpu.launches) == (tuning.gather_x_bytes_below > 0
                                                          and hidden * item % 16 == 0)
-    _assert_bulk_warps(gpu, tuning, hidden, item)
     padding = plan.pos_to_expert < 0
     np.testing.assert_array_equal(got[~padding], want[~padding])
     if zero_padding:
@@ -296,9 +277,6 @@ def test_expand_matches_the_oracle(monkeypatch, rng, zero_padding, hidden, item,
     ("row-f32", 3072, ROW_BY_ROW),
     ("row-f32", 3072, ZERO_RUNS_UNROLLED),
     ("col-ue8m0", 3072, GATHER),
-    ("row-f32", 3072, BULK_WARPS),      # a token a warp, the SF by its chunk-0 warps
-    ("col-f32", 2048, BULK_WARPS_PADDING),   # ... the SF pass's blocks of 256 threads
-    ("col-ue8m0", 3072, BULK_WARPS),
 ])
 def test_expand_with_sf_matches_the_oracle(monkeypatch, rng, layout, hidden, tuning):
     """expand_to_fused_with_sf on a padded plan: fp8 rows and their scale
@@ -322,7 +300,6 @@ def test_expand_with_sf_matches_the_oracle(monkeypatch, rng, layout, hidden, tun
     np.testing.assert_array_equal(np.asarray(got[1]), np.asarray(want[1]))
     if col_major:
         assert (_sf_pad_columns(got[1]) == 0).all()
-    _assert_bulk_warps(gpu, tuning, hidden, 1)
 
 
 @pytest.mark.parametrize(("num_tokens", "top_k", "num_experts", "alignment"), [

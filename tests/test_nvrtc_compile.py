@@ -37,7 +37,6 @@ def test_kernel_variant_compiles(source, sf_mode, arch):
     assert b"expand_to_fused_bulk" in cubin and b"expand_to_fused_bulk_zero_rows" in cubin
     assert b"expand_zero_padding_rows" in cubin and b"expand_to_fused_gather" in cubin
     assert b"expand_to_fused_v16_overlapped" in cubin and b"expand_to_fused_bulk_overlapped" in cubin
-    assert b"expand_to_fused_bulk_warps" in cubin
     assert b"routing_first_slots" in cubin and b"routing_repeats_and_gaps" in cubin
 
 

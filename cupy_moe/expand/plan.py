@@ -14,8 +14,6 @@ from ..runtime.bounded_cache import BoundedCache
 from ..runtime.launch import (
     ArgBlock,
     ArgStruct,
-    DEFAULT_DYNAMIC_SHARED_BYTES,
-    allow_dynamic_shared,
     device_traits,
     function_handle,
     launch_overlapping_previous,
@@ -208,7 +206,7 @@ class ExpandPlan:
                        and self.zero_padding and zero_bytes >= tuning.zero_kernel_from_bytes
                        and (shrink or tuning.zero_kernel_beside_registers))
         if (vec_bytes == 16 and major >= 9 and problem.top_k <= BULK_THREADS
-                and not (padding_heavy and not shrink and tuning.bulk_warp_blocks < 2)):
+                and not (padding_heavy and not shrink)):
             # chunks per row: enough to stay under the maximum size, at most
             # what the minimum size allows
             max_chunk = min(int(tuning.bulk_max_chunk_bytes), BULK_SHARED_LIMIT)
@@ -225,18 +223,6 @@ class ExpandPlan:
                 chunks = min(max(wanted, fewest), most)
                 # equal chunks of whole warps' accesses (the last may be shorter)
                 lane_vecs = ceil_div(n_vec, chunks * BULK_THREADS)
-                warps = int(tuning.threads) // BULK_THREADS
-                stages_bytes = warps * lane_vecs * BULK_THREADS * 16
-                if tuning.bulk_warp_blocks and stages_bytes <= traits.shared_bytes_optin - 1024:
-                    # a warp a token in blocks of `threads` (expand.cu's
-                    # expand_to_fused_bulk_warps): a stage a warp; zero-fill
-                    # blocks of whole rows, as the zero kernel's
-                    zero_rows = min(32, max(1, int(tuning.zero_block_bytes_registers)
-                                            // self.row_bytes))
-                    return self._launch(
-                        "expand_to_fused_bulk_warps", vec_bytes, BULK_THREADS, lane_vecs,
-                        problem.top_k, stages_bytes, zero_rows,
-                        zero_whole_rows=True, copy_warps=warps)
                 whole_rows = (self.row_bytes >= tuning.bulk_whole_row_zero_from
                               or (padding_heavy and tuning.padding_zero_whole_rows))
                 stage_bytes = lane_vecs * BULK_THREADS * 16
@@ -270,17 +256,14 @@ class ExpandPlan:
 
     def _launch(self, kernel: str, vec_bytes: int, threads: int, vecs_per_thread: int,
                 slots_per_block: int, shared_bytes: int, rows_per_zero_block: int,
-                zero_whole_rows: bool = False, zero_kernel: bool = False,
-                copy_warps: int = 1) -> ExpandLaunch:
+                zero_whole_rows: bool = False, zero_kernel: bool = False) -> ExpandLaunch:
         """The copy kernel's launch; with ``zero_kernel``, its *_overlapped twin
         (token blocks only, letting the next kernel start at once) and the
         padding rows left to expand_zero_padding_rows, which overlaps it. With
         an SF pass, the copy kernel's grid starts with the pass blocks (a
         thread a row), or, beside the zero kernel, that kernel's grid ends with
         them (the zero kernel starts once every copy block has: pass blocks in
-        the copy kernel delayed it). ``threads`` and ``vecs_per_thread`` size
-        the column chunks; ``copy_warps`` blocks of ``threads`` make a block
-        (expand_to_fused_bulk_warps: a token a warp)."""
+        the copy kernel delayed it)."""
         problem = self.problem
         sf_pass = self.sf_pass(vec_bytes, zero_kernel)
         zero_rows_end = self.zero_rows_end(sf_pass)
@@ -306,19 +289,16 @@ class ExpandPlan:
         zero_blocks = 0 if zero_kernel else ceil_div(zero_rows_end - self.first_zero_row,
                                                      rows_per_zero_block)
         spread = planes * chunks if zero_whole_rows else planes
-        block_threads = threads * copy_warps
         sf_pass_blocks = (0 if sf_pass == SF_PASS_NONE or zero_kernel
-                          else ceil_div(problem.sf_leading_dim, block_threads))
-        grid = (sf_pass_blocks + ceil_div(problem.num_tokens, copy_warps)
-                + ceil_div(zero_blocks, spread), chunks, planes)
-        if shared_bytes > DEFAULT_DYNAMIC_SHARED_BYTES - 1024:  # (and the static mbarriers)
-            allow_dynamic_shared(handle, shared_bytes)
+                          else ceil_div(problem.sf_leading_dim, threads))
+        grid = (sf_pass_blocks + problem.num_tokens + ceil_div(zero_blocks, spread), chunks,
+                planes)
         fields = self._fields(
             rows_per_zero_block=int(rows_per_zero_block), vecs_per_thread=int(vecs_per_thread),
             slots_per_block=int(slots_per_block), first_zero_row=self.first_zero_row,
             sf_pass=sf_pass, sf_pass_blocks=sf_pass_blocks)
         zero_launch = self._zero_launch(fields, zero_rows_end) if zero_kernel else None
-        return ExpandLaunch(kernel, handle, grid, block_threads, shared_bytes,
+        return ExpandLaunch(kernel, handle, grid, threads, shared_bytes,
                             ArgBlock(EXPAND_ARGS, EXPAND_ARGS.constants(**fields),
                                      bind_context=True), zero_launch)
 

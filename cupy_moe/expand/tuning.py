@@ -78,15 +78,6 @@ class ExpandTuning:
     nowhere by more than the run-to-run spread (benchmarks/NOTES.md, tenth
     session).
 
-    ``bulk_warp_blocks`` (0, 1 or 2): the bulk kernel in blocks of
-    ``threads`` threads (expand.cu's ``expand_to_fused_bulk_warps``), each
-    warp a token's copy with a stage of its own, the zero-fill blocks whole
-    rows of about ``zero_block_bytes_registers`` by all the block's threads,
-    so no zero kernel: one-warp blocks cap an SM at 32 warps (ncu, Qwen3's
-    EP8 medium plan: 23% achieved occupancy against the seed's 43%). 1:
-    wherever the bulk kernel runs; 2: also on padding-heavy plans that take
-    the register kernel (chunks that need no shrinking). 0: the one-warp
-    blocks. Not yet measured (thirty-second session).
     ``zero_kernel_from_bytes``: padding-heavy calls with at least this many
     bytes of padding rows (16-byte rows, sm_90+, T > 0) zero them by a second
     kernel of ``threads``-thread blocks (whole rows, about
@@ -204,7 +195,6 @@ class ExpandTuning:
     padding_zero_stage_bytes: int = 16 * 1024
     padding_zero_rows_bulk_whole: int = 1
     bulk_zero_rows_plain: int = 1
-    bulk_warp_blocks: int = 0
     zero_kernel_from_bytes: float = 64e6
     zero_kernel_beside_registers: int = 0
     # scale factors
@@ -233,9 +223,6 @@ class ExpandTuning:
             if not 1 <= getattr(self, name) <= 32:  # one warp ballot covers a block's rows
                 raise ValueError(f"ExpandTuning.{name} must be in 1 .. 32; "
                                  f"got {getattr(self, name)}")
-        if self.bulk_warp_blocks not in (0, 1, 2):
-            raise ValueError(f"ExpandTuning.bulk_warp_blocks must be 0, 1 or 2; "
-                             f"got {self.bulk_warp_blocks!r}")
         for name in ("padding_zero_whole_rows", "bulk_zero_rows_plain",
                      "zero_kernel_beside_registers", "sf_by_position",
                      "sf_pass_beside_zero_kernel"):
