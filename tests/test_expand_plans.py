@@ -966,3 +966,42 @@ def test_register_min_blocks_is_a_define_only_where_set(fake_h200, monkeypatch):
     modules.clear()
     _launch_for(512, 3072, tuning=ExpandTuning(bulk_min_blocks=math.inf))
     assert "EXPAND_MIN_BLOCKS" not in dict(modules["expand_to_fused_v16"])
+
+
+# -- stores without evict-first hints (ExpandTuning.plain_stores_below_bytes) -------------
+
+@pytest.mark.parametrize(("num_expanded", "sf", "plain"), [
+    (4096, {}, True),                      # 6 KiB rows: 25,165,824 bytes
+    (8192, {}, False),                     # 50,331,648: not below 40 MB
+    # fp8 rows of 3 KiB and 24 column-major SF words a row, align(X, 4) of them:
+    # 39,324,672 bytes of rows + 4 x 24 x 12,804 = 1,229,184 of SF: past 40 MB by the SF
+    (12801, {"sf_columns": 24, "sf_dtype": "float32", "num_per_channels": 128,
+             "sf_col_major": True}, False),
+    (12400, {"sf_columns": 24, "sf_dtype": "float32", "num_per_channels": 128,
+             "sf_col_major": True}, True),
+])
+def test_plain_stores_for_outputs_below_the_threshold(fake_h200, num_expanded, sf, plain):
+    tuning = dataclasses.replace(DEFAULT_TUNING, plain_stores_below_bytes=40e6)
+    fp8 = bool(sf)
+    problem = ExpandProblem(512, 3072, 8, num_expanded, "float8_e4m3fn" if fp8 else "bfloat16",
+                            **sf)
+    plan = ExpandPlan(problem, 1 if fp8 else 2, 0, tuning)
+    assert (("EXPAND_PLAIN_STORES", 1) in plan.defines()) == plain
+    # the default tuning never sets it
+    assert ("EXPAND_PLAIN_STORES", 1) not in ExpandPlan(problem, 1 if fp8 else 2, 0,
+                                                        DEFAULT_TUNING).defines()
+
+
+def test_plain_stores_reach_every_kernel_of_a_call(fake_h200, monkeypatch):
+    # kimi-k2-small-e128-plan: the bulk kernel and the zero kernel beside it;
+    # then a gather call: each module with the define
+    modules = []
+    monkeypatch.setattr(plan_module, "function_handle",
+                        lambda source, defines, device, name: modules.append(defines) or name)
+    tuning = dataclasses.replace(DEFAULT_TUNING, plain_stores_below_bytes=math.inf)
+    launch = ExpandPlan(ExpandProblem(32, 7168, 8, 14848, "bfloat16"), 2, 0, tuning).kernel(16)
+    assert launch.zero_launch is not None
+    gather = dataclasses.replace(tuning, gather_x_bytes_below=math.inf)
+    ExpandPlan(ExpandProblem(32, 7168, 8, 14848, "bfloat16"), 2, 0, gather,
+               with_pos_to_token=True).kernel(16)
+    assert len(modules) == 3 and all(("EXPAND_PLAIN_STORES", 1) in m for m in modules)
