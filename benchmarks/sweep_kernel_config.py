@@ -166,11 +166,6 @@ CONFIGS: list[tuple[str, ExpandTuning]] = [
        _tuned(threads=threads, unroll=unroll, shrink_chunks_below=0.0, split_slots_below=0.0,
               zero_rows_registers=rows, zero_block_bytes_registers=0))
       for threads, unroll, rows in ((64, 16, 1), (128, 8, 1), (32, 16, 1), (64, 16, 2))),
-    # stores without evict-first hints (the seed's kernel stores plainly, and
-    # leads on the small plans, whose outputs fit in L2): every call, and
-    # outputs below 64 MB
-    ("plain stores: every call", _tuned(plain_stores_below_bytes=math.inf)),
-    ("plain stores: outputs below 64 MB", _tuned(plain_stores_below_bytes=64e6)),
     # column-major scale factors: by the token and zero-fill blocks (before
     # the twentieth session), or every one by the SF pass blocks where the call
     # passes pos_to_token (default: the pass writes the zeros only)

@@ -3,13 +3,8 @@
 // A load completes on an mbarrier (transaction bytes); stores go in bulk
 // groups. Both carry an L2 evict-first policy: the data moved is touched once
 // (+1 point of the copy bandwidth on kimi-k2-prefill over no hint).
-// Callers compile these only under __CUDA_ARCH__ >= 900. BULK_STORE_PLAIN
-// (a module's define, 0 unless set): stores without the hint.
+// Callers compile these only under __CUDA_ARCH__ >= 900.
 #pragma once
-
-#ifndef BULK_STORE_PLAIN
-#define BULK_STORE_PLAIN 0
-#endif
 
 __device__ __forceinline__ unsigned shared_address(const void* p) {
     return static_cast<unsigned>(__cvta_generic_to_shared(p));
@@ -81,11 +76,6 @@ __device__ __forceinline__ void bulk_load(unsigned stage, const void* src, unsig
 
 // One bulk copy shared -> global, in the thread's current bulk group.
 __device__ __forceinline__ void bulk_store(void* dst, unsigned stage, unsigned bytes) {
-#if BULK_STORE_PLAIN
-    asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;"
-                 :: "l"(dst), "r"(stage), "r"(bytes) : "memory");
-    return;
-#endif
     asm volatile("cp.async.bulk.global.shared::cta.bulk_group.L2::cache_hint [%0], [%1], %2, %3;"
                  :: "l"(dst), "r"(stage), "r"(bytes), "l"(evict_first_policy()) : "memory");
 }

@@ -50,14 +50,6 @@
 #define SF_ROW_MAJOR 1
 #define SF_COL_MAJOR 2
 
-// Plain stores, row data and bulk (ExpandTuning.plain_stores_below_bytes: the
-// plan sets EXPAND_PLAIN_STORES for calls whose output is smaller than that):
-// the evict-first hints mark every line written as the first to go.
-#if defined(EXPAND_PLAIN_STORES) && EXPAND_PLAIN_STORES
-#define STORE_ONCE_PLAIN 1
-#define BULK_STORE_PLAIN 1
-#endif
-
 #include "vector_access.cuh"
 #include "bulk_copy.cuh"
 #include "dependent_launch.cuh"

@@ -4,13 +4,7 @@
 // host picks the widest that divides the row length and the base addresses.
 // Loads and stores carry the evict-first (streaming) cache hint: each source
 // row is read once and no output is read back by the kernel that writes it.
-// STORE_ONCE_PLAIN (a module's define, 0 unless set): plain stores instead,
-// which leave the lines in L2 as ordinary ones (outputs that fit it).
 #pragma once
-
-#ifndef STORE_ONCE_PLAIN
-#define STORE_ONCE_PLAIN 0
-#endif
 
 typedef long long i64;
 
@@ -28,9 +22,5 @@ __device__ __forceinline__ T load_once(const T* p) {
 
 template <typename T>
 __device__ __forceinline__ void store_once(T* p, T v) {
-#if STORE_ONCE_PLAIN
-    *p = v;
-#else
     __stcs(p, v);
-#endif
 }

@@ -69,8 +69,6 @@ KERNEL_PATHS = {
     "zero-kernel-sf-pass-given-tokens": GivenPosToToken(ExpandTuning(
         padding_share_registers=0.0, zero_kernel_from_bytes=0, zero_kernel_beside_registers=1,
         sf_pass_beside_zero_kernel=1)),
-    # stores without evict-first hints on every call (EXPAND_PLAIN_STORES)
-    "plain-stores": ExpandTuning(plain_stores_below_bytes=math.inf),
     # rows by position (expand_to_fused_gather) on every call given pos_to_token
     # with 16-byte rows and bases; 40 rows a block: 5 a warp, a short last block
     "gather": GivenPosToToken(ExpandTuning(gather_x_bytes_below=math.inf, gather_rows=40)),

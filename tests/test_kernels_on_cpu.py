@@ -11,7 +11,6 @@ blocks). Kernels not yet run on a GPU are covered here first.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import re
 
@@ -225,11 +224,6 @@ ROW_BY_ROW = ExpandTuning(bulk_min_blocks=float("inf"), zero_fill_runs=0)
 BULK = ExpandTuning(bulk_min_blocks=0.0, padding_share_registers=float("inf"),
                     medium_padding_share_registers=float("inf"),
                     bulk_whole_row_zero_from=float("inf"))
-# stores without evict-first hints on every call (EXPAND_PLAIN_STORES): the
-# bulk kernel's bulk stores, the register kernel's 16-byte stores
-PLAIN_STORES = dataclasses.replace(BULK, plain_stores_below_bytes=float("inf"))
-PLAIN_STORES_REGISTERS = ExpandTuning(bulk_min_blocks=float("inf"),
-                                      plain_stores_below_bytes=float("inf"))
 
 
 @pytest.mark.parametrize("zero_padding", [True, False])
@@ -246,8 +240,6 @@ PLAIN_STORES_REGISTERS = ExpandTuning(bulk_min_blocks=float("inf"),
     (1536, 2, ROW_BY_ROW),               # zero_fill_runs 0: row by row
     (1536, 2, ZERO_RUNS_UNROLLED),
     (7168, 2, BULK),                     # Hopper's bulk copies (cp.async.bulk)
-    (7168, 2, PLAIN_STORES),             # ... stored without the evict-first hint
-    (3072, 2, PLAIN_STORES_REGISTERS),
 ])
 def test_expand_matches_the_oracle(monkeypatch, rng, zero_padding, hidden, item, tuning):
     """expand_to_fused on a padded plan, given pos_to_token: rows as the
@@ -265,8 +257,6 @@ def test_expand_matches_the_oracle(monkeypatch, rng, zero_padding, hidden, item,
     gpu.check_canaries()
     assert ("expand_to_fused_gather" in gpu.launches) == (tuning.gather_x_bytes_below > 0
                                                          and hidden * item % 16 == 0)
-    if tuning.plain_stores_below_bytes:
-        assert all(("EXPAND_PLAIN_STORES", 1) in handle.defines for handle in gpu.handles)
     padding = plan.pos_to_expert < 0
     np.testing.assert_array_equal(got[~padding], want[~padding])
     if zero_padding:

@@ -192,20 +192,3 @@ def test_the_bounded_register_kernels_compile(sf_mode):
     assert ("EXPAND_MIN_BLOCKS", 8) in defines
     cubin = compile_for_arch("expand.cu", defines, "sm_90")
     assert b"expand_to_fused_v16" in cubin and b"expand_to_fused_v16_overlapped" in cubin
-
-
-@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
-@pytest.mark.parametrize("sf_mode", [0, 1, 2])
-def test_the_plain_stores_compile(sf_mode, arch):
-    """EXPAND_PLAIN_STORES (ExpandTuning.plain_stores_below_bytes): stores
-    without evict-first hints, bulk stores too; a module of their own."""
-    nvrtc_or_skip()
-    from cupy_moe.expand.plan import kernel_defines
-    from cupy_moe.expand.tuning import DEFAULT_TUNING
-
-    assert not any(name == "EXPAND_PLAIN_STORES" for name, _ in kernel_defines(sf_mode,
-                                                                              DEFAULT_TUNING))
-    defines = kernel_defines(sf_mode, DEFAULT_TUNING, plain_stores=True)
-    assert ("EXPAND_PLAIN_STORES", 1) in defines
-    cubin = compile_for_arch("expand.cu", defines, arch)
-    assert b"expand_to_fused_v16" in cubin and b"expand_to_fused_bulk_zero_rows_plain" in cubin

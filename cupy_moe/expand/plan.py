@@ -50,12 +50,8 @@ BULK_THREADS = 32  # one warp: a lane per slot (so K <= 32 for the bulk kernel)
 MAX_GRID_Y = 65535
 
 
-def kernel_defines(sf_mode: int, tuning: ExpandTuning,
-                   plain_stores: bool = False) -> tuple[tuple[str, int], ...]:
-    """The module's defines; ``plain_stores``: EXPAND_PLAIN_STORES (stores
-    without evict-first hints; the default module leaves it out)."""
-    plain = (("EXPAND_PLAIN_STORES", 1),) if plain_stores else ()
-    return (("CUPY_MOE_SF_MODE", sf_mode), *tuning.defines(), *plain)
+def kernel_defines(sf_mode: int, tuning: ExpandTuning) -> tuple[tuple[str, int], ...]:
+    return (("CUPY_MOE_SF_MODE", sf_mode), *tuning.defines())
 
 
 class ExpandLaunch:
@@ -155,14 +151,6 @@ class ExpandPlan:
         ``tuning.gather_x_bytes_below``."""
         return (self.with_pos_to_token and vec_bytes == 16
                 and self.problem.num_tokens * self.row_bytes < self.tuning.gather_x_bytes_below)
-
-    def defines(self) -> tuple[tuple[str, int], ...]:
-        """The module's defines for this call's kernels: plain stores where the
-        output (rows and scale factors) is below ``tuning.plain_stores_below_bytes``."""
-        out_sf_bytes = 4 * (self.problem.sf_leading_dim if self.sf_mode == SF_COL_MAJOR
-                            else self.problem.num_expanded) * self.problem.sf_columns
-        plain = self.out_bytes + out_sf_bytes < self.tuning.plain_stores_below_bytes
-        return kernel_defines(self.sf_mode, self.tuning, plain)
 
     def zero_rows_end(self, sf_pass: int) -> int:
         """End of the rows the zero-fill blocks walk: the X data rows, then the
@@ -287,7 +275,7 @@ class ExpandPlan:
         if chunks > MAX_GRID_Y:
             raise ValueError(f"x rows of {self.row_bytes} bytes are too long for one launch "
                              f"(at most {MAX_GRID_Y * chunk_bytes} bytes)")
-        defines = self.defines()
+        defines = kernel_defines(self.sf_mode, self.tuning)
         if kernel.startswith("expand_to_fused_v") and self.compiles_row(vec_bytes, threads,
                                                                         vecs_per_thread):
             # the register kernel compiled for this row (expand.cu's
@@ -332,7 +320,8 @@ class ExpandPlan:
         threads, rows = int(tuning.threads), int(tuning.gather_rows)
         sf_pass = self.sf_pass(16)
         sf_pass_blocks = ceil_div(problem.sf_leading_dim, threads) if sf_pass else 0
-        handle = function_handle(SOURCE, self.defines(), self.device, "expand_to_fused_gather")
+        handle = function_handle(SOURCE, kernel_defines(self.sf_mode, tuning), self.device,
+                                 "expand_to_fused_gather")
         fields = self._fields(sf_pass=sf_pass, sf_pass_blocks=sf_pass_blocks,
                               rows_per_gather_block=rows)
         return ExpandLaunch("expand_to_fused_gather", handle,
@@ -350,7 +339,7 @@ class ExpandPlan:
         row_blocks = ceil_div(zero_rows_end - self.first_zero_row, rows)
         pass_blocks = (0 if fields["sf_pass"] == SF_PASS_NONE
                        else ceil_div(self.problem.sf_leading_dim, int(tuning.threads)))
-        handle = function_handle(SOURCE, self.defines(), self.device,
+        handle = function_handle(SOURCE, kernel_defines(self.sf_mode, tuning), self.device,
                                  "expand_zero_padding_rows")
         constants = EXPAND_ARGS.constants(**{**fields, "rows_per_zero_block": rows,
                                              "zero_row_blocks": row_blocks})

@@ -148,12 +148,6 @@ class ExpandTuning:
     ``sf_pass_beside_zero_kernel`` 1 (0: those calls' SF by the token and
     zero-fill blocks).
 
-    ``plain_stores_below_bytes``: calls whose output (rows and scale
-    factors) is smaller than this store it without the evict-first hints
-    (the module's EXPAND_PLAIN_STORES: plain 16-byte stores, bulk stores
-    without ``.L2::cache_hint``); 0: never. The seed's kernel, which leads
-    on the small plans whose outputs fit in L2, stores plainly. Not yet
-    measured (thirty-second session).
     ``gather_x_bytes_below``: calls that pass ``pos_to_token`` (16-byte rows
     and bases) whose ``x`` holds fewer bytes than this write the output by
     position instead (expand.cu's ``expand_to_fused_gather``): blocks of
@@ -209,8 +203,6 @@ class ExpandTuning:
     # rows by position (calls that pass pos_to_token)
     gather_x_bytes_below: float = 0.0
     gather_rows: int = 16
-    # store cache hints
-    plain_stores_below_bytes: float = 0.0
 
     def __post_init__(self) -> None:
         for field in fields(self):

@@ -38,7 +38,6 @@ PTX_STAND_INS = {
     " [%0], [%1], %2, [%3], %4;": "emu::bulk_load({0}, {1}, {2}, {3})",
     "cp.async.bulk.global.shared::cta.bulk_group.L2::cache_hint [%0], [%1], %2, %3;":
         "emu::bulk_store({0}, {1}, {2})",
-    "cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;": "emu::bulk_store({0}, {1}, {2})",
     "cp.async.bulk.commit_group;": "(void)0",
     "cp.async.bulk.wait_group.read 0;": "(void)0",
     "fence.proxy.async.shared::cta;": "(void)0",
