@@ -2,6 +2,7 @@
 to pick a launch. GPU only.
 
     python benchmarks/profile_op.py LABEL [CALLS] [--combine-shape NAME=VALUE ...]
+                                    [--tilekernels]
 
 e.g. the SwiGLU-quantize kernel of Kimi-K2 prefill, its 3rd launch:
 
@@ -14,7 +15,10 @@ CUDA tensors with preallocated outputs; nothing is checked here (the bench
 and the tests do that). ``--combine-shape`` (reduce_fused workloads only):
 launch-shape options of ``combine.launch_shape.combine_shape``, as
 sweep_combine.py names them, e.g. ``--combine-shape vecs_per_thread=2
-max_warps=4 bulk_stages=4`` for the bulk layout.
+max_warps=4 bulk_stages=4`` for the bulk layout. ``--tilekernels``
+(reduce_fused workloads only): DeepSeek TileKernels' ``reduce_fused`` on the
+same inputs instead of ours (its sources importable: benchmarks/peer_setup.sh
+with .peers/tile_kernels/ carried), for a profile beside ours.
 """
 
 from __future__ import annotations
@@ -52,15 +56,28 @@ def main() -> int:
     parser.add_argument("calls", type=int, nargs="?", default=4)
     parser.add_argument("--combine-shape", type=shape_option, nargs="+", default=[],
                         metavar="NAME=VALUE")
+    parser.add_argument("--tilekernels", action="store_true",
+                        help="TileKernels' reduce_fused instead of ours")
     args_in = parser.parse_args()
     workloads = {w.label: w for op in ALL_OP_NAMES for w in load_workloads(op)}
     if args_in.label not in workloads:
         parser.error(f"unknown workload {args_in.label!r}")
     w = workloads[args_in.label]
-    if args_in.combine_shape and w.op != "reduce_fused":
-        parser.error(f"--combine-shape is for reduce_fused workloads; {w.label} is {w.op}")
+    if (args_in.combine_shape or args_in.tilekernels) and w.op != "reduce_fused":
+        parser.error(f"--combine-shape and --tilekernels are for reduce_fused workloads; "
+                     f"{w.label} is {w.op}")
     host = workload_inputs(w, np.random.default_rng(0))
     args = {name: runner._to_torch(array) for name, array in host.items()}
+    if args_in.tilekernels:
+        from tile_kernels.moe.reduce_fused_kernel import reduce_fused
+
+        expanded = args["expanded"]
+        x = (expanded, args["row_scale"]) if "row_scale" in args else expanded
+        out = expanded.new_empty((w.num_tokens, w.hidden))
+        for _ in range(args_in.calls):
+            reduce_fused(x, args.get("topk_weights"), args["token_topk_to_pos"], out=out)
+        torch.cuda.synchronize()
+        return 0
     if args_in.combine_shape:
         from cupy_moe.combine.api import run_with_shape
 
