@@ -56,11 +56,6 @@ SHAPES = [{}, *({"vecs_per_thread": vecs, "slot_batch": batch, "max_warps": warp
           *({"vecs_per_thread": 7, "slot_batch": batch, "max_warps": 4, **extra}
             for batch, extra in ((1, {}), (2, {}), (1, {"warp_slots": True}),
                                  (1, {"plain_access": True}))),
-          # ... with K compiled in (the slot loop unrolled: a later slot's loads
-          # may go before an earlier one's FMAs, as in TileKernels' kernel)
-          *({"vecs_per_thread": vecs, "slot_batch": batch, "max_warps": 4,
-             "compile_top_k": True}
-            for vecs, batch in ((7, 1), (8, 1), (4, 1), (4, 2), (2, 2))),
           # the default shapes' loads and stores without evict-first hints
           # (TileKernels' are plain)
           {"plain_access": True},

@@ -73,15 +73,6 @@
 // instructions on dropped slots and waits one latency a batch for positions.
 // Results unchanged (the live slots are taken in k order); with 0 the kernel
 // is the one measured before the switch existed.
-// K compiled in (launch_shape.py compiled_top_k; 0: read from the argument
-// block): the per-thread walk's slot loop then unrolls, so that the compiler
-// may issue a later slot's row loads before an earlier one's FMAs (as
-// TileKernels' reduce_fused, whose K is a template constant, does).
-#ifndef COMBINE_TOP_K
-#define COMBINE_TOP_K 0
-#endif
-#define COMBINE_K(a) (COMBINE_TOP_K > 0 ? COMBINE_TOP_K : (a).top_k)
-
 #ifndef COMBINE_WARP_SLOTS
 #define COMBINE_WARP_SLOTS 0
 #endif
@@ -205,14 +196,11 @@ __device__ __forceinline__ void accumulate_slot_batches(
     typedef typename F::Bits Bits;
     typedef typename VecOf<VEC_BYTES>::type Vec;
     constexpr int ELEMS = VEC_BYTES / static_cast<int>(sizeof(Bits));
-    const int* slots = a.token_topk_to_pos + t * COMBINE_K(a);
-    const float* weights = a.topk_weights == nullptr ? nullptr : a.topk_weights + t * COMBINE_K(a);
+    const int* slots = a.token_topk_to_pos + t * a.top_k;
+    const float* weights = a.topk_weights == nullptr ? nullptr : a.topk_weights + t * a.top_k;
     const Vec* rows = reinterpret_cast<const Vec*>(a.expanded) + v;
 
-#if COMBINE_TOP_K > 0
-#pragma unroll
-#endif
-    for (int k0 = 0; k0 < COMBINE_K(a); k0 += COMBINE_SLOT_BATCH) {
+    for (int k0 = 0; k0 < a.top_k; k0 += COMBINE_SLOT_BATCH) {
         // The batch's slots and weights (independent loads, issued together).
         int pos[COMBINE_SLOT_BATCH];
         float weight[COMBINE_SLOT_BATCH];
@@ -221,7 +209,7 @@ __device__ __forceinline__ void accumulate_slot_batches(
             const int k = k0 + j;
             pos[j] = -1;
             weight[j] = 1.0f;
-            if (k < COMBINE_K(a)) {
+            if (k < a.top_k) {
                 const int p = __ldg(slots + k);
                 pos[j] = p >= 0 && p < a.num_expanded ? p : -1;
                 if (weights != nullptr) weight[j] = __ldg(weights + k);

@@ -352,12 +352,3 @@ def test_plain_access_is_a_define_of_its_own():
     assert not combine_shape(4096, 896, 132).plain_access
     with pytest.raises(TypeError, match=r"plain_access must be True or False; got 1"):
         combine_shape(4096, 896, 132, plain_access=1)
-
-
-def test_compile_top_k_puts_k_in_the_kernel_variant():
-    shape = combine_shape(4096, 896, 132, vecs_per_thread=7, slot_batch=1, max_warps=4,
-                          top_k=8, compile_top_k=True)
-    assert shape.compiled_top_k == 8 and ("COMBINE_TOP_K", 8) in shape.defines()
-    assert combine_shape(4096, 896, 132, top_k=8).compiled_top_k == 0
-    with pytest.raises(ValueError, match="compile_top_k needs top_k"):
-        combine_shape(4096, 896, 132, compile_top_k=True)

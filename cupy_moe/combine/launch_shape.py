@@ -104,7 +104,6 @@ class CombineShape(NamedTuple):
     bulk_stages: int = 0  # > 0: a block's live rows land in shared memory, this many in flight
     bulk_rounds: int = 1  # with bulk_stages: groups of row_threads // K tokens a block takes
     plain_access: bool = False  # row loads and stores without evict-first hints
-    compiled_top_k: int = 0  # K compiled into the kernel (0: the argument block's)
 
     def defines(self) -> tuple[tuple[str, int], ...]:
         """The kernel variant this shape needs (combine.cu's COMBINE_VECS,
@@ -128,8 +127,6 @@ class CombineShape(NamedTuple):
             defines.append(("COMBINE_BULK_ROUNDS", self.bulk_rounds))
         if self.plain_access:
             defines.append(("COMBINE_PLAIN_ACCESS", 1))
-        if self.compiled_top_k:
-            defines.append(("COMBINE_TOP_K", self.compiled_top_k))
         return tuple(defines)
 
     @property
@@ -209,7 +206,7 @@ def combine_shape(num_tokens: int, row_vecs: int, multiprocessors: int, *,
                   slot_batch: int = SLOT_BATCH,
                   warp_slots: bool = False, warp_tokens: int = 1, stream_rounds: int = 0,
                   bulk_stages: int = 0, bulk_rounds: int = 1, bulk_ok: bool = True,
-                  plain_access: bool = False, compile_top_k: bool = False,
+                  plain_access: bool = False,
                   top_k: int | None = None) -> CombineShape:
     """The launch shape of ``num_tokens`` rows of ``row_vecs`` vectors each.
 
@@ -282,8 +279,6 @@ def combine_shape(num_tokens: int, row_vecs: int, multiprocessors: int, *,
     if bulk_stages and (stream_rounds or warp_slots):
         raise ValueError("bulk_stages is a layout of its own: not with warp_slots or "
                          "stream_rounds")
-    if compile_top_k and top_k is None:
-        raise ValueError("compile_top_k needs top_k")
     if not isinstance(plain_access, bool):
         raise TypeError(f"plain_access must be True or False; got {plain_access!r}")
     if bulk_rounds not in BULK_ROUNDS_CHOICES:
@@ -334,4 +329,4 @@ def combine_shape(num_tokens: int, row_vecs: int, multiprocessors: int, *,
                          f"takes at most {MAX_GRID_X}")
     return CombineShape(row_threads, tokens_per_block, chunks, token_blocks, vecs_per_thread,
                         slot_batch, warp_slots, warp_tokens, stream_rounds, bulk_stages,
-                        bulk_rounds, plain_access, top_k if compile_top_k else 0)
+                        bulk_rounds, plain_access)
