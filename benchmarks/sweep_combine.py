@@ -51,11 +51,6 @@ SHAPES = [{}, *({"vecs_per_thread": vecs, "slot_batch": batch, "max_warps": warp
              "warp_slots": True}
             for vecs, batch, warps in ((8, 1, 4), (8, 2, 4), (4, 1, 8), (4, 1, 4), (4, 2, 8),
                                        (2, 1, 8))),
-          # TileKernels' own: 7 vectors a thread (Kimi-K2 and DeepSeek-V3's 896
-          # vectors over 128 threads), the per-thread walk of one slot at a time
-          *({"vecs_per_thread": 7, "slot_batch": batch, "max_warps": 4, **extra}
-            for batch, extra in ((1, {}), (2, {}), (1, {"warp_slots": True}),
-                                 (1, {"plain_access": True}))),
           # the default shapes' loads and stores without evict-first hints
           # (TileKernels' are plain)
           {"plain_access": True},
