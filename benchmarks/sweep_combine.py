@@ -28,7 +28,6 @@ import numpy as np
 import torch
 
 from cupy_moe.combine.api import run_with_shape
-from cupy_moe.combine.launch_shape import SPARSE_WIDE_OPTIONS, WIDE_OPTIONS
 from cupy_moe.harness.ab_sweep import pick_variants, pick_workloads, sweep_table
 from cupy_moe.harness.timing import GpuTimer
 
@@ -51,13 +50,6 @@ SHAPES = [{}, *({"vecs_per_thread": vecs, "slot_batch": batch, "max_warps": warp
              "warp_slots": True}
             for vecs, batch, warps in ((8, 1, 4), (8, 2, 4), (4, 1, 8), (4, 1, 4), (4, 2, 8),
                                        (2, 1, 8))),
-          # the default shapes' loads and stores without evict-first hints
-          # (TileKernels' are plain)
-          {"plain_access": True},
-          {**WIDE_OPTIONS, "plain_access": True},
-          {**SPARSE_WIDE_OPTIONS, "plain_access": True},
-          {"vecs_per_thread": 8, "slot_batch": 1, "max_warps": 4, "warp_slots": True,
-           "plain_access": True},
           # ... and consecutive tokens a warp, in turn
           *({"vecs_per_thread": vecs, "slot_batch": batch, "max_warps": 4,
              "warp_slots": True, "warp_tokens": tokens}

@@ -40,12 +40,6 @@
 // Kernels: reduce_fused_{f32,bf16,f16}_v{16,8,4,2} (f32 from 4 bytes up), and
 // reduce_fused_first_out_of_range (validate=True).
 
-// COMBINE_PLAIN_ACCESS (launch_shape.py plain_access): row loads and stores
-// without the evict-first hints (as TileKernels' reduce_fused issues them).
-#if defined(COMBINE_PLAIN_ACCESS) && COMBINE_PLAIN_ACCESS
-#define VECTOR_ACCESS_PLAIN 1
-#endif
-
 #include "bulk_copy.cuh"
 #include "vector_access.cuh"
 

@@ -4,13 +4,7 @@
 // host picks the widest that divides the row length and the base addresses.
 // Loads and stores carry the evict-first (streaming) cache hint: each source
 // row is read once and no output is read back by the kernel that writes it.
-// VECTOR_ACCESS_PLAIN (a module's define, 0 unless set): plain loads and
-// stores instead.
 #pragma once
-
-#ifndef VECTOR_ACCESS_PLAIN
-#define VECTOR_ACCESS_PLAIN 0
-#endif
 
 typedef long long i64;
 
@@ -23,18 +17,10 @@ template <> struct VecOf<1> { typedef unsigned char type; };
 
 template <typename T>
 __device__ __forceinline__ T load_once(const T* p) {
-#if VECTOR_ACCESS_PLAIN
-    return *p;
-#else
     return __ldcs(p);
-#endif
 }
 
 template <typename T>
 __device__ __forceinline__ void store_once(T* p, T v) {
-#if VECTOR_ACCESS_PLAIN
-    *p = v;
-#else
     __stcs(p, v);
-#endif
 }

@@ -344,11 +344,3 @@ def test_int_options_reject_floats_and_take_numpy_ints(name):
     shape = combine_shape(8192, 896, 132, top_k=8, **others, **{name: np.int64(value)})
     assert shape == combine_shape(8192, 896, 132, top_k=8, **others, **{name: value})
     assert all(type(v) is int for _, v in shape.defines())
-
-
-def test_plain_access_is_a_define_of_its_own():
-    shape = combine_shape(4096, 896, 132, plain_access=True)
-    assert shape.plain_access and shape.defines() == (("COMBINE_PLAIN_ACCESS", 1),)
-    assert not combine_shape(4096, 896, 132).plain_access
-    with pytest.raises(TypeError, match=r"plain_access must be True or False; got 1"):
-        combine_shape(4096, 896, 132, plain_access=1)

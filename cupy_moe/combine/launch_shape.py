@@ -103,7 +103,6 @@ class CombineShape(NamedTuple):
     stream_rounds: int = 0  # > 0: a warp streams the live rows of that many rounds of tokens
     bulk_stages: int = 0  # > 0: a block's live rows land in shared memory, this many in flight
     bulk_rounds: int = 1  # with bulk_stages: groups of row_threads // K tokens a block takes
-    plain_access: bool = False  # row loads and stores without evict-first hints
 
     def defines(self) -> tuple[tuple[str, int], ...]:
         """The kernel variant this shape needs (combine.cu's COMBINE_VECS,
@@ -125,8 +124,6 @@ class CombineShape(NamedTuple):
             defines.append(("COMBINE_BULK_STAGES", self.bulk_stages))
         if self.bulk_rounds != 1:
             defines.append(("COMBINE_BULK_ROUNDS", self.bulk_rounds))
-        if self.plain_access:
-            defines.append(("COMBINE_PLAIN_ACCESS", 1))
         return tuple(defines)
 
     @property
@@ -206,7 +203,6 @@ def combine_shape(num_tokens: int, row_vecs: int, multiprocessors: int, *,
                   slot_batch: int = SLOT_BATCH,
                   warp_slots: bool = False, warp_tokens: int = 1, stream_rounds: int = 0,
                   bulk_stages: int = 0, bulk_rounds: int = 1, bulk_ok: bool = True,
-                  plain_access: bool = False,
                   top_k: int | None = None) -> CombineShape:
     """The launch shape of ``num_tokens`` rows of ``row_vecs`` vectors each.
 
@@ -279,8 +275,6 @@ def combine_shape(num_tokens: int, row_vecs: int, multiprocessors: int, *,
     if bulk_stages and (stream_rounds or warp_slots):
         raise ValueError("bulk_stages is a layout of its own: not with warp_slots or "
                          "stream_rounds")
-    if not isinstance(plain_access, bool):
-        raise TypeError(f"plain_access must be True or False; got {plain_access!r}")
     if bulk_rounds not in BULK_ROUNDS_CHOICES:
         raise ValueError(f"bulk_rounds must be one of {BULK_ROUNDS_CHOICES}; got {bulk_rounds}")
     if bulk_rounds != 1 and not bulk_stages:
@@ -329,4 +323,4 @@ def combine_shape(num_tokens: int, row_vecs: int, multiprocessors: int, *,
                          f"takes at most {MAX_GRID_X}")
     return CombineShape(row_threads, tokens_per_block, chunks, token_blocks, vecs_per_thread,
                         slot_batch, warp_slots, warp_tokens, stream_rounds, bulk_stages,
-                        bulk_rounds, plain_access)
+                        bulk_rounds)
