@@ -42,14 +42,6 @@ SHAPES = [{}, *({"vecs_per_thread": vecs, "slot_batch": batch, "max_warps": warp
              "warp_slots": True}
             for vecs, batch, warps in ((1, 8, 8), (1, 4, 4), (2, 2, 4), (2, 4, 4), (2, 8, 4),
                                        (4, 2, 4), (4, 4, 4), (4, 2, 8))),
-          # a block a token's whole row, few slots in flight, many vectors a
-          # thread (TileKernels' reduce_fused: 128 threads, 7 vectors each, one
-          # slot at a time; 6-10% ahead of ours on the H100's EP8 plans,
-          # thirty-second session)
-          *({"vecs_per_thread": vecs, "slot_batch": batch, "max_warps": warps,
-             "warp_slots": True}
-            for vecs, batch, warps in ((8, 1, 4), (8, 2, 4), (4, 1, 8), (4, 1, 4), (4, 2, 8),
-                                       (2, 1, 8))),
           # ... and consecutive tokens a warp, in turn
           *({"vecs_per_thread": vecs, "slot_batch": batch, "max_warps": 4,
              "warp_slots": True, "warp_tokens": tokens}
