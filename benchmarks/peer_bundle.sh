@@ -16,8 +16,11 @@
 # Not written here: .peers/tile_kernels/, the TileKernels sources the mapping
 # comparison imports (tile_kernels/moe/get_fused_mapping_kernel.py of
 # deepseek-ai/TileKernels at 1001fca, tile_kernels/utils.py, and a config
-# module with get_num_sms(); empty __init__.py files). They are public code
-# that stays out of this repository: fetch them by hand.
+# module with get_num_sms(); empty __init__.py files), and the reduce_fused
+# comparison (bench_combine_quantize.py, profile_op.py --tilekernels):
+# tile_kernels/moe/reduce_fused_kernel.py at a06642d, with stand-ins for
+# quant/common.py and quant/types.py that give it QuantTensor (= tuple) alone.
+# They are public code that stays out of this repository: fetch them by hand.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 seed_diff=${1:-../shared/seed/expand_to_fused_pr.diff.txt}
