@@ -42,6 +42,11 @@ SHAPES = [{}, *({"vecs_per_thread": vecs, "slot_batch": batch, "max_warps": warp
              "warp_slots": True}
             for vecs, batch, warps in ((1, 8, 8), (1, 4, 4), (2, 2, 4), (2, 4, 4), (2, 8, 4),
                                        (4, 2, 4), (4, 4, 4), (4, 2, 8))),
+          # a group a token, K compiled in, few instructions a token
+          # (TileKernels' reduce_fused layout: 128 threads, 7 vectors each;
+          # thirty-second session)
+          *({"vecs_per_thread": vecs, "max_warps": warps, "token_rows": True}
+            for vecs, warps in ((7, 4), (8, 4), (4, 4), (4, 8), (2, 8))),
           # ... and consecutive tokens a warp, in turn
           *({"vecs_per_thread": vecs, "slot_batch": batch, "max_warps": 4,
              "warp_slots": True, "warp_tokens": tokens}

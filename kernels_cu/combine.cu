@@ -108,6 +108,24 @@
 #ifndef COMBINE_BULK_ROUNDS
 #define COMBINE_BULK_ROUNDS 1
 #endif
+// K > 0: a block (a group) a token, with K compiled in (launch_shape.py
+// token_rows; no warp_slots, stream or bulk layout): every thread loads the
+// token's K positions and scales at once, then, slot by slot in k order,
+// its COMBINE_VECS vectors of each live row and their FMAs (the slot loop
+// unrolled: a later slot's loads may go before an earlier one's FMAs), and a
+// token with no live slot stores zeros without the rounding path. Few
+// instructions a token, for expert-parallel plans where most tokens have one
+// live slot or none (TileKernels' reduce_fused ran 3.5-5.6x fewer than our
+// other layouts there; benchmarks/results/reduce_tk_ep8_h100.md).
+// COMBINE_FULL_ROWS 1 (the host's promise): every thread's COMBINE_VECS
+// vectors lie inside the row, so no vector is bounds-tested.
+#ifndef COMBINE_TOKEN_ROWS
+#define COMBINE_TOKEN_ROWS 0
+#endif
+#ifndef COMBINE_FULL_ROWS
+#define COMBINE_FULL_ROWS 0
+#endif
+
 // The largest block the host launches (cupy_moe/combine/launch_shape.py), and
 // the blocks of that size an SM must hold at least: with this bound ptxas
 // neither spills (it did with the thread bound alone) nor takes more than 128
@@ -602,6 +620,73 @@ __device__ __forceinline__ void reduce_fused_bulk(const CombineArgs& a) {
 }
 #endif
 
+#if COMBINE_TOKEN_ROWS
+// Token t's vectors of this thread (COMBINE_TOKEN_ROWS above): the same sums
+// as accumulate_slot_batches + store_row, each in k order from +0, rounded once.
+template <int FMT, int VEC_BYTES>
+__device__ __forceinline__ void reduce_token_row(const CombineArgs& a, i64 t, i64 v) {
+    typedef Format<FMT> F;
+    typedef typename F::Bits Bits;
+    typedef typename VecOf<VEC_BYTES>::type Vec;
+    constexpr int K = COMBINE_TOKEN_ROWS;
+    constexpr int ELEMS = VEC_BYTES / static_cast<int>(sizeof(Bits));
+    const int* slots = a.token_topk_to_pos + t * K;
+    int pos[K];
+    float scale[K];
+    bool any_live = false;
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+        const int p = __ldg(slots + k);
+        pos[k] = p >= 0 && p < a.num_expanded ? p : -1;
+        any_live |= pos[k] >= 0;
+        scale[k] = a.topk_weights == nullptr ? 1.0f : __ldg(a.topk_weights + t * K + k);
+    }
+    Vec* out = reinterpret_cast<Vec*>(a.out) + t * a.row_vecs + v;
+    if (!any_live) {  // narrow(+0) is all zero bits in every format
+#pragma unroll
+        for (int c = 0; c < COMBINE_VECS; ++c)
+            if (COMBINE_FULL_ROWS || v + c * a.row_threads < a.row_vecs)
+                store_once(out + c * a.row_threads, Vec());
+        return;
+    }
+    if (a.row_scale != nullptr) {
+#pragma unroll
+        for (int k = 0; k < K; ++k) {
+            if (pos[k] < 0) continue;
+            const float row = __ldg(a.row_scale + pos[k]);
+            scale[k] = a.topk_weights != nullptr ? __fmul_rn(scale[k], row) : row;
+        }
+    }
+    const Vec* rows = reinterpret_cast<const Vec*>(a.expanded) + v;
+    float acc[COMBINE_VECS][ELEMS];
+#pragma unroll
+    for (int c = 0; c < COMBINE_VECS; ++c)
+#pragma unroll
+        for (int e = 0; e < ELEMS; ++e) acc[c][e] = 0.0f;
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+        if (pos[k] < 0) continue;
+        Vec held[COMBINE_VECS];
+#pragma unroll
+        for (int c = 0; c < COMBINE_VECS; ++c) {
+            held[c] = Vec();
+            if (COMBINE_FULL_ROWS || v + c * a.row_threads < a.row_vecs)
+                held[c] = load_once(rows + static_cast<i64>(pos[k]) * a.row_vecs +
+                                    c * a.row_threads);
+        }
+#pragma unroll
+        for (int c = 0; c < COMBINE_VECS; ++c) {
+            Bits bits[ELEMS];
+            memcpy(bits, &held[c], sizeof(Vec));
+#pragma unroll
+            for (int e = 0; e < ELEMS; ++e)
+                acc[c][e] = __fmaf_rn(F::widen(bits[e]), scale[k], acc[c][e]);
+        }
+    }
+    store_row<FMT, VEC_BYTES>(a, t, v, acc);
+}
+#endif
+
 template <int FMT, int VEC_BYTES>
 __device__ __forceinline__ void reduce_fused_body(const CombineArgs& a) {
     constexpr int ELEMS = VEC_BYTES / static_cast<int>(sizeof(typename Format<FMT>::Bits));
@@ -615,7 +700,11 @@ __device__ __forceinline__ void reduce_fused_body(const CombineArgs& a) {
     const int lane = threadIdx.x - group * a.row_threads;
     // this thread's vectors: v, v + row_threads, ... (COMBINE_VECS of them)
     const i64 v = static_cast<i64>(blockIdx.y) * a.row_threads * COMBINE_VECS + lane;
-#if COMBINE_STREAM_ROUNDS
+#if COMBINE_TOKEN_ROWS
+    const i64 t = static_cast<i64>(blockIdx.x) * a.tokens_per_block + group;
+    if (t >= a.num_tokens || v >= a.row_vecs) return;
+    reduce_token_row<FMT, VEC_BYTES>(a, t, v);
+#elif COMBINE_STREAM_ROUNDS
     // whole warps: lanes past the row take part in the shuffles
     reduce_fused_stream<FMT, VEC_BYTES>(
         a, (static_cast<i64>(blockIdx.x) * a.tokens_per_block + group) * (32 / a.top_k) *

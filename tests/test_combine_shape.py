@@ -112,7 +112,7 @@ def test_multi_vector_shapes_and_their_kernel_variant():
     assert shape == CombineShape(224, 1, 2, 4096, 2)
     assert shape.defines() == (("COMBINE_VECS", 2),)
     assert combine_shape(4096, 896, 132).defines() == ()
-    with pytest.raises(ValueError, match=r"vecs_per_thread must be one of \(1, 2, 4\); got 3"):
+    with pytest.raises(ValueError, match=r"vecs_per_thread must be one of \(1, 2, 4, 7, 8\); got 3"):
         combine_shape(4096, 896, 132, vecs_per_thread=3)
 
 
@@ -344,3 +344,29 @@ def test_int_options_reject_floats_and_take_numpy_ints(name):
     shape = combine_shape(8192, 896, 132, top_k=8, **others, **{name: np.int64(value)})
     assert shape == combine_shape(8192, 896, 132, top_k=8, **others, **{name: value})
     assert all(type(v) is int for _, v in shape.defines())
+
+
+def test_token_rows_compile_k_and_say_where_rows_are_full():
+    # DeepSeek-V3 / Kimi-K2 rows, 896 vectors: 7 a thread over 128 threads, exactly
+    shape = combine_shape(4096, 896, 132, vecs_per_thread=7, max_warps=4, top_k=8,
+                          token_rows=True)
+    assert (shape.row_threads, shape.chunks, shape.token_blocks) == (128, 1, 4096)
+    assert shape.defines() == (("COMBINE_VECS", 7), ("COMBINE_TOKEN_ROWS", 8),
+                               ("COMBINE_FULL_ROWS", 1))
+    # 8 a thread: 112 threads' columns in 4 warps, the last vectors past the row
+    shape = combine_shape(4096, 896, 132, vecs_per_thread=8, max_warps=4, top_k=8,
+                          token_rows=True)
+    assert shape.token_rows == 8 and not shape.full_rows
+    assert combine_shape(4096, 896, 132, top_k=8).token_rows == 0
+
+
+@pytest.mark.parametrize(("options", "error", "message"), [
+    ({"token_rows": True}, ValueError, r"token_rows needs top_k in 1 \.\. 32; got None"),
+    ({"token_rows": True, "top_k": 33}, ValueError, r"token_rows needs top_k in 1 \.\. 32; got 33"),
+    ({"token_rows": True, "top_k": 8, "warp_slots": True}, ValueError,
+     "token_rows is a layout of its own"),
+    ({"token_rows": 1, "top_k": 8}, TypeError, r"token_rows must be True or False; got 1"),
+])
+def test_token_rows_rejects(options, error, message):
+    with pytest.raises(error, match=message):
+        combine_shape(4096, 896, 132, **options)

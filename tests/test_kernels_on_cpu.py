@@ -378,9 +378,12 @@ def test_fused_mapping_in_clusters_matches_the_oracle(monkeypatch, rng, num_toke
     ({"vecs_per_thread": 1, "bulk_stages": 2, "fill_blocks_per_sm": 0}, 8),
     ({"vecs_per_thread": 2, "bulk_stages": 4, "max_warps": 1}, 3),
     ({"vecs_per_thread": 4, "bulk_stages": 8, "fill_blocks_per_sm": 0}, 40),
-    ({"vecs_per_thread": 2, "bulk_stages": 2, "bulk_rounds": 4, "max_warps": 1}, 8)],
+    ({"vecs_per_thread": 2, "bulk_stages": 2, "bulk_rounds": 4, "max_warps": 1}, 8),
+    ({"vecs_per_thread": 7, "max_warps": 4, "token_rows": True}, 8),
+    ({"vecs_per_thread": 8, "max_warps": 1, "token_rows": True}, 3)],
     ids=["auto", "warp-slots", "warp-slots-k40-4-tokens", "stream-k8", "stream-k3",
-         "stream-k32", "bulk-k8", "bulk-k3", "bulk-k40", "bulk-k8-4-rounds"])
+         "stream-k32", "bulk-k8", "bulk-k3", "bulk-k40", "bulk-k8-4-rounds",
+         "token-rows-7", "token-rows-8-k3"])
 def test_reduce_fused_matches_the_oracle(monkeypatch, rng, dtype, hidden, row_scale, shape,
                                          top_k):
     """The combine: each token's slots weighted and summed in k order, one

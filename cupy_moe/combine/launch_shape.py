@@ -78,7 +78,7 @@ PACK_THREADS = 128         # threads of a block of packed short rows
 PACKED_ROW_VECS = 16       # rows of at most this many vectors are packed
 FILL_BLOCKS_PER_SM = 4     # fewer blocks than this per SM: cut rows finer
 VECS_PER_THREAD = 1        # vectors a thread owns (2 and 4 compiled on demand: sweeps)
-VECS_PER_THREAD_CHOICES = (1, 2, 4)
+VECS_PER_THREAD_CHOICES = (1, 2, 4, 7, 8)
 SLOT_BATCH = 8             # slots whose row loads a thread has in flight (combine.cu)
 SLOT_BATCH_CHOICES = (2, 4, 8, 16)
 WARP_TOKENS_CHOICES = (1, 2, 4)
@@ -103,6 +103,8 @@ class CombineShape(NamedTuple):
     stream_rounds: int = 0  # > 0: a warp streams the live rows of that many rounds of tokens
     bulk_stages: int = 0  # > 0: a block's live rows land in shared memory, this many in flight
     bulk_rounds: int = 1  # with bulk_stages: groups of row_threads // K tokens a block takes
+    token_rows: int = 0  # > 0: K, compiled in: a group a token, its slots unrolled
+    full_rows: bool = False  # with token_rows: every thread's vectors lie inside the row
 
     def defines(self) -> tuple[tuple[str, int], ...]:
         """The kernel variant this shape needs (combine.cu's COMBINE_VECS,
@@ -124,6 +126,10 @@ class CombineShape(NamedTuple):
             defines.append(("COMBINE_BULK_STAGES", self.bulk_stages))
         if self.bulk_rounds != 1:
             defines.append(("COMBINE_BULK_ROUNDS", self.bulk_rounds))
+        if self.token_rows:
+            defines.append(("COMBINE_TOKEN_ROWS", self.token_rows))
+        if self.full_rows:
+            defines.append(("COMBINE_FULL_ROWS", 1))
         return tuple(defines)
 
     @property
@@ -203,6 +209,7 @@ def combine_shape(num_tokens: int, row_vecs: int, multiprocessors: int, *,
                   slot_batch: int = SLOT_BATCH,
                   warp_slots: bool = False, warp_tokens: int = 1, stream_rounds: int = 0,
                   bulk_stages: int = 0, bulk_rounds: int = 1, bulk_ok: bool = True,
+                  token_rows: bool = False,
                   top_k: int | None = None) -> CombineShape:
     """The launch shape of ``num_tokens`` rows of ``row_vecs`` vectors each.
 
@@ -275,6 +282,13 @@ def combine_shape(num_tokens: int, row_vecs: int, multiprocessors: int, *,
     if bulk_stages and (stream_rounds or warp_slots):
         raise ValueError("bulk_stages is a layout of its own: not with warp_slots or "
                          "stream_rounds")
+    if not isinstance(token_rows, bool):
+        raise TypeError(f"token_rows must be True or False; got {token_rows!r}")
+    if token_rows and (top_k is None or not 1 <= top_k <= WARP_LANES):
+        raise ValueError(f"token_rows needs top_k in 1 .. {WARP_LANES}; got {top_k}")
+    if token_rows and (warp_slots or stream_rounds or bulk_stages):
+        raise ValueError("token_rows is a layout of its own: not with warp_slots, "
+                         "stream_rounds or bulk_stages")
     if bulk_rounds not in BULK_ROUNDS_CHOICES:
         raise ValueError(f"bulk_rounds must be one of {BULK_ROUNDS_CHOICES}; got {bulk_rounds}")
     if bulk_rounds != 1 and not bulk_stages:
@@ -321,6 +335,8 @@ def combine_shape(num_tokens: int, row_vecs: int, multiprocessors: int, *,
     if token_blocks > MAX_GRID_X:
         raise ValueError(f"T = {num_tokens} tokens need {token_blocks} blocks; one launch "
                          f"takes at most {MAX_GRID_X}")
+    # token_rows: no vector of any thread past the row (none bounds-tested)
+    full_rows = token_rows and chunks * row_threads * vecs_per_thread == vectors
     return CombineShape(row_threads, tokens_per_block, chunks, token_blocks, vecs_per_thread,
                         slot_batch, warp_slots, warp_tokens, stream_rounds, bulk_stages,
-                        bulk_rounds)
+                        bulk_rounds, top_k if token_rows else 0, full_rows)
