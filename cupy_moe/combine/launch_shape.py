@@ -45,6 +45,14 @@ written by exactly one thread.
   that many chunks in flight a block: bytes in flight without registers
   (``bulk_rounds``: that many groups of tokens a block in turn, a shorter
   grid). Built and checked under the CPU emulation; not yet measured.
+- ``token_rows`` (a sweep option, not a default yet): a group of threads a
+  token with K compiled into the kernel, as TileKernels' reduce_fused is
+  laid out (a block of 128 threads a 7168-column row, 7 vectors a thread):
+  the slot loop unrolled, a token without a live slot stores zeros at once,
+  no vector bounds-tested where the row fills the threads' vectors. On the
+  H100's DeepSeek-V3 EP8 plans 2-5% ahead of the defaults (untrimmed: 87.2
+  -> 92.0% of the copy), level on Kimi-K2 prefill
+  (benchmarks/results/reduce_tk_ep8_h100.md).
 
 The grid depends only on the call's sizes and the GPU's SM count, never on the
 data, so a CUDA graph can capture the call; results do not depend on it.
@@ -247,6 +255,12 @@ def combine_shape(num_tokens: int, row_vecs: int, multiprocessors: int, *,
     consecutive groups of ``row_threads // K`` tokens in turn, its stages
     carried over (a grid that many times shorter: batches whose blocks
     would run in more than one wave).
+    ``token_rows`` (needs ``top_k`` in 1 .. 32; not with ``warp_slots``,
+    ``stream_rounds`` or ``bulk_stages``): the per-thread walk with K
+    compiled in (the shape's ``token_rows`` is K), every thread loading the
+    token's K positions at once; ``full_rows`` says that no thread's vector
+    lies past the row (``chunks * row_threads * vecs_per_thread`` equals the
+    row's vectors), so the kernel tests none.
     """
     if row_vecs < 1:
         raise ValueError(f"row_vecs must be >= 1; got {row_vecs}")
