@@ -217,6 +217,9 @@ COMBINE_SHAPES = (
     {"vecs_per_thread": 2, "slot_batch": 2, "warp_slots": True, "warp_tokens": 4},
     {"vecs_per_thread": 2, "slot_batch": 4, "stream_rounds": 2},
     {"vecs_per_thread": 2, "bulk_stages": 2, "bulk_rounds": 2},
+    # a group a token, K compiled in (full rows where H fills the vectors)
+    {"vecs_per_thread": 7, "max_warps": 4, "token_rows": True},
+    {"vecs_per_thread": 2, "max_warps": 8, "token_rows": True},
 )
 
 

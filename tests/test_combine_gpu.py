@@ -198,6 +198,11 @@ def test_random_cases_are_bit_exact(kind):
                                         "slot_batch": int(rng.choice([2, 4])),
                                         "max_warps": int(rng.integers(1, 9)),
                                         "stream_rounds": int(rng.choice([1, 2, 4]))}
+        elif draw < 0.45 and case["token_topk_to_pos"].shape[1] <= 32:
+            # a group a token, K compiled in
+            options["shape_options"] = {"vecs_per_thread": int(rng.choice([1, 2, 4, 7, 8])),
+                                        "max_warps": int(rng.integers(1, 9)),
+                                        "token_rows": True}
         elif draw < 0.5:  # a block's live rows landed in shared memory by bulk copies
             options["shape_options"] = {"vecs_per_thread": int(rng.choice([1, 2, 4])),
                                         "max_warps": int(rng.integers(1, 9)),
@@ -345,6 +350,40 @@ def test_bulk_layout_on_expert_parallel_and_dense_plans(kind, top_k):
                          shape_options={"vecs_per_thread": vecs, "max_warps": warps,
                                         "bulk_stages": stages, "bulk_rounds": rounds,
                                         "fill_blocks_per_sm": 0.0})
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("top_k", [1, 3, 8, 32])
+def test_token_rows_on_expert_parallel_and_dense_plans(kind, top_k):
+    """token_rows: a group of threads a token, K compiled in, on a rank's plan
+    of 32 of 256 experts (most tokens with one live slot or none) and on a
+    dense one, every dtype, special values; full rows (7168 bf16 columns: 7
+    vectors x 128 threads; 2048: 2 x 128) and rows whose last vectors lie
+    past the row (7000 bf16: 875 vectors; 8 vectors a thread), row_scale on
+    odd K."""
+    from cupy_moe.mapping.reference import fused_mapping_numpy
+
+    rng = np.random.default_rng()
+    num_tokens = 300 if top_k <= 8 else 60
+    ids = rng.integers(0, 256, (num_tokens, top_k)).astype(np.int32)
+    sparse = fused_mapping_numpy(ids, 32, alignment=128).token_topk_to_pos
+    for dtype_index, hidden in ((0, 7168), (1, 7000), (2, 2048)):
+        dtype = DEVICE_DTYPES[kind][dtype_index]
+        for token_topk_to_pos in (sparse, None):
+            case = random_case(rng, num_tokens=num_tokens, hidden=hidden, top_k=top_k,
+                               dtype=dtype, value_kind="specials", weights=True,
+                               row_scale=bool(top_k % 2))
+            if token_topk_to_pos is not None:  # the rank's rows: the plan's X
+                num_rows = int(token_topk_to_pos.max()) + 1
+                case["token_topk_to_pos"] = token_topk_to_pos
+                case["expanded"] = random_values(rng, (num_rows, hidden), dtype, "specials")
+                if case["row_scale"] is not None:
+                    case["row_scale"] = rng.random(num_rows, dtype=np.float32)
+            expected = reduce_fused_numpy(**case)
+            for vecs, warps in ((7, 4), (8, 4), (2, 8), (1, 1), (4, 2)):
+                run_case(kind, case, rng, use_out=True, expected=expected,
+                         shape_options={"vecs_per_thread": vecs, "max_warps": warps,
+                                        "token_rows": True})
 
 
 @pytest.mark.parametrize("kind", KINDS)
