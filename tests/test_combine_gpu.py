@@ -316,19 +316,13 @@ def test_warp_slots_beyond_one_warp_of_slots(kind, top_k):
                                     "max_warps": 1, "stream_rounds": rounds})
 
 
-@pytest.mark.parametrize("kind", KINDS)
-@pytest.mark.parametrize("top_k", [1, 3, 8, 33, 64])
-def test_bulk_layout_on_expert_parallel_and_dense_plans(kind, top_k):
-    """bulk_stages: a block's live rows land in shared memory, 2, 4 or 8 in
-    flight; on a rank's plan of 32 of 256 experts (most slots dropped, many
-    tokens with none) and on a dense one, every dtype, special values, blocks
-    of 1 to 8 warps (K = 33 and 64: blocks of one warp fall back to the warp
-    walk), 1 to 4 vectors a thread, partial last chunks (H = 7000 bf16 is 875
-    vectors), 1, 2 or 4 rounds of tokens a block."""
+def _expert_parallel_and_dense_cases(rng, kind: str, top_k: int, num_tokens: int):
+    """(case, oracle result) pairs: for every dtype of ``kind`` (H = 7168,
+    7000 and 2048), special values, weights, row_scale on odd K, first on a
+    rank's plan of 32 of 256 experts (most slots dropped, many tokens with
+    none; X is the plan's), then on a dense random map."""
     from cupy_moe.mapping.reference import fused_mapping_numpy
 
-    rng = np.random.default_rng()
-    num_tokens = 300 if top_k <= 8 else 80  # the oracle's time grows with T * K * H
     ids = rng.integers(0, 256, (num_tokens, top_k)).astype(np.int32)
     sparse = fused_mapping_numpy(ids, 32, alignment=128).token_topk_to_pos
     for dtype_index, hidden in ((0, 7168), (1, 7000), (2, 2048)):
@@ -343,13 +337,28 @@ def test_bulk_layout_on_expert_parallel_and_dense_plans(kind, top_k):
                 case["expanded"] = random_values(rng, (num_rows, hidden), dtype, "specials")
                 if case["row_scale"] is not None:
                     case["row_scale"] = rng.random(num_rows, dtype=np.float32)
-            expected = reduce_fused_numpy(**case)
-            for vecs, warps, stages, rounds in ((1, 4, 4, 1), (2, 4, 2, 2), (4, 8, 8, 1),
-                                                (2, 1, 4, 4), (1, 8, 2, 2)):
-                run_case(kind, case, rng, use_out=True, expected=expected,
-                         shape_options={"vecs_per_thread": vecs, "max_warps": warps,
-                                        "bulk_stages": stages, "bulk_rounds": rounds,
-                                        "fill_blocks_per_sm": 0.0})
+            yield case, reduce_fused_numpy(**case)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("top_k", [1, 3, 8, 33, 64])
+def test_bulk_layout_on_expert_parallel_and_dense_plans(kind, top_k):
+    """bulk_stages: a block's live rows land in shared memory, 2, 4 or 8 in
+    flight; on a rank's plan of 32 of 256 experts (most slots dropped, many
+    tokens with none) and on a dense one, every dtype, special values, blocks
+    of 1 to 8 warps (K = 33 and 64: blocks of one warp fall back to the warp
+    walk), 1 to 4 vectors a thread, partial last chunks (H = 7000 bf16 is 875
+    vectors), 1, 2 or 4 rounds of tokens a block."""
+    rng = np.random.default_rng()
+    # the oracle's time grows with T * K * H
+    for case, expected in _expert_parallel_and_dense_cases(rng, kind, top_k,
+                                                           300 if top_k <= 8 else 80):
+        for vecs, warps, stages, rounds in ((1, 4, 4, 1), (2, 4, 2, 2), (4, 8, 8, 1),
+                                            (2, 1, 4, 4), (1, 8, 2, 2)):
+            run_case(kind, case, rng, use_out=True, expected=expected,
+                     shape_options={"vecs_per_thread": vecs, "max_warps": warps,
+                                    "bulk_stages": stages, "bulk_rounds": rounds,
+                                    "fill_blocks_per_sm": 0.0})
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -361,29 +370,13 @@ def test_token_rows_on_expert_parallel_and_dense_plans(kind, top_k):
     vectors x 128 threads; 2048: 2 x 128) and rows whose last vectors lie
     past the row (7000 bf16: 875 vectors; 8 vectors a thread), row_scale on
     odd K."""
-    from cupy_moe.mapping.reference import fused_mapping_numpy
-
     rng = np.random.default_rng()
-    num_tokens = 300 if top_k <= 8 else 60
-    ids = rng.integers(0, 256, (num_tokens, top_k)).astype(np.int32)
-    sparse = fused_mapping_numpy(ids, 32, alignment=128).token_topk_to_pos
-    for dtype_index, hidden in ((0, 7168), (1, 7000), (2, 2048)):
-        dtype = DEVICE_DTYPES[kind][dtype_index]
-        for token_topk_to_pos in (sparse, None):
-            case = random_case(rng, num_tokens=num_tokens, hidden=hidden, top_k=top_k,
-                               dtype=dtype, value_kind="specials", weights=True,
-                               row_scale=bool(top_k % 2))
-            if token_topk_to_pos is not None:  # the rank's rows: the plan's X
-                num_rows = int(token_topk_to_pos.max()) + 1
-                case["token_topk_to_pos"] = token_topk_to_pos
-                case["expanded"] = random_values(rng, (num_rows, hidden), dtype, "specials")
-                if case["row_scale"] is not None:
-                    case["row_scale"] = rng.random(num_rows, dtype=np.float32)
-            expected = reduce_fused_numpy(**case)
-            for vecs, warps in ((7, 4), (8, 4), (2, 8), (1, 1), (4, 2)):
-                run_case(kind, case, rng, use_out=True, expected=expected,
-                         shape_options={"vecs_per_thread": vecs, "max_warps": warps,
-                                        "token_rows": True})
+    for case, expected in _expert_parallel_and_dense_cases(rng, kind, top_k,
+                                                           300 if top_k <= 8 else 60):
+        for vecs, warps in ((7, 4), (8, 4), (2, 8), (1, 1), (4, 2)):
+            run_case(kind, case, rng, use_out=True, expected=expected,
+                     shape_options={"vecs_per_thread": vecs, "max_warps": warps,
+                                    "token_rows": True})
 
 
 @pytest.mark.parametrize("kind", KINDS)
