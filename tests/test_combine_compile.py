@@ -12,7 +12,12 @@ import re
 import pytest
 from helpers import nvrtc_or_skip
 
-from cupy_moe.combine.launch_shape import SPARSE_WIDE_OPTIONS, WIDE_OPTIONS, combine_shape
+from cupy_moe.combine.launch_shape import (
+    SPARSE_WIDE_OPTIONS,
+    WIDE_OPTIONS,
+    combine_shape,
+    token_rows_options,
+)
 from cupy_moe.runtime.loader import compile_for_arch, compile_options, kernel_source
 
 SOURCE = "combine.cu"
@@ -124,17 +129,21 @@ def test_the_multi_vector_variants_compile(vecs, batch, warp_slots):
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
-@pytest.mark.parametrize("variant", ["default", "wide", "sparse"])
+@pytest.mark.parametrize("variant", ["default", "wide", "sparse", "rows-7168", "rows-2048"])
 def test_no_kernel_spills_registers(arch, variant):
     """Spilled registers would put local-memory traffic beside the row loads
     (the thread bound alone once made ptxas spill: see COMBINE_MIN_BLOCKS).
-    The three variants reduce_fused picks by itself (auto_combine_shape): the
+    The variants reduce_fused picks by itself (auto_combine_shape): the
     default, the many-token one (its warps walking live slots: with a lane
-    test in the FMA loop it spilled 8 bytes in the 16-byte bf16 kernel), and
-    the streamed one of sparse plans; the others are sweep options."""
+    test in the FMA loop it spilled 8 bytes in the 16-byte bf16 kernel), the
+    streamed one of sparse plans, and token_rows on 7168- and 2048-column
+    rows (7 and 2 vectors a thread, K = 8); the others are sweep options."""
     nvrtc_or_skip()
-    options = {"default": None, "wide": WIDE_OPTIONS, "sparse": SPARSE_WIDE_OPTIONS}[variant]
-    defines = () if options is None else combine_shape(4096, 896, 132, top_k=8,
+    row_vecs, options = {"default": (896, None), "wide": (896, WIDE_OPTIONS),
+                         "sparse": (896, SPARSE_WIDE_OPTIONS),
+                         "rows-7168": (896, token_rows_options(896, 8)),
+                         "rows-2048": (256, token_rows_options(256, 8))}[variant]
+    defines = () if options is None else combine_shape(4096, row_vecs, 132, top_k=8,
                                                        **options).defines()
     _assert_no_spills(defines, arch)
 

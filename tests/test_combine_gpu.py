@@ -253,22 +253,28 @@ def test_every_launch_shape_gives_the_same_bits(kind):
 
 
 @pytest.mark.parametrize("kind", KINDS)
-@pytest.mark.parametrize(("num_tokens", "trim", "warp_slots", "stream_rounds"), [
-    (2048, True, False, 1), (2048, False, True, 0), (4096, True, False, 1),
-    (300, True, False, 0)])
-def test_expert_parallel_plans(kind, num_tokens, trim, warp_slots, stream_rounds):
+@pytest.mark.parametrize(("num_tokens", "trim", "hidden", "layout"), [
+    (2048, True, 2048, (False, 0, 8)), (2048, False, 2048, (False, 0, 8)),
+    (300, True, 2048, (False, 0, 8)), (100, True, 2048, (False, 0, 0)),
+    (2048, True, 5120, (False, 1, 0)), (4096, True, 5120, (False, 1, 0)),
+    (2048, False, 5120, (True, 0, 0)), (300, True, 5120, (True, 0, 0))])
+def test_expert_parallel_plans(kind, num_tokens, trim, hidden, layout):
     """A rank's plan of 32 of 256 experts (seven slots in eight dropped), as
-    fused_mapping builds it. Trimmed at T = 2048 and 4096, X says most slots
-    are dropped (sparse_slots) and a warp streams the live rows of 4 tokens;
-    untrimmed (the worst-case X), the many-token shape, whose warps walk the
-    live slots too; at T = 300 the padding makes X exceed the slots, and the
-    grid is short of the many-token shape: the default one. Bit-exact each
-    time."""
+    fused_mapping builds it, under the default launch shape, which ``layout``
+    names as (warp_slots, stream_rounds, token_rows). Rows that groups of 128
+    threads fill (2048 16-bit columns: 2 vectors a thread) take token_rows
+    where the grid fills the chip (T = 300: rows cut in 2 chunks), the
+    default shape below that (T = 100). Rows they do not fill (5120: 640
+    vectors): trimmed at T = 2048 and 4096, X says most slots are dropped
+    (sparse_slots) and a warp streams the live rows of 4 tokens; untrimmed
+    (the worst-case X), or at T = 300 where the padding makes X exceed the
+    slots, the many-token shape, whose warps walk the live slots. Bit-exact
+    each time."""
     from cupy_moe.combine import gpu as combine_gpu
     from cupy_moe.mapping.reference import fused_mapping_numpy, worst_case_rows
 
     rng = np.random.default_rng()
-    top_k, hidden = 8, 2048
+    top_k = 8
     ids = rng.integers(0, 256, (num_tokens, top_k)).astype(np.int32)
     num_expanded = (None if trim
                     else worst_case_rows(num_tokens * top_k, 32, 128))  # fused_mapping's X
@@ -286,9 +292,9 @@ def test_expert_parallel_plans(kind, num_tokens, trim, warp_slots, stream_rounds
     shapes = [launch.shape for plan in combine_gpu._plans.values()
               for launch in plan.kernels.values()
               if plan.problem.num_tokens == num_tokens
-              and plan.problem.num_expanded == num_expanded]
-    assert {(shape.warp_slots, shape.stream_rounds) for shape in shapes} == {
-        (warp_slots, stream_rounds)}
+              and plan.problem.num_expanded == num_expanded and plan.problem.hidden == hidden]
+    assert {(shape.warp_slots, shape.stream_rounds, shape.token_rows)
+            for shape in shapes} == {layout}
 
 
 @pytest.mark.parametrize("kind", KINDS)

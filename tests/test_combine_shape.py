@@ -19,6 +19,7 @@ from cupy_moe.combine.launch_shape import (
     auto_combine_shape,
     combine_shape,
     sparse_slots,
+    token_rows_options,
 )
 
 
@@ -212,12 +213,14 @@ def test_sparse_slots_reads_x_against_the_slots():
     assert sparse_slots(4096, 8, 4096 * 4) and not sparse_slots(4096, 8, 4096 * 4 + 1)
     # an untrimmed plan's X (the worst case) is never sparse
     assert not sparse_slots(4096, 8, 4096 * 8 + 32 * 127)
-    # sparse, with K known: the streamed shape where its grid fills the chip
-    assert auto_combine_shape(4096, 896, 132, top_k=8, sparse=True) == combine_shape(
-        4096, 896, 132, fill_blocks_per_sm=0, top_k=8, **SPARSE_WIDE_OPTIONS)
-    # without K the many-token shape
-    assert auto_combine_shape(4096, 896, 132, sparse=True) == combine_shape(
-        4096, 896, 132, fill_blocks_per_sm=0, **WIDE_OPTIONS)
+    # sparse, with K known, on rows token_rows does not fill (5120 bf16 columns,
+    # 640 vectors: 5 a thread of 128): the streamed shape where its grid fills
+    assert auto_combine_shape(4096, 640, 132, top_k=8, sparse=True) == combine_shape(
+        4096, 640, 132, fill_blocks_per_sm=0, top_k=8, **SPARSE_WIDE_OPTIONS)
+    # without K the many-token shape, on any row
+    for row_vecs in (640, 896):
+        assert auto_combine_shape(4096, row_vecs, 132, sparse=True) == combine_shape(
+            4096, row_vecs, 132, fill_blocks_per_sm=0, **WIDE_OPTIONS)
 
 
 def bulk_covered(shape: CombineShape, num_tokens: int, row_vecs: int,
@@ -324,10 +327,11 @@ def test_auto_shape_takes_a_bulk_default_only_where_the_launch_allows(monkeypatc
     assert not any(options.get("bulk_stages") for options in (WIDE_OPTIONS, SPARSE_WIDE_OPTIONS))
     bulk = {"vecs_per_thread": 2, "max_warps": 4, "bulk_stages": 4}
     monkeypatch.setattr(launch_shape, "SPARSE_CANDIDATES", (bulk, SPARSE_WIDE_OPTIONS))
-    assert auto_combine_shape(4096, 896, 132, top_k=8, sparse=True, bulk_ok=True) == \
-        combine_shape(4096, 896, 132, fill_blocks_per_sm=0, top_k=8, **bulk)
-    assert auto_combine_shape(4096, 896, 132, top_k=8, sparse=True) == combine_shape(
-        4096, 896, 132, fill_blocks_per_sm=0, top_k=8, **SPARSE_WIDE_OPTIONS)
+    # rows token_rows does not fill (640 vectors), where the sparse candidates decide
+    assert auto_combine_shape(4096, 640, 132, top_k=8, sparse=True, bulk_ok=True) == \
+        combine_shape(4096, 640, 132, fill_blocks_per_sm=0, top_k=8, **bulk)
+    assert auto_combine_shape(4096, 640, 132, top_k=8, sparse=True) == combine_shape(
+        4096, 640, 132, fill_blocks_per_sm=0, top_k=8, **SPARSE_WIDE_OPTIONS)
 
 
 @pytest.mark.parametrize("name", ["max_warps", "vecs_per_thread", "slot_batch", "warp_tokens",
@@ -370,3 +374,56 @@ def test_token_rows_compile_k_and_say_where_rows_are_full():
 def test_token_rows_rejects(options, error, message):
     with pytest.raises(error, match=message):
         combine_shape(4096, 896, 132, **options)
+
+
+@pytest.mark.parametrize("row_vecs, vecs, chunks", [
+    (896, 7, 1),    # 7168 bf16 columns (DeepSeek-V3, Kimi-K2): TileKernels' layout
+    (256, 2, 1),    # 2048 (Qwen3-30B-A3B)
+    (512, 4, 1),    # 4096
+    (1024, 8, 1),   # 8192: 8 a thread rather than 4 in 2 chunks
+    (1792, 7, 2),   # 7168 float32 columns
+])
+def test_token_rows_options_fill_rows_with_whole_groups(row_vecs, vecs, chunks):
+    options = token_rows_options(row_vecs, 8)
+    assert options == {"vecs_per_thread": vecs, "max_warps": 4, "token_rows": True}
+    shape = combine_shape(4096, row_vecs, 132, top_k=8, **options)
+    assert (shape.row_threads, shape.chunks, shape.token_rows, shape.full_rows) == \
+        (128, chunks, 8, True)
+    assert (covered(shape, 3, row_vecs) == 1).all()
+
+
+@pytest.mark.parametrize("row_vecs, top_k", [
+    (640, 8),    # 5120 columns: 5 vectors a thread is no choice
+    (128, 8),    # 1024: one vector a thread, the default shape's
+    (896, None),  # K unknown
+    (896, 33),   # K above a warp's lanes
+    (96, 8),     # fewer vectors than a group's threads
+])
+def test_token_rows_options_none_where_groups_do_not_fill_rows(row_vecs, top_k):
+    assert token_rows_options(row_vecs, top_k) is None
+
+
+@pytest.mark.parametrize("num_tokens, row_vecs, sparse, expected", [
+    (4096, 896, False, {"row_threads": 128, "chunks": 1}),   # Kimi-K2 prefill
+    (4096, 896, True, {"row_threads": 128, "chunks": 1}),    # DeepSeek-V3 EP8, trimmed
+    (8192, 256, False, {"row_threads": 128, "chunks": 1}),   # Qwen3 prefill 8k
+    (512, 896, False, {"row_threads": 64, "chunks": 2}),     # Kimi-K2 T=512: rows cut in 2
+    (300, 896, False, {"row_threads": 64, "chunks": 2}),
+    (200, 896, False, None),   # 2-warp chunks do not fill the chip: the wide shape
+    (150, 896, False, None),   # 1-warp chunks would: too few threads, the default
+    (32, 896, False, None),    # small: the default shape, cut finer
+    (1, 256, False, None),     # decode
+    (4096, 640, False, None),  # rows groups do not fill
+])
+def test_auto_shape_takes_token_rows_where_groups_fill_rows_and_chip(num_tokens, row_vecs,
+                                                                     sparse, expected):
+    shape = auto_combine_shape(num_tokens, row_vecs, 132, top_k=8, sparse=sparse)
+    if expected is None:
+        assert shape.token_rows == 0
+        assert shape == auto_combine_shape(num_tokens, row_vecs, 132, sparse=sparse)
+        return
+    assert shape == combine_shape(num_tokens, row_vecs, 132, top_k=8,
+                                  **token_rows_options(row_vecs, 8))
+    assert (shape.row_threads, shape.chunks, shape.token_rows, shape.full_rows) == \
+        (expected["row_threads"], expected["chunks"], 8, True)
+    assert shape.token_blocks * shape.chunks >= FILL_BLOCKS_PER_SM * 132

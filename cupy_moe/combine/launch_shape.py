@@ -45,14 +45,18 @@ written by exactly one thread.
   that many chunks in flight a block: bytes in flight without registers
   (``bulk_rounds``: that many groups of tokens a block in turn, a shorter
   grid). Built and checked under the CPU emulation; not yet measured.
-- ``token_rows`` (a sweep option, not a default yet): a group of threads a
-  token with K compiled into the kernel, as TileKernels' reduce_fused is
-  laid out (a block of 128 threads a 7168-column row, 7 vectors a thread):
-  the slot loop unrolled, a token without a live slot stores zeros at once,
-  no vector bounds-tested where the row fills the threads' vectors. On the
-  H100's DeepSeek-V3 EP8 plans 2-5% ahead of the defaults (untrimmed: 87.2
-  -> 92.0% of the copy), level on Kimi-K2 prefill
-  (benchmarks/results/reduce_tk_ep8_h100.md).
+- ``token_rows`` (the many-token default where it fills rows,
+  ``token_rows_options``): a group of threads a token with K compiled into
+  the kernel, as TileKernels' reduce_fused is laid out (a block of 128
+  threads a 7168-column row, 7 vectors a thread): the slot loop unrolled, a
+  token without a live slot stores zeros at once, no vector bounds-tested
+  where the row fills the threads' vectors. Taken before the shapes above
+  where the row is whole groups of 128 threads (vectors a thread one of
+  ``TOKEN_ROWS_VECS``: 7 at 7168 bf16 columns, 2 at 2048), K <= 32,
+  and the grid fills the chip with chunks of at least 2 warps. On the
+  H100's DeepSeek-V3 EP8 plans 2-5% ahead of the shapes above (untrimmed:
+  87.2 -> 92.0% of the copy), Kimi-K2 T=512 26.0 -> 25.4 us, level on Kimi-K2
+  and Qwen3 prefill (benchmarks/results/sweep_combine_token_rows_h100.md).
 
 The grid depends only on the call's sizes and the GPU's SM count, never on the
 data, so a CUDA graph can capture the call; results do not depend on it.
@@ -167,6 +171,31 @@ SPARSE_WIDE_OPTIONS = {"vecs_per_thread": 1, "slot_batch": 4, "max_warps": 4,
 # the option sets of those plans, in order of preference: the first whose grid
 # fills the chip and whose kernel the launch allows (``bulk_ok``) is taken
 SPARSE_CANDIDATES = (SPARSE_WIDE_OPTIONS,)
+# token_rows (taken first, ``token_rows_options``): a token's group of threads
+# where the row is not cut finer, as TileKernels lays a 7168-column row out
+TOKEN_ROWS_THREADS = 128
+# ... and the narrowest chunk it takes where few tokens cut rows finer: 2 warps
+# measured (Kimi-K2 T=512); 1-warp chunks of 7 vectors would leave a few
+# thousand threads to cover every byte
+TOKEN_ROWS_MIN_THREADS = 64
+# vectors a thread it takes: those measured (7 and 8 on 7168-column rows, 4
+# and 2 on 2048); one vector a thread is the default shape's job
+TOKEN_ROWS_VECS = (8, 7, 4, 2)
+
+
+def token_rows_options(row_vecs: int, top_k: int | None) -> dict | None:
+    """The ``token_rows`` options whose groups of ``TOKEN_ROWS_THREADS``
+    threads cover a row of ``row_vecs`` vectors exactly (the most vectors a
+    thread of ``TOKEN_ROWS_VECS``, so the fewest chunks: 7168 bf16 columns =
+    896 vectors, 7; 2048 = 256, 2), or None where none does or K is unknown
+    or above 32 (a token's slots are one load a lane)."""
+    if top_k is None or not 1 <= top_k <= WARP_LANES:
+        return None
+    for vecs in TOKEN_ROWS_VECS:
+        if row_vecs % (TOKEN_ROWS_THREADS * vecs) == 0:
+            return {"vecs_per_thread": vecs, "max_warps": TOKEN_ROWS_THREADS // WARP_LANES,
+                    "token_rows": True}
+    return None
 
 
 def sparse_slots(num_tokens: int, top_k: int, num_expanded: int) -> bool:
@@ -181,11 +210,13 @@ def auto_combine_shape(num_tokens: int, row_vecs: int, multiprocessors: int, *,
                        top_k: int | None = None, sparse: bool = False, bulk_ok: bool = False,
                        **options) -> CombineShape:
     """The launch shape ``reduce_fused`` takes: ``combine_shape(**options)``
-    when options are given (tests, sweeps); else the many-token shape where
-    its grid has ``FILL_BLOCKS_PER_SM`` blocks per SM without cutting rows
-    finer (one of ``SPARSE_CANDIDATES`` where ``sparse``, see
-    ``sparse_slots``, and K is known; else ``WIDE_OPTIONS``), and the default
-    shape otherwise.
+    when options are given (tests, sweeps); else ``token_rows_options``'
+    shape where it has them, its rows whole (``full_rows``), chunks of at
+    least ``TOKEN_ROWS_MIN_THREADS`` threads and ``FILL_BLOCKS_PER_SM``
+    blocks per SM; else the many-token shape where its grid has
+    ``FILL_BLOCKS_PER_SM`` blocks per SM without cutting rows finer (one of
+    ``SPARSE_CANDIDATES`` where ``sparse``, see ``sparse_slots``, and K is
+    known; else ``WIDE_OPTIONS``), and the default shape otherwise.
     ``top_k``: K, for the options that group tokens by their slots
     (``stream_rounds``, ``bulk_stages``). ``bulk_ok``: whether the launch
     may take the bulk layout (16-byte accesses, sm_90 and newer); without it
@@ -195,6 +226,12 @@ def auto_combine_shape(num_tokens: int, row_vecs: int, multiprocessors: int, *,
         return combine_shape(num_tokens, row_vecs, multiprocessors, top_k=top_k,
                              bulk_ok=bulk_ok, **options)
     target = FILL_BLOCKS_PER_SM * multiprocessors
+    rows_options = token_rows_options(row_vecs, top_k)
+    if rows_options is not None:
+        rows = combine_shape(num_tokens, row_vecs, multiprocessors, top_k=top_k, **rows_options)
+        if (rows.full_rows and rows.row_threads >= TOKEN_ROWS_MIN_THREADS
+                and rows.token_blocks * rows.chunks >= target):
+            return rows
     candidates = SPARSE_CANDIDATES if sparse and top_k is not None else ()
     candidates = [wide_options for wide_options in (*candidates, WIDE_OPTIONS)
                   if bulk_ok or not wide_options.get("bulk_stages")]
