@@ -146,25 +146,39 @@ def test_the_warp_slots_option_compiles_its_variant(monkeypatch, fake_gpu):
     assert modules[-1] == {"COMBINE_VECS": 4, "COMBINE_SLOT_BATCH": 4}
 
 
-@pytest.mark.parametrize(("num_tokens", "num_expanded", "defines"), [
-    # an expert-parallel plan's X (4096 of 32768 slots, plus padding): sparse,
-    # a warp streams the live rows of 4 tokens
-    (4096, 4096 + 32 * 127, {"COMBINE_SLOT_BATCH": 4, "COMBINE_STREAM_ROUNDS": 1}),
-    (4096, 4096 * 4, {"COMBINE_SLOT_BATCH": 4, "COMBINE_STREAM_ROUNDS": 1}),
+ROWS_7 = {"COMBINE_VECS": 7, "COMBINE_TOKEN_ROWS": 8, "COMBINE_FULL_ROWS": 1}
+
+
+@pytest.mark.parametrize(("num_tokens", "num_expanded", "hidden", "defines"), [
+    # rows whole groups of 128 threads (7168 bf16 columns: 7 vectors a thread):
+    # token_rows wherever its grid fills the chip, whatever X says
+    (4096, 4096 + 32 * 127, 7168, ROWS_7),
+    (4096, 4096 * 8, 7168, ROWS_7),
+    (512, 2048, 7168, ROWS_7),  # rows in 2 chunks of 2 warps
+    (32, 128, 7168, {}),
+    # rows they do not fill (5120 columns, 640 vectors). An expert-parallel
+    # plan's X (4096 of 32768 slots, plus padding): sparse, a warp streams the
+    # live rows of 4 tokens
+    (4096, 4096 + 32 * 127, 5120, {"COMBINE_SLOT_BATCH": 4, "COMBINE_STREAM_ROUNDS": 1}),
+    (4096, 4096 * 4, 5120, {"COMBINE_SLOT_BATCH": 4, "COMBINE_STREAM_ROUNDS": 1}),
     # over half of the slots: the many-token shape (its warps walk live slots too)
-    (4096, 4096 * 4 + 1, {"COMBINE_VECS": 4, "COMBINE_SLOT_BATCH": 4, "COMBINE_WARP_SLOTS": 1}),
-    (512, 2048, {"COMBINE_SLOT_BATCH": 4, "COMBINE_STREAM_ROUNDS": 1}),  # 128 x 7 blocks
-    (512, 4096, {"COMBINE_VECS": 4, "COMBINE_SLOT_BATCH": 4, "COMBINE_WARP_SLOTS": 1}),
-    # few tokens: neither many-token grid fills the chip; the default shape
-    (32, 128, {}),
-    (32, 32 * 8, {}),
+    (4096, 4096 * 4 + 1, 5120,
+     {"COMBINE_VECS": 4, "COMBINE_SLOT_BATCH": 4, "COMBINE_WARP_SLOTS": 1}),
+    (512, 2048, 5120, {"COMBINE_SLOT_BATCH": 4, "COMBINE_STREAM_ROUNDS": 1}),  # 128 x 5 blocks
+    (512, 4096, 5120, {"COMBINE_VECS": 4, "COMBINE_SLOT_BATCH": 4, "COMBINE_WARP_SLOTS": 1}),
+    # few tokens: no many-token grid fills the chip; the default shape
+    (32, 128, 5120, {}),
+    (32, 32 * 8, 5120, {}),
 ])
-def test_plans_that_drop_most_slots_walk_the_live_ones(monkeypatch, fake_gpu, num_tokens,
-                                                        num_expanded, defines):
-    """sparse_slots (X at most half of T * K) picks the streamed shape where
-    its grid fills the chip; the many-token shape walks live slots anyway."""
+def test_many_token_plans_take_token_rows_or_walk_the_live_slots(
+        monkeypatch, fake_gpu, num_tokens, num_expanded, hidden, defines):
+    """Rows that groups of 128 threads fill take token_rows (K compiled in)
+    where its grid fills the chip; elsewhere sparse_slots (X at most half of
+    T * K) picks the streamed shape where its grid fills the chip, and the
+    many-token shape walks live slots anyway."""
     modules = _record_defines(monkeypatch)
-    plan = gpu.CombinePlan(_problem(num_tokens=num_tokens, num_expanded=num_expanded), 2, 0)
+    plan = gpu.CombinePlan(_problem(num_tokens=num_tokens, num_expanded=num_expanded,
+                                    hidden=hidden), 2, 0)
     plan.kernel(16)
     assert modules[-1] == defines
 
