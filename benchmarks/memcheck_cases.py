@@ -9,7 +9,11 @@ swiglu_quantize_fp8 (by slot too, with a hint that disagrees); each result is
 also checked bit-exact against the NumPy reference. Run it under the
 sanitizer from benchmarks/gpu_check.sh.
 
-    python benchmarks/memcheck_cases.py [--registers-only] [--mapping-only]
+    python benchmarks/memcheck_cases.py [--registers-only] [--mapping-only | --combine-only]
+
+--mapping-only and --combine-only run only fused_mapping's calls, or only
+those of reduce_fused, quantize_fp8 and swiglu_quantize_fp8 (a quick check
+of one op family, in a device call that has other work).
 
 --registers-only keeps every call on the register kernel (a tuning whose
 bulk_min_blocks is infinite): initcheck does not
@@ -381,11 +385,14 @@ def main() -> int:
                         help="keep every call on the register kernel (for initcheck)")
     parser.add_argument("--mapping-only", action="store_true",
                         help="only the fused_mapping calls")
+    parser.add_argument("--combine-only", action="store_true",
+                        help="only the reduce_fused, quantize_fp8 and swiglu_quantize_fp8 calls")
     args = parser.parse_args()
     registers_only = args.registers_only
     rng = np.random.default_rng(7)
-    if args.mapping_only:
-        cases = run_mapping_cases(rng)
+    if args.mapping_only or args.combine_only:
+        cases = (run_mapping_cases(rng) if args.mapping_only
+                 else run_combine_quantize_cases(rng) + run_slot_cases(rng))
         cupy.cuda.Device().synchronize()
         print(f"memcheck cases: {cases} calls, all bit-exact")
         return 0
