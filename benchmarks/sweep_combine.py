@@ -1,7 +1,7 @@
 """A/B launch shapes of reduce_fused on the manifest's workloads. GPU only.
 
     python benchmarks/sweep_combine.py [--iters N] [--only LABEL ...] [--shapes TEXT ...]
-                                       [--floor]
+                                       [--floor] [--warm]
 
 Each shape (``combine.launch_shape.combine_shape`` options: vectors a thread
 owns, slots whose loads are in flight together, warps of a row chunk) is
@@ -9,6 +9,12 @@ first checked bit-exact against the NumPy oracle, then timed with the output
 preallocated: GPU time (CUDA events, L2 flushed) and its share of the
 same-run copy bandwidth over the workload's roofline bytes
 (cupy_moe/harness/ab_sweep.py). The first shape is the default.
+
+``--warm`` times replays of a CUDA graph of 100 calls instead (the bench's
+graph column): no L2 flush, so inputs that fit in L2 (T = 512 at H = 2048:
+19 MB) stay there from one call to the next.
+Options that are cache hints alone (``load_hint``, ``store_hint``) apply to
+the shape reduce_fused would choose by itself.
 
 ``--floor`` adds a row timed the same way on each workload's inputs: torch's
 ``index_select`` of every live slot's row of ``expanded`` into a compact
@@ -29,7 +35,7 @@ import torch
 
 from cupy_moe.combine.api import run_with_shape
 from cupy_moe.harness.ab_sweep import pick_variants, pick_workloads, sweep_table
-from cupy_moe.harness.timing import GpuTimer
+from cupy_moe.harness.timing import GRAPH_CALLS, GpuTimer, torch_graph_us
 
 # (vectors a thread owns, slots in flight): 8, 16 or 32 16-byte loads a thread
 # in flight; row chunks of 4 or 8 warps
@@ -65,7 +71,13 @@ SHAPES = [{}, *({"vecs_per_thread": vecs, "slot_batch": batch, "max_warps": warp
                                         (2, 4, 8), (4, 4, 2), (4, 4, 4), (2, 8, 4), (4, 8, 2))),
           # ... and consecutive groups of tokens a block, in turn (a shorter grid)
           *({"vecs_per_thread": vecs, "max_warps": 4, "bulk_stages": 4, "bulk_rounds": rounds}
-            for vecs, rounds in ((1, 2), (1, 4), (2, 2)))]
+            for vecs, rounds in ((1, 2), (1, 4), (2, 2))),
+          # the default shape's accesses under other cache hints than .cs
+          # (evict-first; L2-resident calls in a graph: --warm; thirty-third session)
+          *({"load_hint": load, "store_hint": store}
+            for load, store in (("plain", "cs"), ("cg", "cs"), ("nc", "cs"), ("cs", "plain"),
+                                ("cs", "cg"), ("plain", "plain"), ("cg", "cg"),
+                                ("nc", "plain")))]
 DEFAULT_LABELS = ["reduce-kimi-k2-decode", "reduce-kimi-k2-medium", "reduce-kimi-k2-prefill",
                   "reduce-qwen3-30b-a3b-prefill", "reduce-dsv3-ep8-prefill-plan"]
 
@@ -75,6 +87,17 @@ def run_shape(w, inputs: dict, options: dict, outs: tuple | None) -> tuple:
     return (run_with_shape(inputs["expanded"], inputs["token_topk_to_pos"],
                            inputs.get("topk_weights"), row_scale=inputs.get("row_scale"),
                            out=outs[0] if outs else None, **options),)
+
+
+class WarmTimer(GpuTimer):
+    """``--warm``: GPU time per call replaying a CUDA graph of GRAPH_CALLS
+    calls (timing.torch_graph_us, as the bench's graph column), no L2 flush:
+    calls back to back, each finding in L2 what the last one left there.
+    (Events around single calls without the flush, the GPU spinning before
+    each, read 2-8x the graph figure on the H100: not used.)"""
+
+    def median_us(self, fn, iters: int, **kwargs) -> float:
+        return torch_graph_us(fn, GRAPH_CALLS, replays=max(3, iters // 5))
 
 
 FLOOR_ROW = "floor: index_select of the live rows + zeros of the all-dropped tokens"
@@ -116,13 +139,16 @@ def main() -> int:
                         help="only the default and the shapes whose name contains a TEXT")
     parser.add_argument("--floor", action="store_true",
                         help="add the row of a gather of the live rows (index_select)")
+    parser.add_argument("--warm", action="store_true",
+                        help="no L2 flush between calls (a graph's back-to-back calls: "
+                             "inputs that fit in L2 stay there)")
     args = parser.parse_args()
     workloads = pick_workloads(["reduce_fused"], args.only, parser.error)
-    timer = GpuTimer()
+    timer = WarmTimer() if args.warm else GpuTimer()
     shapes = pick_variants([(", ".join(f"{k}={v}" for k, v in options.items()) or "default",
                              options) for options in SHAPES], args.shapes, "--shapes",
                            parser.error)
-    copy_tbps = timer.copy_tbps()
+    copy_tbps = GpuTimer.copy_tbps(timer)  # the L2-flushed 1 GiB copy, --warm or not
     lines = sweep_table(workloads, shapes, run_shape, timer, copy_tbps, args.iters, "shape",
                         np.random.default_rng())
     if args.floor:

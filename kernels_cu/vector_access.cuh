@@ -4,7 +4,17 @@
 // host picks the widest that divides the row length and the base addresses.
 // Loads and stores carry the evict-first (streaming) cache hint: each source
 // row is read once and no output is read back by the kernel that writes it.
+// A module may choose other hints (launch-shape sweeps): VECTOR_LOAD_HINT 1
+// plain (L1 and L2), 2 .cg (L2 only), 3 .nc (the read-only path);
+// VECTOR_STORE_HINT 1 plain, 2 .cg. 0, the default, is .cs for both.
 #pragma once
+
+#ifndef VECTOR_LOAD_HINT
+#define VECTOR_LOAD_HINT 0
+#endif
+#ifndef VECTOR_STORE_HINT
+#define VECTOR_STORE_HINT 0
+#endif
 
 typedef long long i64;
 
@@ -17,10 +27,24 @@ template <> struct VecOf<1> { typedef unsigned char type; };
 
 template <typename T>
 __device__ __forceinline__ T load_once(const T* p) {
+#if VECTOR_LOAD_HINT == 1
+    return *p;
+#elif VECTOR_LOAD_HINT == 2
+    return __ldcg(p);
+#elif VECTOR_LOAD_HINT == 3
+    return __ldg(p);
+#else
     return __ldcs(p);
+#endif
 }
 
 template <typename T>
 __device__ __forceinline__ void store_once(T* p, T v) {
+#if VECTOR_STORE_HINT == 1
+    *p = v;
+#elif VECTOR_STORE_HINT == 2
+    __stcg(p, v);
+#else
     __stcs(p, v);
+#endif
 }

@@ -15,7 +15,7 @@ from helpers import nvrtc_or_skip
 from cupy_moe.combine.launch_shape import (
     SPARSE_WIDE_OPTIONS,
     WIDE_OPTIONS,
-    combine_shape,
+    auto_combine_shape,
     token_rows_options,
 )
 from cupy_moe.runtime.loader import compile_for_arch, compile_options, kernel_source
@@ -129,7 +129,8 @@ def test_the_multi_vector_variants_compile(vecs, batch, warp_slots):
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
-@pytest.mark.parametrize("variant", ["default", "wide", "sparse", "rows-7168", "rows-2048"])
+@pytest.mark.parametrize("variant", ["default", "wide", "sparse", "rows-7168", "rows-2048",
+                                     "rows-2048-nc"])
 def test_no_kernel_spills_registers(arch, variant):
     """Spilled registers would put local-memory traffic beside the row loads
     (the thread bound alone once made ptxas spill: see COMBINE_MIN_BLOCKS).
@@ -137,14 +138,18 @@ def test_no_kernel_spills_registers(arch, variant):
     default, the many-token one (its warps walking live slots: with a lane
     test in the FMA loop it spilled 8 bytes in the 16-byte bf16 kernel), the
     streamed one of sparse plans, and token_rows on 7168- and 2048-column
-    rows (7 and 2 vectors a thread, K = 8); the others are sweep options."""
+    rows (7 and 2 vectors a thread, K = 8), the latter with its row loads by
+    the read-only path too (calls in half the L2); the others are sweep
+    options."""
     nvrtc_or_skip()
     row_vecs, options = {"default": (896, None), "wide": (896, WIDE_OPTIONS),
                          "sparse": (896, SPARSE_WIDE_OPTIONS),
                          "rows-7168": (896, token_rows_options(896, 8)),
-                         "rows-2048": (256, token_rows_options(256, 8))}[variant]
-    defines = () if options is None else combine_shape(4096, row_vecs, 132, top_k=8,
-                                                       **options).defines()
+                         "rows-2048": (256, token_rows_options(256, 8)),
+                         "rows-2048-nc": (256, {**token_rows_options(256, 8),
+                                                "load_hint": "nc"})}[variant]
+    defines = () if options is None else auto_combine_shape(4096, row_vecs, 132, top_k=8,
+                                                            **options).defines()
     _assert_no_spills(defines, arch)
 
 

@@ -147,27 +147,30 @@ def test_the_warp_slots_option_compiles_its_variant(monkeypatch, fake_gpu):
 
 
 ROWS_7 = {"COMBINE_VECS": 7, "COMBINE_TOKEN_ROWS": 8, "COMBINE_FULL_ROWS": 1}
+NC = {"VECTOR_LOAD_HINT": 3}  # sparse plans' row loads: the read-only path
 
 
 @pytest.mark.parametrize(("num_tokens", "num_expanded", "hidden", "defines"), [
     # rows whole groups of 128 threads (7168 bf16 columns: 7 vectors a thread):
     # token_rows wherever its grid fills the chip, whatever X says
-    (4096, 4096 + 32 * 127, 7168, ROWS_7),
+    (4096, 4096 + 32 * 127, 7168, {**ROWS_7, **NC}),
     (4096, 4096 * 8, 7168, ROWS_7),
-    (512, 2048, 7168, ROWS_7),  # rows in 2 chunks of 2 warps
-    (32, 128, 7168, {}),
+    (512, 2048, 7168, {**ROWS_7, **NC}),  # rows in 2 chunks of 2 warps
+    (32, 128, 7168, NC),
     # rows they do not fill (5120 columns, 640 vectors). An expert-parallel
     # plan's X (4096 of 32768 slots, plus padding): sparse, a warp streams the
     # live rows of 4 tokens
-    (4096, 4096 + 32 * 127, 5120, {"COMBINE_SLOT_BATCH": 4, "COMBINE_STREAM_ROUNDS": 1}),
-    (4096, 4096 * 4, 5120, {"COMBINE_SLOT_BATCH": 4, "COMBINE_STREAM_ROUNDS": 1}),
+    (4096, 4096 + 32 * 127, 5120,
+     {"COMBINE_SLOT_BATCH": 4, "COMBINE_STREAM_ROUNDS": 1, **NC}),
+    (4096, 4096 * 4, 5120, {"COMBINE_SLOT_BATCH": 4, "COMBINE_STREAM_ROUNDS": 1, **NC}),
     # over half of the slots: the many-token shape (its warps walk live slots too)
     (4096, 4096 * 4 + 1, 5120,
      {"COMBINE_VECS": 4, "COMBINE_SLOT_BATCH": 4, "COMBINE_WARP_SLOTS": 1}),
-    (512, 2048, 5120, {"COMBINE_SLOT_BATCH": 4, "COMBINE_STREAM_ROUNDS": 1}),  # 128 x 5 blocks
+    (512, 2048, 5120,  # 128 x 5 blocks
+     {"COMBINE_SLOT_BATCH": 4, "COMBINE_STREAM_ROUNDS": 1, **NC}),
     (512, 4096, 5120, {"COMBINE_VECS": 4, "COMBINE_SLOT_BATCH": 4, "COMBINE_WARP_SLOTS": 1}),
     # few tokens: no many-token grid fills the chip; the default shape
-    (32, 128, 5120, {}),
+    (32, 128, 5120, NC),
     (32, 32 * 8, 5120, {}),
 ])
 def test_many_token_plans_take_token_rows_or_walk_the_live_slots(
@@ -175,7 +178,8 @@ def test_many_token_plans_take_token_rows_or_walk_the_live_slots(
     """Rows that groups of 128 threads fill take token_rows (K compiled in)
     where its grid fills the chip; elsewhere sparse_slots (X at most half of
     T * K) picks the streamed shape where its grid fills the chip, and the
-    many-token shape walks live slots anyway."""
+    many-token shape walks live slots anyway. Sparse plans load rows by the
+    read-only path (the fake GPU's L2 size is unknown: nothing else does)."""
     modules = _record_defines(monkeypatch)
     plan = gpu.CombinePlan(_problem(num_tokens=num_tokens, num_expanded=num_expanded,
                                     hidden=hidden), 2, 0)
@@ -236,3 +240,18 @@ def test_overlap_sizes_of_the_fast_path():
     plan = gpu.CombinePlan(_problem(row_scale=True), 2, 0)  # kernels are made lazily
     assert plan.input_bytes == (600 * 7168 * 2, 64 * 8 * 4, 64 * 8 * 4, 600 * 4)
     assert plan.out_bytes == 64 * 7168 * 2 and plan.out_shape == (64, 7168)
+
+
+@pytest.mark.parametrize(("num_tokens", "hidden", "load_hint"), [
+    (512, 2048, 3),     # Qwen3-30B-A3B T = 512: 19 MB, in half the L2
+    (512, 7168, None),  # Kimi-K2 T = 512: 66 MB, evict-first
+    (1, 7168, 3),
+])
+def test_calls_that_fit_half_the_l2_load_by_the_read_only_path(monkeypatch, fake_gpu,
+                                                                num_tokens, hidden, load_hint):
+    monkeypatch.setattr(gpu, "device_traits", lambda device: DeviceTraits(
+        MULTIPROCESSORS, 9, 227 * 1024, False, 50 * 2**20))
+    modules = _record_defines(monkeypatch)
+    gpu.CombinePlan(_problem(num_tokens=num_tokens, num_expanded=num_tokens * 8,
+                             hidden=hidden), 2, 0).kernel(16)
+    assert modules[-1].get("VECTOR_LOAD_HINT") == load_hint

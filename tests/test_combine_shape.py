@@ -18,6 +18,7 @@ from cupy_moe.combine.launch_shape import (
     CombineShape,
     auto_combine_shape,
     combine_shape,
+    l2_resident_bytes,
     sparse_slots,
     token_rows_options,
 )
@@ -215,12 +216,14 @@ def test_sparse_slots_reads_x_against_the_slots():
     assert not sparse_slots(4096, 8, 4096 * 8 + 32 * 127)
     # sparse, with K known, on rows token_rows does not fill (5120 bf16 columns,
     # 640 vectors: 5 a thread of 128): the streamed shape where its grid fills
+    # (its row loads by the read-only path: RESIDENT_LOAD_HINT)
     assert auto_combine_shape(4096, 640, 132, top_k=8, sparse=True) == combine_shape(
-        4096, 640, 132, fill_blocks_per_sm=0, top_k=8, **SPARSE_WIDE_OPTIONS)
+        4096, 640, 132, fill_blocks_per_sm=0, top_k=8, **SPARSE_WIDE_OPTIONS)._replace(
+        load_hint="nc")
     # without K the many-token shape, on any row
     for row_vecs in (640, 896):
         assert auto_combine_shape(4096, row_vecs, 132, sparse=True) == combine_shape(
-            4096, row_vecs, 132, fill_blocks_per_sm=0, **WIDE_OPTIONS)
+            4096, row_vecs, 132, fill_blocks_per_sm=0, **WIDE_OPTIONS)._replace(load_hint="nc")
 
 
 def bulk_covered(shape: CombineShape, num_tokens: int, row_vecs: int,
@@ -328,10 +331,12 @@ def test_auto_shape_takes_a_bulk_default_only_where_the_launch_allows(monkeypatc
     bulk = {"vecs_per_thread": 2, "max_warps": 4, "bulk_stages": 4}
     monkeypatch.setattr(launch_shape, "SPARSE_CANDIDATES", (bulk, SPARSE_WIDE_OPTIONS))
     # rows token_rows does not fill (640 vectors), where the sparse candidates decide
-    assert auto_combine_shape(4096, 640, 132, top_k=8, sparse=True, bulk_ok=True) == \
-        combine_shape(4096, 640, 132, fill_blocks_per_sm=0, top_k=8, **bulk)
+    assert auto_combine_shape(4096, 640, 132, top_k=8, bulk_ok=True, sparse=True) == \
+        combine_shape(4096, 640, 132, fill_blocks_per_sm=0, top_k=8, **bulk)._replace(
+            load_hint="nc")
     assert auto_combine_shape(4096, 640, 132, top_k=8, sparse=True) == combine_shape(
-        4096, 640, 132, fill_blocks_per_sm=0, top_k=8, **SPARSE_WIDE_OPTIONS)
+        4096, 640, 132, fill_blocks_per_sm=0, top_k=8, **SPARSE_WIDE_OPTIONS)._replace(
+        load_hint="nc")
 
 
 @pytest.mark.parametrize("name", ["max_warps", "vecs_per_thread", "slot_batch", "warp_tokens",
@@ -423,7 +428,52 @@ def test_auto_shape_takes_token_rows_where_groups_fill_rows_and_chip(num_tokens,
         assert shape == auto_combine_shape(num_tokens, row_vecs, 132, sparse=sparse)
         return
     assert shape == combine_shape(num_tokens, row_vecs, 132, top_k=8,
-                                  **token_rows_options(row_vecs, 8))
+                                  **token_rows_options(row_vecs, 8))._replace(
+        load_hint="nc" if sparse else "cs")
     assert (shape.row_threads, shape.chunks, shape.token_rows, shape.full_rows) == \
         (expected["row_threads"], expected["chunks"], 8, True)
     assert shape.token_blocks * shape.chunks >= FILL_BLOCKS_PER_SM * 132
+
+
+def test_l2_resident_bytes_counts_the_rows_a_call_can_touch():
+    l2 = 50 * 2**20  # the H100's and H200's L2
+    # Qwen3-30B-A3B T = 512: 4096 rows of 4 KiB read, 512 written: 18.9 MB
+    assert l2_resident_bytes(512, 8, 4096, 4096, l2)
+    # Kimi-K2 T = 512: 66 MB
+    assert not l2_resident_bytes(512, 8, 4096, 14336, l2)
+    # a padded plan's X counts only as far as the T * K slots can reach
+    assert l2_resident_bytes(512, 8, 10**6, 4096, l2)
+    # exactly half the L2, and one byte over
+    assert l2_resident_bytes(1, 1, 1, l2 // 4, l2)
+    assert not l2_resident_bytes(1, 1, 1, l2 // 4 + 1, l2)
+    assert not l2_resident_bytes(1, 1, 1, 2, 0)  # L2 size unknown
+
+
+def test_auto_shape_loads_by_the_read_only_path_where_rows_may_be_in_l2():
+    """RESIDENT_LOAD_HINT where the call fits in half the L2 or the plan is
+    sparse, on whichever shape is chosen; evict-first elsewhere; explicit
+    hints or shape options override."""
+    for num_tokens, row_vecs in ((512, 256), (32, 896), (4096, 896)):
+        plain = auto_combine_shape(num_tokens, row_vecs, 132, top_k=8)
+        resident = auto_combine_shape(num_tokens, row_vecs, 132, top_k=8, l2_resident=True)
+        assert plain.load_hint == "cs" and resident == plain._replace(load_hint="nc")
+        assert ("VECTOR_LOAD_HINT", 3) in resident.defines()
+        assert not any(name.startswith("VECTOR_") for name, _ in plain.defines())
+    assert auto_combine_shape(512, 256, 132, top_k=8, l2_resident=True,
+                              load_hint="cg").load_hint == "cg"
+    # shape options given: combine_shape's shape, hints as given
+    assert auto_combine_shape(512, 256, 132, top_k=8, l2_resident=True,
+                              max_warps=2) == combine_shape(512, 256, 132, top_k=8, max_warps=2)
+    assert auto_combine_shape(512, 256, 132, top_k=8, store_hint="plain",
+                              max_warps=2).defines()[-1] == ("VECTOR_STORE_HINT", 1)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"load_hint": "evict_first"},
+     "load_hint must be one of ('cs', 'plain', 'cg', 'nc'); got 'evict_first'"),
+    ({"store_hint": "nc"}, "store_hint must be one of ('cs', 'plain', 'cg'); got 'nc'"),
+    ({"store_hint": True}, "store_hint must be one of ('cs', 'plain', 'cg'); got True"),
+])
+def test_cache_hints_reject(kwargs, message):
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+        auto_combine_shape(4096, 896, 132, top_k=8, **kwargs)

@@ -27,7 +27,13 @@ from ..runtime.launch import (
     launch,
 )
 from ..runtime.sizes import ceil_div
-from .launch_shape import BULK_VEC_BYTES, CombineShape, auto_combine_shape, sparse_slots
+from .launch_shape import (
+    BULK_VEC_BYTES,
+    CombineShape,
+    auto_combine_shape,
+    l2_resident_bytes,
+    sparse_slots,
+)
 from .rules import CombineProblem, raise_out_of_range
 
 SOURCE = "combine.cu"
@@ -100,9 +106,11 @@ class CombinePlan:
             problem = self.problem
             traits = device_traits(self.device)
             sparse = sparse_slots(problem.num_tokens, problem.top_k, problem.num_expanded)
+            resident = l2_resident_bytes(problem.num_tokens, problem.top_k,
+                                         problem.num_expanded, self.row_bytes, traits.l2_bytes)
             shape = auto_combine_shape(
                 problem.num_tokens, self.row_bytes // vec_bytes, traits.multiprocessors,
-                top_k=problem.top_k, sparse=sparse,
+                top_k=problem.top_k, sparse=sparse, l2_resident=resident,
                 # bulk copies: 16-byte rows and bases, sm_90 and newer
                 bulk_ok=vec_bytes == BULK_VEC_BYTES and traits.major >= 9,
                 **dict(self.shape_options))

@@ -117,6 +117,8 @@ class CombineShape(NamedTuple):
     bulk_rounds: int = 1  # with bulk_stages: groups of row_threads // K tokens a block takes
     token_rows: int = 0  # > 0: K, compiled in: a group a token, its slots unrolled
     full_rows: bool = False  # with token_rows: every thread's vectors lie inside the row
+    load_hint: str = "cs"  # the row loads' cache hint (LOAD_HINTS)
+    store_hint: str = "cs"  # the output stores' cache hint (STORE_HINTS)
 
     def defines(self) -> tuple[tuple[str, int], ...]:
         """The kernel variant this shape needs (combine.cu's COMBINE_VECS,
@@ -142,6 +144,10 @@ class CombineShape(NamedTuple):
             defines.append(("COMBINE_TOKEN_ROWS", self.token_rows))
         if self.full_rows:
             defines.append(("COMBINE_FULL_ROWS", 1))
+        if self.load_hint != "cs":
+            defines.append(("VECTOR_LOAD_HINT", LOAD_HINTS.index(self.load_hint)))
+        if self.store_hint != "cs":
+            defines.append(("VECTOR_STORE_HINT", STORE_HINTS.index(self.store_hint)))
         return tuple(defines)
 
     @property
@@ -181,6 +187,22 @@ TOKEN_ROWS_MIN_THREADS = 64
 # vectors a thread it takes: those measured (7 and 8 on 7168-column rows, 4
 # and 2 on 2048); one vector a thread is the default shape's job
 TOKEN_ROWS_VECS = (8, 7, 4, 2)
+# The row loads' hint where the rows may still be in L2 from the last kernel
+# (a graph's next call; the call's bytes fit in half the L2) or most slots are
+# dropped (sparse_slots). Measured on the H100 (thirty-third session,
+# benchmarks/results/reduce_cache_hints_h100.md): Qwen3 T = 512 (19 MB) in a
+# graph 8.3 -> 4.6 us (TileKernels 4.3), DeepSeek-V3 EP8 T = 512 5.5 -> 4.9;
+# EP8 prefill plans, L2 flushed, 42.2 -> 41.3 us (8k 82.4 -> 80.9). Not
+# elsewhere: dense calls larger than the L2 lose 1.5-8% (Kimi-K2 prefill 174.4
+# -> 177.0, Qwen3 prefill 49.8 -> 54.2; Kimi-K2 T = 512, 66 MB, in a graph
+# 22.3 -> 25.2), where the evict-first rows keep L2 for the output.
+RESIDENT_LOAD_HINT = "nc"
+# options of auto_combine_shape that change the chosen shape's cache hints only
+CACHE_HINTS = ("load_hint", "store_hint")
+# vector_access.cuh's VECTOR_LOAD_HINT / VECTOR_STORE_HINT, by index: .cs
+# (evict-first, the default), plain, .cg (L2 only), .nc (read-only path)
+LOAD_HINTS = ("cs", "plain", "cg", "nc")
+STORE_HINTS = ("cs", "plain", "cg")
 
 
 def token_rows_options(row_vecs: int, top_k: int | None) -> dict | None:
@@ -208,7 +230,7 @@ def sparse_slots(num_tokens: int, top_k: int, num_expanded: int) -> bool:
 
 def auto_combine_shape(num_tokens: int, row_vecs: int, multiprocessors: int, *,
                        top_k: int | None = None, sparse: bool = False, bulk_ok: bool = False,
-                       **options) -> CombineShape:
+                       l2_resident: bool = False, **options) -> CombineShape:
     """The launch shape ``reduce_fused`` takes: ``combine_shape(**options)``
     when options are given (tests, sweeps); else ``token_rows_options``'
     shape where it has them, its rows whole (``full_rows``), chunks of at
@@ -216,15 +238,45 @@ def auto_combine_shape(num_tokens: int, row_vecs: int, multiprocessors: int, *,
     blocks per SM; else the many-token shape where its grid has
     ``FILL_BLOCKS_PER_SM`` blocks per SM without cutting rows finer (one of
     ``SPARSE_CANDIDATES`` where ``sparse``, see ``sparse_slots``, and K is
-    known; else ``WIDE_OPTIONS``), and the default shape otherwise.
+    known; else ``WIDE_OPTIONS``), and the default shape otherwise. Its row
+    loads take ``RESIDENT_LOAD_HINT`` where ``sparse`` or ``l2_resident``
+    (the call's bytes fit in half the L2, ``l2_resident_bytes``), .cs
+    (evict-first) otherwise.
+    ``load_hint`` / ``store_hint`` (sweeps): the chosen shape's row loads'
+    and output stores' cache hint (``LOAD_HINTS``, ``STORE_HINTS``;
+    vector_access.cuh), whoever chose the shape.
     ``top_k``: K, for the options that group tokens by their slots
     (``stream_rounds``, ``bulk_stages``). ``bulk_ok``: whether the launch
     may take the bulk layout (16-byte accesses, sm_90 and newer); without it
     a many-token option set with ``bulk_stages`` is passed over for the
     next one (no default has it yet: it is a sweep option)."""
+    # cache hints apply to whichever shape is chosen; other options choose it
+    hints = {name: options.pop(name) for name in CACHE_HINTS if name in options}
+    for name, value in hints.items():
+        choices = LOAD_HINTS if name == "load_hint" else STORE_HINTS
+        if value not in choices:
+            raise ValueError(f"{name} must be one of {choices}; got {value!r}")
     if options:
-        return combine_shape(num_tokens, row_vecs, multiprocessors, top_k=top_k,
-                             bulk_ok=bulk_ok, **options)
+        shape = combine_shape(num_tokens, row_vecs, multiprocessors, top_k=top_k,
+                              bulk_ok=bulk_ok, **options)
+    else:
+        shape = _auto_shape(num_tokens, row_vecs, multiprocessors, top_k, sparse, bulk_ok)
+        if sparse or l2_resident:
+            shape = shape._replace(load_hint=RESIDENT_LOAD_HINT)
+    return shape._replace(**hints)
+
+
+def l2_resident_bytes(num_tokens: int, top_k: int, num_expanded: int, row_bytes: int,
+                      l2_bytes: int) -> bool:
+    """Whether the rows a call can read (at most min(X, T * K)) and the rows it
+    writes (T) fit in half of an L2 of ``l2_bytes`` (0: unknown, never).
+    Shapes only, never the data."""
+    touched = (min(num_expanded, num_tokens * top_k) + num_tokens) * row_bytes
+    return 2 * touched <= l2_bytes
+
+
+def _auto_shape(num_tokens: int, row_vecs: int, multiprocessors: int, top_k: int | None,
+                sparse: bool, bulk_ok: bool) -> CombineShape:
     target = FILL_BLOCKS_PER_SM * multiprocessors
     rows_options = token_rows_options(row_vecs, top_k)
     if rows_options is not None:

@@ -311,6 +311,7 @@ class DeviceTraits(NamedTuple):
     major: int  # compute capability major: 9 = Hopper (bulk copies, TMA)
     shared_bytes_optin: int  # dynamic shared memory a block may opt in to
     cooperative_launch: bool = False  # all blocks of a grid can be made resident
+    l2_bytes: int = 0  # the L2 cache's size (0: unknown)
 
 
 _device_traits: dict[int, DeviceTraits] = {}
@@ -323,7 +324,7 @@ def device_traits(device: int) -> DeviceTraits:
         traits = _device_traits[device] = DeviceTraits(
             props["multiProcessorCount"], props["major"],
             props.get("sharedMemPerBlockOptin", 48 * 1024),
-            bool(props.get("cooperativeLaunch", 0)))
+            bool(props.get("cooperativeLaunch", 0)), int(props.get("l2CacheSize", 0)))
     return traits
 
 
