@@ -98,6 +98,13 @@ CONFIGS: list[tuple[str, ExpandTuning]] = [
     # the register kernels bounded to 8 blocks of 256 threads an SM (32
     # registers: without SF they take 37, 6 blocks an SM)
     ("register kernel: 8 blocks an SM", _tuned(register_min_blocks=8)),
+    # cache hints other than .cs (evict-first) on the register kernels'
+    # accesses (thirty-third session: reduce_fused gained 2% on the EP8 plans
+    # with loads by the read-only path)
+    ("loads .nc", _tuned(load_hint=3)),
+    ("loads plain", _tuned(load_hint=1)),
+    ("loads .nc, stores plain", _tuned(load_hint=3, store_hint=1)),
+    ("loads .cg, stores .cg", _tuned(load_hint=2, store_hint=2)),
     # blocks that fit the row: 3 KiB fp8 rows are 192 16-byte accesses (a
     # quarter of a 256-thread block idle), Kimi-K2's 14 KiB bf16 rows 896 (4 x 224)
     *((f"register kernel: {threads} threads", _tuned(threads=threads)) for threads in (192, 224)),

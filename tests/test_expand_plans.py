@@ -541,6 +541,8 @@ def test_plain_op_fast_path_keys_pos_to_token(expand_fast_paths):
     ({"threads": 128, "gather_rows": 129},
      r"gather_rows must be in 1 \.\. threads \(128\); got 129"),
     ({"gather_x_bytes_below": -1}, r"gather_x_bytes_below must be a number >= 0; got -1"),
+    ({"load_hint": 4}, r"load_hint must be 0, 1, 2 or 3; got 4"),
+    ({"store_hint": 3}, r"store_hint must be 0, 1 or 2; got 3"),
 ])
 def test_tuning_rejects_values_the_kernels_cannot_take(change, message):
     with pytest.raises(ValueError, match=message):
@@ -966,3 +968,14 @@ def test_register_min_blocks_is_a_define_only_where_set(fake_h200, monkeypatch):
     modules.clear()
     _launch_for(512, 3072, tuning=ExpandTuning(bulk_min_blocks=math.inf))
     assert "EXPAND_MIN_BLOCKS" not in dict(modules["expand_to_fused_v16"])
+
+
+def test_cache_hints_reach_the_defines_only_where_not_streaming():
+    """load_hint / store_hint become vector_access.cuh's VECTOR_LOAD_HINT /
+    VECTOR_STORE_HINT; the default (.cs both ways) adds no define, so the
+    default modules are compiled as before."""
+    assert not any(name.startswith("VECTOR_") for name, _ in DEFAULT_TUNING.defines())
+    tuned = dataclasses.replace(DEFAULT_TUNING, load_hint=3, store_hint=1)
+    assert tuned.defines()[-2:] == (("VECTOR_LOAD_HINT", 3), ("VECTOR_STORE_HINT", 1))
+    assert dataclasses.replace(DEFAULT_TUNING, store_hint=2).defines()[-1] == (
+        "VECTOR_STORE_HINT", 2)

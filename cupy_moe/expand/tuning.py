@@ -203,6 +203,11 @@ class ExpandTuning:
     # rows by position (calls that pass pos_to_token)
     gather_x_bytes_below: float = 0.0
     gather_rows: int = 16
+    # cache hints of the register kernels' accesses (vector_access.cuh:
+    # VECTOR_LOAD_HINT 0 .cs, 1 plain, 2 .cg, 3 .nc; VECTOR_STORE_HINT 0 .cs,
+    # 1 plain, 2 .cg)
+    load_hint: int = 0
+    store_hint: int = 0
 
     def __post_init__(self) -> None:
         for field in fields(self):
@@ -236,6 +241,12 @@ class ExpandTuning:
             raise ValueError(f"ExpandTuning.register_min_blocks must leave blocks of "
                              f"{self.threads} threads room on an SM (at most "
                              f"{2048 // self.threads}); got {self.register_min_blocks}")
+        if self.load_hint not in (0, 1, 2, 3):
+            raise ValueError(f"ExpandTuning.load_hint must be 0, 1, 2 or 3; "
+                             f"got {self.load_hint!r}")
+        if self.store_hint not in (0, 1, 2):
+            raise ValueError(f"ExpandTuning.store_hint must be 0, 1 or 2; "
+                             f"got {self.store_hint!r}")
         if self.zero_fill_runs not in (0, 1, 2):
             raise ValueError(f"ExpandTuning.zero_fill_runs must be 0, 1 or 2; "
                              f"got {self.zero_fill_runs!r}")
@@ -254,12 +265,16 @@ class ExpandTuning:
     def defines(self) -> tuple[tuple[str, int], ...]:
         """The compile-time part (the kernel source's EXPAND_* macros);
         EXPAND_ZERO_RUNS and EXPAND_MIN_BLOCKS only where set (the source's
-        defaults: row by row, no bound but the block size)."""
+        defaults: row by row, no bound but the block size), and the cache
+        hints (VECTOR_LOAD_HINT, VECTOR_STORE_HINT) only where not .cs."""
         runs = (("EXPAND_ZERO_RUNS", int(self.zero_fill_runs)),) if self.zero_fill_runs else ()
         bound = ((("EXPAND_MIN_BLOCKS", int(self.register_min_blocks)),)
                  if self.register_min_blocks else ())
+        hints = tuple((name, int(value)) for name, value in (
+            ("VECTOR_LOAD_HINT", self.load_hint), ("VECTOR_STORE_HINT", self.store_hint))
+            if value)
         return (("EXPAND_THREADS", int(self.threads)), ("EXPAND_UNROLL", int(self.unroll)),
-                *runs, *bound)
+                *runs, *bound, *hints)
 
 
 DEFAULT_TUNING = ExpandTuning()
