@@ -43,6 +43,7 @@ PTX_STAND_INS = {
     "fence.proxy.async.shared::cta;": "(void)0",
     "cvt.f32.f16 %0, %1;": "{0} = emu::cvt_f32_f16({1})",
     "cvt.rn.f16.f32 %0, %1;": "{0} = emu::cvt_rn_f16_f32({1})",
+    "cvt.rn.bf16x2.f32 %0, %1, %2;": "{0} = emu::cvt_rn_bf16x2_f32({1}, {2})",
     "griddepcontrol.launch_dependents;": "(void)0",  # launches run one after another
     "griddepcontrol.wait;": "(void)0",
     "mov.u32 %0, %%envreg1;": "{0} = emu::envreg(1)",

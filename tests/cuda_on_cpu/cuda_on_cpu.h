@@ -404,6 +404,18 @@ inline unsigned short cvt_rn_f16_f32(float f) {
     return static_cast<unsigned short>(sign | static_cast<unsigned>(std::rint(scaled)));
 }
 
+// cvt.rn.bf16x2.f32 d, a, b: a's bf16 in the upper half, b's in the lower;
+// round to nearest even (carries into the exponent, up to inf), a NaN to the
+// canonical 0x7FFF (the hardware's; the GPU tests' NaN cases check it).
+inline unsigned short cvt_rn_bf16_one(float f) {
+    if (f != f) return 0x7FFF;
+    const unsigned u = __float_as_uint(f);
+    return static_cast<unsigned short>((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+}
+inline unsigned cvt_rn_bf16x2_f32(float a, float b) {
+    return static_cast<unsigned>(cvt_rn_bf16_one(a)) << 16 | cvt_rn_bf16_one(b);
+}
+
 // rcp.approx.ftz.f32: the correctly rounded reciprocal stands in for the
 // approximation (the kernels refine it with a Newton step, which keeps an
 // already correct result)
