@@ -148,7 +148,8 @@ def main() -> int:
     shapes = pick_variants([(", ".join(f"{k}={v}" for k, v in options.items()) or "default",
                              options) for options in SHAPES], args.shapes, "--shapes",
                            parser.error)
-    copy_tbps = GpuTimer.copy_tbps(timer)  # the L2-flushed 1 GiB copy, --warm or not
+    # the L2-flushed 1 GiB copy, --warm or not (a WarmTimer would time it in a graph)
+    copy_tbps = (GpuTimer() if args.warm else timer).copy_tbps()
     lines = sweep_table(workloads, shapes, run_shape, timer, copy_tbps, args.iters, "shape",
                         np.random.default_rng())
     if args.floor:
