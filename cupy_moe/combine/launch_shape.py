@@ -53,10 +53,14 @@ written by exactly one thread.
   where the row fills the threads' vectors. Taken before the shapes above
   where the row is whole groups of 128 threads (vectors a thread one of
   ``TOKEN_ROWS_VECS``: 7 at 7168 bf16 columns, 2 at 2048), K <= 32,
-  and the grid fills the chip with chunks of at least 2 warps. On the
-  H100's DeepSeek-V3 EP8 plans 2-5% ahead of the shapes above (untrimmed:
-  87.2 -> 92.0% of the copy), Kimi-K2 T=512 26.0 -> 25.4 us, level on Kimi-K2
-  and Qwen3 prefill (benchmarks/results/sweep_combine_token_rows_h100.md).
+  and the grid fills the chip with chunks of at least 2 warps; the shapes
+  above where it does not. On the H100's DeepSeek-V3 EP8 plans 1-5% ahead
+  of them (untrimmed: 44.6 -> 42.1 us, 86.9 -> 92.0% of the copy), level on
+  Kimi-K2 and Qwen3 prefill and T = 512, Qwen3 T = 512 11.9 -> 11.5
+  (benchmarks/results/reduce_tk_all_h100.md).
+- Cache hints: row loads by the read-only path (``RESIDENT_LOAD_HINT``)
+  where the call fits in half the L2 or the plan is sparse, evict-first
+  elsewhere; stores evict-first (benchmarks/results/reduce_cache_hints_h100.md).
 
 The grid depends only on the call's sizes and the GPU's SM count, never on the
 data, so a CUDA graph can capture the call; results do not depend on it.
