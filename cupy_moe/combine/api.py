@@ -92,9 +92,11 @@ def run_with_shape(expanded: Any, token_topk_to_pos: Any, topk_weights: Any = No
     ``combine.launch_shape.combine_shape`` (``max_warps``,
     ``fill_blocks_per_sm``, ``vecs_per_thread``, ``slot_batch``,
     ``warp_slots``, ``warp_tokens``, ``stream_rounds``, ``bulk_stages``,
-    ``bulk_rounds``; K
-    comes from ``token_topk_to_pos``). Same rules and results; only the grid
-    and the kernel variant differ (the CPU ignores them)."""
+    ``bulk_rounds``, ``token_rows``; K comes from ``token_topk_to_pos``),
+    and the cache hints ``load_hint`` / ``store_hint``, which alone keep the
+    shape the call would choose by itself (``auto_combine_shape``). Same
+    rules and results; only the grid and the kernel variant differ (the CPU
+    ignores them)."""
     return _reduce_fused(expanded, token_topk_to_pos, topk_weights, row_scale, out, validate,
                          shape_options=tuple(sorted(shape_options.items())))
 
