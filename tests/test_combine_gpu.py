@@ -386,6 +386,21 @@ def test_token_rows_on_expert_parallel_and_dense_plans(kind, top_k):
 
 
 @pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize(("load_hint", "store_hint"), [("cs", "cs"), ("plain", "plain"),
+                                                       ("cg", "cg"), ("nc", "cs")])
+def test_cache_hints_change_no_bit(kind, load_hint, store_hint):
+    """The cache hints (load_hint, store_hint: sweep options; the default
+    takes .nc loads where the call fits half the L2 or the plan is sparse)
+    on the shape each call would choose (T = 300: token_rows at H = 7168 and
+    2048, the other shapes at 7000), on a rank's plan and a dense map, every
+    dtype, special values."""
+    rng = np.random.default_rng()
+    for case, expected in _expert_parallel_and_dense_cases(rng, kind, 8, 300):
+        run_case(kind, case, rng, use_out=True, expected=expected,
+                 shape_options={"load_hint": load_hint, "store_hint": store_hint})
+
+
+@pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("dtype_index", [0, 1, 2])
 def test_every_access_width(kind, dtype_index):
     """Rows and bases aligned to 16, 8, 4, 2 bytes (the scalar path for odd H)."""
