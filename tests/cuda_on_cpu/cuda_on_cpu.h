@@ -272,6 +272,8 @@ inline T __shfl_down_sync(unsigned mask, T v, unsigned delta, int width = 32) {
 template <typename T> inline T __ldg(const T* p) { return *p; }
 template <typename T> inline T __ldcs(const T* p) { return *p; }
 template <typename T> inline void __stcs(T* p, T v) { *p = v; }
+template <typename T> inline T __ldcg(const T* p) { return *p; }
+template <typename T> inline void __stcg(T* p, T v) { *p = v; }
 
 template <typename T> inline T atomicAdd(T* p, T v) { return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST); }
 template <typename T> inline T atomicSub(T* p, T v) { return __atomic_fetch_sub(p, v, __ATOMIC_SEQ_CST); }
