@@ -11,6 +11,8 @@
 # kernels themselves still run"). Logs to ${OUT:-./cpu_check_out}/cpu_check.log.
 set -u
 cd "$(dirname "$0")/.."
+# this tree's package, whatever else is installed (memcheck_cases.py runs as a script)
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 OUT=${OUT:-$PWD/cpu_check_out}
 mkdir -p "$OUT"
 log=$OUT/cpu_check.log
