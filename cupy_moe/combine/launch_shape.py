@@ -1,8 +1,8 @@
 """How ``reduce_fused``'s kernel is cut into blocks (pure Python: tested
 without a GPU).
 
-A thread owns one vector (16 bytes where alignment allows; 4 vectors in the
-many-token shape below) of one token's output row: it loads its vectors of
+A thread owns one vector (16 bytes where alignment allows; 2 to 8 vectors in
+the many-token shapes below) of one token's output row: it loads its vectors of
 each of the token's K expert rows (all of a batch of slots before the first
 FMA), accumulates in float32 and stores once.
 So a block is ``tokens_per_block`` groups of ``row_threads`` threads, each
@@ -21,9 +21,10 @@ written by exactly one thread.
 - Few tokens (decode): while the grid has fewer than ``fill_blocks_per_sm``
   blocks per SM, rows are cut into more, smaller chunks (down to one warp),
   and packed blocks hold fewer tokens, so that more SMs share the loads.
-- Many tokens (``auto_combine_shape``): a thread owns 4 vectors of its row
-  and has 4 slots' rows in flight (16 loads, against 8 for one vector and 8
-  slots), in chunks of at most 4 warps, whenever that grid still has
+- Many tokens (``auto_combine_shape``, on rows ``token_rows`` below does not
+  take): a thread owns 4 vectors of its row and has 4 slots' rows in flight
+  (16 loads, against 8 for one vector and 8 slots), in chunks of at most 4
+  warps, whenever that grid still has
   ``fill_blocks_per_sm`` blocks per SM: fewer threads per byte, and each
   slot's weight and position loaded once for 4 vectors. Measured on the H200
   (benchmarks/sweep_combine.py): Kimi-K2 prefill 75% -> 98% of the copy
