@@ -4,7 +4,8 @@
 // host picks the widest that divides the row length and the base addresses.
 // Loads and stores carry the evict-first (streaming) cache hint: each source
 // row is read once and no output is read back by the kernel that writes it.
-// A module may choose other hints (launch-shape sweeps): VECTOR_LOAD_HINT 1
+// A module may choose other hints (reduce_fused's default where rows may be in
+// L2, launch-shape sweeps, expand tunings): VECTOR_LOAD_HINT 1
 // plain (L1 and L2), 2 .cg (L2 only), 3 .nc (the read-only path);
 // VECTOR_STORE_HINT 1 plain, 2 .cg. 0, the default, is .cs for both.
 #pragma once

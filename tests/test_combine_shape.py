@@ -18,7 +18,7 @@ from cupy_moe.combine.launch_shape import (
     CombineShape,
     auto_combine_shape,
     combine_shape,
-    l2_resident_bytes,
+    fits_half_l2,
     sparse_slots,
     token_rows_options,
 )
@@ -435,18 +435,18 @@ def test_auto_shape_takes_token_rows_where_groups_fill_rows_and_chip(num_tokens,
     assert shape.token_blocks * shape.chunks >= FILL_BLOCKS_PER_SM * 132
 
 
-def test_l2_resident_bytes_counts_the_rows_a_call_can_touch():
+def test_fits_half_l2_counts_the_rows_a_call_can_touch():
     l2 = 50 * 2**20  # the H100's and H200's L2
     # Qwen3-30B-A3B T = 512: 4096 rows of 4 KiB read, 512 written: 18.9 MB
-    assert l2_resident_bytes(512, 8, 4096, 4096, l2)
+    assert fits_half_l2(512, 8, 4096, 4096, l2)
     # Kimi-K2 T = 512: 66 MB
-    assert not l2_resident_bytes(512, 8, 4096, 14336, l2)
+    assert not fits_half_l2(512, 8, 4096, 14336, l2)
     # a padded plan's X counts only as far as the T * K slots can reach
-    assert l2_resident_bytes(512, 8, 10**6, 4096, l2)
+    assert fits_half_l2(512, 8, 10**6, 4096, l2)
     # exactly half the L2, and one byte over
-    assert l2_resident_bytes(1, 1, 1, l2 // 4, l2)
-    assert not l2_resident_bytes(1, 1, 1, l2 // 4 + 1, l2)
-    assert not l2_resident_bytes(1, 1, 1, 2, 0)  # L2 size unknown
+    assert fits_half_l2(1, 1, 1, l2 // 4, l2)
+    assert not fits_half_l2(1, 1, 1, l2 // 4 + 1, l2)
+    assert not fits_half_l2(1, 1, 1, 2, 0)  # L2 size unknown
 
 
 def test_auto_shape_loads_by_the_read_only_path_where_rows_may_be_in_l2():

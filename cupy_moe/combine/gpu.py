@@ -31,7 +31,7 @@ from .launch_shape import (
     BULK_VEC_BYTES,
     CombineShape,
     auto_combine_shape,
-    l2_resident_bytes,
+    fits_half_l2,
     sparse_slots,
 )
 from .rules import CombineProblem, raise_out_of_range
@@ -106,7 +106,7 @@ class CombinePlan:
             problem = self.problem
             traits = device_traits(self.device)
             sparse = sparse_slots(problem.num_tokens, problem.top_k, problem.num_expanded)
-            resident = l2_resident_bytes(problem.num_tokens, problem.top_k,
+            resident = fits_half_l2(problem.num_tokens, problem.top_k,
                                          problem.num_expanded, self.row_bytes, traits.l2_bytes)
             shape = auto_combine_shape(
                 problem.num_tokens, self.row_bytes // vec_bytes, traits.multiprocessors,

@@ -196,8 +196,9 @@ TOKEN_ROWS_VECS = (8, 7, 4, 2)
 # (a graph's next call; the call's bytes fit in half the L2) or most slots are
 # dropped (sparse_slots). Measured on the H100 (thirty-third session,
 # benchmarks/results/reduce_cache_hints_h100.md): Qwen3 T = 512 (19 MB) in a
-# graph 8.3 -> 4.6 us (TileKernels 4.3), DeepSeek-V3 EP8 T = 512 5.5 -> 4.9;
-# EP8 prefill plans, L2 flushed, 42.2 -> 41.3 us (8k 82.4 -> 80.9). Not
+# graph 8.3 -> 4.6 us (TileKernels 4.3); EP8 prefill plans, L2 flushed,
+# 42.2 -> 41.3 us (8k 82.4 -> 80.9). (DeepSeek-V3 EP8 T = 512 would gain too,
+# 5.5 -> 4.9 in a graph, but its padded X hides its 516 live rows.) Not
 # elsewhere: dense calls larger than the L2 lose 1.5-8% (Kimi-K2 prefill 174.4
 # -> 177.0, Qwen3 prefill 49.8 -> 54.2; Kimi-K2 T = 512, 66 MB, in a graph
 # 22.3 -> 25.2), where the evict-first rows keep L2 for the output.
@@ -245,7 +246,7 @@ def auto_combine_shape(num_tokens: int, row_vecs: int, multiprocessors: int, *,
     ``SPARSE_CANDIDATES`` where ``sparse``, see ``sparse_slots``, and K is
     known; else ``WIDE_OPTIONS``), and the default shape otherwise. Its row
     loads take ``RESIDENT_LOAD_HINT`` where ``sparse`` or ``l2_resident``
-    (the call's bytes fit in half the L2, ``l2_resident_bytes``), .cs
+    (the call's bytes fit in half the L2, ``fits_half_l2``), .cs
     (evict-first) otherwise.
     ``load_hint`` / ``store_hint`` (sweeps): the chosen shape's row loads'
     and output stores' cache hint (``LOAD_HINTS``, ``STORE_HINTS``;
@@ -271,7 +272,7 @@ def auto_combine_shape(num_tokens: int, row_vecs: int, multiprocessors: int, *,
     return shape._replace(**hints)
 
 
-def l2_resident_bytes(num_tokens: int, top_k: int, num_expanded: int, row_bytes: int,
+def fits_half_l2(num_tokens: int, top_k: int, num_expanded: int, row_bytes: int,
                       l2_bytes: int) -> bool:
     """Whether the rows a call can read (at most min(X, T * K)) and the rows it
     writes (T) fit in half of an L2 of ``l2_bytes`` (0: unknown, never).
