@@ -86,6 +86,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from ..runtime.cache_hints import LOAD_HINTS, STORE_HINTS, hint_defines
 from ..runtime.rules import require_int
 from ..runtime.sizes import ceil_div
 
@@ -149,10 +150,8 @@ class CombineShape(NamedTuple):
             defines.append(("COMBINE_TOKEN_ROWS", self.token_rows))
         if self.full_rows:
             defines.append(("COMBINE_FULL_ROWS", 1))
-        if self.load_hint != "cs":
-            defines.append(("VECTOR_LOAD_HINT", LOAD_HINTS.index(self.load_hint)))
-        if self.store_hint != "cs":
-            defines.append(("VECTOR_STORE_HINT", STORE_HINTS.index(self.store_hint)))
+        defines.extend(hint_defines(LOAD_HINTS.index(self.load_hint),
+                                    STORE_HINTS.index(self.store_hint)))
         return tuple(defines)
 
     @property
@@ -204,11 +203,8 @@ TOKEN_ROWS_VECS = (8, 7, 4, 2)
 # 22.3 -> 25.2), where the evict-first rows keep L2 for the output.
 RESIDENT_LOAD_HINT = "nc"
 # options of auto_combine_shape that change the chosen shape's cache hints only
+# (runtime.cache_hints' LOAD_HINTS / STORE_HINTS)
 CACHE_HINTS = ("load_hint", "store_hint")
-# vector_access.cuh's VECTOR_LOAD_HINT / VECTOR_STORE_HINT, by index: .cs
-# (evict-first, the default), plain, .cg (L2 only), .nc (read-only path)
-LOAD_HINTS = ("cs", "plain", "cg", "nc")
-STORE_HINTS = ("cs", "plain", "cg")
 
 
 def token_rows_options(row_vecs: int, top_k: int | None) -> dict | None:

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
+from ..runtime.cache_hints import LOAD_HINTS, STORE_HINTS, hint_defines
+
 __all__ = ["ExpandTuning", "DEFAULT_TUNING"]
 
 
@@ -203,9 +205,9 @@ class ExpandTuning:
     # rows by position (calls that pass pos_to_token)
     gather_x_bytes_below: float = 0.0
     gather_rows: int = 16
-    # cache hints of the register kernels' accesses (vector_access.cuh:
-    # VECTOR_LOAD_HINT 0 .cs, 1 plain, 2 .cg, 3 .nc; VECTOR_STORE_HINT 0 .cs,
-    # 1 plain, 2 .cg)
+    # cache hints of the register kernels' accesses: indices into
+    # runtime.cache_hints' LOAD_HINTS (.cs, plain, .cg, .nc) / STORE_HINTS
+    # (.cs, plain, .cg); 0, .cs, adds no define
     load_hint: int = 0
     store_hint: int = 0
 
@@ -241,12 +243,11 @@ class ExpandTuning:
             raise ValueError(f"ExpandTuning.register_min_blocks must leave blocks of "
                              f"{self.threads} threads room on an SM (at most "
                              f"{2048 // self.threads}); got {self.register_min_blocks}")
-        if self.load_hint not in (0, 1, 2, 3):
-            raise ValueError(f"ExpandTuning.load_hint must be 0, 1, 2 or 3; "
-                             f"got {self.load_hint!r}")
-        if self.store_hint not in (0, 1, 2):
-            raise ValueError(f"ExpandTuning.store_hint must be 0, 1 or 2; "
-                             f"got {self.store_hint!r}")
+        for name, hints in (("load_hint", LOAD_HINTS), ("store_hint", STORE_HINTS)):
+            if getattr(self, name) not in range(len(hints)):
+                choices = ", ".join(str(i) for i in range(len(hints) - 1))
+                raise ValueError(f"ExpandTuning.{name} must be {choices} or "
+                                 f"{len(hints) - 1}; got {getattr(self, name)!r}")
         if self.zero_fill_runs not in (0, 1, 2):
             raise ValueError(f"ExpandTuning.zero_fill_runs must be 0, 1 or 2; "
                              f"got {self.zero_fill_runs!r}")
@@ -270,9 +271,7 @@ class ExpandTuning:
         runs = (("EXPAND_ZERO_RUNS", int(self.zero_fill_runs)),) if self.zero_fill_runs else ()
         bound = ((("EXPAND_MIN_BLOCKS", int(self.register_min_blocks)),)
                  if self.register_min_blocks else ())
-        hints = tuple((name, int(value)) for name, value in (
-            ("VECTOR_LOAD_HINT", self.load_hint), ("VECTOR_STORE_HINT", self.store_hint))
-            if value)
+        hints = hint_defines(int(self.load_hint), int(self.store_hint))
         return (("EXPAND_THREADS", int(self.threads)), ("EXPAND_UNROLL", int(self.unroll)),
                 *runs, *bound, *hints)
 

@@ -1,0 +1,20 @@
+"""The cache hints of kernels_cu/vector_access.cuh, as a module's defines.
+
+A hint's index in ``LOAD_HINTS`` / ``STORE_HINTS`` is the value of the
+header's VECTOR_LOAD_HINT / VECTOR_STORE_HINT; index 0, .cs (evict-first), is
+the header's default and takes no define, so modules that keep it are
+compiled as before. reduce_fused names hints by these strings (its launch
+shape), expand's tuning by their indices.
+"""
+
+from __future__ import annotations
+
+LOAD_HINTS = ("cs", "plain", "cg", "nc")  # .cs, plain (L1 and L2), .cg (L2 only), .nc
+STORE_HINTS = ("cs", "plain", "cg")
+
+
+def hint_defines(load: int, store: int) -> tuple[tuple[str, int], ...]:
+    """The defines of load hint index ``load`` and store hint index ``store``
+    (none for .cs)."""
+    return tuple((name, int(index)) for name, index in (
+        ("VECTOR_LOAD_HINT", load), ("VECTOR_STORE_HINT", store)) if index)
