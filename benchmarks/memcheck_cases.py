@@ -383,10 +383,11 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--registers-only", action="store_true",
                         help="keep every call on the register kernel (for initcheck)")
-    parser.add_argument("--mapping-only", action="store_true",
-                        help="only the fused_mapping calls")
-    parser.add_argument("--combine-only", action="store_true",
-                        help="only the reduce_fused, quantize_fp8 and swiglu_quantize_fp8 calls")
+    only = parser.add_mutually_exclusive_group()
+    only.add_argument("--mapping-only", action="store_true",
+                      help="only the fused_mapping calls")
+    only.add_argument("--combine-only", action="store_true",
+                      help="only the reduce_fused, quantize_fp8 and swiglu_quantize_fp8 calls")
     args = parser.parse_args()
     registers_only = args.registers_only
     rng = np.random.default_rng(7)
