@@ -77,7 +77,14 @@ SHAPES = [{}, *({"vecs_per_thread": vecs, "slot_batch": batch, "max_warps": warp
           *({"load_hint": load, "store_hint": store}
             for load, store in (("plain", "cs"), ("cg", "cs"), ("nc", "cs"), ("cs", "plain"),
                                 ("cs", "cg"), ("plain", "plain"), ("cg", "cg"),
-                                ("nc", "plain")))]
+                                ("nc", "plain"))),
+          # token_rows on TileKernels' grid at T = 512 (a 128-thread group a
+          # token, rows never cut finer to fill the chip), evict-first and
+          # read-only row loads (thirty-fourth session: graph replays of the
+          # L2-resident T = 512 calls)
+          *({"vecs_per_thread": vecs, "max_warps": warps, "token_rows": True,
+             "fill_blocks_per_sm": 0, "load_hint": load}
+            for vecs, warps in ((7, 4), (2, 8)) for load in ("cs", "nc"))]
 DEFAULT_LABELS = ["reduce-kimi-k2-decode", "reduce-kimi-k2-medium", "reduce-kimi-k2-prefill",
                   "reduce-qwen3-30b-a3b-prefill", "reduce-dsv3-ep8-prefill-plan"]
 

@@ -670,14 +670,6 @@ __device__ __forceinline__ void reduce_token_row(const CombineArgs& a, i64 t, i6
                 store_once(out + c * a.row_threads, Vec());
         return;
     }
-    if (a.row_scale != nullptr) {
-#pragma unroll
-        for (int k = 0; k < K; ++k) {
-            if (pos[k] < 0) continue;
-            const float row = __ldg(a.row_scale + pos[k]);
-            scale[k] = a.topk_weights != nullptr ? __fmul_rn(scale[k], row) : row;
-        }
-    }
     const Vec* rows = reinterpret_cast<const Vec*>(a.expanded) + v;
     float acc[COMBINE_VECS][ELEMS];
 #pragma unroll
@@ -695,13 +687,21 @@ __device__ __forceinline__ void reduce_token_row(const CombineArgs& a, i64 t, i6
                 held[c] = load_once(rows + static_cast<i64>(pos[k]) * a.row_vecs +
                                     c * a.row_threads);
         }
+        // the row's scale after its row loads, so that both are in flight
+        // together (loaded before them, each slot's scale cost the token a
+        // latency of its own before its first row load)
+        float s = scale[k];
+        if (a.row_scale != nullptr) {
+            const float row = __ldg(a.row_scale + pos[k]);
+            s = a.topk_weights != nullptr ? __fmul_rn(s, row) : row;
+        }
 #pragma unroll
         for (int c = 0; c < COMBINE_VECS; ++c) {
             Bits bits[ELEMS];
             memcpy(bits, &held[c], sizeof(Vec));
 #pragma unroll
             for (int e = 0; e < ELEMS; ++e)
-                acc[c][e] = __fmaf_rn(F::widen(bits[e]), scale[k], acc[c][e]);
+                acc[c][e] = __fmaf_rn(F::widen(bits[e]), s, acc[c][e]);
         }
     }
     store_row<FMT, VEC_BYTES>(a, t, v, acc);
