@@ -125,6 +125,14 @@
 #ifndef COMBINE_FULL_ROWS
 #define COMBINE_FULL_ROWS 0
 #endif
+// With COMBINE_TOKEN_ROWS, a token with at most half its slots live (an
+// expert-parallel plan's, whatever X says of it) loads its rows under this
+// hint (vector_access.cuh's VECTOR_LOAD_HINT values); -1: under the module's
+// VECTOR_LOAD_HINT, as every other token. A token's threads all take the
+// same branch; the hint changes no bit.
+#ifndef COMBINE_FEW_LIVE_LOAD_HINT
+#define COMBINE_FEW_LIVE_LOAD_HINT -1
+#endif
 
 // The largest block the host launches (cupy_moe/combine/launch_shape.py), and
 // the blocks of that size an SM must hold at least: with this bound ptxas
@@ -642,34 +650,18 @@ __device__ __forceinline__ void reduce_fused_bulk(const CombineArgs& a) {
 #endif
 
 #if COMBINE_TOKEN_ROWS
-// Token t's vectors of this thread (COMBINE_TOKEN_ROWS above): the same sums
-// as accumulate_slot_batches + store_row, each in k order from +0, rounded once.
-template <int FMT, int VEC_BYTES>
-__device__ __forceinline__ void reduce_token_row(const CombineArgs& a, i64 t, i64 v) {
+// The sums of token t's vectors of this thread from its K slots' positions
+// (-1: none) and scales, each in k order from +0, rounded once and stored;
+// rows loaded under hint LOAD_HINT.
+template <int FMT, int VEC_BYTES, int LOAD_HINT>
+__device__ __forceinline__ void sum_token_slots(const CombineArgs& a, i64 t, i64 v,
+                                                const int (&pos)[COMBINE_TOKEN_ROWS],
+                                                const float (&scale)[COMBINE_TOKEN_ROWS]) {
     typedef Format<FMT> F;
     typedef typename F::Bits Bits;
     typedef typename VecOf<VEC_BYTES>::type Vec;
     constexpr int K = COMBINE_TOKEN_ROWS;
     constexpr int ELEMS = VEC_BYTES / static_cast<int>(sizeof(Bits));
-    const int* slots = a.token_topk_to_pos + t * K;
-    int pos[K];
-    float scale[K];
-    bool any_live = false;
-#pragma unroll
-    for (int k = 0; k < K; ++k) {
-        const int p = __ldg(slots + k);
-        pos[k] = p >= 0 && p < a.num_expanded ? p : -1;
-        any_live |= pos[k] >= 0;
-        scale[k] = a.topk_weights == nullptr ? 1.0f : __ldg(a.topk_weights + t * K + k);
-    }
-    Vec* out = reinterpret_cast<Vec*>(a.out) + t * a.row_vecs + v;
-    if (!any_live) {  // narrow(+0) is all zero bits in every format
-#pragma unroll
-        for (int c = 0; c < COMBINE_VECS; ++c)
-            if (COMBINE_FULL_ROWS || v + c * a.row_threads < a.row_vecs)
-                store_once(out + c * a.row_threads, Vec());
-        return;
-    }
     const Vec* rows = reinterpret_cast<const Vec*>(a.expanded) + v;
     float acc[COMBINE_VECS][ELEMS];
 #pragma unroll
@@ -684,8 +676,8 @@ __device__ __forceinline__ void reduce_token_row(const CombineArgs& a, i64 t, i6
         for (int c = 0; c < COMBINE_VECS; ++c) {
             held[c] = Vec();
             if (COMBINE_FULL_ROWS || v + c * a.row_threads < a.row_vecs)
-                held[c] = load_once(rows + static_cast<i64>(pos[k]) * a.row_vecs +
-                                    c * a.row_threads);
+                held[c] = load_hinted<LOAD_HINT>(rows + static_cast<i64>(pos[k]) * a.row_vecs +
+                                                 c * a.row_threads);
         }
         // the row's scale after its row loads, so that both are in flight
         // together (loaded before them, each slot's scale cost the token a
@@ -705,6 +697,40 @@ __device__ __forceinline__ void reduce_token_row(const CombineArgs& a, i64 t, i6
         }
     }
     store_row<FMT, VEC_BYTES>(a, t, v, acc);
+}
+
+// Token t's vectors of this thread (COMBINE_TOKEN_ROWS above): the same sums
+// as accumulate_slot_batches + store_row, each in k order from +0, rounded once.
+template <int FMT, int VEC_BYTES>
+__device__ __forceinline__ void reduce_token_row(const CombineArgs& a, i64 t, i64 v) {
+    typedef typename VecOf<VEC_BYTES>::type Vec;
+    constexpr int K = COMBINE_TOKEN_ROWS;
+    const int* slots = a.token_topk_to_pos + t * K;
+    int pos[K];
+    float scale[K];
+    int live = 0;
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+        const int p = __ldg(slots + k);
+        pos[k] = p >= 0 && p < a.num_expanded ? p : -1;
+        live += pos[k] >= 0;
+        scale[k] = a.topk_weights == nullptr ? 1.0f : __ldg(a.topk_weights + t * K + k);
+    }
+    if (live == 0) {  // narrow(+0) is all zero bits in every format
+        Vec* out = reinterpret_cast<Vec*>(a.out) + t * a.row_vecs + v;
+#pragma unroll
+        for (int c = 0; c < COMBINE_VECS; ++c)
+            if (COMBINE_FULL_ROWS || v + c * a.row_threads < a.row_vecs)
+                store_once(out + c * a.row_threads, Vec());
+        return;
+    }
+#if COMBINE_FEW_LIVE_LOAD_HINT >= 0 && COMBINE_FEW_LIVE_LOAD_HINT != VECTOR_LOAD_HINT
+    if (2 * live <= K) {
+        sum_token_slots<FMT, VEC_BYTES, COMBINE_FEW_LIVE_LOAD_HINT>(a, t, v, pos, scale);
+        return;
+    }
+#endif
+    sum_token_slots<FMT, VEC_BYTES, VECTOR_LOAD_HINT>(a, t, v, pos, scale);
 }
 #endif
 

@@ -26,17 +26,19 @@ template <> struct VecOf<4> { typedef unsigned int type; };
 template <> struct VecOf<2> { typedef unsigned short type; };
 template <> struct VecOf<1> { typedef unsigned char type; };
 
+// A load under hint HINT (VECTOR_LOAD_HINT's values): for a kernel whose
+// accesses take more than the module's one hint.
+template <int HINT, typename T>
+__device__ __forceinline__ T load_hinted(const T* p) {
+    if constexpr (HINT == 1) return *p;
+    else if constexpr (HINT == 2) return __ldcg(p);
+    else if constexpr (HINT == 3) return __ldg(p);
+    else return __ldcs(p);
+}
+
 template <typename T>
 __device__ __forceinline__ T load_once(const T* p) {
-#if VECTOR_LOAD_HINT == 1
-    return *p;
-#elif VECTOR_LOAD_HINT == 2
-    return __ldcg(p);
-#elif VECTOR_LOAD_HINT == 3
-    return __ldg(p);
-#else
-    return __ldcs(p);
-#endif
+    return load_hinted<VECTOR_LOAD_HINT>(p);
 }
 
 template <typename T>

@@ -130,7 +130,7 @@ def test_the_multi_vector_variants_compile(vecs, batch, warp_slots):
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 @pytest.mark.parametrize("variant", ["default", "wide", "sparse", "rows-7168", "rows-2048",
-                                     "rows-2048-nc"])
+                                     "rows-2048-nc", "rows-7168-few-live"])
 def test_no_kernel_spills_registers(arch, variant):
     """Spilled registers would put local-memory traffic beside the row loads
     (the thread bound alone once made ptxas spill: see COMBINE_MIN_BLOCKS).
@@ -139,15 +139,18 @@ def test_no_kernel_spills_registers(arch, variant):
     test in the FMA loop it spilled 8 bytes in the 16-byte bf16 kernel), the
     streamed one of sparse plans, and token_rows on 7168- and 2048-column
     rows (7 and 2 vectors a thread, K = 8), the latter with its row loads by
-    the read-only path too (calls in half the L2); the others are sweep
-    options."""
+    the read-only path too (calls in half the L2), the former with the
+    read-only path for tokens with few live slots (its slot loop twice); the
+    others are sweep options."""
     nvrtc_or_skip()
     row_vecs, options = {"default": (896, None), "wide": (896, WIDE_OPTIONS),
                          "sparse": (896, SPARSE_WIDE_OPTIONS),
                          "rows-7168": (896, token_rows_options(896, 8)),
                          "rows-2048": (256, token_rows_options(256, 8)),
                          "rows-2048-nc": (256, {**token_rows_options(256, 8),
-                                                "load_hint": "nc"})}[variant]
+                                                "load_hint": "nc"}),
+                         "rows-7168-few-live": (896, {**token_rows_options(896, 8),
+                                                      "few_live_load_hint": "nc"})}[variant]
     defines = () if options is None else auto_combine_shape(4096, row_vecs, 132, top_k=8,
                                                             **options).defines()
     _assert_no_spills(defines, arch)

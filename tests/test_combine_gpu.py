@@ -382,22 +382,26 @@ def test_token_rows_on_expert_parallel_and_dense_plans(kind, top_k):
         for vecs, warps in ((7, 4), (8, 4), (2, 8), (1, 1), (4, 2)):
             run_case(kind, case, rng, use_out=True, expected=expected,
                      shape_options={"vecs_per_thread": vecs, "max_warps": warps,
-                                    "token_rows": True})
+                                    "token_rows": True, "few_live_load_hint": "nc"})
 
 
 @pytest.mark.parametrize("kind", KINDS)
-@pytest.mark.parametrize(("load_hint", "store_hint"), [("cs", "cs"), ("plain", "plain"),
-                                                       ("cg", "cg"), ("nc", "cs")])
-def test_cache_hints_change_no_bit(kind, load_hint, store_hint):
-    """The cache hints (load_hint, store_hint: sweep options; the default
-    takes .nc loads where the call fits half the L2 or the plan is sparse)
-    on the shape each call would choose (T = 300: token_rows at H = 7168 and
-    2048, the other shapes at 7000), on a rank's plan and a dense map, every
-    dtype, special values."""
+@pytest.mark.parametrize(("load_hint", "store_hint", "few_live"), [
+    ("cs", "cs", None), ("plain", "plain", None), ("cg", "cg", None), ("nc", "cs", None),
+    ("cs", "cs", "cs"), ("cs", "cs", "cg")])
+def test_cache_hints_change_no_bit(kind, load_hint, store_hint, few_live):
+    """The cache hints (load_hint, store_hint, few_live_load_hint: sweep
+    options; the default takes .nc loads where the call fits half the L2 or
+    the plan is sparse, and on token_rows for tokens with at most half their
+    slots live) on the shape each call would choose (T = 300: token_rows at
+    H = 7168 and 2048, the other shapes at 7000), on a rank's plan and a
+    dense map, every dtype, special values."""
     rng = np.random.default_rng()
+    hints = {"load_hint": load_hint, "store_hint": store_hint}
+    if few_live is not None:
+        hints["few_live_load_hint"] = few_live
     for case, expected in _expert_parallel_and_dense_cases(rng, kind, 8, 300):
-        run_case(kind, case, rng, use_out=True, expected=expected,
-                 shape_options={"load_hint": load_hint, "store_hint": store_hint})
+        run_case(kind, case, rng, use_out=True, expected=expected, shape_options=hints)
 
 
 @pytest.mark.parametrize("kind", KINDS)

@@ -154,7 +154,8 @@ NC = {"VECTOR_LOAD_HINT": 3}  # sparse plans' row loads: the read-only path
     # rows whole groups of 128 threads (7168 bf16 columns: 7 vectors a thread):
     # token_rows wherever its grid fills the chip, whatever X says
     (4096, 4096 + 32 * 127, 7168, {**ROWS_7, **NC}),
-    (4096, 4096 * 8, 7168, ROWS_7),
+    # (a dense plan's tokens with at most half their slots live: .nc, FEW_LIVE_LOAD_HINT)
+    (4096, 4096 * 8, 7168, {**ROWS_7, "COMBINE_FEW_LIVE_LOAD_HINT": 3}),
     (512, 2048, 7168, {**ROWS_7, **NC}),  # rows in 2 chunks of 2 warps
     (32, 128, 7168, NC),
     # rows they do not fill (5120 columns, 640 vectors). An expert-parallel

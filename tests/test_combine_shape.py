@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from cupy_moe.combine.launch_shape import (
+    FEW_LIVE_LOAD_HINT,
     FILL_BLOCKS_PER_SM,
     MAX_GRID_Y,
     PACK_THREADS,
@@ -427,9 +428,10 @@ def test_auto_shape_takes_token_rows_where_groups_fill_rows_and_chip(num_tokens,
         assert shape.token_rows == 0
         assert shape == auto_combine_shape(num_tokens, row_vecs, 132, sparse=sparse)
         return
+    # a sparse plan's loads are all .nc already: no hint of its own for few-live tokens
     assert shape == combine_shape(num_tokens, row_vecs, 132, top_k=8,
                                   **token_rows_options(row_vecs, 8))._replace(
-        load_hint="nc" if sparse else "cs")
+        load_hint="nc" if sparse else "cs", few_live_load_hint="" if sparse else "nc")
     assert (shape.row_threads, shape.chunks, shape.token_rows, shape.full_rows) == \
         (expected["row_threads"], expected["chunks"], 8, True)
     assert shape.token_blocks * shape.chunks >= FILL_BLOCKS_PER_SM * 132
@@ -456,7 +458,8 @@ def test_auto_shape_loads_by_the_read_only_path_where_rows_may_be_in_l2():
     for num_tokens, row_vecs in ((512, 256), (32, 896), (4096, 896)):
         plain = auto_combine_shape(num_tokens, row_vecs, 132, top_k=8)
         resident = auto_combine_shape(num_tokens, row_vecs, 132, top_k=8, l2_resident=True)
-        assert plain.load_hint == "cs" and resident == plain._replace(load_hint="nc")
+        assert plain.load_hint == "cs" and resident == plain._replace(
+            load_hint="nc", few_live_load_hint="")
         assert ("VECTOR_LOAD_HINT", 3) in resident.defines()
         assert not any(name.startswith("VECTOR_") for name, _ in plain.defines())
     assert auto_combine_shape(512, 256, 132, top_k=8, l2_resident=True,
@@ -468,7 +471,35 @@ def test_auto_shape_loads_by_the_read_only_path_where_rows_may_be_in_l2():
                               max_warps=2).defines()[-1] == ("VECTOR_STORE_HINT", 1)
 
 
+def test_few_live_tokens_take_their_own_load_hint_on_token_rows_only():
+    """FEW_LIVE_LOAD_HINT on the token_rows shape whose own loads are .cs;
+    nothing where every token already loads so, nor on other shapes (no
+    module of its own for a define that changes nothing)."""
+    dense = auto_combine_shape(4096, 896, 132, top_k=8)
+    assert dense.token_rows and dense.few_live_load_hint == FEW_LIVE_LOAD_HINT == "nc"
+    assert ("COMBINE_FEW_LIVE_LOAD_HINT", 3) in dense.defines()
+    assert auto_combine_shape(4096, 896, 132, top_k=8, l2_resident=True).few_live_load_hint == ""
+    assert auto_combine_shape(4096, 896, 132, top_k=8,
+                              few_live_load_hint="cs").defines() == dense._replace(
+        few_live_load_hint="").defines()
+    assert not any(name == "COMBINE_FEW_LIVE_LOAD_HINT" for name, _ in dense._replace(
+        few_live_load_hint="").defines())
+    assert auto_combine_shape(4096, 896, 132, top_k=8,
+                              few_live_load_hint="cg").few_live_load_hint == "cg"
+    # not token_rows: no define (the decode shape; the sparse stream shape)
+    for num_tokens, row_vecs in ((1, 896), (4096, 640)):
+        shape = auto_combine_shape(num_tokens, row_vecs, 132, top_k=8, few_live_load_hint="nc")
+        assert shape.token_rows == 0 and shape.few_live_load_hint == ""
+    # shape options given: only where asked
+    rows = auto_combine_shape(4096, 896, 132, top_k=8, **token_rows_options(896, 8))
+    assert rows.few_live_load_hint == ""
+    assert auto_combine_shape(4096, 896, 132, top_k=8, **token_rows_options(896, 8),
+                              few_live_load_hint="nc") == dense
+
+
 @pytest.mark.parametrize("kwargs, message", [
+    ({"few_live_load_hint": "evict_first"},
+     "few_live_load_hint must be one of ('cs', 'plain', 'cg', 'nc'); got 'evict_first'"),
     ({"load_hint": "evict_first"},
      "load_hint must be one of ('cs', 'plain', 'cg', 'nc'); got 'evict_first'"),
     ({"store_hint": "nc"}, "store_hint must be one of ('cs', 'plain', 'cg'); got 'nc'"),

@@ -125,6 +125,9 @@ class CombineShape(NamedTuple):
     full_rows: bool = False  # with token_rows: every thread's vectors lie inside the row
     load_hint: str = "cs"  # the row loads' cache hint (LOAD_HINTS)
     store_hint: str = "cs"  # the output stores' cache hint (STORE_HINTS)
+    # with token_rows: the row loads' hint of a token with at most half its
+    # slots live (LOAD_HINTS; "": load_hint, as every other token)
+    few_live_load_hint: str = ""
 
     def defines(self) -> tuple[tuple[str, int], ...]:
         """The kernel variant this shape needs (combine.cu's COMBINE_VECS,
@@ -150,6 +153,9 @@ class CombineShape(NamedTuple):
             defines.append(("COMBINE_TOKEN_ROWS", self.token_rows))
         if self.full_rows:
             defines.append(("COMBINE_FULL_ROWS", 1))
+        if self.few_live_load_hint:
+            defines.append(("COMBINE_FEW_LIVE_LOAD_HINT",
+                            LOAD_HINTS.index(self.few_live_load_hint)))
         defines.extend(hint_defines(LOAD_HINTS.index(self.load_hint),
                                     STORE_HINTS.index(self.store_hint)))
         return tuple(defines)
@@ -202,9 +208,17 @@ TOKEN_ROWS_VECS = (8, 7, 4, 2)
 # -> 177.0, Qwen3 prefill 49.8 -> 54.2; Kimi-K2 T = 512, 66 MB, in a graph
 # 22.3 -> 25.2), where the evict-first rows keep L2 for the output.
 RESIDENT_LOAD_HINT = "nc"
+# The row loads' hint of a token_rows token with at most half its slots live,
+# where the call's own hint is evict-first: an expert-parallel plan's tokens
+# (one live slot of K = 8, about) whatever X says, as sparse_slots does from
+# the shapes alone. Measured on the H100 (thirty-fourth session,
+# benchmarks/results/reduce_few_live_h100.md): DeepSeek-V3 EP8 T = 512, whose
+# padded X hides its 516 live rows, in a graph 5.9 -> 4.2 us with .nc loads
+# (TileKernels 3.9).
+FEW_LIVE_LOAD_HINT = "nc"
 # options of auto_combine_shape that change the chosen shape's cache hints only
 # (runtime.cache_hints' LOAD_HINTS / STORE_HINTS)
-CACHE_HINTS = ("load_hint", "store_hint")
+CACHE_HINTS = ("load_hint", "store_hint", "few_live_load_hint")
 
 
 def token_rows_options(row_vecs: int, top_k: int | None) -> dict | None:
@@ -243,10 +257,13 @@ def auto_combine_shape(num_tokens: int, row_vecs: int, multiprocessors: int, *,
     known; else ``WIDE_OPTIONS``), and the default shape otherwise. Its row
     loads take ``RESIDENT_LOAD_HINT`` where ``sparse`` or ``l2_resident``
     (the call's bytes fit in half the L2, ``fits_half_l2``), .cs
-    (evict-first) otherwise.
-    ``load_hint`` / ``store_hint`` (sweeps): the chosen shape's row loads'
-    and output stores' cache hint (``LOAD_HINTS``, ``STORE_HINTS``;
-    vector_access.cuh), whoever chose the shape.
+    (evict-first) otherwise; on the ``token_rows`` shape a token with at most
+    half its slots live takes ``FEW_LIVE_LOAD_HINT`` (``few_live_load_hint``,
+    "" where it is the call's own hint).
+    ``load_hint`` / ``store_hint`` / ``few_live_load_hint`` (sweeps): the
+    chosen shape's row loads', output stores' and few-live tokens' row loads'
+    cache hint (``LOAD_HINTS``, ``STORE_HINTS``; vector_access.cuh), whoever
+    chose the shape.
     ``top_k``: K, for the options that group tokens by their slots
     (``stream_rounds``, ``bulk_stages``). ``bulk_ok``: whether the launch
     may take the bulk layout (16-byte accesses, sm_90 and newer); without it
@@ -255,7 +272,7 @@ def auto_combine_shape(num_tokens: int, row_vecs: int, multiprocessors: int, *,
     # cache hints apply to whichever shape is chosen; other options choose it
     hints = {name: options.pop(name) for name in CACHE_HINTS if name in options}
     for name, value in hints.items():
-        choices = LOAD_HINTS if name == "load_hint" else STORE_HINTS
+        choices = STORE_HINTS if name == "store_hint" else LOAD_HINTS
         if value not in choices:
             raise ValueError(f"{name} must be one of {choices}; got {value!r}")
     if options:
@@ -265,7 +282,13 @@ def auto_combine_shape(num_tokens: int, row_vecs: int, multiprocessors: int, *,
         shape = _auto_shape(num_tokens, row_vecs, multiprocessors, top_k, sparse, bulk_ok)
         if sparse or l2_resident:
             shape = shape._replace(load_hint=RESIDENT_LOAD_HINT)
-    return shape._replace(**hints)
+        shape = shape._replace(few_live_load_hint=FEW_LIVE_LOAD_HINT)
+    shape = shape._replace(**hints)
+    # only token_rows tells tokens apart, and a hint equal to every token's
+    # changes nothing: neither takes a module of its own
+    if not shape.token_rows or shape.few_live_load_hint == shape.load_hint:
+        shape = shape._replace(few_live_load_hint="")
+    return shape
 
 
 def fits_half_l2(num_tokens: int, top_k: int, num_expanded: int, row_bytes: int,
