@@ -79,8 +79,9 @@ SHAPES = [{}, *({"vecs_per_thread": vecs, "slot_batch": batch, "max_warps": warp
                                 ("cs", "cg"), ("plain", "plain"), ("cg", "cg"),
                                 ("nc", "plain"))),
           # the default but for the row loads of tokens with at most half their
-          # slots live: as every other token's (the default before the
-          # thirty-fourth session's FEW_LIVE_LOAD_HINT)
+          # slots live: evict-first (where the call's own loads are .cs, the
+          # default before the thirty-fourth session's FEW_LIVE_LOAD_HINT; on
+          # sparse plans, whose loads are .nc, those tokens' alone .cs)
           {"few_live_load_hint": "cs"},
           # token_rows on TileKernels' grid at T = 512 (a 128-thread group a
           # token, rows never cut finer to fill the chip), evict-first and

@@ -213,8 +213,9 @@ RESIDENT_LOAD_HINT = "nc"
 # (one live slot of K = 8, about) whatever X says, as sparse_slots does from
 # the shapes alone. Measured on the H100 (thirty-fourth session,
 # benchmarks/results/reduce_few_live_h100.md): DeepSeek-V3 EP8 T = 512, whose
-# padded X hides its 516 live rows, in a graph 5.9 -> 4.2 us with .nc loads
-# (TileKernels 3.9).
+# padded X hides its 516 live rows, 5.85 -> 4.46 us a call in a graph
+# (TileKernels 3.85); the untrimmed EP8 prefill plans 0.5-0.9% faster with the
+# L2 flushed; dense calls level (their tokens never take the branch).
 FEW_LIVE_LOAD_HINT = "nc"
 # options of auto_combine_shape that change the chosen shape's cache hints only
 # (runtime.cache_hints' LOAD_HINTS / STORE_HINTS)
