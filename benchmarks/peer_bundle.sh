@@ -19,7 +19,10 @@
 # module with get_num_sms(); empty __init__.py files), and the reduce_fused
 # comparison (bench_combine_quantize.py, profile_op.py --tilekernels):
 # tile_kernels/moe/reduce_fused_kernel.py at a06642d, with stand-ins for
-# quant/common.py and quant/types.py that give it QuantTensor (= tuple) alone.
+# quant/common.py and quant/types.py that give it QuantTensor (= tuple) alone;
+# since the thirty-fourth session quant/common.py is TileKernels' own (at
+# 251c38f) and quant/per_token_cast_kernel.py (at e5ecceb, its e5m6 import a
+# stub) serves the quantize_fp8 comparison.
 # They are public code that stays out of this repository: fetch them by hand.
 set -euo pipefail
 cd "$(dirname "$0")/.."
