@@ -562,6 +562,11 @@ def test_too_many_warps_for_one_launch():
      "QuantizeTuning.narrow_slot_columns_per_sm must be a number >= 0; got nan"),
     ({"narrow_slot_columns_per_sm": "8192"},
      "QuantizeTuning.narrow_slot_columns_per_sm must be a number >= 0; got '8192'"),
+    ({"resident_load_hint": 4}, "QuantizeTuning.resident_load_hint must be 0, 1, 2 or 3; got 4"),
+    ({"load_hint": -1}, "QuantizeTuning.load_hint must be 0, 1, 2 or 3; got -1"),
+    ({"load_hint": True}, "QuantizeTuning.load_hint must be 0, 1, 2 or 3; got True"),
+    ({"store_hint": 3}, "QuantizeTuning.store_hint must be 0, 1 or 2; got 3"),
+    ({"store_hint": "cs"}, "QuantizeTuning.store_hint must be 0, 1 or 2; got 'cs'"),
 ])
 def test_bad_tunings(kwargs, message):
     with pytest.raises(ValueError, match=re.escape(message)):
@@ -588,6 +593,13 @@ def test_tuning_defines():
                           packed_sf_word_stores=True).defines() == (
         ("QUANTIZE_SOFTWARE_E4M3", 1), ("QUANTIZE_ROWS_MIN_BLOCKS", 5),
         ("QUANTIZE_PACKED_WORD_STORES", 1))
+    # the cache hints: .cs takes no define; a call in half the L2 loads by
+    # resident_load_hint (.nc by default)
+    base = QuantizeTuning().defines()
+    assert QuantizeTuning().defines(resident=True) == (*base, ("VECTOR_LOAD_HINT", 3))
+    assert QuantizeTuning(resident_load_hint=0).defines(resident=True) == base
+    assert QuantizeTuning(load_hint=2, store_hint=1).defines() == (
+        *base, ("VECTOR_LOAD_HINT", 2), ("VECTOR_STORE_HINT", 1))
 
 
 # -- the host side of a launch, without a GPU -------------------------------------------
@@ -661,6 +673,38 @@ def test_a_plan_packs_what_the_kernel_reads(monkeypatch, swiglu):
     assert launches[-1][1] == shape.blocks and launches[-1][4] == shape.threads
     plan.launch(7, 0x1000, 0x2008, 0x3000, 0, 0, 0, 0)
     assert launches[-1][0] == f"{op}_bf16_any"
+
+
+@pytest.mark.parametrize(("num_rows", "hidden", "dtype", "swiglu", "resident"), [
+    # Qwen3-30B-A3B T = 4096: 16 MiB of bf16 rows, 8 MiB of codes, 256 KiB of
+    # scale factors: 24.25 MiB, within half of a 50 MiB L2
+    (4096, 2048, "bfloat16", False, True),
+    (4096, 2048, "float32", False, False),   # 40.25 MiB of rows and codes
+    (4096, 7168, "bfloat16", False, False),  # Kimi-K2 T = 4096: 85 MiB
+    (512, 7168, "bfloat16", False, True),
+    (2048, 2048, "bfloat16", True, True),    # h [X, 2I]: X * (8 + 2) KiB
+    (4096, 2048, "bfloat16", True, False),
+])
+def test_calls_in_half_the_l2_load_by_the_read_only_path(monkeypatch, num_rows, hidden, dtype,
+                                                          swiglu, resident):
+    """QuantizeTuning.resident_load_hint (.nc) where the rows read and the
+    codes and scale factors written fit in half the L2; evict-first
+    elsewhere, and wherever the L2's size is unknown."""
+    from cupy_moe.quantize.rules import QuantizeProblem
+    from cupy_moe.runtime.launch import DeviceTraits
+
+    gpu, _ = _fake_device(monkeypatch)
+    modules = []
+    monkeypatch.setattr(gpu, "function_handle",
+                        lambda source, defines, device, name: modules.append(dict(defines)))
+    problem = QuantizeProblem(num_rows=num_rows, hidden=hidden, in_dtype=dtype,
+                              num_per_channels=128, round_sf=False, packed_ue8m0=False,
+                              col_major=False, swiglu=swiglu)
+    for l2_bytes, expected in ((50 * 2**20, 3 if resident else None), (0, None)):
+        monkeypatch.setattr(gpu, "device_traits",
+                            lambda device, l2=l2_bytes: DeviceTraits(132, 9, 232448, False, l2))
+        gpu.QuantizePlan(problem, 0, DEFAULT_TUNING)
+        assert {m.get("VECTOR_LOAD_HINT") for m in modules[-2:]} == {expected}
 
 
 @pytest.mark.parametrize(("num_rows", "num_weights", "dtype", "kernel"), [

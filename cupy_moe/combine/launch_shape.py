@@ -86,7 +86,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from ..runtime.cache_hints import LOAD_HINTS, STORE_HINTS, hint_defines
+from ..runtime.cache_hints import LOAD_HINTS, STORE_HINTS, half_l2_holds, hint_defines
 from ..runtime.rules import require_int
 from ..runtime.sizes import ceil_div
 
@@ -297,8 +297,8 @@ def fits_half_l2(num_tokens: int, top_k: int, num_expanded: int, row_bytes: int,
     """Whether the rows a call can read (at most min(X, T * K)) and the rows it
     writes (T) fit in half of an L2 of ``l2_bytes`` (0: unknown, never).
     Shapes only, never the data."""
-    touched = (min(num_expanded, num_tokens * top_k) + num_tokens) * row_bytes
-    return 2 * touched <= l2_bytes
+    return half_l2_holds((min(num_expanded, num_tokens * top_k) + num_tokens) * row_bytes,
+                         l2_bytes)
 
 
 def _auto_shape(num_tokens: int, row_vecs: int, multiprocessors: int, top_k: int | None,

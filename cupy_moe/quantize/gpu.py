@@ -18,6 +18,7 @@ from cupy.cuda import driver
 
 from ..runtime.arrays import ArrayKind
 from ..runtime.bounded_cache import BoundedCache
+from ..runtime.cache_hints import half_l2_holds
 from ..runtime.gpu_arrays import gpu_library, raw_torch_stream_getter
 from ..runtime.launch import (
     ArgBlock,
@@ -141,7 +142,13 @@ class QuantizePlan:
             else:
                 self.shape = slot_shape._replace(threads=self.shape.threads,
                                                  blocks=self.shape.blocks)
-        defines = tuning.defines()
+        # the most the call reads (rows of x, or of h: 2I columns) and writes
+        # (codes, scale factors): where that fits in half the L2, x may still
+        # be there from its writer (QuantizeTuning.resident_load_hint)
+        item_bytes = 4 if problem.in_dtype == "float32" else 2
+        touched = problem.num_rows * (problem.hidden * item_bytes * (2 if problem.swiglu else 1)
+                                      + problem.hidden + 4 * problem.sf_blocks)
+        defines = tuning.defines(resident=half_l2_holds(touched, device_traits(device).l2_bytes))
         self.handles = {vector: function_handle(SOURCE, defines, device,
                                                 self.kernel_name(vector))
                         for vector in (True, False)}

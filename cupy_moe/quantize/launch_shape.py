@@ -27,6 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from ..runtime.cache_hints import LOAD_HINTS, STORE_HINTS, hint_defines
 from ..runtime.sizes import ceil_div
 
 __all__ = [
@@ -174,6 +175,15 @@ class QuantizeTuning:
     prefill SwiGLU 77.7 -> 79.9%, quantize_fp8 54.6 -> 56.1, but Kimi-K2
     prefill SwiGLU 87.0 -> 85.2 (no missing bytes there; the binary's
     schedule differs), medium shapes within the spread: a trade, off.
+    ``resident_load_hint``: the input rows' load hint (vector_access.cuh's
+    VECTOR_LOAD_HINT: 0 .cs, 1 plain, 2 .cg, 3 .nc) of calls whose bytes
+    (rows read, codes and scale factors written) fit in half the L2
+    (runtime.cache_hints.half_l2_holds), where the rows may still be there
+    from the kernel that wrote them; ``load_hint`` that of the others and
+    ``store_hint`` the codes' stores (0 .cs, 1 plain, 2 .cg). Measured
+    (thirty-fourth session, results/quantize_tk_h100.md, H100, µs a call in
+    a CUDA graph): quantize_fp8 on Qwen3 prefill (T = 4096, H = 2048:
+    25 MB) with evict-first loads 8.44, TileKernels' per_token_cast 5.83.
     """
 
     threads: int = 128
@@ -191,6 +201,9 @@ class QuantizeTuning:
     sf_column_tiles: bool = True
     packed_sf_tiles: bool = True
     packed_sf_word_stores: bool = False
+    resident_load_hint: int = 3
+    load_hint: int = 0
+    store_hint: int = 0
 
     def __post_init__(self) -> None:
         for name in ("threads", "small_threads"):
@@ -221,17 +234,29 @@ class QuantizeTuning:
                 type(width) is int and width in SEGMENT_WIDTHS for width in self.segment_columns):
             raise ValueError(f"QuantizeTuning.segment_columns must be a tuple of widths in "
                              f"{SEGMENT_WIDTHS}; got {self.segment_columns!r}")
+        for name, hints in (("resident_load_hint", LOAD_HINTS), ("load_hint", LOAD_HINTS),
+                            ("store_hint", STORE_HINTS)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or value not in range(len(hints)):
+                choices = ", ".join(str(i) for i in range(len(hints) - 1))
+                raise ValueError(f"QuantizeTuning.{name} must be {choices} or "
+                                 f"{len(hints) - 1}; got {value!r}")
         for name in ("software_e4m3", "sf_column_tiles", "packed_sf_tiles",
                      "packed_sf_word_stores"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"QuantizeTuning.{name} must be True or False; got "
                                 f"{getattr(self, name)!r}")
 
-    def defines(self) -> tuple[tuple[str, int], ...]:
-        """The compile-time part (the kernel source's QUANTIZE_* macros)."""
+    def defines(self, resident: bool = False) -> tuple[tuple[str, int], ...]:
+        """The compile-time part (the kernel source's QUANTIZE_* macros), and
+        the cache hints (VECTOR_LOAD_HINT, VECTOR_STORE_HINT) where not .cs:
+        ``resident_load_hint`` for a call that fits in half the L2
+        (``resident``), else ``load_hint``."""
+        load = self.resident_load_hint if resident else self.load_hint
         return (("QUANTIZE_SOFTWARE_E4M3", int(self.software_e4m3)),
                 ("QUANTIZE_ROWS_MIN_BLOCKS", int(self.rows_min_blocks)),
-                ("QUANTIZE_PACKED_WORD_STORES", int(self.packed_sf_word_stores)))
+                ("QUANTIZE_PACKED_WORD_STORES", int(self.packed_sf_word_stores)),
+                *hint_defines(int(load), int(self.store_hint)))
 
 
 def _require_number(name: str, value: object, *, positive: bool = False) -> None:

@@ -18,3 +18,12 @@ def hint_defines(load: int, store: int) -> tuple[tuple[str, int], ...]:
     (none for .cs)."""
     return tuple((name, int(index)) for name, index in (
         ("VECTOR_LOAD_HINT", load), ("VECTOR_STORE_HINT", store)) if index)
+
+
+def half_l2_holds(touched_bytes: int, l2_bytes: int) -> bool:
+    """Whether a call touching ``touched_bytes`` (the most it reads and
+    writes) fits in half of an L2 of ``l2_bytes`` (0: unknown, never): its
+    inputs may still be in L2 from the kernel that wrote them (a graph's next
+    call, a layer's previous op), where loads without the evict-first hint
+    find them. Sizes only, never the data: a CUDA graph can capture the call."""
+    return l2_bytes > 0 and 2 * touched_bytes <= l2_bytes
