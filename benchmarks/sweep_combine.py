@@ -35,7 +35,7 @@ import torch
 
 from cupy_moe.combine.api import run_with_shape
 from cupy_moe.harness.ab_sweep import pick_variants, pick_workloads, sweep_table
-from cupy_moe.harness.timing import GRAPH_CALLS, GpuTimer, torch_graph_us
+from cupy_moe.harness.timing import GpuTimer, WarmTimer
 
 # (vectors a thread owns, slots in flight): 8, 16 or 32 16-byte loads a thread
 # in flight; row chunks of 4 or 8 warps
@@ -99,17 +99,6 @@ def run_shape(w, inputs: dict, options: dict, outs: tuple | None) -> tuple:
     return (run_with_shape(inputs["expanded"], inputs["token_topk_to_pos"],
                            inputs.get("topk_weights"), row_scale=inputs.get("row_scale"),
                            out=outs[0] if outs else None, **options),)
-
-
-class WarmTimer(GpuTimer):
-    """``--warm``: GPU time per call replaying a CUDA graph of GRAPH_CALLS
-    calls (timing.torch_graph_us, as the bench's graph column), no L2 flush:
-    calls back to back, each finding in L2 what the last one left there.
-    (Events around single calls without the flush, the GPU spinning before
-    each, read 2-8x the graph figure on the H100: not used.)"""
-
-    def median_us(self, fn, iters: int, **kwargs) -> float:
-        return torch_graph_us(fn, GRAPH_CALLS, replays=max(3, iters // 5))
 
 
 FLOOR_ROW = "floor: index_select of the live rows + zeros of the all-dropped tokens"

@@ -1,6 +1,6 @@
 """A/B tunings of swiglu_quantize_fp8 (and quantize_fp8) on the manifest's workloads. GPU only.
 
-    python benchmarks/sweep_swiglu.py [--iters N] [--only LABEL ...] [--tunings TEXT ...]
+    python benchmarks/sweep_swiglu.py [--iters N] [--only LABEL ...] [--tunings TEXT ...] [--warm]
 
 Each ``QuantizeTuning`` below (block size, and the register budget of the
 row-major ``*_rows`` kernel: ``rows_min_blocks``) is first checked bit-exact
@@ -25,7 +25,7 @@ import torch  # noqa: F401  (runner._to_torch reads sys.modules["torch"])
 
 from cupy_moe.harness import runner
 from cupy_moe.harness.ab_sweep import pick_variants, pick_workloads, sweep_table
-from cupy_moe.harness.timing import GpuTimer
+from cupy_moe.harness.timing import GpuTimer, WarmTimer
 from cupy_moe.quantize.api import run_with_tuning
 from cupy_moe.quantize.launch_shape import QuantizeTuning
 
@@ -45,6 +45,10 @@ TUNINGS = [("default", QuantizeTuning()),
                                                                 packed_sf_word_stores=True)),
            *((f"rows_min_blocks={blocks}", QuantizeTuning(rows_min_blocks=blocks))
              for blocks in (5, 6, 8, 10)),
+           # row loads of the calls in half the L2 evict-first, as every other
+           # call's (the default before the thirty-fourth session), or plain
+           ("resident_load_hint=0", QuantizeTuning(resident_load_hint=0)),
+           ("resident_load_hint=1", QuantizeTuning(resident_load_hint=1)),
            # the default's 128 against the other block sizes (256 was the
            # default before the tenth session)
            *((f"threads={threads}", QuantizeTuning(threads=threads)) for threads in (64, 192, 256))]
@@ -70,12 +74,17 @@ def main() -> int:
     parser.add_argument("--tunings", nargs="*", metavar="TEXT",
                         help="only the tunings whose label contains one of these (the default "
                              "always runs)")
+    parser.add_argument("--warm", action="store_true",
+                        help="µs a call replaying a CUDA graph, no L2 flush (inputs that fit "
+                             "in L2 stay there from one call to the next)")
     args = parser.parse_args()
     tunings = pick_variants(TUNINGS, args.tunings, "--tunings", parser.error)
     workloads = pick_workloads(["swiglu_quantize_fp8", "quantize_fp8"], args.only,
                                parser.error)
-    timer = GpuTimer()
-    print("\n".join(sweep_table(workloads, tunings, run_tuning, timer, timer.copy_tbps(),
+    timer = WarmTimer() if args.warm else GpuTimer()
+    # the L2-flushed copy either way (a WarmTimer would time it in a graph)
+    copy_tbps = GpuTimer().copy_tbps() if args.warm else timer.copy_tbps()
+    print("\n".join(sweep_table(workloads, tunings, run_tuning, timer, copy_tbps,
                                 args.iters, "tuning", np.random.default_rng())))
     return 0
 

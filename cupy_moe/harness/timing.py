@@ -158,3 +158,14 @@ def torch_graph_us(fn: Callable[[], Any], calls: int = GRAPH_CALLS, replays: int
         end.synchronize()
         times.append(start.elapsed_time(end) * 1e3 / calls)
     return statistics.median(times)
+
+
+class WarmTimer(GpuTimer):
+    """The sweeps' ``--warm``: GPU time per call replaying a CUDA graph of
+    GRAPH_CALLS calls (``torch_graph_us``, as the bench's graph column), no
+    L2 flush: calls back to back, each finding in L2 what the last one left
+    there. (Events around single calls without the flush, the GPU spinning
+    before each, read 2-8x the graph figure on the H100: not used.)"""
+
+    def median_us(self, fn: Callable[[], Any], iters: int, **kwargs: Any) -> float:
+        return torch_graph_us(fn, GRAPH_CALLS, replays=max(3, iters // 5))
