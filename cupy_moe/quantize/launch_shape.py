@@ -183,7 +183,9 @@ class QuantizeTuning:
     ``store_hint`` the codes' stores (0 .cs, 1 plain, 2 .cg). Measured
     (thirty-fourth session, results/quantize_tk_h100.md, H100, µs a call in
     a CUDA graph): quantize_fp8 on Qwen3 prefill (T = 4096, H = 2048:
-    25 MB) with evict-first loads 8.44, TileKernels' per_token_cast 5.83.
+    25 MB) 8.44 with evict-first loads, 5.12 by the read-only path
+    (TileKernels' per_token_cast 5.83-6.00); with the L2 flushed 11.3 ->
+    11.6 across two machines (not yet A/B in one run).
     """
 
     threads: int = 128
