@@ -16,9 +16,11 @@ and the tests do that). ``--combine-shape`` (reduce_fused workloads only):
 launch-shape options of ``combine.launch_shape.combine_shape``, as
 sweep_combine.py names them, e.g. ``--combine-shape vecs_per_thread=2
 max_warps=4 bulk_stages=4`` for the bulk layout. ``--tilekernels``
-(reduce_fused workloads only): DeepSeek TileKernels' ``reduce_fused`` on the
-same inputs instead of ours (its sources importable: benchmarks/peer_setup.sh
-with .peers/tile_kernels/ carried), for a profile beside ours.
+(reduce_fused, quantize_fp8 and swiglu_quantize_fp8 workloads): DeepSeek
+TileKernels' op on the same inputs instead of ours, called as
+bench_combine_quantize.py calls it (its sources importable:
+benchmarks/peer_setup.sh with .peers/tile_kernels/ carried), for a profile
+beside ours.
 """
 
 from __future__ import annotations
@@ -57,25 +59,31 @@ def main() -> int:
     parser.add_argument("--combine-shape", type=shape_option, nargs="+", default=[],
                         metavar="NAME=VALUE")
     parser.add_argument("--tilekernels", action="store_true",
-                        help="TileKernels' reduce_fused instead of ours")
+                        help="TileKernels' op (reduce_fused, per_token_cast, "
+                             "swiglu_forward_and_per_token_cast) instead of ours")
     args_in = parser.parse_args()
     workloads = {w.label: w for op in ALL_OP_NAMES for w in load_workloads(op)}
     if args_in.label not in workloads:
         parser.error(f"unknown workload {args_in.label!r}")
     w = workloads[args_in.label]
-    if (args_in.combine_shape or args_in.tilekernels) and w.op != "reduce_fused":
-        parser.error(f"--combine-shape and --tilekernels are for reduce_fused workloads; "
-                     f"{w.label} is {w.op}")
+    if args_in.combine_shape and w.op != "reduce_fused":
+        parser.error(f"--combine-shape is for reduce_fused workloads; {w.label} is {w.op}")
+    if args_in.tilekernels:
+        # the bench's TileKernels calls (a sibling script: this one's folder is on sys.path)
+        from bench_combine_quantize import PEERS, peer_call, tilekernels_ops
+
+        if w.op not in PEERS:
+            parser.error(f"--tilekernels is for {', '.join(PEERS)} workloads; "
+                         f"{w.label} is {w.op}")
     host = workload_inputs(w, np.random.default_rng(0))
     args = {name: runner._to_torch(array) for name, array in host.items()}
     if args_in.tilekernels:
-        from tile_kernels.moe.reduce_fused_kernel import reduce_fused
-
-        expanded = args["expanded"]
-        x = (expanded, args["row_scale"]) if "row_scale" in args else expanded
-        out = expanded.new_empty((w.num_tokens, w.hidden))
+        peer = tilekernels_ops()[w.op]
+        if isinstance(peer, str):
+            parser.error(f"TileKernels' {PEERS[w.op][1]} cannot be imported: {peer}")
+        timed, _ = peer_call(w.op, peer, w, args)
         for _ in range(args_in.calls):
-            reduce_fused(x, args.get("topk_weights"), args["token_topk_to_pos"], out=out)
+            timed()
         torch.cuda.synchronize()
         return 0
     if args_in.combine_shape:
