@@ -45,6 +45,11 @@ TUNINGS = [("default", QuantizeTuning()),
                                                                 packed_sf_word_stores=True)),
            *((f"rows_min_blocks={blocks}", QuantizeTuning(rows_min_blocks=blocks))
              for blocks in (5, 6, 8, 10)),
+           # quantize_fp8's column-major / packed SF: *_vec below this many
+           # rows instead of *_tiles (thirty-fourth session: Kimi-K2 T = 1
+           # and 512 behind TileKernels on *_tiles)
+           *((f"tiles_from_rows={rows}", QuantizeTuning(tiles_from_rows=rows))
+             for rows in (8, 1024, 8192)),
            # row loads of the calls in half the L2 evict-first, as every other
            # call's (the default before the thirty-fourth session), or plain
            ("resident_load_hint=0", QuantizeTuning(resident_load_hint=0)),

@@ -381,6 +381,22 @@ def test_tiles_only_where_asked_for(hidden, npc, swiglu, sf, tuning, tiles):
         assert shape.vec_blocks * shape.vec_threads == 512 * (hidden // 128) * 32
 
 
+@pytest.mark.parametrize("sf", ["col-f32", "packed"])
+def test_tiles_from_rows_keeps_smaller_calls_on_vec(sf):
+    """tiles_from_rows: *_tiles from that many rows on, *_vec below (its
+    grid: a warp 32 lanes x 32 columns of the [R, H] output)."""
+    tuning = QuantizeTuning(tiles_from_rows=1024)
+    for num_rows, tiles in ((1, False), (512, False), (1023, False), (1024, True),
+                            (4096, True)):
+        shape = launch_shape(num_rows, 7168, 128, 132, tuning, sf_layout=SF_LAYOUT_NAMES[sf])
+        assert shape.tiles == tiles
+        assert shape == launch_shape(num_rows, 7168, 128, 132, QuantizeTuning(
+            sf_column_tiles=tiles, packed_sf_tiles=tiles, tiles_from_rows=1024),
+            sf_layout=SF_LAYOUT_NAMES[sf])
+    assert launch_shape(1, 7168, 128, 132, DEFAULT_TUNING,
+                        sf_layout=SF_LAYOUT_NAMES[sf]).tiles  # 0: every call
+
+
 def test_a_plan_launches_tiles_for_column_major_float32_sf(monkeypatch):
     from cupy_moe.quantize.rules import QuantizeProblem
 
@@ -562,6 +578,8 @@ def test_too_many_warps_for_one_launch():
      "QuantizeTuning.narrow_slot_columns_per_sm must be a number >= 0; got nan"),
     ({"narrow_slot_columns_per_sm": "8192"},
      "QuantizeTuning.narrow_slot_columns_per_sm must be a number >= 0; got '8192'"),
+    ({"tiles_from_rows": -1}, "QuantizeTuning.tiles_from_rows must be an int >= 0; got -1"),
+    ({"tiles_from_rows": 1.5}, "QuantizeTuning.tiles_from_rows must be an int >= 0; got 1.5"),
     ({"resident_load_hint": 4}, "QuantizeTuning.resident_load_hint must be 0, 1, 2 or 3; got 4"),
     ({"load_hint": -1}, "QuantizeTuning.load_hint must be 0, 1, 2 or 3; got -1"),
     ({"load_hint": True}, "QuantizeTuning.load_hint must be 0, 1, 2 or 3; got True"),

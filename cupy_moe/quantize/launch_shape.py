@@ -175,6 +175,12 @@ class QuantizeTuning:
     prefill SwiGLU 77.7 -> 79.9%, quantize_fp8 54.6 -> 56.1, but Kimi-K2
     prefill SwiGLU 87.0 -> 85.2 (no missing bytes there; the binary's
     schedule differs), medium shapes within the spread: a trade, off.
+    ``tiles_from_rows``: ``*_tiles`` (either of the two above) only for
+    calls of at least this many rows; fewer take ``*_vec``. 0: every call.
+    A sweep option (thirty-fourth session): beside TileKernels' per_token_cast
+    on the H100, Kimi-K2 column-major at T = 1 and 512 ran 11% behind on
+    ``*_tiles`` while row-major (``*_vec``) ran ahead
+    (results/quantize_tk_h100.md); not measured yet.
     ``resident_load_hint``: the input rows' load hint (vector_access.cuh's
     VECTOR_LOAD_HINT: 0 .cs, 1 plain, 2 .cg, 3 .nc) of calls whose bytes
     (rows read, codes and scale factors written) fit in half the L2
@@ -203,6 +209,7 @@ class QuantizeTuning:
     sf_column_tiles: bool = True
     packed_sf_tiles: bool = True
     packed_sf_word_stores: bool = False
+    tiles_from_rows: int = 0
     resident_load_hint: int = 3
     load_hint: int = 0
     store_hint: int = 0
@@ -222,10 +229,10 @@ class QuantizeTuning:
                 self.rows_min_blocks, int) or not 0 <= self.rows_min_blocks <= 32:
             raise ValueError(f"QuantizeTuning.rows_min_blocks must be an int in 0 .. 32; got "
                              f"{self.rows_min_blocks!r}")
-        if isinstance(self.narrow_live_rows, bool) or not isinstance(
-                self.narrow_live_rows, int) or self.narrow_live_rows < 0:
-            raise ValueError(f"QuantizeTuning.narrow_live_rows must be an int >= 0; got "
-                             f"{self.narrow_live_rows!r}")
+        for name in ("narrow_live_rows", "tiles_from_rows"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"QuantizeTuning.{name} must be an int >= 0; got {value!r}")
         _require_number("block_rows_from_bytes", self.block_rows_from_bytes)
         _require_number("block_rows_blocks_per_sm", self.block_rows_blocks_per_sm,
                         positive=True)
@@ -333,7 +340,8 @@ def launch_shape(num_rows: int, hidden: int, num_per_channels: int, multiprocess
     quantize_fp8 with column-major float32 scale factors
     (``SF_COL_MAJOR_F32``) and ``tuning.sf_column_tiles``, or packed UE8M0
     (``SF_COL_MAJOR_UE8M0``) and ``tuning.packed_sf_tiles``, where H % 128
-    == 0: *_tiles' grid (a warp an 8 x 128 tile)."""
+    == 0 and there are at least ``tuning.tiles_from_rows`` rows: *_tiles'
+    grid (a warp an 8 x 128 tile)."""
     if type(sf_layout) is not int or sf_layout not in SF_LAYOUTS:
         raise ValueError(f"sf_layout must be one of {SF_LAYOUTS}; got {sf_layout!r}")
     lanes_per_block = num_per_channels // LANE_COLUMNS
@@ -352,7 +360,8 @@ def launch_shape(num_rows: int, hidden: int, num_per_channels: int, multiprocess
     passes = max(1, ceil_div(hidden, width or SEGMENT_COLUMNS))
     tiles = (((sf_layout == SF_COL_MAJOR_F32 and tuning.sf_column_tiles)
               or (sf_layout == SF_COL_MAJOR_UE8M0 and tuning.packed_sf_tiles)) and not swiglu
-             and hidden % TILE_COLUMNS == 0 and hidden % num_per_channels == 0)
+             and hidden % TILE_COLUMNS == 0 and hidden % num_per_channels == 0
+             and num_rows >= tuning.tiles_from_rows)
     if tiles:
         passes = hidden // TILE_COLUMNS
     if (hidden % num_per_channels == 0 and narrow
