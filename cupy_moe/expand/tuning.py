@@ -11,7 +11,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-from ..runtime.cache_hints import LOAD_HINTS, STORE_HINTS, hint_defines
+from ..runtime.cache_hints import (
+    LOAD_HINTS,
+    STORE_HINTS,
+    hint_defines,
+    require_hint_index,
+)
 
 __all__ = ["ExpandTuning", "DEFAULT_TUNING"]
 
@@ -244,10 +249,7 @@ class ExpandTuning:
                              f"{self.threads} threads room on an SM (at most "
                              f"{2048 // self.threads}); got {self.register_min_blocks}")
         for name, hints in (("load_hint", LOAD_HINTS), ("store_hint", STORE_HINTS)):
-            if getattr(self, name) not in range(len(hints)):
-                choices = ", ".join(str(i) for i in range(len(hints) - 1))
-                raise ValueError(f"ExpandTuning.{name} must be {choices} or "
-                                 f"{len(hints) - 1}; got {getattr(self, name)!r}")
+            require_hint_index("ExpandTuning", name, getattr(self, name), hints)
         if self.zero_fill_runs not in (0, 1, 2):
             raise ValueError(f"ExpandTuning.zero_fill_runs must be 0, 1 or 2; "
                              f"got {self.zero_fill_runs!r}")

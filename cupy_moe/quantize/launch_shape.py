@@ -27,7 +27,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from ..runtime.cache_hints import LOAD_HINTS, STORE_HINTS, hint_defines
+from ..runtime.cache_hints import (
+    LOAD_HINTS,
+    STORE_HINTS,
+    hint_defines,
+    require_hint_index,
+)
 from ..runtime.sizes import ceil_div
 
 __all__ = [
@@ -245,11 +250,7 @@ class QuantizeTuning:
                              f"{SEGMENT_WIDTHS}; got {self.segment_columns!r}")
         for name, hints in (("resident_load_hint", LOAD_HINTS), ("load_hint", LOAD_HINTS),
                             ("store_hint", STORE_HINTS)):
-            value = getattr(self, name)
-            if isinstance(value, bool) or value not in range(len(hints)):
-                choices = ", ".join(str(i) for i in range(len(hints) - 1))
-                raise ValueError(f"QuantizeTuning.{name} must be {choices} or "
-                                 f"{len(hints) - 1}; got {value!r}")
+            require_hint_index("QuantizeTuning", name, getattr(self, name), hints)
         for name in ("software_e4m3", "sf_column_tiles", "packed_sf_tiles",
                      "packed_sf_word_stores"):
             if not isinstance(getattr(self, name), bool):

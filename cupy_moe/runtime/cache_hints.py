@@ -20,6 +20,15 @@ def hint_defines(load: int, store: int) -> tuple[tuple[str, int], ...]:
         ("VECTOR_LOAD_HINT", load), ("VECTOR_STORE_HINT", store)) if index)
 
 
+def require_hint_index(owner: str, name: str, value: object, hints: tuple[str, ...]) -> None:
+    """ValueError unless ``value`` is an index into ``hints`` (a tuning's hint
+    field, ``owner.name``; a bool is not one)."""
+    if isinstance(value, bool) or value not in range(len(hints)):
+        choices = ", ".join(str(i) for i in range(len(hints) - 1))
+        raise ValueError(f"{owner}.{name} must be {choices} or {len(hints) - 1}; "
+                         f"got {value!r}")
+
+
 def half_l2_holds(touched_bytes: int, l2_bytes: int) -> bool:
     """Whether a call touching ``touched_bytes`` (the most it reads and
     writes) fits in half of an L2 of ``l2_bytes`` (0: unknown, never): its
