@@ -50,6 +50,10 @@ TUNINGS = [("default", QuantizeTuning()),
            # and 512 behind TileKernels on *_tiles)
            *((f"tiles_from_rows={rows}", QuantizeTuning(tiles_from_rows=rows))
              for rows in (8, 1024, 8192)),
+           # quantize_fp8: *_vec1 (a lane a 16-byte chunk) up to this many
+           # columns an SM (default 4096), never, always
+           *((f"vec1_columns_per_sm={columns}", QuantizeTuning(vec1_columns_per_sm=columns))
+             for columns in (0, 1024, 16384, float("inf"))),
            # row loads of the calls in half the L2 evict-first, as every other
            # call's (the default before the thirty-fourth session), or plain
            ("resident_load_hint=0", QuantizeTuning(resident_load_hint=0)),

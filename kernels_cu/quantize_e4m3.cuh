@@ -66,14 +66,20 @@ __device__ __forceinline__ unsigned quant_e4m3x4(float a, float b, float c, floa
 // Scale factor and scale of a block whose NaN-free |v| maximum is amax:
 // amax floored at 1e-4, sf = amax / 448; round_sf rounds sf's bits up to a
 // power of two and takes scale = 1 / sf, else scale = 448 / amax. (IEEE
-// divisions; an infinite amax gives sf = inf, scale = 0.)
+// divisions; an infinite amax gives sf = inf, scale = 0.) With round_sf,
+// 1 / sf is exact and written from sf's exponent, not divided: sf = 2^(E -
+// 127) with E in [105, 247] (1e-4 / 448 <= sf <= 2^120, as float32's
+// largest / 448 rounds up to 2^120), so 1 / sf = 2^(127 - E), whose bits
+// are (254 - E) << 23; or sf = inf (E = 255): 0. A division after the
+// division would be the last link of a decode call's critical path.
 __device__ __forceinline__ void quant_block_scales(float amax, bool round_sf, float& sf,
                                                    float& scale) {
     amax = fmaxf(amax, QUANT_AMAX_FLOOR);
     sf = __fdiv_rn(amax, QUANT_E4M3_MAX);
     if (round_sf) {
-        sf = __uint_as_float((__float_as_uint(sf) + 0x7FFFFFu) & 0x7F800000u);
-        scale = __fdiv_rn(1.0f, sf);
+        const unsigned bits = (__float_as_uint(sf) + 0x7FFFFFu) & 0x7F800000u;
+        sf = __uint_as_float(bits);
+        scale = bits == 0x7F800000u ? 0.0f : __uint_as_float((254u << 23) - bits);
     } else {
         scale = __fdiv_rn(QUANT_E4M3_MAX, amax);
     }

@@ -184,9 +184,11 @@ def test_swiglu_by_slot_equals_the_rows_kernels(monkeypatch, rng, tuning_name):
 
 @pytest.mark.parametrize("layout", sorted(SF_LAYOUTS))
 @pytest.mark.parametrize(("hidden", "dtype", "tuning"), [
-    (7168, "bfloat16", QuantizeTuning()),
-    (2048, "float32", QuantizeTuning()),
-    (4096, "bfloat16", QuantizeTuning(packed_sf_tiles=False)),
+    (7168, "bfloat16", QuantizeTuning()),   # 37 rows: 2,009 columns an SM, *_vec / *_tiles
+    (2048, "float32", QuantizeTuning()),    # 574 columns an SM: *_vec1
+    (7168, "bfloat16", QuantizeTuning(vec1_columns_per_sm=math.inf)),   # *_vec1
+    (2048, "float32", QuantizeTuning(vec1_columns_per_sm=0)),   # *_vec / *_tiles
+    (4096, "bfloat16", QuantizeTuning(packed_sf_tiles=False, vec1_columns_per_sm=0)),
     (100, "bfloat16", QuantizeTuning()),   # H % npc != 0: the element-access kernel
 ])
 def test_quantize_matches_the_oracle(monkeypatch, rng, layout, hidden, dtype, tuning):
@@ -201,8 +203,34 @@ def test_quantize_matches_the_oracle(monkeypatch, rng, layout, hidden, dtype, tu
     gpu = emulated_gpu(monkeypatch, seed=int(rng.integers(1, 2**62)))
     got = quantize_with_tuning(tuning, "quantize_fp8", x, **settings)
     gpu.check_canaries()
+    wide = 37 * hidden > tuning.vec1_columns_per_sm * 132   # an H200's SMs
+    tiles = tuning.packed_sf_tiles if packed else col_major and tuning.sf_column_tiles
+    kernel = "any" if hidden % 128 else "vec1" if not wide else "tiles" if tiles else "vec"
+    assert gpu.launches[-1].endswith(f"_{kernel}"), gpu.launches
     np.testing.assert_array_equal(got[0].view(np.uint8), want[0].view(np.uint8))
     np.testing.assert_array_equal(np.asarray(got[1]), want[1])
+
+
+@pytest.mark.parametrize("layout", ["col-f32", "col-ue8m0"])
+@pytest.mark.parametrize("num_rows", [1, 2, 3, 4, 5, 6, 7])
+@pytest.mark.parametrize("tuning", [QuantizeTuning(), QuantizeTuning(vec1_columns_per_sm=0)],
+                         ids=["vec1", "tiles"])
+def test_quantize_last_row_and_pad_columns(monkeypatch, rng, layout, num_rows, tuning):
+    """Row R-1's column-major scale factors and the pad columns after it (1
+    to 4 words: store_group_tail's every case), in a poisoned SF buffer."""
+    packed, col_major, round_sf = SF_LAYOUTS[layout]
+    x = (rng.standard_normal((num_rows, 640)).astype(np.float32) * 10).astype(ml_dtypes.bfloat16)
+    settings = {"num_per_channels": 128, "round_sf": round_sf, "packed_ue8m0": packed,
+                "use_tma_aligned_col_major_sf": col_major}
+    want = quantize_fp8_numpy(x, **settings)
+    gpu = emulated_gpu(monkeypatch, seed=int(rng.integers(1, 2**62)))
+    got = quantize_with_tuning(tuning, "quantize_fp8", x, **settings)
+    gpu.check_canaries()
+    assert gpu.launches[-1].endswith("_vec1" if tuning.vec1_columns_per_sm else "_tiles")
+    # (7 rows of 640 columns: 34 an SM, *_vec1 by default)
+    np.testing.assert_array_equal(got[0].view(np.uint8), want[0].view(np.uint8))
+    np.testing.assert_array_equal(np.asarray(got[1]), want[1])
+    assert (_sf_pad_columns(np.asarray(got[1])) == 0).all()   # written over the poison
 
 
 GATHER = ExpandTuning(gather_x_bytes_below=float("inf"))

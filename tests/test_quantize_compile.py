@@ -16,6 +16,7 @@ from cupy_moe.runtime.loader import compile_for_arch, compile_options, kernel_di
 KERNELS = [*(f"{op}_{dtype}_{access}" for op in ("quantize_fp8", "swiglu_quantize_fp8")
              for dtype in ("bf16", "f32") for access in ("vec", "any")),
            "quantize_fp8_bf16_tiles", "quantize_fp8_f32_tiles",
+           "quantize_fp8_bf16_vec1", "quantize_fp8_f32_vec1",
            *(f"swiglu_quantize_fp8_{dtype}_{rows}" for dtype in ("bf16", "f32")
              for rows in ("rows", "rows768"))]
 # the few-live-rows kernels, and the *_slots twins of the coalesced swiglu ones
@@ -50,6 +51,10 @@ def test_the_gpu_backend_names_only_compiled_kernels():
              for dtype in ("bfloat16", "uint16", "float32") for swiglu in (False, True)
              for vector in (False, True) for rows in (False, True) for width in SEGMENT_WIDTHS
              for tiles in (False, True)}
+    # quantize_fp8's few-columns kernel
+    names |= {kernel_name(QuantizeProblem(1, 1, dtype, 128, False, False, col_major), True,
+                          narrow="vec1")
+              for dtype in ("bfloat16", "float32") for col_major in (False, True)}
     assert names == set(KERNELS)
     # swiglu's few-live-rows kernels and the *_slots twins (never of *_block_rows)
     swiglu_names = {kernel_name(QuantizeProblem(1, 1, dtype, 128, False, False, False,

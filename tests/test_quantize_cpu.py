@@ -26,7 +26,7 @@ from quantize_cases import (
 
 import cupy_moe
 from cupy_moe.quantize import dequantize_fp8_numpy, quantize_fp8, swiglu_quantize_fp8
-from cupy_moe.quantize.numerics import encode_e4m3
+from cupy_moe.quantize.numerics import AMAX_FLOOR, block_scales, encode_e4m3
 
 
 def quantize(x, layout, npc, **kwargs):
@@ -160,6 +160,22 @@ def test_round_sf_gives_powers_of_two_and_exact_inverse_scales(rng):
     assert not (bits & 0x7FFFFF).any(), "round_sf scale factors must be powers of two"
     _, sf_plain = quantize_fp8(x)
     assert (sf >= sf_plain).all() and (sf < 2 * sf_plain).all()
+
+
+def test_round_sf_inverse_from_the_exponent_equals_the_division():
+    """quant_block_scales (quantize_e4m3.cuh) writes round_sf's 1 / sf from
+    sf's exponent bits E, (254 - E) << 23 (inf: 0), where the oracle divides:
+    the same bits on every rounded sf the floor and float32's range allow."""
+    lowest, highest = (block_scales(np.array([amax], dtype=np.float32), round_sf=True)[0]
+                       for amax in (AMAX_FLOOR, np.finfo(np.float32).max))
+    exponents = (int(lowest.view(np.uint32)[0]) >> 23, int(highest.view(np.uint32)[0]) >> 23)
+    assert exponents == (105, 247)
+    bits = np.arange(exponents[0], exponents[1] + 1, dtype=np.uint32) << 23
+    bits = np.append(bits, np.uint32(0x7F800000))   # an infinite amax
+    from_exponent = np.where(bits == 0x7F800000, np.uint32(0), np.uint32(254 << 23) - bits)
+    with np.errstate(divide="ignore"):
+        divided = (np.float32(1.0) / bits.view(np.float32)).view(np.uint32)
+    assert_bits_equal(from_exponent, divided)
 
 
 # -- layouts ------------------------------------------------------------------------

@@ -35,23 +35,32 @@ from cupy_moe.quantize.launch_shape import QuantizeTuning
 pytestmark = GPU_MARKS
 
 SOFTWARE = QuantizeTuning(software_e4m3=True)
+# quantize_fp8 with no call on *_vec1: most cases here are small enough for
+# it by default (vec1_columns_per_sm), so the wide kernels' tunings take this
+WIDE = {"vec1_columns_per_sm": 0}
 # the software e4m3 variant and both block sizes on every grid
 # (rows_min_blocks=5: SwiGLU's *_rows compiled to 46 registers)
-TUNINGS = [None, SOFTWARE, QuantizeTuning(threads=32, small_threads=32),
-           QuantizeTuning(threads=256, small_threads=256, full_blocks_from=0.0),
+TUNINGS = [None, SOFTWARE, QuantizeTuning(software_e4m3=True, **WIDE),
+           QuantizeTuning(threads=32, small_threads=32),
+           QuantizeTuning(threads=32, small_threads=32, **WIDE),
+           QuantizeTuning(threads=256, small_threads=256, full_blocks_from=0.0, **WIDE),
            QuantizeTuning(rows_min_blocks=5),
+           # quantize_fp8: never / always *_vec1
+           QuantizeTuning(**WIDE),
+           QuantizeTuning(vec1_columns_per_sm=math.inf),
            # swiglu's row-major kernels, 768-column segments first (*_rows768 for
            # I = 3072 too), and never (*_vec)
            QuantizeTuning(segment_columns=(768, 1024), narrow_live_rows=0),
            QuantizeTuning(segment_columns=(), narrow_live_rows=0),
            # quantize_fp8's column-major float32 SF on *_vec (the default takes
            # *_tiles where H % 128 == 0)
-           QuantizeTuning(sf_column_tiles=False),
+           QuantizeTuning(sf_column_tiles=False, **WIDE),
            # ... packed UE8M0 SF on *_vec (the default: *_tiles), and its last
            # word's bytes in one store (off by default)
-           QuantizeTuning(packed_sf_tiles=False),
+           QuantizeTuning(packed_sf_tiles=False, **WIDE),
            QuantizeTuning(packed_sf_word_stores=True),
-           QuantizeTuning(packed_sf_tiles=False, packed_sf_word_stores=True),
+           QuantizeTuning(packed_sf_word_stores=True, **WIDE),
+           QuantizeTuning(packed_sf_tiles=False, packed_sf_word_stores=True, **WIDE),
            # swiglu: never / always the few-live-rows kernels (*_vec1; *_block_rows,
            # a row a block on small X, and up to 32 rows a block, the last partial)
            QuantizeTuning(narrow_live_rows=0),

@@ -4,6 +4,7 @@ factor exactly once, as kernels_cu/quantize.cu computes its indices."""
 
 from __future__ import annotations
 
+import itertools
 import math
 import re
 
@@ -524,7 +525,13 @@ def test_decode_and_prefill_shapes():
     # ... from 1 MiB, *_block_rows (Kimi-K2: X = 1024, I = 2048)
     kimi = launch_shape(1024, 2048, 128, 132, swiglu=True, narrow_columns=8)
     assert kimi.narrow and (kimi.block_rows, kimi.vec_blocks, kimi.vec_threads) == (8, 128, 256)
-    assert not launch_shape(9, 2048, 128, 132, narrow_columns=8).narrow  # quantize_fp8: never
+    # quantize_fp8 given narrow_columns (few columns an SM): *_vec1, never
+    # *_block_rows (even from 1 MiB), never *_tiles, whatever the SF layout
+    for layout in (SF_ROW_MAJOR_F32, SF_COL_MAJOR_F32, SF_COL_MAJOR_UE8M0):
+        for rows in (9, 1024):
+            few = launch_shape(rows, 2048, 128, 132, narrow_columns=8, sf_layout=layout)
+            assert few.narrow and not few.block_rows and not few.tiles and not few.rows
+            assert few.vec_blocks * few.vec_threads == rows * 2048 // 8
 
 
 @pytest.mark.parametrize("bad", [3, -1, True, None])
@@ -572,6 +579,10 @@ def test_too_many_warps_for_one_launch():
      "QuantizeTuning.by_slot_from_rows_per_slot must be a number >= 0; got nan"),
     ({"by_slot_from_rows_per_slot": True},
      "QuantizeTuning.by_slot_from_rows_per_slot must be a number >= 0; got True"),
+    ({"vec1_columns_per_sm": -1},
+     "QuantizeTuning.vec1_columns_per_sm must be a number >= 0; got -1"),
+    ({"vec1_columns_per_sm": True},
+     "QuantizeTuning.vec1_columns_per_sm must be a number >= 0; got True"),
     ({"narrow_slot_columns_per_sm": -0.5},
      "QuantizeTuning.narrow_slot_columns_per_sm must be a number >= 0; got -0.5"),
     ({"narrow_slot_columns_per_sm": float("nan")},
@@ -660,9 +671,11 @@ def test_a_plan_packs_what_the_kernel_reads(monkeypatch, swiglu):
     problem = QuantizeProblem(num_rows=9, hidden=7168, in_dtype="bfloat16", num_per_channels=128,
                               round_sf=True, packed_ue8m0=True, col_major=True, swiglu=swiglu,
                               num_weights=24 if swiglu else -1, has_pos_to_expert=swiglu)
-    # (narrow_live_rows=0: 9 live rows would take *_vec1, the test below;
-    # packed_sf_tiles=False: quantize_fp8's packed SF would take *_tiles, tested above)
+    # (narrow_live_rows=0 / vec1_columns_per_sm=0: 9 rows would take
+    # *_vec1, the tests below; packed_sf_tiles=False: quantize_fp8's packed
+    # SF would take *_tiles, tested above)
     plan = gpu.QuantizePlan(problem, 0, QuantizeTuning(narrow_live_rows=0,
+                                                       vec1_columns_per_sm=0,
                                                        packed_sf_tiles=False))
     plan.launch(7, 0x1000, 0x2000, 0x3000, 0x4000, 0x5000, 0x6000, 0x7000)
     op = "swiglu_quantize_fp8" if swiglu else "quantize_fp8"
@@ -872,18 +885,27 @@ def test_plan_kernels_by_dtype_width_and_layout(monkeypatch):
     from cupy_moe.quantize.rules import QuantizeProblem
 
     gpu, launches = _fake_device(monkeypatch)
-    for hidden, dtype, layout, col_major, packed in (
-            (1000, "float32", 0, False, False), (1024, "uint16", 1, True, False)):
+    wide = QuantizeTuning(vec1_columns_per_sm=0)  # no call takes *_vec1
+    for (hidden, dtype, layout, col_major, packed), tuning in itertools.product((
+            (1000, "float32", 0, False, False), (1024, "uint16", 1, True, False),
+            (1024, "float32", 2, True, True)), (DEFAULT_TUNING, wide)):
         problem = QuantizeProblem(5, hidden, dtype, 32, packed, packed, col_major)
-        plan = gpu.QuantizePlan(problem, 0, DEFAULT_TUNING)
+        plan = gpu.QuantizePlan(problem, 0, tuning)
         plan.launch(0, 0x1000, 0x2000, 0x3000, 0, 0, 0, 0)
         name = f"quantize_fp8_{'f32' if dtype == 'float32' else 'bf16'}_"
-        # column-major float32 SF with H % 128 == 0: *_tiles (the default)
-        assert launches[-1][0] == name + ("any" if hidden % 32 else "tiles" if col_major
-                                          else "vec")
+        # 5 rows: *_vec1 by default, whatever the layout; else column-major
+        # SF with H % 128 == 0 take *_tiles (the default), row-major *_vec
+        assert launches[-1][0] == name + ("any" if hidden % 32 else "vec1" if tuning is not wide
+                                          else "tiles" if col_major else "vec")
         fields = _packed_fields(gpu, plan)
         assert fields["sf_layout"] == layout and fields["group_log2"] == 0
         assert fields["sf_ld"] == 8 and fields["sf_blocks"] == -(-hidden // 32)
+    # *_vec1 up to vec1_columns_per_sm columns an SM (132 SMs here), *_vec past them
+    tuning = QuantizeTuning(vec1_columns_per_sm=64.0)
+    for rows, kernel in ((66, "vec1"), (67, "vec")):
+        problem = QuantizeProblem(rows, 128, "uint16", 128, False, False, False)
+        gpu.QuantizePlan(problem, 0, tuning).launch(0, 0x1000, 0x2000, 0x3000, 0, 0, 0, 0)
+        assert launches[-1][0] == f"quantize_fp8_bf16_{kernel}", rows
     problem = QuantizeProblem(0, 100, "float32", 128, False, False, True)
     count = len(launches)
     gpu.QuantizePlan(problem, 0, DEFAULT_TUNING).launch(0, 0x1000, 0x2000, 0x3000, 0, 0, 0, 0)

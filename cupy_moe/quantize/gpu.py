@@ -57,8 +57,8 @@ def kernel_name(problem: QuantizeProblem, vector: bool, rows: bool = False,
                 narrow: str = "", segment_columns: int = SEGMENT_COLUMNS,
                 tiles: bool = False, by_slot: bool = False) -> str:
     """The kernel: coalesced (``vector``; swiglu's row-major one with ``rows``,
-    ``*_rows768`` with 768-column segments, its few-live-rows one with
-    ``narrow``, ``"vec1"`` or ``"block_rows"``; quantize_fp8's ``*_tiles``
+    ``*_rows768`` with 768-column segments, the few-rows one with
+    ``narrow``, ``"vec1"`` or swiglu's ``"block_rows"``; quantize_fp8's ``*_tiles``
     with ``tiles``; swiglu's ``*_slots`` twin of ``*_vec``, ``*_vec1``,
     ``*_rows`` or ``*_rows768`` with ``by_slot``) or element accesses."""
     op = "swiglu_quantize_fp8" if problem.swiglu else "quantize_fp8"
@@ -102,14 +102,18 @@ class QuantizePlan:
         # live rows, at most: T * K with weights (the rest are padding), else X
         live_rows = (min(problem.num_rows, problem.num_weights) if problem.num_weights >= 0
                      else problem.num_rows)
-        # few live rows: at most narrow_live_rows, or (padding rows not
-        # written) few for the codes around them
-        narrow = problem.swiglu and (
-            live_rows <= tuning.narrow_live_rows
-            or (not problem.zero_padding and problem.num_rows * problem.hidden
-                >= tuning.unzeroed_block_rows_from_bytes * live_rows))
-        columns = 4 if problem.in_dtype == "float32" else 8  # a 16-byte chunk
         multiprocessors = device_traits(device).multiprocessors
+        # swiglu, few live rows: at most narrow_live_rows, or (padding rows
+        # not written) few for the codes around them; quantize_fp8: few
+        # columns an SM
+        if problem.swiglu:
+            narrow = (live_rows <= tuning.narrow_live_rows
+                      or (not problem.zero_padding and problem.num_rows * problem.hidden
+                          >= tuning.unzeroed_block_rows_from_bytes * live_rows))
+        else:
+            narrow = (problem.num_rows * problem.hidden
+                      <= tuning.vec1_columns_per_sm * multiprocessors)
+        columns = 4 if problem.in_dtype == "float32" else 8  # a 16-byte chunk
         try:
             self.shape: QuantizeShape = launch_shape(
                 problem.num_rows, problem.hidden, problem.num_per_channels, multiprocessors,

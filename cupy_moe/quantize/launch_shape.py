@@ -186,6 +186,18 @@ class QuantizeTuning:
     on the H100, Kimi-K2 column-major at T = 1 and 512 ran 11% behind on
     ``*_tiles`` while row-major (``*_vec``) ran ahead
     (results/quantize_tk_h100.md); not measured yet.
+    ``vec1_columns_per_sm``: quantize_fp8 calls with at most this many
+    columns an SM (R * H / SMs) take ``*_vec1`` (a lane one 16-byte chunk),
+    whatever their scale-factor layout, in place of ``*_vec`` / ``*_tiles``:
+    at decode a lane's arithmetic over 32 columns is most of the kernel's
+    critical path, as in swiglu's ``narrow_live_rows``. 0: never, inf:
+    always. Measured (thirty-fifth session, µs a call in a CUDA graph,
+    ``*_vec`` / ``*_tiles`` -> ``*_vec1``, results/quantize_decode_h100.md):
+    Kimi-K2 T = 1 (54 columns an SM) on the H100 row-major 1.61 -> 1.48,
+    column-major 1.95 -> 1.70, packed 2.05 -> 1.79 (TileKernels'
+    per_token_cast 1.73 / 1.69 / 1.59); T = 4 and 16 0.07-0.2 faster; on
+    the H200 T = 64 (3,475 an SM) column-major and packed lost 0.1 and
+    Qwen3 T = 128 (1,986) 0.07, T = 64 (993) level: hence 1024.
     ``resident_load_hint``: the input rows' load hint (vector_access.cuh's
     VECTOR_LOAD_HINT: 0 .cs, 1 plain, 2 .cg, 3 .nc) of calls whose bytes
     (rows read, codes and scale factors written) fit in half the L2
@@ -215,6 +227,7 @@ class QuantizeTuning:
     packed_sf_tiles: bool = True
     packed_sf_word_stores: bool = False
     tiles_from_rows: int = 0
+    vec1_columns_per_sm: float = 1024.0
     resident_load_hint: int = 3
     load_hint: int = 0
     store_hint: int = 0
@@ -244,6 +257,7 @@ class QuantizeTuning:
         _require_number("unzeroed_block_rows_from_bytes", self.unzeroed_block_rows_from_bytes)
         _require_number("by_slot_from_rows_per_slot", self.by_slot_from_rows_per_slot)
         _require_number("narrow_slot_columns_per_sm", self.narrow_slot_columns_per_sm)
+        _require_number("vec1_columns_per_sm", self.vec1_columns_per_sm)
         if not isinstance(self.segment_columns, tuple) or not all(
                 type(width) is int and width in SEGMENT_WIDTHS for width in self.segment_columns):
             raise ValueError(f"QuantizeTuning.segment_columns must be a tuple of widths in "
@@ -293,7 +307,7 @@ class QuantizeShape(NamedTuple):
     block_magic: int      # quantize *_vec: row of block b = (b * block_magic) >> block_shift
     block_shift: int
     rows: bool            # the coalesced kernel is swiglu's *_rows (else *_vec)
-    narrow: bool          # ... or swiglu's *_vec1 (one 16-byte chunk a lane) or *_block_rows
+    narrow: bool          # ... or *_vec1 (one 16-byte chunk a lane) or swiglu's *_block_rows
     block_rows: int       # *_block_rows: rows a block (0: another kernel)
     passes: int           # *_rows: segments a row (of segment_columns columns); *_tiles: tiles
     pass_magic: int       # *_rows: row of segment s = (s * pass_magic) >> pass_shift
@@ -332,17 +346,17 @@ def launch_shape(num_rows: int, hidden: int, num_per_channels: int, multiprocess
     swiglu_quantize_fp8's row-major *_rows one (a warp a segment of a row),
     else *_vec's (a warp 32 x 32 columns of the chunks numbered row after
     row).
-    ``narrow_columns`` (swiglu, > 0: the columns of a 16-byte chunk of the
-    input dtype): the few-live-rows grid instead, *_vec1's (a lane one chunk)
-    or, from ``tuning.block_rows_from_bytes`` of codes, *_block_rows'
+    ``narrow_columns`` (> 0: the columns of a 16-byte chunk of the input
+    dtype): the few-rows grid instead, *_vec1's (a lane one chunk) or, for
+    swiglu from ``tuning.block_rows_from_bytes`` of codes, *_block_rows'
     (a block ``block_rows`` whole rows, a thread a chunk of a live row: at
     least the row's chunks, whole warps, at most
     ``BLOCK_ROWS_MAX_THREADS``). ``sf_layout`` (one of ``SF_LAYOUTS``):
     quantize_fp8 with column-major float32 scale factors
     (``SF_COL_MAJOR_F32``) and ``tuning.sf_column_tiles``, or packed UE8M0
     (``SF_COL_MAJOR_UE8M0``) and ``tuning.packed_sf_tiles``, where H % 128
-    == 0 and there are at least ``tuning.tiles_from_rows`` rows: *_tiles'
-    grid (a warp an 8 x 128 tile)."""
+    == 0, there are at least ``tuning.tiles_from_rows`` rows and the grid
+    is not narrow: *_tiles' grid (a warp an 8 x 128 tile)."""
     if type(sf_layout) is not int or sf_layout not in SF_LAYOUTS:
         raise ValueError(f"sf_layout must be one of {SF_LAYOUTS}; got {sf_layout!r}")
     lanes_per_block = num_per_channels // LANE_COLUMNS
@@ -353,7 +367,7 @@ def launch_shape(num_rows: int, hidden: int, num_per_channels: int, multiprocess
         raise ValueError(f"{num_rows} rows of {hidden} columns are too many for one launch "
                          f"(at most {MAX_LANES} lanes of {LANE_COLUMNS} columns)")
     vec_threads = vec_blocks = block_rows = 0
-    narrow = swiglu and narrow_columns > 0
+    narrow = narrow_columns > 0
     # swiglu's row-major kernels: segments of the first width that divides H
     width = next((columns for columns in tuning.segment_columns if hidden % columns == 0),
                  0) if swiglu and not narrow else 0
@@ -362,10 +376,10 @@ def launch_shape(num_rows: int, hidden: int, num_per_channels: int, multiprocess
     tiles = (((sf_layout == SF_COL_MAJOR_F32 and tuning.sf_column_tiles)
               or (sf_layout == SF_COL_MAJOR_UE8M0 and tuning.packed_sf_tiles)) and not swiglu
              and hidden % TILE_COLUMNS == 0 and hidden % num_per_channels == 0
-             and num_rows >= tuning.tiles_from_rows)
+             and num_rows >= tuning.tiles_from_rows and not narrow)
     if tiles:
         passes = hidden // TILE_COLUMNS
-    if (hidden % num_per_channels == 0 and narrow
+    if (hidden % num_per_channels == 0 and narrow and swiglu
             and num_rows * hidden >= tuning.block_rows_from_bytes):
         # about block_rows_blocks_per_sm blocks an SM, each its rows whole
         wanted_blocks = max(1, int(tuning.block_rows_blocks_per_sm * multiprocessors))
