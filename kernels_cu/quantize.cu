@@ -22,7 +22,8 @@
 //   (npc / chunk columns consecutive chunks, aligned) is held by an aligned
 //   group of lanes in one instruction k: its amax is an xor-shuffle reduction
 //   over the group; lane j < LOADS of a group computes the scale of
-//   instruction j's block (one division pair per lane), hands it to the group
+//   instruction j's block (one division pair per lane; round_sf: a division
+//   and the exponent's inverse), hands it to the group
 //   by shuffles and stores that block's scale factor. SwiGLU finds each
 //   chunk's row (and its maps and weight) per chunk.
 // *_vec1: *_vec with one chunk a lane (8 bf16 or 4 float32 columns, LOADS
@@ -93,7 +94,7 @@
 // block of a row also zeroes the missing blocks' bytes of its word: in a
 // loop, or with QUANTIZE_PACKED_WORD_STORES in one 2- or 4-byte store with
 // its own byte), so no block needs another's. Row R-1's scale factors also zero the column-major
-// SF's pad columns R .. sf_ld (packed: each word by its first block, in 4-byte stores).
+// SF's pad columns R .. sf_ld.
 // *_bf16 / *_f32: the input dtype. Offsets are 64-bit; nothing is written
 // outside the outputs.
 
@@ -205,27 +206,6 @@ __device__ __forceinline__ void store_packed_byte(unsigned char* word, int first
 }
 #endif
 
-// Words [first, end) of one aligned 4-word group (end a multiple of 4, end -
-// first in 1 .. 4): `value` at first, zeros after, in at most two aligned
-// stores where `words` is 16-byte aligned (else one store a word). Row R-1's
-// column-major scale factor and the pad columns after it are such a run
-// (sf_ld = align(R, 4)): at decode, the pad columns' separate stores cost
-// ~0.2 us a call in a graph (H200, thirty-fifth session).
-__device__ __forceinline__ void store_group_tail(unsigned* words, i64 first, i64 end,
-                                                 unsigned value, bool aligned) {
-    const int count = static_cast<int>(end - first);
-    if (!aligned) {
-        for (int i = 0; i < count; ++i) words[first + i] = i == 0 ? value : 0u;
-    } else if (count == 4) {
-        *reinterpret_cast<uint4*>(words + first) = make_uint4(value, 0u, 0u, 0u);
-    } else if (count == 2) {
-        *reinterpret_cast<uint2*>(words + first) = make_uint2(value, 0u);
-    } else {  // 1 or 3: the first word alone, then (3) the last two
-        words[first] = value;
-        if (count == 3) *reinterpret_cast<uint2*>(words + first + 1) = make_uint2(0u, 0u);
-    }
-}
-
 // Block `block` of row `row`: its scale factor sf (0 for a padding row) in
 // the layout; row R-1 also zeroes the column-major pad columns R .. sf_ld.
 // Without own_row, only those pad columns (a padding row R-1 that is not
@@ -237,17 +217,12 @@ __device__ __forceinline__ void store_scale_factor(const QuantizeArgs& a, i64 ro
         if (own_row) static_cast<float*>(a.out_sf)[row * a.sf_blocks + block] = padding ? 0.0f : sf;
         return;
     }
-    // the SF buffer 16-byte aligned: so is every column (sf_ld % 4 == 0)
-    const bool aligned = (reinterpret_cast<size_t>(a.out_sf) & 15) == 0;
     if (a.sf_layout == SF_COL_MAJOR_F32) {
-        unsigned* column = static_cast<unsigned*>(a.out_sf) + static_cast<i64>(block) * a.sf_ld;
-        const unsigned bits = padding ? 0u : __float_as_uint(sf);
-        if (!last_row) {
-            if (own_row) column[row] = bits;
-        } else if (own_row) {  // row R-1, then at most 3 pad columns
-            store_group_tail(column, row, a.sf_ld, bits, aligned);
-        } else if (row + 1 < a.sf_ld) {
-            store_group_tail(column, row + 1, a.sf_ld, 0u, aligned);
+        float* column = static_cast<float*>(a.out_sf) + static_cast<i64>(block) * a.sf_ld;
+        if (own_row) column[row] = padding ? 0.0f : sf;
+        if (last_row) {  // at most 3 pad columns
+            for (int pad = 1; pad < 4; ++pad)
+                if (row + pad < a.sf_ld) column[row + pad] = 0.0f;
         }
         return;
     }
@@ -256,19 +231,19 @@ __device__ __forceinline__ void store_scale_factor(const QuantizeArgs& a, i64 ro
     const int zero_bytes_after = block == a.sf_blocks - 1 ? 3 - (block & 3) : 0;
     unsigned char* column =
         static_cast<unsigned char*>(a.out_sf) + static_cast<i64>(block >> 2) * a.sf_ld * 4;
-    if (own_row) {
 #if QUANTIZE_PACKED_WORD_STORES
-        store_packed_byte(column + row * 4, block & 3, byte, zero_bytes_after);
+    if (own_row) store_packed_byte(column + row * 4, block & 3, byte, zero_bytes_after);
+    if (last_row)  // row R-1 only: the pad columns' words
+        for (i64 r = row + 1; r < a.sf_ld; ++r)
+            store_packed_byte(column + r * 4, block & 3, 0, zero_bytes_after);
 #else
-        unsigned char* word = column + row * 4;
-        word[block & 3] = byte;
+    const i64 end = last_row ? a.sf_ld : row + 1;
+    for (i64 r = own_row ? row : row + 1; r < end; ++r) {
+        unsigned char* word = column + r * 4;
+        word[block & 3] = r == row ? byte : 0;
         for (int j = 1; j <= zero_bytes_after; ++j) word[(block & 3) + j] = 0;
-#endif
     }
-    // row R-1: the pad columns' words, all zero, each by its first block
-    // (word stores, not a byte store a block; no other block writes them)
-    if (last_row && (block & 3) == 0 && row + 1 < a.sf_ld)
-        store_group_tail(reinterpret_cast<unsigned*>(column), row + 1, a.sf_ld, 0u, aligned);
+#endif
 }
 
 // A padding row's block `block`: zero scale factor, or with zero_padding

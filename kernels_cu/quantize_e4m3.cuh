@@ -70,8 +70,9 @@ __device__ __forceinline__ unsigned quant_e4m3x4(float a, float b, float c, floa
 // 1 / sf is exact and written from sf's exponent, not divided: sf = 2^(E -
 // 127) with E in [105, 247] (1e-4 / 448 <= sf <= 2^120, as float32's
 // largest / 448 rounds up to 2^120), so 1 / sf = 2^(127 - E), whose bits
-// are (254 - E) << 23; or sf = inf (E = 255): 0. A division after the
-// division would be the last link of a decode call's critical path.
+// are (254 - E) << 23; or sf = inf (E = 255): 0. A link shorter than the
+// division it replaced, which measured level with it on the H100
+// (benchmarks/NOTES.md, thirty-fifth session).
 __device__ __forceinline__ void quant_block_scales(float amax, bool round_sf, float& sf,
                                                    float& scale) {
     amax = fmaxf(amax, QUANT_AMAX_FLOOR);

@@ -216,8 +216,8 @@ def test_quantize_matches_the_oracle(monkeypatch, rng, layout, hidden, dtype, tu
 @pytest.mark.parametrize("tuning", [QuantizeTuning(), QuantizeTuning(vec1_columns_per_sm=0)],
                          ids=["vec1", "tiles"])
 def test_quantize_last_row_and_pad_columns(monkeypatch, rng, layout, num_rows, tuning):
-    """Row R-1's column-major scale factors and the pad columns after it (1
-    to 4 words: store_group_tail's every case), in a poisoned SF buffer."""
+    """Row R-1's column-major scale factors and the pad columns after it (0
+    to 3 of them), in a poisoned SF buffer."""
     packed, col_major, round_sf = SF_LAYOUTS[layout]
     x = (rng.standard_normal((num_rows, 640)).astype(np.float32) * 10).astype(ml_dtypes.bfloat16)
     settings = {"num_per_channels": 128, "round_sf": round_sf, "packed_ue8m0": packed,

@@ -192,12 +192,14 @@ class QuantizeTuning:
     at decode a lane's arithmetic over 32 columns is most of the kernel's
     critical path, as in swiglu's ``narrow_live_rows``. 0: never, inf:
     always. Measured (thirty-fifth session, µs a call in a CUDA graph,
-    ``*_vec`` / ``*_tiles`` -> ``*_vec1``, results/quantize_decode_h100.md):
-    Kimi-K2 T = 1 (54 columns an SM) on the H100 row-major 1.61 -> 1.48,
-    column-major 1.95 -> 1.70, packed 2.05 -> 1.79 (TileKernels'
-    per_token_cast 1.73 / 1.69 / 1.59); T = 4 and 16 0.07-0.2 faster; on
-    the H200 T = 64 (3,475 an SM) column-major and packed lost 0.1 and
-    Qwen3 T = 128 (1,986) 0.07, T = 64 (993) level: hence 1024.
+    ``*_vec`` / ``*_tiles`` -> ``*_vec1`` in one run, results/
+    quantize_decode_h100.md): Kimi-K2 T = 1 (54 columns an SM) on the H100
+    row-major 1.61 -> 1.48, column-major 1.95 -> 1.70, packed 2.05 -> 1.79
+    (TileKernels' per_token_cast 1.73 / 1.69 / 1.59; those runs stored row
+    R-1's column-major SF in aligned groups, since dropped: ~0.1 more on
+    packed); T = 4 and 16 0.07-0.2 faster; on the H200 T = 64 (3,475 an
+    SM) column-major and packed lost 0.1 and Qwen3 T = 128 (1,986) 0.07,
+    T = 64 (993) level: hence 1024.
     ``resident_load_hint``: the input rows' load hint (vector_access.cuh's
     VECTOR_LOAD_HINT: 0 .cs, 1 plain, 2 .cg, 3 .nc) of calls whose bytes
     (rows read, codes and scale factors written) fit in half the L2
