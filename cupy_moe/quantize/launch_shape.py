@@ -185,7 +185,9 @@ class QuantizeTuning:
     A sweep option (thirty-fourth session): beside TileKernels' per_token_cast
     on the H100, Kimi-K2 column-major at T = 1 and 512 ran 11% behind on
     ``*_tiles`` while row-major (``*_vec``) ran ahead
-    (results/quantize_tk_h100.md); not measured yet.
+    (results/quantize_tk_h100.md). Measured (thirty-fifth session, H100,
+    8 / 1024 / 8192 rows): decode and T = 512 within +-0.2 µs of the
+    default, cold and in a graph; T = 4096 with 8192 lost 6%: 0 stays.
     ``vec1_columns_per_sm``: quantize_fp8 calls with at most this many
     columns an SM (R * H / SMs) take ``*_vec1`` (a lane one 16-byte chunk),
     whatever their scale-factor layout, in place of ``*_vec`` / ``*_tiles``:
@@ -209,8 +211,9 @@ class QuantizeTuning:
     (thirty-fourth session, results/quantize_tk_h100.md, H100, µs a call in
     a CUDA graph): quantize_fp8 on Qwen3 prefill (T = 4096, H = 2048:
     25 MB) 8.44 with evict-first loads, 5.12 by the read-only path
-    (TileKernels' per_token_cast 5.83-6.00); with the L2 flushed 11.3 ->
-    11.6 across two machines (not yet A/B in one run).
+    (TileKernels' per_token_cast 5.83-6.00); with the L2 flushed, A/B in
+    one run (thirty-fifth session, twice): within the spread of .cs and
+    plain loads (11.4-12.0 µs either way).
     """
 
     threads: int = 128
