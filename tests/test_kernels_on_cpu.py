@@ -213,8 +213,9 @@ def test_quantize_matches_the_oracle(monkeypatch, rng, layout, hidden, dtype, tu
 
 @pytest.mark.parametrize("layout", ["col-f32", "col-ue8m0"])
 @pytest.mark.parametrize("num_rows", [1, 2, 3, 4, 5, 6, 7])
-@pytest.mark.parametrize("tuning", [QuantizeTuning(), QuantizeTuning(vec1_columns_per_sm=0)],
-                         ids=["vec1", "tiles"])
+@pytest.mark.parametrize("tuning", [QuantizeTuning(), QuantizeTuning(vec1_sf_group_stores=True),
+                                    QuantizeTuning(vec1_columns_per_sm=0)],
+                         ids=["vec1", "vec1-group-stores", "tiles"])
 def test_quantize_last_row_and_pad_columns(monkeypatch, rng, layout, num_rows, tuning):
     """Row R-1's column-major scale factors and the pad columns after it (0
     to 3 of them), in a poisoned SF buffer."""

@@ -202,6 +202,13 @@ class QuantizeTuning:
     packed); T = 4 and 16 0.07-0.2 faster; on the H200 T = 64 (3,475 an
     SM) column-major and packed lost 0.1 and Qwen3 T = 128 (1,986) 0.07,
     T = 64 (993) level: hence 1024.
+    ``vec1_sf_group_stores``: quantize_fp8's ``*_vec1`` only, row R-1's
+    column-major scale factor and the pad columns after it (one aligned
+    4-word group) in at most two stores, packed pad words by each word's
+    first block (QUANTIZE_VEC1_SF_GROUP_STORES; no other kernel changes). A
+    sweep option: the same stores in every kernel (thirty-fifth session)
+    gave decode packed 1.9 -> 1.8 µs a call in a graph on the H100 and cost
+    SwiGLU's ``*_rows`` up to 5%; not measured yet in ``*_vec1`` alone.
     ``resident_load_hint``: the input rows' load hint (vector_access.cuh's
     VECTOR_LOAD_HINT: 0 .cs, 1 plain, 2 .cg, 3 .nc) of calls whose bytes
     (rows read, codes and scale factors written) fit in half the L2
@@ -233,6 +240,7 @@ class QuantizeTuning:
     packed_sf_word_stores: bool = False
     tiles_from_rows: int = 0
     vec1_columns_per_sm: float = 1024.0
+    vec1_sf_group_stores: bool = False
     resident_load_hint: int = 3
     load_hint: int = 0
     store_hint: int = 0
@@ -271,7 +279,7 @@ class QuantizeTuning:
                             ("store_hint", STORE_HINTS)):
             require_hint_index("QuantizeTuning", name, getattr(self, name), hints)
         for name in ("software_e4m3", "sf_column_tiles", "packed_sf_tiles",
-                     "packed_sf_word_stores"):
+                     "packed_sf_word_stores", "vec1_sf_group_stores"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"QuantizeTuning.{name} must be True or False; got "
                                 f"{getattr(self, name)!r}")
@@ -285,6 +293,7 @@ class QuantizeTuning:
         return (("QUANTIZE_SOFTWARE_E4M3", int(self.software_e4m3)),
                 ("QUANTIZE_ROWS_MIN_BLOCKS", int(self.rows_min_blocks)),
                 ("QUANTIZE_PACKED_WORD_STORES", int(self.packed_sf_word_stores)),
+                *((("QUANTIZE_VEC1_SF_GROUP_STORES", 1),) if self.vec1_sf_group_stores else ()),
                 *hint_defines(int(load), int(self.store_hint)))
 
 
