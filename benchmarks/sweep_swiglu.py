@@ -54,8 +54,9 @@ TUNINGS = [("default", QuantizeTuning()),
            # columns an SM (default 4096), never, always
            *((f"vec1_columns_per_sm={columns}", QuantizeTuning(vec1_columns_per_sm=columns))
              for columns in (0, 1024, 16384, float("inf"))),
-           # quantize_fp8's *_vec1: row R-1's column-major SF in aligned groups
-           ("vec1_sf_group_stores", QuantizeTuning(vec1_sf_group_stores=True)),
+           # quantize_fp8's *_vec1, packed: row R-1's pad-column words byte by
+           # byte, every block its byte (the default: whole words)
+           ("vec1_packed_pad_words=False", QuantizeTuning(vec1_packed_pad_words=False)),
            # row loads of the calls in half the L2 evict-first, as every other
            # call's (the default before the thirty-fourth session), or plain
            ("resident_load_hint=0", QuantizeTuning(resident_load_hint=0)),

@@ -117,10 +117,11 @@
 #ifndef QUANTIZE_PACKED_WORD_STORES
 #define QUANTIZE_PACKED_WORD_STORES 0
 #endif
-// quantize_fp8's *_vec1: row R-1's column-major SF in aligned group stores
-// (store_scale_factor_grouped; QuantizeTuning.vec1_sf_group_stores)
-#ifndef QUANTIZE_VEC1_SF_GROUP_STORES
-#define QUANTIZE_VEC1_SF_GROUP_STORES 0
+// quantize_fp8's *_vec1, packed UE8M0: row R-1's pad-column words whole, by
+// each word's first block (store_packed_scale_factor_vec1;
+// QuantizeTuning.vec1_packed_pad_words). 0: store_scale_factor, as every kernel.
+#ifndef QUANTIZE_VEC1_PACKED_PAD_WORDS
+#define QUANTIZE_VEC1_PACKED_PAD_WORDS 1
 #endif
 #if QUANTIZE_ROWS_MIN_BLOCKS > 0
 #define QUANT_ROWS_BOUNDS __launch_bounds__(QUANT_MAX_THREADS, QUANTIZE_ROWS_MIN_BLOCKS)
@@ -251,57 +252,26 @@ __device__ __forceinline__ void store_scale_factor(const QuantizeArgs& a, i64 ro
 #endif
 }
 
-#if QUANTIZE_VEC1_SF_GROUP_STORES
-// Words [first, end) of one aligned 4-word group (end a multiple of 4, end -
-// first in 1 .. 4): `value` at first, zeros after, in at most two aligned
-// stores where `words` is 16-byte aligned (else a store a word).
-__device__ __forceinline__ void store_group_tail(unsigned* words, i64 first, i64 end,
-                                                 unsigned value, bool aligned) {
-    const int count = static_cast<int>(end - first);
-    if (!aligned) {
-        for (int i = 0; i < count; ++i) words[first + i] = i == 0 ? value : 0u;
-    } else if (count == 4) {
-        *reinterpret_cast<uint4*>(words + first) = make_uint4(value, 0u, 0u, 0u);
-    } else if (count == 2) {
-        *reinterpret_cast<uint2*>(words + first) = make_uint2(value, 0u);
-    } else {  // 1 or 3: the first word alone, then (3) the last two
-        words[first] = value;
-        if (count == 3) *reinterpret_cast<uint2*>(words + first + 1) = make_uint2(0u, 0u);
-    }
-}
-
-// store_scale_factor of a live row's block, for quantize_fp8's *_vec1 only
-// (QuantizeTuning.vec1_sf_group_stores): row R-1's column-major scale factor
-// and the pad columns after it (one aligned 4-word group, as sf_ld = align(R,
-// 4)) in at most two stores, packed pad words by each word's first block.
-// (Taken by every kernel in the thirty-fifth session, it cost SwiGLU's
-// *_rows up to 5%: the store path is inlined everywhere.)
-__device__ __forceinline__ void store_scale_factor_grouped(const QuantizeArgs& a, i64 row,
-                                                           int block, float sf) {
-    const bool last_row = row == a.num_rows - 1;
-    if (a.sf_layout == SF_ROW_MAJOR_F32) {
-        static_cast<float*>(a.out_sf)[row * a.sf_blocks + block] = sf;
-        return;
-    }
-    // the SF buffer 16-byte aligned: so is every column (sf_ld % 4 == 0)
-    const bool aligned = (reinterpret_cast<size_t>(a.out_sf) & 15) == 0;
-    if (a.sf_layout == SF_COL_MAJOR_F32) {
-        unsigned* column = static_cast<unsigned*>(a.out_sf) + static_cast<i64>(block) * a.sf_ld;
-        if (last_row)
-            store_group_tail(column, row, a.sf_ld, __float_as_uint(sf), aligned);
-        else
-            column[row] = __float_as_uint(sf);
-        return;
-    }
-    const int zero_bytes_after = block == a.sf_blocks - 1 ? 3 - (block & 3) : 0;
-    unsigned char* column =
-        static_cast<unsigned char*>(a.out_sf) + static_cast<i64>(block >> 2) * a.sf_ld * 4;
-    unsigned char* word = column + row * 4;
+#if QUANTIZE_VEC1_PACKED_PAD_WORDS
+// quantize_fp8's *_vec1, packed UE8M0: block `block` of row `row`, its
+// exponent byte and (the row's last block) the zero bytes after it, as
+// store_scale_factor; row R-1's pad-column words (at most 3) whole, by each
+// word's first block, where store_scale_factor has every block store its
+// byte of each in a loop: at T = 1 that loop was 0.1 us of a 1.85 us call
+// (thirty-sixth session, H100, a CUDA graph).
+__device__ __forceinline__ void store_packed_scale_factor_vec1(const QuantizeArgs& a, i64 row,
+                                                               int block, float sf) {
+    unsigned* column = static_cast<unsigned*>(a.out_sf) + static_cast<i64>(block >> 2) * a.sf_ld;
+    unsigned char* word = reinterpret_cast<unsigned char*>(column + row);
+    // sf is a power of two or +inf (round_sf): its exponent byte, 0xFF for inf
     word[block & 3] = static_cast<unsigned char>(__float_as_uint(sf) >> 23);
-    for (int j = 1; j <= zero_bytes_after; ++j) word[(block & 3) + j] = 0;
-    // the pad columns' words, all zero: no other block writes them
-    if (last_row && (block & 3) == 0 && row + 1 < a.sf_ld)
-        store_group_tail(reinterpret_cast<unsigned*>(column), row + 1, a.sf_ld, 0u, aligned);
+    if (block == a.sf_blocks - 1)
+        for (int j = (block & 3) + 1; j < 4; ++j) word[j] = 0;
+    if ((block & 3) == 0 && row == a.num_rows - 1) {
+#pragma unroll
+        for (int pad = 1; pad < 4; ++pad)
+            if (row + pad < a.sf_ld) column[row + pad] = 0u;
+    }
 }
 #endif
 
@@ -599,11 +569,13 @@ __device__ __forceinline__ void quantize_vec_body(const QuantizeArgs& a) {
         if (!BY_SLOT)
             store_padding_scale_factor(a, row, static_cast<int>(block - row * a.sf_blocks));
     } else {
-#if QUANTIZE_VEC1_SF_GROUP_STORES
+#if QUANTIZE_VEC1_PACKED_PAD_WORDS
         if constexpr (!SWIGLU && LOADS == 1) {
-            store_scale_factor_grouped(a, out_row, static_cast<int>(block - row * a.sf_blocks),
-                                       sf);
-            return;
+            if (a.sf_layout == SF_COL_MAJOR_UE8M0) {
+                store_packed_scale_factor_vec1(a, out_row,
+                                               static_cast<int>(block - row * a.sf_blocks), sf);
+                return;
+            }
         }
 #endif
         store_scale_factor(a, out_row, static_cast<int>(block - row * a.sf_blocks), sf, false);

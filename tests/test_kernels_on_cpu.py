@@ -183,14 +183,15 @@ def test_swiglu_by_slot_equals_the_rows_kernels(monkeypatch, rng, tuning_name):
 
 
 def _quantize_emulated(monkeypatch, rng, x: np.ndarray, layout: str,
-                       tuning: QuantizeTuning):
-    """quantize_fp8 of ``x`` (npc 128, the SF layout ``layout``) on the
+                       tuning: QuantizeTuning, num_per_channels: int = 128):
+    """quantize_fp8 of ``x`` (blocks of ``num_per_channels``, the SF layout
+    ``layout``) on the
     emulated GPU under ``tuning``, codes and scale factors checked bit for
     bit against the oracle and the canaries checked; returns the GPU (its
     launches) and the scale factors (a view over the buffer)."""
     packed, col_major, round_sf = SF_LAYOUTS[layout]
-    settings = {"num_per_channels": 128, "round_sf": round_sf, "packed_ue8m0": packed,
-                "use_tma_aligned_col_major_sf": col_major}
+    settings = {"num_per_channels": num_per_channels, "round_sf": round_sf,
+                "packed_ue8m0": packed, "use_tma_aligned_col_major_sf": col_major}
     want = quantize_fp8_numpy(x, **settings)
     gpu = emulated_gpu(monkeypatch, seed=int(rng.integers(1, 2**62)))
     got = quantize_with_tuning(tuning, "quantize_fp8", x, **settings)
@@ -224,9 +225,9 @@ def test_quantize_matches_the_oracle(monkeypatch, rng, layout, hidden, dtype, tu
 
 @pytest.mark.parametrize("layout", ["col-f32", "col-ue8m0"])
 @pytest.mark.parametrize("num_rows", [1, 2, 3, 4, 5, 6, 7])
-@pytest.mark.parametrize("tuning", [QuantizeTuning(), QuantizeTuning(vec1_sf_group_stores=True),
+@pytest.mark.parametrize("tuning", [QuantizeTuning(), QuantizeTuning(vec1_packed_pad_words=False),
                                     QuantizeTuning(vec1_columns_per_sm=0)],
-                         ids=["vec1", "vec1-group-stores", "tiles"])
+                         ids=["vec1", "vec1-packed-pad-bytes", "tiles"])
 def test_quantize_last_row_and_pad_columns(monkeypatch, rng, layout, num_rows, tuning):
     """Row R-1's column-major scale factors and the pad columns after it (0
     to 3 of them), in a poisoned SF buffer."""
@@ -235,6 +236,28 @@ def test_quantize_last_row_and_pad_columns(monkeypatch, rng, layout, num_rows, t
     # (at most 7 rows of 640 columns: 34 an SM, *_vec1 by default)
     assert gpu.launches[-1].endswith("_vec1" if tuning.vec1_columns_per_sm else "_tiles")
     assert (_sf_pad_columns(sf) == 0).all()   # written over the poison
+
+
+@pytest.mark.parametrize("num_rows", [1, 3, 6])
+@pytest.mark.parametrize(("hidden", "dtype", "num_per_channels"), [
+    (640, "bfloat16", 128),    # 5 blocks a row: the last word one block and zeros
+    (384, "bfloat16", 128),    # 3 blocks: the last word's block not its first
+    (1152, "bfloat16", 32),    # 36 blocks: whole words
+    (544, "bfloat16", 32),     # 17 blocks
+    (1152, "float32", 128),    # 9 blocks
+    (416, "float32", 32),      # 13 blocks
+])
+def test_quantize_vec1_packed_scale_factors(monkeypatch, rng, num_rows, hidden, dtype,
+                                            num_per_channels):
+    """quantize_fp8's *_vec1 with packed UE8M0 scale factors (row R-1's
+    pad-column words whole, by each word's first block), in a poisoned
+    buffer: every byte of the words and of the pad columns written."""
+    x = rng.standard_normal((num_rows, hidden)).astype(np.float32) * 10
+    x = x.astype(ml_dtypes.bfloat16) if dtype == "bfloat16" else x
+    gpu, sf = _quantize_emulated(monkeypatch, rng, x, "col-ue8m0", QuantizeTuning(),
+                                 num_per_channels)
+    assert gpu.launches[-1].endswith("_vec1"), gpu.launches
+    assert (_sf_pad_columns(sf) == 0).all()
 
 
 GATHER = ExpandTuning(gather_x_bytes_below=float("inf"))

@@ -45,9 +45,10 @@ TUNINGS = [None, SOFTWARE, QuantizeTuning(software_e4m3=True, **WIDE),
            QuantizeTuning(threads=32, small_threads=32, **WIDE),
            QuantizeTuning(threads=256, small_threads=256, full_blocks_from=0.0, **WIDE),
            QuantizeTuning(rows_min_blocks=5),
-           # quantize_fp8's *_vec1 with row R-1's SF in aligned group stores
-           QuantizeTuning(vec1_sf_group_stores=True),
-           QuantizeTuning(vec1_sf_group_stores=True, vec1_columns_per_sm=math.inf),
+           # quantize_fp8's *_vec1 with row R-1's packed pad-column words byte
+           # by byte, as the other kernels (the default: whole words)
+           QuantizeTuning(vec1_packed_pad_words=False),
+           QuantizeTuning(vec1_packed_pad_words=False, vec1_columns_per_sm=math.inf),
            # quantize_fp8: never / always *_vec1
            QuantizeTuning(**WIDE),
            QuantizeTuning(vec1_columns_per_sm=math.inf),

@@ -613,8 +613,8 @@ def test_bad_tunings(kwargs, message):
             "QuantizeTuning.packed_sf_word_stores must be True or False; got None")):
         QuantizeTuning(packed_sf_word_stores=None)
     with pytest.raises(TypeError, match=re.escape(
-            "QuantizeTuning.vec1_sf_group_stores must be True or False; got 1")):
-        QuantizeTuning(vec1_sf_group_stores=1)
+            "QuantizeTuning.vec1_packed_pad_words must be True or False; got 1")):
+        QuantizeTuning(vec1_packed_pad_words=1)
 
 
 def test_tuning_defines():
@@ -625,9 +625,9 @@ def test_tuning_defines():
                           packed_sf_word_stores=True).defines() == (
         ("QUANTIZE_SOFTWARE_E4M3", 1), ("QUANTIZE_ROWS_MIN_BLOCKS", 5),
         ("QUANTIZE_PACKED_WORD_STORES", 1))
-    # vec1_sf_group_stores: a define only when on (the default's modules unchanged)
-    assert QuantizeTuning(vec1_sf_group_stores=True).defines() == (
-        *QuantizeTuning().defines(), ("QUANTIZE_VEC1_SF_GROUP_STORES", 1))
+    # vec1_packed_pad_words: a define only when off (the source's default is on)
+    assert QuantizeTuning(vec1_packed_pad_words=False).defines() == (
+        *QuantizeTuning().defines(), ("QUANTIZE_VEC1_PACKED_PAD_WORDS", 0))
     # the cache hints: .cs takes no define; a call in half the L2 loads by
     # resident_load_hint (.nc by default)
     base = QuantizeTuning().defines()

@@ -202,13 +202,16 @@ class QuantizeTuning:
     packed); T = 4 and 16 0.07-0.2 faster; on the H200 T = 64 (3,475 an
     SM) column-major and packed lost 0.1 and Qwen3 T = 128 (1,986) 0.07,
     T = 64 (993) level: hence 1024.
-    ``vec1_sf_group_stores``: quantize_fp8's ``*_vec1`` only, row R-1's
-    column-major scale factor and the pad columns after it (one aligned
-    4-word group) in at most two stores, packed pad words by each word's
-    first block (QUANTIZE_VEC1_SF_GROUP_STORES; no other kernel changes). A
-    sweep option: the same stores in every kernel (thirty-fifth session)
-    gave decode packed 1.9 -> 1.8 µs a call in a graph on the H100 and cost
-    SwiGLU's ``*_rows`` up to 5%; not measured yet in ``*_vec1`` alone.
+    ``vec1_packed_pad_words``: quantize_fp8's ``*_vec1`` with packed UE8M0
+    scale factors writes row R-1's pad-column words whole, by each word's
+    first block, where every other kernel has each block store its byte of
+    each in a loop (QUANTIZE_VEC1_PACKED_PAD_WORDS; False: that loop).
+    Measured (thirty-sixth session, H100, µs a call in a CUDA graph, A/B in
+    one run): see benchmarks/results/quantize_decode_h100.md. Tried there
+    and dropped: a word's bytes gathered from the warp's blocks by shuffles
+    into one store (the same 0.1 µs at T = 1, 0.04 slower at T = 16 and
+    64), and the thirty-fifth session's float32 column-major group stores
+    (0.03 slower).
     ``resident_load_hint``: the input rows' load hint (vector_access.cuh's
     VECTOR_LOAD_HINT: 0 .cs, 1 plain, 2 .cg, 3 .nc) of calls whose bytes
     (rows read, codes and scale factors written) fit in half the L2
@@ -240,7 +243,7 @@ class QuantizeTuning:
     packed_sf_word_stores: bool = False
     tiles_from_rows: int = 0
     vec1_columns_per_sm: float = 1024.0
-    vec1_sf_group_stores: bool = False
+    vec1_packed_pad_words: bool = True
     resident_load_hint: int = 3
     load_hint: int = 0
     store_hint: int = 0
@@ -279,7 +282,7 @@ class QuantizeTuning:
                             ("store_hint", STORE_HINTS)):
             require_hint_index("QuantizeTuning", name, getattr(self, name), hints)
         for name in ("software_e4m3", "sf_column_tiles", "packed_sf_tiles",
-                     "packed_sf_word_stores", "vec1_sf_group_stores"):
+                     "packed_sf_word_stores", "vec1_packed_pad_words"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"QuantizeTuning.{name} must be True or False; got "
                                 f"{getattr(self, name)!r}")
@@ -293,7 +296,7 @@ class QuantizeTuning:
         return (("QUANTIZE_SOFTWARE_E4M3", int(self.software_e4m3)),
                 ("QUANTIZE_ROWS_MIN_BLOCKS", int(self.rows_min_blocks)),
                 ("QUANTIZE_PACKED_WORD_STORES", int(self.packed_sf_word_stores)),
-                *((("QUANTIZE_VEC1_SF_GROUP_STORES", 1),) if self.vec1_sf_group_stores else ()),
+                *((("QUANTIZE_VEC1_PACKED_PAD_WORDS", 0),) if not self.vec1_packed_pad_words else ()),
                 *hint_defines(int(load), int(self.store_hint)))
 
 
