@@ -57,6 +57,8 @@ TUNINGS = [("default", QuantizeTuning()),
            # quantize_fp8's *_vec1, packed: row R-1's pad-column words byte by
            # byte, every block its byte (the default: whole words)
            ("vec1_packed_pad_words=False", QuantizeTuning(vec1_packed_pad_words=False)),
+           # ... and in *_tiles, where rows before R-1 also go through the loop
+           ("tiles_packed_pad_words=False", QuantizeTuning(tiles_packed_pad_words=False)),
            # row loads of the calls in half the L2 evict-first, as every other
            # call's (the default before the thirty-fourth session), or plain
            ("resident_load_hint=0", QuantizeTuning(resident_load_hint=0)),

@@ -94,7 +94,8 @@
 // block of a row also zeroes the missing blocks' bytes of its word: in a
 // loop, or with QUANTIZE_PACKED_WORD_STORES in one 2- or 4-byte store with
 // its own byte), so no block needs another's. Row R-1's scale factors also zero the column-major
-// SF's pad columns R .. sf_ld.
+// SF's pad columns R .. sf_ld (quantize_fp8's *_vec1 and *_tiles, packed: a
+// whole word each, by the word's first block).
 // *_bf16 / *_f32: the input dtype. Offsets are 64-bit; nothing is written
 // outside the outputs.
 
@@ -117,11 +118,16 @@
 #ifndef QUANTIZE_PACKED_WORD_STORES
 #define QUANTIZE_PACKED_WORD_STORES 0
 #endif
-// quantize_fp8's *_vec1, packed UE8M0: row R-1's pad-column words whole, by
-// each word's first block (store_packed_scale_factor_vec1;
-// QuantizeTuning.vec1_packed_pad_words). 0: store_scale_factor, as every kernel.
+// quantize_fp8's *_vec1 / *_tiles, packed UE8M0: a block's byte without
+// store_scale_factor's loop over rows, and row R-1's pad-column words whole,
+// by each word's first block (store_packed_sf_pad_words;
+// QuantizeTuning.vec1_packed_pad_words / tiles_packed_pad_words). 0:
+// store_scale_factor, as every other kernel.
 #ifndef QUANTIZE_VEC1_PACKED_PAD_WORDS
 #define QUANTIZE_VEC1_PACKED_PAD_WORDS 1
+#endif
+#ifndef QUANTIZE_TILES_PACKED_PAD_WORDS
+#define QUANTIZE_TILES_PACKED_PAD_WORDS 1
 #endif
 #if QUANTIZE_ROWS_MIN_BLOCKS > 0
 #define QUANT_ROWS_BOUNDS __launch_bounds__(QUANT_MAX_THREADS, QUANTIZE_ROWS_MIN_BLOCKS)
@@ -252,14 +258,14 @@ __device__ __forceinline__ void store_scale_factor(const QuantizeArgs& a, i64 ro
 #endif
 }
 
-#if QUANTIZE_VEC1_PACKED_PAD_WORDS
-// quantize_fp8's *_vec1, packed UE8M0: block `block` of row `row`, its
-// exponent byte and (the row's last block) the zero bytes after it, as
-// store_scale_factor; row R-1's pad-column words (at most 3) whole, by each
-// word's first block, where store_scale_factor has every block store its
-// byte of each in a loop: at T = 1 that loop was 0.1 us of a 1.85 us call
-// (thirty-sixth session, H100, a CUDA graph).
-__device__ __forceinline__ void store_packed_scale_factor_vec1(const QuantizeArgs& a, i64 row,
+#if QUANTIZE_VEC1_PACKED_PAD_WORDS || QUANTIZE_TILES_PACKED_PAD_WORDS
+// quantize_fp8's *_vec1 and *_tiles, packed UE8M0: block `block` of row
+// `row`, its exponent byte and (the row's last block) the zero bytes after
+// it, as store_scale_factor; row R-1's pad-column words (at most 3) whole,
+// by each word's first block, where store_scale_factor has every block store
+// its byte of each in a loop: at T = 1 that loop was 0.17 us of a 1.84 us
+// call (thirty-sixth session, H100, a CUDA graph).
+__device__ __forceinline__ void store_packed_sf_pad_words(const QuantizeArgs& a, i64 row,
                                                                int block, float sf) {
     unsigned* column = static_cast<unsigned*>(a.out_sf) + static_cast<i64>(block >> 2) * a.sf_ld;
     unsigned char* word = reinterpret_cast<unsigned char*>(column + row);
@@ -572,7 +578,7 @@ __device__ __forceinline__ void quantize_vec_body(const QuantizeArgs& a) {
 #if QUANTIZE_VEC1_PACKED_PAD_WORDS
         if constexpr (!SWIGLU && LOADS == 1) {
             if (a.sf_layout == SF_COL_MAJOR_UE8M0) {
-                store_packed_scale_factor_vec1(a, out_row,
+                store_packed_sf_pad_words(a, out_row,
                                                static_cast<int>(block - row * a.sf_blocks), sf);
                 return;
             }
@@ -636,6 +642,12 @@ __device__ __forceinline__ void quantize_tiles_body(const QuantizeArgs& a) {
                     in_group * ROWS_A_LOAD;
     if (row >= a.num_rows) return;
     const int block = (column_tile * ROW_LANES + group_first % ROW_LANES) >> group_log2;
+#if QUANTIZE_TILES_PACKED_PAD_WORDS
+    if (a.sf_layout == SF_COL_MAJOR_UE8M0) {
+        store_packed_sf_pad_words(a, row, block, sf);
+        return;
+    }
+#endif
     store_scale_factor(a, row, block, sf, false);
 }
 

@@ -226,8 +226,10 @@ def test_quantize_matches_the_oracle(monkeypatch, rng, layout, hidden, dtype, tu
 @pytest.mark.parametrize("layout", ["col-f32", "col-ue8m0"])
 @pytest.mark.parametrize("num_rows", [1, 2, 3, 4, 5, 6, 7])
 @pytest.mark.parametrize("tuning", [QuantizeTuning(), QuantizeTuning(vec1_packed_pad_words=False),
-                                    QuantizeTuning(vec1_columns_per_sm=0)],
-                         ids=["vec1", "vec1-packed-pad-bytes", "tiles"])
+                                    QuantizeTuning(vec1_columns_per_sm=0),
+                                    QuantizeTuning(vec1_columns_per_sm=0,
+                                                   tiles_packed_pad_words=False)],
+                         ids=["vec1", "vec1-packed-pad-bytes", "tiles", "tiles-packed-pad-bytes"])
 def test_quantize_last_row_and_pad_columns(monkeypatch, rng, layout, num_rows, tuning):
     """Row R-1's column-major scale factors and the pad columns after it (0
     to 3 of them), in a poisoned SF buffer."""
@@ -238,6 +240,7 @@ def test_quantize_last_row_and_pad_columns(monkeypatch, rng, layout, num_rows, t
     assert (_sf_pad_columns(sf) == 0).all()   # written over the poison
 
 
+@pytest.mark.parametrize("kernel", ["vec1", "tiles"])
 @pytest.mark.parametrize("num_rows", [1, 3, 6])
 @pytest.mark.parametrize(("hidden", "dtype", "num_per_channels"), [
     (640, "bfloat16", 128),    # 5 blocks a row: the last word one block and zeros
@@ -247,16 +250,19 @@ def test_quantize_last_row_and_pad_columns(monkeypatch, rng, layout, num_rows, t
     (1152, "float32", 128),    # 9 blocks
     (416, "float32", 32),      # 13 blocks
 ])
-def test_quantize_vec1_packed_scale_factors(monkeypatch, rng, num_rows, hidden, dtype,
-                                            num_per_channels):
-    """quantize_fp8's *_vec1 with packed UE8M0 scale factors (row R-1's
-    pad-column words whole, by each word's first block), in a poisoned
-    buffer: every byte of the words and of the pad columns written."""
+def test_quantize_packed_scale_factors(monkeypatch, rng, kernel, num_rows, hidden, dtype,
+                                      num_per_channels):
+    """quantize_fp8's *_vec1 and *_tiles with packed UE8M0 scale factors
+    (row R-1's pad-column words whole, by each word's first block), in a
+    poisoned buffer: every byte of the words and of the pad columns
+    written. (*_tiles takes H % 128 == 0; the others go to *_vec.)"""
     x = rng.standard_normal((num_rows, hidden)).astype(np.float32) * 10
     x = x.astype(ml_dtypes.bfloat16) if dtype == "bfloat16" else x
-    gpu, sf = _quantize_emulated(monkeypatch, rng, x, "col-ue8m0", QuantizeTuning(),
-                                 num_per_channels)
-    assert gpu.launches[-1].endswith("_vec1"), gpu.launches
+    tuning = QuantizeTuning() if kernel == "vec1" else QuantizeTuning(vec1_columns_per_sm=0)
+    gpu, sf = _quantize_emulated(monkeypatch, rng, x, "col-ue8m0", tuning, num_per_channels)
+    if kernel == "tiles" and hidden % 128:
+        kernel = "vec"
+    assert gpu.launches[-1].endswith(f"_{kernel}"), gpu.launches
     assert (_sf_pad_columns(sf) == 0).all()
 
 

@@ -615,6 +615,9 @@ def test_bad_tunings(kwargs, message):
     with pytest.raises(TypeError, match=re.escape(
             "QuantizeTuning.vec1_packed_pad_words must be True or False; got 1")):
         QuantizeTuning(vec1_packed_pad_words=1)
+    with pytest.raises(TypeError, match=re.escape(
+            "QuantizeTuning.tiles_packed_pad_words must be True or False; got 'no'")):
+        QuantizeTuning(tiles_packed_pad_words="no")
 
 
 def test_tuning_defines():
@@ -628,6 +631,8 @@ def test_tuning_defines():
     # vec1_packed_pad_words: a define only when off (the source's default is on)
     assert QuantizeTuning(vec1_packed_pad_words=False).defines() == (
         *QuantizeTuning().defines(), ("QUANTIZE_VEC1_PACKED_PAD_WORDS", 0))
+    assert QuantizeTuning(tiles_packed_pad_words=False).defines() == (
+        *QuantizeTuning().defines(), ("QUANTIZE_TILES_PACKED_PAD_WORDS", 0))
     # the cache hints: .cs takes no define; a call in half the L2 loads by
     # resident_load_hint (.nc by default)
     base = QuantizeTuning().defines()

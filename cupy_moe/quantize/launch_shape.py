@@ -172,7 +172,9 @@ class QuantizeTuning:
     level. On by default.
     ``packed_sf_word_stores``: packed UE8M0, a row's last block stores its
     byte and the missing blocks' zero bytes in one aligned 2- or 4-byte store
-    (QUANTIZE_PACKED_WORD_STORES) instead of a loop of byte stores: in the
+    (QUANTIZE_PACKED_WORD_STORES; since the thirty-sixth session not in
+    quantize_fp8's ``*_vec1`` / ``*_tiles`` while ``*_packed_pad_words``
+    below are on) instead of a loop of byte stores: in the
     row-major SwiGLU kernels, which are bound by instruction issue, the
     packed path's ~50 SASS instructions a segment (the loop, 64-bit row
     arithmetic) are what Qwen3's packed SF costs (77.7% of the copy against
@@ -205,9 +207,16 @@ class QuantizeTuning:
     ``vec1_packed_pad_words``: quantize_fp8's ``*_vec1`` with packed UE8M0
     scale factors writes row R-1's pad-column words whole, by each word's
     first block, where every other kernel has each block store its byte of
-    each in a loop (QUANTIZE_VEC1_PACKED_PAD_WORDS; False: that loop).
-    Measured (thirty-sixth session, H100, µs a call in a CUDA graph, A/B in
-    one run): see benchmarks/results/quantize_decode_h100.md. Tried there
+    each in a loop over rows (QUANTIZE_VEC1_PACKED_PAD_WORDS; False: that
+    loop). ``tiles_packed_pad_words``: the same in quantize_fp8's
+    ``*_tiles`` (QUANTIZE_TILES_PACKED_PAD_WORDS), whose rows before R-1
+    also skip the loop (ncu, Kimi-K2 T = 512: packed ran 1.61 M warp
+    instructions against column-major float32's 1.47 M in the same kernel).
+    Measured (thirty-sixth session, H100, A/B in one run, µs a call in a
+    CUDA graph; benchmarks/results/quantize_decode_h100.md): ``*_vec1``
+    Kimi-K2 T = 1 1.84 -> 1.66, Qwen3 T = 4 1.70 -> 1.67, T = 16 / 64 0.04 /
+    0.06 faster; ``*_tiles`` Kimi-K2 T = 512 3.7 -> 3.4, Qwen3 T = 4096
+    6.0 -> 5.6; with the L2 flushed within 2%, prefill included. Tried there
     and dropped: a word's bytes gathered from the warp's blocks by shuffles
     into one store (the same 0.1 µs at T = 1, 0.04 slower at T = 16 and
     64), and the thirty-fifth session's float32 column-major group stores
@@ -244,6 +253,7 @@ class QuantizeTuning:
     tiles_from_rows: int = 0
     vec1_columns_per_sm: float = 1024.0
     vec1_packed_pad_words: bool = True
+    tiles_packed_pad_words: bool = True
     resident_load_hint: int = 3
     load_hint: int = 0
     store_hint: int = 0
@@ -282,7 +292,8 @@ class QuantizeTuning:
                             ("store_hint", STORE_HINTS)):
             require_hint_index("QuantizeTuning", name, getattr(self, name), hints)
         for name in ("software_e4m3", "sf_column_tiles", "packed_sf_tiles",
-                     "packed_sf_word_stores", "vec1_packed_pad_words"):
+                     "packed_sf_word_stores", "vec1_packed_pad_words",
+                     "tiles_packed_pad_words"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"QuantizeTuning.{name} must be True or False; got "
                                 f"{getattr(self, name)!r}")
@@ -297,6 +308,8 @@ class QuantizeTuning:
                 ("QUANTIZE_ROWS_MIN_BLOCKS", int(self.rows_min_blocks)),
                 ("QUANTIZE_PACKED_WORD_STORES", int(self.packed_sf_word_stores)),
                 *((("QUANTIZE_VEC1_PACKED_PAD_WORDS", 0),) if not self.vec1_packed_pad_words else ()),
+                *((("QUANTIZE_TILES_PACKED_PAD_WORDS", 0),) if not self.tiles_packed_pad_words
+                  else ()),
                 *hint_defines(int(load), int(self.store_hint)))
 
 
