@@ -59,6 +59,8 @@ TUNINGS = [("default", QuantizeTuning()),
            ("vec1_packed_pad_words=False", QuantizeTuning(vec1_packed_pad_words=False)),
            # ... and in *_tiles, where rows before R-1 also go through the loop
            ("tiles_packed_pad_words=False", QuantizeTuning(tiles_packed_pad_words=False)),
+           # ... and in every kernel, SwiGLU's included (store_scale_factor)
+           ("packed_sf_pad_words", QuantizeTuning(packed_sf_pad_words=True)),
            # row loads of the calls in half the L2 evict-first, as every other
            # call's (the default before the thirty-fourth session), or plain
            ("resident_load_hint=0", QuantizeTuning(resident_load_hint=0)),

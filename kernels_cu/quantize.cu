@@ -129,6 +129,13 @@
 #ifndef QUANTIZE_TILES_PACKED_PAD_WORDS
 #define QUANTIZE_TILES_PACKED_PAD_WORDS 1
 #endif
+// 1: every kernel's packed UE8M0 store (store_scale_factor) as
+// store_packed_sf_pad_words, before QUANTIZE_PACKED_WORD_STORES
+// (QuantizeTuning.packed_sf_pad_words; a sweep option, off: it slowed
+// SwiGLU's column-major calls up to 4%, thirty-sixth session).
+#ifndef QUANTIZE_PACKED_SF_PAD_WORDS
+#define QUANTIZE_PACKED_SF_PAD_WORDS 0
+#endif
 #if QUANTIZE_ROWS_MIN_BLOCKS > 0
 #define QUANT_ROWS_BOUNDS __launch_bounds__(QUANT_MAX_THREADS, QUANTIZE_ROWS_MIN_BLOCKS)
 #else
@@ -218,6 +225,28 @@ __device__ __forceinline__ void store_packed_byte(unsigned char* word, int first
 }
 #endif
 
+// Packed UE8M0, block `block` of row `row`: its exponent byte and (the
+// row's last block) the zero bytes after it; row R-1's pad-column words (at
+// most 3) whole, by each word's first block, where store_scale_factor's
+// default has every block store its byte of each in a loop over rows: at
+// T = 1 that loop was 0.17 us of a 1.84 us call (thirty-sixth session, H100,
+// a CUDA graph). quantize_fp8's *_vec1 and *_tiles call it directly, every
+// kernel through store_scale_factor with QUANTIZE_PACKED_SF_PAD_WORDS.
+__device__ __forceinline__ void store_packed_sf_pad_words(const QuantizeArgs& a, i64 row,
+                                                          int block, float sf) {
+    unsigned* column = static_cast<unsigned*>(a.out_sf) + static_cast<i64>(block >> 2) * a.sf_ld;
+    unsigned char* word = reinterpret_cast<unsigned char*>(column + row);
+    // sf is a power of two or +inf (round_sf): its exponent byte, 0xFF for inf
+    word[block & 3] = static_cast<unsigned char>(__float_as_uint(sf) >> 23);
+    if (block == a.sf_blocks - 1)
+        for (int j = (block & 3) + 1; j < 4; ++j) word[j] = 0;
+    if ((block & 3) == 0 && row == a.num_rows - 1) {
+#pragma unroll
+        for (int pad = 1; pad < 4; ++pad)
+            if (row + pad < a.sf_ld) column[row + pad] = 0u;
+    }
+}
+
 // Block `block` of row `row`: its scale factor sf (0 for a padding row) in
 // the layout; row R-1 also zeroes the column-major pad columns R .. sf_ld.
 // Without own_row, only those pad columns (a padding row R-1 that is not
@@ -238,6 +267,17 @@ __device__ __forceinline__ void store_scale_factor(const QuantizeArgs& a, i64 ro
         }
         return;
     }
+#if QUANTIZE_PACKED_SF_PAD_WORDS
+    if (own_row) {
+        store_packed_sf_pad_words(a, row, block, padding ? 0.0f : sf);
+    } else if (last_row && (block & 3) == 0) {  // the pad words alone, by each word's first block
+        unsigned* words = static_cast<unsigned*>(a.out_sf) + static_cast<i64>(block >> 2) * a.sf_ld;
+#pragma unroll
+        for (int pad = 1; pad < 4; ++pad)
+            if (row + pad < a.sf_ld) words[row + pad] = 0u;
+    }
+    return;
+#endif
     // packed UE8M0: sf's exponent byte (sf is a power of two, or +inf: 0xFF)
     const unsigned char byte = padding ? 0 : static_cast<unsigned char>(__float_as_uint(sf) >> 23);
     const int zero_bytes_after = block == a.sf_blocks - 1 ? 3 - (block & 3) : 0;
@@ -258,28 +298,6 @@ __device__ __forceinline__ void store_scale_factor(const QuantizeArgs& a, i64 ro
 #endif
 }
 
-#if QUANTIZE_VEC1_PACKED_PAD_WORDS || QUANTIZE_TILES_PACKED_PAD_WORDS
-// quantize_fp8's *_vec1 and *_tiles, packed UE8M0: block `block` of row
-// `row`, its exponent byte and (the row's last block) the zero bytes after
-// it, as store_scale_factor; row R-1's pad-column words (at most 3) whole,
-// by each word's first block, where store_scale_factor has every block store
-// its byte of each in a loop: at T = 1 that loop was 0.17 us of a 1.84 us
-// call (thirty-sixth session, H100, a CUDA graph).
-__device__ __forceinline__ void store_packed_sf_pad_words(const QuantizeArgs& a, i64 row,
-                                                               int block, float sf) {
-    unsigned* column = static_cast<unsigned*>(a.out_sf) + static_cast<i64>(block >> 2) * a.sf_ld;
-    unsigned char* word = reinterpret_cast<unsigned char*>(column + row);
-    // sf is a power of two or +inf (round_sf): its exponent byte, 0xFF for inf
-    word[block & 3] = static_cast<unsigned char>(__float_as_uint(sf) >> 23);
-    if (block == a.sf_blocks - 1)
-        for (int j = (block & 3) + 1; j < 4; ++j) word[j] = 0;
-    if ((block & 3) == 0 && row == a.num_rows - 1) {
-#pragma unroll
-        for (int pad = 1; pad < 4; ++pad)
-            if (row + pad < a.sf_ld) column[row + pad] = 0u;
-    }
-}
-#endif
 
 // A padding row's block `block`: zero scale factor, or with zero_padding
 // off nothing but the pad columns that row R-1 owns.

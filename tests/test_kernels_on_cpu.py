@@ -122,6 +122,52 @@ def test_swiglu_by_slot_writes_the_live_rows_only(monkeypatch, rng, layout, tuni
         assert pad.size and (pad == 0).all()
 
 
+# every kernel's packed scale factors through store_packed_sf_pad_words
+# (QuantizeTuning.packed_sf_pad_words), by the kernel the tuning picks
+PAD_WORDS_EVERYWHERE = {
+    "rows": QuantizeTuning(packed_sf_pad_words=True, narrow_live_rows=0),
+    "vec": QuantizeTuning(packed_sf_pad_words=True, narrow_live_rows=0, segment_columns=()),
+    "vec1": QuantizeTuning(packed_sf_pad_words=True, block_rows_from_bytes=math.inf),
+    "block_rows": QuantizeTuning(packed_sf_pad_words=True, block_rows_from_bytes=0.0),
+}
+
+
+@pytest.mark.parametrize("zero_padding", [True, False])
+@pytest.mark.parametrize("tuning_name", sorted(PAD_WORDS_EVERYWHERE))
+@pytest.mark.parametrize(("inter", "npc"), [(2048, 128), (768, 32), (640, 128)])
+def test_swiglu_packed_sf_pad_words(monkeypatch, rng, zero_padding, tuning_name, inter, npc):
+    """swiglu_quantize_fp8's row kernels with packed UE8M0 scale factors
+    stored by store_packed_sf_pad_words: live rows as the oracle's, padding
+    rows zero (or, zero_padding off, still poison), the pad columns zero."""
+    plan, weights = _plan(rng, 11, 4, 24, 16, 8)
+    num_rows = plan.pos_to_expert.shape[0]
+    h = rng.standard_normal((num_rows, 2 * inter)).astype(ml_dtypes.bfloat16)
+    maps = {"topk_weights": weights, "pos_to_token_topk": plan.pos_to_token_topk,
+            "pos_to_expert": plan.pos_to_expert}
+    settings = {"num_per_channels": npc, "round_sf": True, "packed_ue8m0": True,
+                "use_tma_aligned_col_major_sf": True}
+    want_codes, want_sf = swiglu_quantize_fp8_numpy(h, **maps, **settings)
+    gpu = emulated_gpu(monkeypatch, seed=int(rng.integers(1, 2**62)))
+    codes, sf = quantize_with_tuning(PAD_WORDS_EVERYWHERE[tuning_name], "swiglu_quantize_fp8",
+                                     h, **maps, **settings, zero_padding=zero_padding)
+    gpu.check_canaries()
+    kernel = "vec" if tuning_name == "rows" and inter == 640 else tuning_name
+    kernel = f"{kernel}768" if kernel == "rows" and inter == 768 else kernel
+    assert gpu.launches[-1].endswith(f"_{kernel}"), gpu.launches
+    padding = swiglu_padding_rows(num_rows, pos_to_expert=plan.pos_to_expert,
+                                  pos_to_token_topk=plan.pos_to_token_topk,
+                                  num_slots=weights.size)
+    assert padding.any() and (~padding).any()
+    live = slice(None) if zero_padding else ~padding
+    np.testing.assert_array_equal(codes.view(np.uint8)[live], want_codes.view(np.uint8)[live])
+    sf_rows = np.ascontiguousarray(sf).view(np.uint8).reshape(num_rows, -1)
+    want_rows = np.ascontiguousarray(want_sf).view(np.uint8).reshape(num_rows, -1)
+    np.testing.assert_array_equal(sf_rows[live], want_rows[live])
+    if not zero_padding:
+        assert (sf_rows[padding] == POISON).all()
+    assert (_sf_pad_columns(sf) == 0).all()
+
+
 @pytest.mark.parametrize("side", ["after", "before"])
 @pytest.mark.parametrize("layout", sorted(SF_LAYOUTS))
 @pytest.mark.parametrize("tuning_name", sorted(BY_SLOT))

@@ -32,16 +32,18 @@ SELFTESTS = ["quantize_selftest_reciprocal", "quantize_selftest_e4m3",
     (False, 0, False, (True, True)), (True, 0, False, (True, True)),
     (False, 5, False, (True, True)), (False, 0, True, (True, True)),
     (False, 0, False, (False, True)), (False, 0, False, (True, False)),
-    (False, 0, True, (False, False))],
+    (False, 0, True, (False, False)), (False, 0, True, (True, True, True))],
     ids=["e4m3-default", "e4m3-software", "rows-min-blocks-5", "packed-word-stores",
-         "vec1-packed-pad-bytes", "tiles-packed-pad-bytes", "packed-word-stores-everywhere"])
+         "vec1-packed-pad-bytes", "tiles-packed-pad-bytes", "packed-word-stores-everywhere",
+         "packed-sf-pad-words-everywhere"])
 def test_every_quantize_variant_compiles(arch, software_e4m3, rows_min_blocks, word_stores,
                                          pad_words):
     nvrtc_or_skip()
     tuning = QuantizeTuning(software_e4m3=software_e4m3, rows_min_blocks=rows_min_blocks,
                             packed_sf_word_stores=word_stores,
                             vec1_packed_pad_words=pad_words[0],
-                            tiles_packed_pad_words=pad_words[1])
+                            tiles_packed_pad_words=pad_words[1],
+                            packed_sf_pad_words=len(pad_words) > 2 and pad_words[2])
     cubin = compile_for_arch("quantize.cu", tuning.defines(), arch)
     assert cubin[:4] == b"\x7fELF"
     for name in KERNELS + SWIGLU_EXTRA + SELFTESTS:

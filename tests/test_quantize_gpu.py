@@ -49,8 +49,10 @@ TUNINGS = [None, SOFTWARE, QuantizeTuning(software_e4m3=True, **WIDE),
            # by byte, as the other kernels (the default: whole words)
            QuantizeTuning(vec1_packed_pad_words=False),
            QuantizeTuning(vec1_packed_pad_words=False, vec1_columns_per_sm=math.inf),
-           # ... and in *_tiles
+           # ... and in *_tiles; the pad words in every kernel
            QuantizeTuning(tiles_packed_pad_words=False, **WIDE),
+           QuantizeTuning(packed_sf_pad_words=True),
+           QuantizeTuning(packed_sf_pad_words=True, **WIDE),
            # quantize_fp8: never / always *_vec1
            QuantizeTuning(**WIDE),
            QuantizeTuning(vec1_columns_per_sm=math.inf),

@@ -618,6 +618,9 @@ def test_bad_tunings(kwargs, message):
     with pytest.raises(TypeError, match=re.escape(
             "QuantizeTuning.tiles_packed_pad_words must be True or False; got 'no'")):
         QuantizeTuning(tiles_packed_pad_words="no")
+    with pytest.raises(TypeError, match=re.escape(
+            "QuantizeTuning.packed_sf_pad_words must be True or False; got None")):
+        QuantizeTuning(packed_sf_pad_words=None)
 
 
 def test_tuning_defines():
@@ -633,6 +636,8 @@ def test_tuning_defines():
         *QuantizeTuning().defines(), ("QUANTIZE_VEC1_PACKED_PAD_WORDS", 0))
     assert QuantizeTuning(tiles_packed_pad_words=False).defines() == (
         *QuantizeTuning().defines(), ("QUANTIZE_TILES_PACKED_PAD_WORDS", 0))
+    assert QuantizeTuning(packed_sf_pad_words=True).defines() == (
+        *QuantizeTuning().defines(), ("QUANTIZE_PACKED_SF_PAD_WORDS", 1))
     # the cache hints: .cs takes no define; a call in half the L2 loads by
     # resident_load_hint (.nc by default)
     base = QuantizeTuning().defines()

@@ -221,6 +221,14 @@ class QuantizeTuning:
     into one store (the same 0.1 µs at T = 1, 0.04 slower at T = 16 and
     64), and the thirty-fifth session's float32 column-major group stores
     (0.03 slower).
+    ``packed_sf_pad_words``: the same in every kernel, through
+    ``store_scale_factor`` (SwiGLU's included; QUANTIZE_PACKED_SF_PAD_WORDS,
+    before ``packed_sf_word_stores``). A sweep option, off: measured
+    (thirty-sixth session, H100, twice cold and twice in a graph) SwiGLU's
+    packed prefill and medium plans level (+-0.5%), its column-major ones
+    slower (DeepSeek-V3 EP8 8k 28.8 -> 29.4 µs in a graph, EP8 T = 512 6.5
+    -> 6.8): the shared store path is inlined into every kernel, whatever
+    the call's layout (as the thirty-fifth session's group stores).
     ``resident_load_hint``: the input rows' load hint (vector_access.cuh's
     VECTOR_LOAD_HINT: 0 .cs, 1 plain, 2 .cg, 3 .nc) of calls whose bytes
     (rows read, codes and scale factors written) fit in half the L2
@@ -254,6 +262,7 @@ class QuantizeTuning:
     vec1_columns_per_sm: float = 1024.0
     vec1_packed_pad_words: bool = True
     tiles_packed_pad_words: bool = True
+    packed_sf_pad_words: bool = False
     resident_load_hint: int = 3
     load_hint: int = 0
     store_hint: int = 0
@@ -293,7 +302,7 @@ class QuantizeTuning:
             require_hint_index("QuantizeTuning", name, getattr(self, name), hints)
         for name in ("software_e4m3", "sf_column_tiles", "packed_sf_tiles",
                      "packed_sf_word_stores", "vec1_packed_pad_words",
-                     "tiles_packed_pad_words"):
+                     "tiles_packed_pad_words", "packed_sf_pad_words"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"QuantizeTuning.{name} must be True or False; got "
                                 f"{getattr(self, name)!r}")
@@ -310,6 +319,7 @@ class QuantizeTuning:
                 *((("QUANTIZE_VEC1_PACKED_PAD_WORDS", 0),) if not self.vec1_packed_pad_words else ()),
                 *((("QUANTIZE_TILES_PACKED_PAD_WORDS", 0),) if not self.tiles_packed_pad_words
                   else ()),
+                *((("QUANTIZE_PACKED_SF_PAD_WORDS", 1),) if self.packed_sf_pad_words else ()),
                 *hint_defines(int(load), int(self.store_hint)))
 
 
