@@ -22,7 +22,12 @@
 # quant/common.py and quant/types.py that give it QuantTensor (= tuple) alone;
 # since the thirty-fourth session quant/common.py is TileKernels' own (at
 # 251c38f) and quant/per_token_cast_kernel.py (at e5ecceb, its e5m6 import a
-# stub) serves the quantize_fp8 comparison.
+# stub) serves the quantize_fp8 comparison; since the thirty-sixth session
+# quant/swiglu_forward_and_per_token_cast_kernel.py (TileKernels' file as the
+# search tool's code corpus returned it, which does not name its commit) the
+# swiglu_quantize_fp8 one, its unused clamp counters allocated only where
+# they are finalized (tilelang 0.1.15 rejects an unfinalized reducer; the
+# kernel's arithmetic is untouched).
 # They are public code that stays out of this repository: fetch them by hand.
 set -euo pipefail
 cd "$(dirname "$0")/.."
