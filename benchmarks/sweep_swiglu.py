@@ -61,6 +61,13 @@ TUNINGS = [("default", QuantizeTuning()),
            ("tiles_packed_pad_words=False", QuantizeTuning(tiles_packed_pad_words=False)),
            # ... and in every kernel, SwiGLU's included (store_scale_factor)
            ("packed_sf_pad_words", QuantizeTuning(packed_sf_pad_words=True)),
+           # swiglu: the few-live-rows kernels for every call, *_vec1 (a lane
+           # a chunk) or *_block_rows (its calls from block_rows_from_bytes):
+           # the padding-heavy plans where TileKernels gives a live row 8
+           # warps (thirty-sixth session, results/swiglu_tk_h100.md)
+           ("narrow_live_rows=all,vec1", QuantizeTuning(narrow_live_rows=1 << 30,
+                                                        block_rows_from_bytes=float("inf"))),
+           ("narrow_live_rows=all", QuantizeTuning(narrow_live_rows=1 << 30)),
            # row loads of the calls in half the L2 evict-first, as every other
            # call's (the default before the thirty-fourth session), or plain
            ("resident_load_hint=0", QuantizeTuning(resident_load_hint=0)),
