@@ -298,7 +298,6 @@ __device__ __forceinline__ void store_scale_factor(const QuantizeArgs& a, i64 ro
 #endif
 }
 
-
 // A padding row's block `block`: zero scale factor, or with zero_padding
 // off nothing but the pad columns that row R-1 owns.
 __device__ __forceinline__ void store_padding_scale_factor(const QuantizeArgs& a, i64 row,
@@ -597,7 +596,7 @@ __device__ __forceinline__ void quantize_vec_body(const QuantizeArgs& a) {
         if constexpr (!SWIGLU && LOADS == 1) {
             if (a.sf_layout == SF_COL_MAJOR_UE8M0) {
                 store_packed_sf_pad_words(a, out_row,
-                                               static_cast<int>(block - row * a.sf_blocks), sf);
+                                          static_cast<int>(block - row * a.sf_blocks), sf);
                 return;
             }
         }
