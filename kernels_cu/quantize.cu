@@ -225,6 +225,14 @@ __device__ __forceinline__ void store_packed_byte(unsigned char* word, int first
 }
 #endif
 
+// Packed UE8M0: the pad-column words R .. sf_ld (at most 3) of the word
+// column `words`, zero, given row = R-1.
+__device__ __forceinline__ void zero_packed_pad_words(unsigned* words, i64 row, i64 sf_ld) {
+#pragma unroll
+    for (int pad = 1; pad < 4; ++pad)
+        if (row + pad < sf_ld) words[row + pad] = 0u;
+}
+
 // Packed UE8M0, block `block` of row `row`: its exponent byte and (the
 // row's last block) the zero bytes after it; row R-1's pad-column words (at
 // most 3) whole, by each word's first block, where store_scale_factor's
@@ -240,11 +248,7 @@ __device__ __forceinline__ void store_packed_sf_pad_words(const QuantizeArgs& a,
     word[block & 3] = static_cast<unsigned char>(__float_as_uint(sf) >> 23);
     if (block == a.sf_blocks - 1)
         for (int j = (block & 3) + 1; j < 4; ++j) word[j] = 0;
-    if ((block & 3) == 0 && row == a.num_rows - 1) {
-#pragma unroll
-        for (int pad = 1; pad < 4; ++pad)
-            if (row + pad < a.sf_ld) column[row + pad] = 0u;
-    }
+    if ((block & 3) == 0 && row == a.num_rows - 1) zero_packed_pad_words(column, row, a.sf_ld);
 }
 
 // Block `block` of row `row`: its scale factor sf (0 for a padding row) in
@@ -271,10 +275,9 @@ __device__ __forceinline__ void store_scale_factor(const QuantizeArgs& a, i64 ro
     if (own_row) {
         store_packed_sf_pad_words(a, row, block, padding ? 0.0f : sf);
     } else if (last_row && (block & 3) == 0) {  // the pad words alone, by each word's first block
-        unsigned* words = static_cast<unsigned*>(a.out_sf) + static_cast<i64>(block >> 2) * a.sf_ld;
-#pragma unroll
-        for (int pad = 1; pad < 4; ++pad)
-            if (row + pad < a.sf_ld) words[row + pad] = 0u;
+        zero_packed_pad_words(
+            static_cast<unsigned*>(a.out_sf) + static_cast<i64>(block >> 2) * a.sf_ld, row,
+            a.sf_ld);
     }
     return;
 #endif

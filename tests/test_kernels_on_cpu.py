@@ -71,6 +71,18 @@ def _sf_pad_columns(sf: np.ndarray) -> np.ndarray:
     return full[:, num_rows:]
 
 
+def _swiglu_plan_inputs(rng, inter: int, dtype: str):
+    """A padded plan of 11 tokens (K = 4, 16 of 24 experts local, alignment
+    8), its weights, an ``h`` [X, 2 * inter] of ``dtype`` and the maps
+    swiglu_quantize_fp8 takes."""
+    plan, weights = _plan(rng, 11, 4, 24, 16, 8)
+    h = rng.standard_normal((plan.pos_to_expert.shape[0], 2 * inter)).astype(np.float32)
+    h = h.astype(ml_dtypes.bfloat16) if dtype == "bfloat16" else h
+    maps = {"topk_weights": weights, "pos_to_token_topk": plan.pos_to_token_topk,
+            "pos_to_expert": plan.pos_to_expert}
+    return plan, weights, h, maps
+
+
 BY_SLOT = {
     "rows": QuantizeTuning(by_slot_from_rows_per_slot=0, narrow_slot_columns_per_sm=0),
     "vec1": QuantizeTuning(by_slot_from_rows_per_slot=0, narrow_slot_columns_per_sm=math.inf),
@@ -91,12 +103,8 @@ def test_swiglu_by_slot_writes_the_live_rows_only(monkeypatch, rng, layout, tuni
     outputs written."""
     packed, col_major, round_sf = SF_LAYOUTS[layout]
     npc = 32 if inter == 96 else int(rng.choice([32, 128]))
-    plan, weights = _plan(rng, 11, 4, 24, 16, 8)
+    plan, weights, h, maps = _swiglu_plan_inputs(rng, inter, dtype)
     num_rows = plan.pos_to_expert.shape[0]
-    h = rng.standard_normal((num_rows, 2 * inter)).astype(np.float32)
-    h = h.astype(ml_dtypes.bfloat16) if dtype == "bfloat16" else h
-    maps = {"topk_weights": weights, "pos_to_token_topk": plan.pos_to_token_topk,
-            "pos_to_expert": plan.pos_to_expert}
     settings = {"num_per_channels": npc, "round_sf": round_sf, "packed_ue8m0": packed,
                 "use_tma_aligned_col_major_sf": col_major}
     want_codes, want_sf = swiglu_quantize_fp8_numpy(h, **maps, **settings)
@@ -139,11 +147,8 @@ def test_swiglu_packed_sf_pad_words(monkeypatch, rng, zero_padding, tuning_name,
     """swiglu_quantize_fp8's row kernels with packed UE8M0 scale factors
     stored by store_packed_sf_pad_words: live rows as the oracle's, padding
     rows zero (or, zero_padding off, still poison), the pad columns zero."""
-    plan, weights = _plan(rng, 11, 4, 24, 16, 8)
+    plan, weights, h, maps = _swiglu_plan_inputs(rng, inter, "bfloat16")
     num_rows = plan.pos_to_expert.shape[0]
-    h = rng.standard_normal((num_rows, 2 * inter)).astype(ml_dtypes.bfloat16)
-    maps = {"topk_weights": weights, "pos_to_token_topk": plan.pos_to_token_topk,
-            "pos_to_expert": plan.pos_to_expert}
     settings = {"num_per_channels": npc, "round_sf": True, "packed_ue8m0": True,
                 "use_tma_aligned_col_major_sf": True}
     want_codes, want_sf = swiglu_quantize_fp8_numpy(h, **maps, **settings)

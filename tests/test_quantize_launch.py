@@ -600,27 +600,16 @@ def test_too_many_warps_for_one_launch():
 def test_bad_tunings(kwargs, message):
     with pytest.raises(ValueError, match=re.escape(message)):
         QuantizeTuning(**kwargs)
+
+
+@pytest.mark.parametrize(("name", "value", "shown"), [
+    ("software_e4m3", 1, "1"), ("sf_column_tiles", "yes", "'yes'"), ("packed_sf_tiles", 0, "0"),
+    ("packed_sf_word_stores", None, "None"), ("vec1_packed_pad_words", 1, "1"),
+    ("tiles_packed_pad_words", "no", "'no'"), ("packed_sf_pad_words", None, "None")])
+def test_bool_tunings_take_only_bools(name, value, shown):
     with pytest.raises(TypeError, match=re.escape(
-            "QuantizeTuning.software_e4m3 must be True or False; got 1")):
-        QuantizeTuning(software_e4m3=1)
-    with pytest.raises(TypeError, match=re.escape(
-            "QuantizeTuning.sf_column_tiles must be True or False; got 'yes'")):
-        QuantizeTuning(sf_column_tiles="yes")
-    with pytest.raises(TypeError, match=re.escape(
-            "QuantizeTuning.packed_sf_tiles must be True or False; got 0")):
-        QuantizeTuning(packed_sf_tiles=0)
-    with pytest.raises(TypeError, match=re.escape(
-            "QuantizeTuning.packed_sf_word_stores must be True or False; got None")):
-        QuantizeTuning(packed_sf_word_stores=None)
-    with pytest.raises(TypeError, match=re.escape(
-            "QuantizeTuning.vec1_packed_pad_words must be True or False; got 1")):
-        QuantizeTuning(vec1_packed_pad_words=1)
-    with pytest.raises(TypeError, match=re.escape(
-            "QuantizeTuning.tiles_packed_pad_words must be True or False; got 'no'")):
-        QuantizeTuning(tiles_packed_pad_words="no")
-    with pytest.raises(TypeError, match=re.escape(
-            "QuantizeTuning.packed_sf_pad_words must be True or False; got None")):
-        QuantizeTuning(packed_sf_pad_words=None)
+            f"QuantizeTuning.{name} must be True or False; got {shown}")):
+        QuantizeTuning(**{name: value})
 
 
 def test_tuning_defines():

@@ -107,7 +107,7 @@ class CombinePlan:
             traits = device_traits(self.device)
             sparse = sparse_slots(problem.num_tokens, problem.top_k, problem.num_expanded)
             resident = fits_half_l2(problem.num_tokens, problem.top_k,
-                                         problem.num_expanded, self.row_bytes, traits.l2_bytes)
+                                    problem.num_expanded, self.row_bytes, traits.l2_bytes)
             shape = auto_combine_shape(
                 problem.num_tokens, self.row_bytes // vec_bytes, traits.multiprocessors,
                 top_k=problem.top_k, sparse=sparse, l2_resident=resident,

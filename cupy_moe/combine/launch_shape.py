@@ -293,7 +293,7 @@ def auto_combine_shape(num_tokens: int, row_vecs: int, multiprocessors: int, *,
 
 
 def fits_half_l2(num_tokens: int, top_k: int, num_expanded: int, row_bytes: int,
-                      l2_bytes: int) -> bool:
+                 l2_bytes: int) -> bool:
     """Whether the rows a call can read (at most min(X, T * K)) and the rows it
     writes (T) fit in half of an L2 of ``l2_bytes`` (0: unknown, never).
     Shapes only, never the data."""

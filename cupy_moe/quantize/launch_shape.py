@@ -316,7 +316,8 @@ class QuantizeTuning:
         return (("QUANTIZE_SOFTWARE_E4M3", int(self.software_e4m3)),
                 ("QUANTIZE_ROWS_MIN_BLOCKS", int(self.rows_min_blocks)),
                 ("QUANTIZE_PACKED_WORD_STORES", int(self.packed_sf_word_stores)),
-                *((("QUANTIZE_VEC1_PACKED_PAD_WORDS", 0),) if not self.vec1_packed_pad_words else ()),
+                *((("QUANTIZE_VEC1_PACKED_PAD_WORDS", 0),) if not self.vec1_packed_pad_words
+                  else ()),
                 *((("QUANTIZE_TILES_PACKED_PAD_WORDS", 0),) if not self.tiles_packed_pad_words
                   else ()),
                 *((("QUANTIZE_PACKED_SF_PAD_WORDS", 1),) if self.packed_sf_pad_words else ()),
