@@ -2,7 +2,7 @@
 to pick a launch. GPU only.
 
     python benchmarks/profile_op.py LABEL [CALLS] [--combine-shape NAME=VALUE ...]
-                                    [--tilekernels]
+                                    [--quantize-tuning NAME=VALUE ...] [--tilekernels]
 
 e.g. the SwiGLU-quantize kernel of Kimi-K2 prefill, its 3rd launch:
 
@@ -15,7 +15,10 @@ CUDA tensors with preallocated outputs; nothing is checked here (the bench
 and the tests do that). ``--combine-shape`` (reduce_fused workloads only):
 launch-shape options of ``combine.launch_shape.combine_shape``, as
 sweep_combine.py names them, e.g. ``--combine-shape vecs_per_thread=2
-max_warps=4 bulk_stages=4`` for the bulk layout. ``--tilekernels``
+max_warps=4 bulk_stages=4`` for the bulk layout. ``--quantize-tuning`` (quantize_fp8 and
+swiglu_quantize_fp8 workloads): fields of ``quantize.launch_shape.QuantizeTuning``,
+e.g. ``--quantize-tuning narrow_live_rows=1073741824 block_rows_from_bytes=inf``
+for ``*_vec1`` on every call. ``--tilekernels``
 (reduce_fused, quantize_fp8 and swiglu_quantize_fp8 workloads): DeepSeek
 TileKernels' op on the same inputs instead of ours, called as
 bench_combine_quantize.py calls it (its sources importable:
@@ -58,6 +61,8 @@ def main() -> int:
     parser.add_argument("calls", type=int, nargs="?", default=4)
     parser.add_argument("--combine-shape", type=shape_option, nargs="+", default=[],
                         metavar="NAME=VALUE")
+    parser.add_argument("--quantize-tuning", type=shape_option, nargs="+", default=[],
+                        metavar="NAME=VALUE")
     parser.add_argument("--tilekernels", action="store_true",
                         help="TileKernels' op (reduce_fused, per_token_cast, "
                              "swiglu_forward_and_per_token_cast) instead of ours")
@@ -68,6 +73,9 @@ def main() -> int:
     w = workloads[args_in.label]
     if args_in.combine_shape and w.op != "reduce_fused":
         parser.error(f"--combine-shape is for reduce_fused workloads; {w.label} is {w.op}")
+    if args_in.quantize_tuning and w.op not in ("quantize_fp8", "swiglu_quantize_fp8"):
+        parser.error(f"--quantize-tuning is for quantize_fp8 and swiglu_quantize_fp8 "
+                     f"workloads; {w.label} is {w.op}")
     if args_in.tilekernels:
         # the bench's TileKernels calls (a sibling script: this one's folder is on sys.path)
         from bench_combine_quantize import PEERS, peer_call, tilekernels_ops
@@ -91,6 +99,13 @@ def main() -> int:
 
         shaped = functools.partial(run_with_shape, **dict(args_in.combine_shape))
         call = functools.partial(runner._call_newer, w, shaped)
+    elif args_in.quantize_tuning:
+        from cupy_moe.quantize.api import run_with_tuning
+        from cupy_moe.quantize.launch_shape import QuantizeTuning
+
+        tuned = functools.partial(run_with_tuning, QuantizeTuning(**dict(args_in.quantize_tuning)),
+                                  w.op)
+        call = functools.partial(runner._call_newer, w, tuned)
     else:
         call = functools.partial(runner._call, w)
     results = call(args)

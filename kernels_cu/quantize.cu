@@ -57,7 +57,14 @@
 //   of its 4 chunks (H % 768 == 0, H % 1024 != 0: Qwen3's I = 768, a warp a
 //   row): 45 registers against *_rows' 60, 40 warps an SM, and Qwen3 prefill
 //   70.6 -> 81.9% of the copy against *_vec (benchmarks/NOTES.md,
-//   seventeenth session). (A warp a whole row of 1024-column segments,
+//   seventeenth session).
+// swiglu_quantize_fp8_*_rows512 / *_rows256: *_rows with 512- / 256-column
+//   segments, a lane 2 / 1 of its 4 chunks (H % 512 or 256 == 0). 512 is
+//   the default where H % 512 == 0 (bf16: 40 registers against 63, twice
+//   the warps, half the chain each: DeepSeek-V3 EP8 prefill 77.9 -> 81.9%
+//   of the copy); the calls that zero-fill many padding rows keep *_rows
+//   (QuantizeTuning.fill_segment_columns). 256 is a sweep option (it lost).
+//   (A warp a whole row of 1024-column segments,
 //   *_rows_whole, with an L2 prefetch of the row ahead, lost to *_rows once
 //   *_rows had its unrolled butterflies, and was removed.)
 // quantize_fp8_*_tiles: *_vec's conditions and H % 128 == 0, for
@@ -1051,6 +1058,14 @@ __device__ __forceinline__ void swiglu_block_rows_body(const QuantizeArgs& a) {
     swiglu_quantize_fp8_##IN_NAME##_rows768(const QuantizeArgs a) {                          \
         swiglu_rows_one_segment<IN_TYPE, VecLayout<IN_TYPE>::LOADS * 3 / 4>(a);              \
     }                                                                                        \
+    extern "C" __global__ void QUANT_ROWS_BOUNDS                                              \
+    swiglu_quantize_fp8_##IN_NAME##_rows512(const QuantizeArgs a) {                          \
+        swiglu_rows_one_segment<IN_TYPE, VecLayout<IN_TYPE>::LOADS / 2>(a);                  \
+    }                                                                                        \
+    extern "C" __global__ void QUANT_ROWS_BOUNDS                                              \
+    swiglu_quantize_fp8_##IN_NAME##_rows256(const QuantizeArgs a) {                          \
+        swiglu_rows_one_segment<IN_TYPE, VecLayout<IN_TYPE>::LOADS / 4>(a);                  \
+    }                                                                                        \
     extern "C" __global__ void __launch_bounds__(QUANT_MAX_THREADS)                          \
     swiglu_quantize_fp8_##IN_NAME##_vec1(const QuantizeArgs a) {                             \
         quantize_vec_body<IN_TYPE, true, 1>(a);                                              \
@@ -1078,6 +1093,14 @@ __device__ __forceinline__ void swiglu_block_rows_body(const QuantizeArgs& a) {
     extern "C" __global__ void QUANT_ROWS768_BOUNDS_##IN_NAME                                \
     swiglu_quantize_fp8_##IN_NAME##_rows768_slots(const QuantizeArgs a) {                    \
         swiglu_rows_one_segment<IN_TYPE, VecLayout<IN_TYPE>::LOADS * 3 / 4, true>(a);        \
+    } \
+    extern "C" __global__ void QUANT_ROWS_BOUNDS                                              \
+    swiglu_quantize_fp8_##IN_NAME##_rows512_slots(const QuantizeArgs a) {                    \
+        swiglu_rows_one_segment<IN_TYPE, VecLayout<IN_TYPE>::LOADS / 2, true>(a);            \
+    }                                                                                        \
+    extern "C" __global__ void QUANT_ROWS_BOUNDS                                              \
+    swiglu_quantize_fp8_##IN_NAME##_rows256_slots(const QuantizeArgs a) {                    \
+        swiglu_rows_one_segment<IN_TYPE, VecLayout<IN_TYPE>::LOADS / 4, true>(a);            \
     }
 
 DEFINE_QUANTIZE_KERNELS(bf16, unsigned short)

@@ -148,7 +148,6 @@ def test_swiglu_packed_sf_pad_words(monkeypatch, rng, zero_padding, tuning_name,
     stored by store_packed_sf_pad_words: live rows as the oracle's, padding
     rows zero (or, zero_padding off, still poison), the pad columns zero."""
     plan, weights, h, maps = _swiglu_plan_inputs(rng, inter, "bfloat16")
-    num_rows = plan.pos_to_expert.shape[0]
     settings = {"num_per_channels": npc, "round_sf": True, "packed_ue8m0": True,
                 "use_tma_aligned_col_major_sf": True}
     want_codes, want_sf = swiglu_quantize_fp8_numpy(h, **maps, **settings)
@@ -157,8 +156,19 @@ def test_swiglu_packed_sf_pad_words(monkeypatch, rng, zero_padding, tuning_name,
                                      h, **maps, **settings, zero_padding=zero_padding)
     gpu.check_canaries()
     kernel = "vec" if tuning_name == "rows" and inter == 640 else tuning_name
+    kernel = f"{kernel}512" if kernel == "rows" and inter == 2048 else kernel
     kernel = f"{kernel}768" if kernel == "rows" and inter == 768 else kernel
     assert gpu.launches[-1].endswith(f"_{kernel}"), gpu.launches
+    _check_swiglu_rows(plan, weights, (codes, sf), (want_codes, want_sf), zero_padding)
+    assert (_sf_pad_columns(sf) == 0).all()
+
+
+def _check_swiglu_rows(plan, weights, got: tuple, want: tuple, zero_padding: bool) -> None:
+    """A swiglu call's codes and scale factors (``got``) against the oracle's
+    (``want``): every row where padding rows are zeroed, else the live rows,
+    with the padding rows' codes and scale factors still poison."""
+    (codes, sf), (want_codes, want_sf) = got, want
+    num_rows = plan.pos_to_expert.shape[0]
     padding = swiglu_padding_rows(num_rows, pos_to_expert=plan.pos_to_expert,
                                   pos_to_token_topk=plan.pos_to_token_topk,
                                   num_slots=weights.size)
@@ -169,8 +179,41 @@ def test_swiglu_packed_sf_pad_words(monkeypatch, rng, zero_padding, tuning_name,
     want_rows = np.ascontiguousarray(want_sf).view(np.uint8).reshape(num_rows, -1)
     np.testing.assert_array_equal(sf_rows[live], want_rows[live])
     if not zero_padding:
+        assert (codes.view(np.uint8)[padding] == POISON).all()
         assert (sf_rows[padding] == POISON).all()
-    assert (_sf_pad_columns(sf) == 0).all()
+
+
+@pytest.mark.parametrize("by_slot", [False, True])
+@pytest.mark.parametrize("zero_padding", [True, False])
+@pytest.mark.parametrize("layout", sorted(SF_LAYOUTS))
+@pytest.mark.parametrize("width", [256, 512])
+@pytest.mark.parametrize(("inter", "dtype"), [(1024, "bfloat16"), (512, "float32")])
+def test_swiglu_narrow_row_segments(monkeypatch, rng, by_slot, zero_padding, layout, width,
+                                    inter, dtype):
+    """``*_rows256`` / ``*_rows512`` (and their ``_slots`` twins): live rows
+    as the oracle's, padding rows zero (or, zero_padding off, still poison),
+    the column-major SF pad columns zero."""
+    if by_slot and zero_padding:
+        pytest.skip("the *_slots kernels need zero_padding off")
+    packed, col_major, round_sf = SF_LAYOUTS[layout]
+    npc = int(rng.choice([32, 128]))
+    plan, weights, h, maps = _swiglu_plan_inputs(rng, inter, dtype)
+    settings = {"num_per_channels": npc, "round_sf": round_sf, "packed_ue8m0": packed,
+                "use_tma_aligned_col_major_sf": col_major}
+    want_codes, want_sf = swiglu_quantize_fp8_numpy(h, **maps, **settings)
+    gpu = emulated_gpu(monkeypatch, seed=int(rng.integers(1, 2**62)))
+    tuning = QuantizeTuning(segment_columns=(width,), narrow_live_rows=0,
+                            unzeroed_block_rows_from_bytes=math.inf,
+                            by_slot_from_rows_per_slot=0 if by_slot else math.inf,
+                            narrow_slot_columns_per_sm=0)
+    hint = {"token_topk_to_pos": plan.token_topk_to_pos} if by_slot else {}
+    codes, sf = quantize_with_tuning(tuning, "swiglu_quantize_fp8", h, **maps, **settings,
+                                     zero_padding=zero_padding, **hint)
+    gpu.check_canaries()
+    assert gpu.launches[-1].endswith(f"_rows{width}{'_slots' if by_slot else ''}"), gpu.launches
+    _check_swiglu_rows(plan, weights, (codes, sf), (want_codes, want_sf), zero_padding)
+    if col_major:
+        assert (_sf_pad_columns(sf) == 0).all()
 
 
 @pytest.mark.parametrize("side", ["after", "before"])

@@ -18,11 +18,11 @@ KERNELS = [*(f"{op}_{dtype}_{access}" for op in ("quantize_fp8", "swiglu_quantiz
            "quantize_fp8_bf16_tiles", "quantize_fp8_f32_tiles",
            "quantize_fp8_bf16_vec1", "quantize_fp8_f32_vec1",
            *(f"swiglu_quantize_fp8_{dtype}_{rows}" for dtype in ("bf16", "f32")
-             for rows in ("rows", "rows768"))]
+             for rows in ("rows", "rows768", "rows512", "rows256"))]
 # the few-live-rows kernels, and the *_slots twins of the coalesced swiglu ones
 SWIGLU_EXTRA = [f"swiglu_quantize_fp8_{dtype}_{name}" for dtype in ("bf16", "f32")
                 for name in ("vec1", "block_rows", "vec_slots", "vec1_slots", "rows_slots",
-                             "rows768_slots")]
+                             "rows768_slots", "rows512_slots", "rows256_slots")]
 SELFTESTS = ["quantize_selftest_reciprocal", "quantize_selftest_e4m3",
              "quantize_selftest_product_nan", "quantize_selftest_swiglu"]
 

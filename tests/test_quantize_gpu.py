@@ -60,6 +60,9 @@ TUNINGS = [None, SOFTWARE, QuantizeTuning(software_e4m3=True, **WIDE),
            # I = 3072 too), and never (*_vec)
            QuantizeTuning(segment_columns=(768, 1024), narrow_live_rows=0),
            QuantizeTuning(segment_columns=(), narrow_live_rows=0),
+           # ... 512- and 256-column segments (*_rows512, *_rows256)
+           QuantizeTuning(segment_columns=(512, 768), narrow_live_rows=0),
+           QuantizeTuning(segment_columns=(256, 768), narrow_live_rows=0),
            # quantize_fp8's column-major float32 SF on *_vec (the default takes
            # *_tiles where H % 128 == 0)
            QuantizeTuning(sf_column_tiles=False, **WIDE),

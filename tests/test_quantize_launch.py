@@ -506,12 +506,19 @@ def test_decode_and_prefill_shapes():
     qwen = launch_shape(8192 * 8, 768, 128, 132)  # swiglu rows: T * K, I = 768
     assert qwen.lanes_per_row == 24 and qwen.vec_blocks == 8192 * 8 * 24 // full
     assert launch_shape(5, 200, 128, 132).vec_blocks == 0  # a partial block: *_any only
-    # swiglu, I % 1024 == 0: *_rows, a warp a 1024-column segment of a row
+    # swiglu, I % 512 == 0: *_rows512, a warp a 512-column segment of a row
     kimi = launch_shape(4096 * 8, 2048, 128, 132, swiglu=True)
-    assert kimi.rows and kimi.passes == 2 and kimi.vec_blocks == 4096 * 8 * 2 // (full // 32)
+    assert kimi.rows and kimi.segment_columns == 512 and kimi.passes == 4
+    assert kimi.vec_blocks == 4096 * 8 * 4 // (full // 32)
+    # ... and a call that zero-fills 16 MiB of padding rows' codes: *_rows,
+    # 1024-column segments
+    for fill_bytes, width in ((16 << 20, 1024), ((16 << 20) - 1, 512)):
+        filling = launch_shape(4096 * 8, 2048, 128, 132, swiglu=True, fill_bytes=fill_bytes)
+        assert filling.rows and filling.segment_columns == width
+        assert filling.passes == 2048 // width
     decode = launch_shape(1024, 2048, 128, 132, swiglu=True)
-    # (2048 warps: at least 2 full blocks an SM, so full blocks)
-    assert decode.rows and (decode.vec_threads, decode.vec_blocks) == (full, 2048 * 32 // full)
+    # (4096 warps: at least 2 full blocks an SM, so full blocks)
+    assert decode.rows and (decode.vec_threads, decode.vec_blocks) == (full, 4096 * 32 // full)
     # I = 768: *_rows768, a warp a row (768-column segments)
     qwen_swiglu = launch_shape(8192 * 8, 768, 128, 132, swiglu=True)
     assert qwen_swiglu.rows and qwen_swiglu.segment_columns == 768
@@ -549,11 +556,18 @@ def test_too_many_warps_for_one_launch():
     launch_shape(2**26 - 8, 1024, 128, 132)
     # *_rows: 2 warps a row of 2048 columns, where *_any has 64 lanes a row: its
     # grid reaches the limit first
+    rows1024 = QuantizeTuning(segment_columns=(1024,))
     with pytest.raises(ValueError, match=re.escape(
             "33554432 rows of 2048 columns are too many for one launch (at most 2147483647 "
             "lanes of 32 columns)")):
-        launch_shape(2**25, 2048, 128, 132, swiglu=True)
-    assert launch_shape(2**25 - 8, 2048, 128, 132, swiglu=True).rows
+        launch_shape(2**25, 2048, 128, 132, rows1024, swiglu=True)
+    assert launch_shape(2**25 - 8, 2048, 128, 132, rows1024, swiglu=True).rows
+    # *_rows512: 4 warps a row, 128 lanes: its own limit, half as many rows
+    with pytest.raises(ValueError, match=re.escape(
+            "16777216 rows of 2048 columns are too many for one launch (at most 67108863 "
+            "warps)")):
+        launch_shape(2**24, 2048, 128, 132, swiglu=True)
+    assert launch_shape(2**24 - 8, 2048, 128, 132, swiglu=True).rows
 
 
 @pytest.mark.parametrize(("kwargs", "message"), [
@@ -564,15 +578,27 @@ def test_too_many_warps_for_one_launch():
     ({"rows_min_blocks": 33}, "QuantizeTuning.rows_min_blocks must be an int in 0 .. 32; got 33"),
     ({"rows_min_blocks": True},
      "QuantizeTuning.rows_min_blocks must be an int in 0 .. 32; got True"),
-    ({"segment_columns": (768, 512)},
-     "QuantizeTuning.segment_columns must be a tuple of widths in (768, 1024); got "
-     "(768, 512)"),
+    ({"segment_columns": (768, 384)},
+     "QuantizeTuning.segment_columns must be a tuple of widths in (256, 512, 768, 1024); got "
+     "(768, 384)"),
     ({"segment_columns": [1024]},
-     "QuantizeTuning.segment_columns must be a tuple of widths in (768, 1024); got "
+     "QuantizeTuning.segment_columns must be a tuple of widths in (256, 512, 768, 1024); got "
      "[1024]"),
     ({"segment_columns": (True,)},
-     "QuantizeTuning.segment_columns must be a tuple of widths in (768, 1024); got "
+     "QuantizeTuning.segment_columns must be a tuple of widths in (256, 512, 768, 1024); got "
      "(True,)"),
+    ({"fill_segment_columns": (2048,)},
+     "QuantizeTuning.fill_segment_columns must be a tuple of widths in (256, 512, 768, 1024); "
+     "got (2048,)"),
+    ({"fill_segment_columns": 1024},
+     "QuantizeTuning.fill_segment_columns must be a tuple of widths in (256, 512, 768, 1024); "
+     "got 1024"),
+    ({"fill_segments_from_bytes": -1},
+     "QuantizeTuning.fill_segments_from_bytes must be a number >= 0; got -1"),
+    ({"fill_segments_from_bytes": float("nan")},
+     "QuantizeTuning.fill_segments_from_bytes must be a number >= 0; got nan"),
+    ({"fill_segments_from_bytes": True},
+     "QuantizeTuning.fill_segments_from_bytes must be a number >= 0; got True"),
     ({"by_slot_from_rows_per_slot": -1},
      "QuantizeTuning.by_slot_from_rows_per_slot must be a number >= 0; got -1"),
     ({"by_slot_from_rows_per_slot": float("nan")},
@@ -678,17 +704,18 @@ def test_a_plan_packs_what_the_kernel_reads(monkeypatch, swiglu):
                               num_weights=24 if swiglu else -1, has_pos_to_expert=swiglu)
     # (narrow_live_rows=0 / vec1_columns_per_sm=0: 9 rows would take
     # *_vec1, the tests below; packed_sf_tiles=False: quantize_fp8's packed
-    # SF would take *_tiles, tested above)
-    plan = gpu.QuantizePlan(problem, 0, QuantizeTuning(narrow_live_rows=0,
-                                                       vec1_columns_per_sm=0,
-                                                       packed_sf_tiles=False))
+    # SF would take *_tiles, tested above; 1024-column segments: the tests
+    # below pick the widths)
+    tuning = QuantizeTuning(narrow_live_rows=0, vec1_columns_per_sm=0, packed_sf_tiles=False,
+                            segment_columns=(1024,))
+    plan = gpu.QuantizePlan(problem, 0, tuning)
     plan.launch(7, 0x1000, 0x2000, 0x3000, 0x4000, 0x5000, 0x6000, 0x7000)
     op = "swiglu_quantize_fp8" if swiglu else "quantize_fp8"
     handle, grid_x, grid_y, grid_z, threads, _, _, shared, stream, _, _ = launches[0]
     # swiglu with 7168 = 7 segments of 1024 columns: the row-major kernel
     coalesced = f"{op}_bf16_rows" if swiglu else f"{op}_bf16_vec"
     assert handle == coalesced and (grid_y, grid_z, shared, stream) == (1, 1, 0, 7)
-    shape = launch_shape(9, 7168, 128, 132, swiglu=swiglu)
+    shape = launch_shape(9, 7168, 128, 132, tuning, swiglu=swiglu)
     assert (grid_x, threads) == (shape.vec_blocks, shape.vec_threads)
     assert shape.passes == 7 and shape.vec_blocks == 32  # 63 warps, 2 a block, either way
     assert shape.rows == swiglu
@@ -750,8 +777,8 @@ def test_calls_in_half_the_l2_load_by_the_read_only_path(monkeypatch, num_rows, 
     (511, 8, "bfloat16", "vec1"),        # just under 1 MiB of codes
     (512, 8, "bfloat16", "block_rows"),  # 1 MiB
     (9, 1000, "bfloat16", "vec1"),       # X = 9 rows, however many slots
-    (1024, 512, "bfloat16", "rows"),     # 512 live rows, at most
-    (1024, -1, "bfloat16", "rows"),      # no weights: any of the X rows may be live
+    (1024, 512, "bfloat16", "rows512"),  # 512 live rows, at most
+    (1024, -1, "bfloat16", "rows512"),   # no weights: any of the X rows may be live
     (64, -1, "bfloat16", "vec1"),
 ])
 def test_swiglu_takes_one_chunk_a_lane_where_few_rows_are_live(monkeypatch, num_rows,
@@ -780,11 +807,11 @@ def test_swiglu_takes_one_chunk_a_lane_where_few_rows_are_live(monkeypatch, num_
     (23808, 2048, 256, False, "block_rows"),
     (23808, 2048, 256, True, "rows"),       # zeroing every row: the wide kernel
     (16384, 2048, 256, False, "block_rows"),  # exactly 128 KiB a slot
-    (16383, 2048, 256, False, "rows"),
+    (16383, 2048, 256, False, "rows512"),  # (no zero fill: 512-column segments)
     # Qwen3 T = 32, E = 128 (43 KiB a slot), a medium plan, no weights
     (14848, 768, 256, False, "rows768"),
-    (49152, 2048, 4096, False, "rows"),
-    (23808, 2048, -1, False, "rows"),
+    (49152, 2048, 4096, False, "rows512"),
+    (23808, 2048, -1, False, "rows512"),
     # few live rows: the decode rule, either way
     (1024, 2048, 8, False, "block_rows"),
     (511, 2048, 8, False, "vec1"),
@@ -805,7 +832,7 @@ def test_unzeroed_sparse_plans_take_whole_rows_blocks(monkeypatch, num_rows, hid
     if kernel == "block_rows" and num_weights > 64:
         gpu.QuantizePlan(problem, 0, never).launch(7, 0x1000, 0x2000, 0x3000, 0x4000, 0x5000,
                                                    0x6000, 0)
-        assert launches[-1][0] == "swiglu_quantize_fp8_bf16_rows"
+        assert launches[-1][0] == "swiglu_quantize_fp8_bf16_rows512"
 
 
 def test_narrow_tunings_are_checked():
@@ -842,22 +869,23 @@ def test_block_rows_where_the_tuning_asks(monkeypatch):
                            num_weights=4096, has_pos_to_expert=True)
     plan = gpu.QuantizePlan(wide, 0, BLOCK_ROWS)
     plan.launch(7, 0x1000, 0x2000, 0x3000, 0x4000, 0x5000, 0x6000, 0)
-    assert launches[-1][0] == "swiglu_quantize_fp8_bf16_rows"
+    assert launches[-1][0] == "swiglu_quantize_fp8_bf16_rows512"
     assert _packed_fields(gpu, plan)["block_rows"] == 0
 
 
 @pytest.mark.parametrize(("hidden", "tuning", "kernel", "passes"), [
     (768, DEFAULT_TUNING, "rows768", 1),      # Qwen3: 768-column segments, a warp one
-    (1536, DEFAULT_TUNING, "rows768", 2),
-    (2048, DEFAULT_TUNING, "rows", 2),     # 1024 first
+    (1536, DEFAULT_TUNING, "rows512", 3),     # 512 first
+    (2048, DEFAULT_TUNING, "rows512", 4),
     (3072, QuantizeTuning(segment_columns=(768, 1024)), "rows768", 4),  # the order given
     (2048, QuantizeTuning(segment_columns=(768,)), "vec", 2),           # no width divides I
+    (2048, QuantizeTuning(segment_columns=(256,)), "rows256", 8),
     (1152, DEFAULT_TUNING, "vec", 2),
     (768, QuantizeTuning(segment_columns=()), "vec", 1),
 ])
 def test_segment_width_picks_the_row_major_kernel(monkeypatch, hidden, tuning, kernel, passes):
     gpu, launches = _fake_device(monkeypatch)
-    problem = _swiglu_problem(40960, hidden, 32768)
+    problem = _swiglu_problem(40960, hidden, 40960 - 4096)  # 4096 padding rows, at least
     plan = gpu.QuantizePlan(problem, 0, tuning)
     plan.launch(7, 0x1000, 0x2000, 0x3000, 0x4000, 0x5000, 0x6000, 0)
     assert launches[-1][0] == f"swiglu_quantize_fp8_bf16_{kernel}"
@@ -882,8 +910,8 @@ def test_a_tuned_plan_compiles_and_launches_its_variant(monkeypatch):
                                                 0)
     assert compiled == [tuning.defines()] * 2  # both kernels of the plan: the variant's module
     handle, grid_x, _, _, threads = launches[0][:5]
-    # 9 rows x 7 segments = 63 warps, 2 a 64-thread block
-    assert handle == "swiglu_quantize_fp8_bf16_rows" and (grid_x, threads) == (32, 64)
+    # 9 rows x 14 segments of 512 columns = 126 warps, 2 a 64-thread block
+    assert handle == "swiglu_quantize_fp8_bf16_rows512" and (grid_x, threads) == (63, 64)
 
 
 def test_plan_kernels_by_dtype_width_and_layout(monkeypatch):
@@ -988,8 +1016,8 @@ def _slot_problem(num_rows: int, hidden: int, num_slots: int, *, zero_padding: b
     # the wide kernels by I: Qwen3 T = 32 (14848 rows, 256 slots of I = 768),
     # Kimi-K2 and DeepSeek-V3 EP8 T = 32
     (14848, 768, 256, 128, BY_SLOT_WIDE, "rows768_slots"),
-    (23808, 2048, 256, 128, BY_SLOT_WIDE, "rows_slots"),
-    (3072, 2048, 256, 128, BY_SLOT_WIDE, "rows_slots"),
+    (23808, 2048, 256, 128, BY_SLOT_WIDE, "rows512_slots"),
+    (3072, 2048, 256, 128, BY_SLOT_WIDE, "rows512_slots"),
     (3072, 1056, 256, 32, BY_SLOT_WIDE, "vec_slots"),     # no whole segments
     (1024, 2048, 8, 128, BY_SLOT, "vec1_slots"),          # decode: never *_block_rows
     (4096, 16384, 64, 128, BY_SLOT, "vec1_slots"),        # 1 MiB of slots' codes too
@@ -997,13 +1025,13 @@ def _slot_problem(num_rows: int, hidden: int, num_slots: int, *, zero_padding: b
     # (132 SMs: 528 slots of I = 2048)
     (14848, 768, 256, 128, DEFAULT_TUNING, "vec1_slots"),   # Qwen3 T = 32
     (23808, 2048, 256, 128, DEFAULT_TUNING, "vec1_slots"),  # Kimi-K2 T = 32
-    (49152, 2048, 4096, 128, DEFAULT_TUNING, "rows_slots"),   # Kimi-K2 T = 512
+    (49152, 2048, 4096, 128, DEFAULT_TUNING, "rows512_slots"),  # Kimi-K2 T = 512
     (16384, 768, 4096, 128, DEFAULT_TUNING, "rows768_slots"),  # Qwen3 T = 512
-    (4096, 2048, 4096, 128, DEFAULT_TUNING, "rows"),      # DeepSeek-V3 EP8 T = 512: 1 a slot
+    (4096, 2048, 4096, 128, DEFAULT_TUNING, "rows512"),   # DeepSeek-V3 EP8 T = 512: 1 a slot
     (8192, 768, 4096, 128, DEFAULT_TUNING, "rows768_slots"),  # 2 rows a slot
     (8191, 768, 4096, 128, DEFAULT_TUNING, "rows768"),
     (2048, 2048, 528, 128, DEFAULT_TUNING, "vec1_slots"),
-    (2048, 2048, 529, 128, DEFAULT_TUNING, "rows_slots"),
+    (2048, 2048, 529, 128, DEFAULT_TUNING, "rows512_slots"),
     # the threshold: 58 rows a slot
     (14848, 768, 256, 128, QuantizeTuning(by_slot_from_rows_per_slot=58), "vec1_slots"),
     (14848, 768, 256, 128, QuantizeTuning(by_slot_from_rows_per_slot=58.5), "rows768"),
@@ -1024,6 +1052,7 @@ def test_the_hint_picks_the_slots_kernels(monkeypatch, num_rows, hidden, num_slo
         # the coalesced grid over the slots: a warp a segment of a slot's row,
         # or (vec1) a lane a 16-byte chunk, or (vec) a lane 32 columns
         warps = {"rows768_slots": num_slots, "rows_slots": num_slots * hidden // 1024,
+                 "rows512_slots": num_slots * hidden // 512,
                  "vec_slots": num_slots * hidden // 1024,
                  "vec1_slots": num_slots * hidden // 256}[kernel]
         assert launches[-1][1] == -(-warps * 32 // launches[-1][4])  # whole blocks
@@ -1087,7 +1116,8 @@ def test_too_many_slots_for_one_launch_keep_the_rows_grid(monkeypatch):
     """A slot grid past one launch's lanes (here with rows per slot 0.5: the
     tuning allows it) falls back to the rows' kernels, which fit."""
     gpu, launches = _fake_device(monkeypatch)
-    tuning = QuantizeTuning(by_slot_from_rows_per_slot=0.5, narrow_live_rows=0)
+    tuning = QuantizeTuning(by_slot_from_rows_per_slot=0.5, narrow_live_rows=0,
+                            segment_columns=(1024,))
     # 2^22 slots of 2^14 columns: 2^31 lanes of 32 columns, one more than a
     # launch takes; the X = 2^21 rows: 2^30
     plan = gpu.QuantizePlan(_slot_problem(2**21, 2**14, 2**22), 0, tuning)

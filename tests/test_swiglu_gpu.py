@@ -127,8 +127,10 @@ def test_random_cases_are_bit_identical_to_the_oracle(kind):
 # rows768-first; 768 and 1536: *_rows768 under both
 @pytest.mark.parametrize("inter", [2048, 768, 1536, 3072])
 @pytest.mark.parametrize("tuning", [None, QuantizeTuning(segment_columns=(768, 1024)),
-                                    QuantizeTuning(segment_columns=())],
-                         ids=["default", "rows768-first", "vec"])
+                                    QuantizeTuning(segment_columns=()),
+                                    QuantizeTuning(segment_columns=(512, 768)),
+                                    QuantizeTuning(segment_columns=(256, 768))],
+                         ids=["default", "rows768-first", "vec", "rows512", "rows256"])
 def test_prefill_shapes_with_a_real_plan(kind, inter, tuning):
     rng = np.random.default_rng()
     maps, num_rows = plan_maps(rng, 256, 8, 64, 32)

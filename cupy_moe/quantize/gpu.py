@@ -57,10 +57,11 @@ def kernel_name(problem: QuantizeProblem, vector: bool, rows: bool = False,
                 narrow: str = "", segment_columns: int = SEGMENT_COLUMNS,
                 tiles: bool = False, by_slot: bool = False) -> str:
     """The kernel: coalesced (``vector``; swiglu's row-major one with ``rows``,
-    ``*_rows768`` with 768-column segments, the few-rows one with
-    ``narrow``, ``"vec1"`` or swiglu's ``"block_rows"``; quantize_fp8's ``*_tiles``
-    with ``tiles``; swiglu's ``*_slots`` twin of ``*_vec``, ``*_vec1``,
-    ``*_rows`` or ``*_rows768`` with ``by_slot``) or element accesses."""
+    ``*_rows{W}`` with W-column segments (W = 256, 512, 768), the few-rows
+    one with ``narrow``, ``"vec1"`` or swiglu's ``"block_rows"``;
+    quantize_fp8's ``*_tiles`` with ``tiles``; swiglu's ``*_slots`` twin of
+    ``*_vec``, ``*_vec1`` or a row-major one with ``by_slot``) or element
+    accesses."""
     op = "swiglu_quantize_fp8" if problem.swiglu else "quantize_fp8"
     dtype = "f32" if problem.in_dtype == "float32" else "bf16"
     segments = "rows" if segment_columns == SEGMENT_COLUMNS else f"rows{segment_columns}"
@@ -114,11 +115,15 @@ class QuantizePlan:
             narrow = (problem.num_rows * problem.hidden
                       <= tuning.vec1_columns_per_sm * multiprocessors)
         columns = 4 if problem.in_dtype == "float32" else 8  # a 16-byte chunk
+        # codes of rows known to be padding that the call zero-fills (the
+        # row-major kernels' segment widths: QuantizeTuning.fill_segment_columns)
+        fill_bytes = ((problem.num_rows - live_rows) * problem.hidden
+                      if problem.swiglu and problem.zero_padding else 0)
         try:
             self.shape: QuantizeShape = launch_shape(
                 problem.num_rows, problem.hidden, problem.num_per_channels, multiprocessors,
                 tuning, swiglu=problem.swiglu, narrow_columns=columns if narrow else 0,
-                sf_layout=sf_layout(problem))
+                sf_layout=sf_layout(problem), fill_bytes=fill_bytes)
         except ValueError:
             if not narrow:
                 raise
@@ -126,7 +131,8 @@ class QuantizePlan:
             # rows): the wide grid, which may fit (else the same error)
             self.shape = launch_shape(problem.num_rows, problem.hidden,
                                       problem.num_per_channels, multiprocessors, tuning,
-                                      swiglu=problem.swiglu, sf_layout=sf_layout(problem))
+                                      swiglu=problem.swiglu, sf_layout=sf_layout(problem),
+                                      fill_bytes=fill_bytes)
         self.by_slot = takes_slots(problem, tuning)
         if self.by_slot:
             # the coalesced grid over the slots, *_vec1_slots up to

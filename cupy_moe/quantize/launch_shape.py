@@ -6,8 +6,10 @@ warp taking 32 x 32 columns' worth of them, interleaved across its lanes so
 that every access is coalesced, the chunks numbered row after row (a
 chunk's row is its block index divided by S: ``block_magic`` /
 ``block_shift``). swiglu_quantize_fp8 with H a multiple of one of
-``QuantizeTuning.segment_columns`` (1024, then 768) takes ``*_rows``
-(``*_rows768``) instead, row-major: the rows are cut into segments of that
+``QuantizeTuning.segment_columns`` (512, then 768; 1024, then 768 for calls
+that zero-fill many padding rows: ``fill_segment_columns``) takes
+``*_rows512``, ``*_rows768`` or ``*_rows`` (1024) instead, row-major: the
+rows are cut into segments of that
 many columns, ``passes`` a row (a segment's row is its index divided by
 ``passes``: ``pass_magic`` / ``pass_shift``), a warp a segment, reading
 its row's maps and weight once. swiglu_quantize_fp8 calls
@@ -55,9 +57,9 @@ __all__ = [
 
 LANE_COLUMNS = 32      # QUANT_LANE_COLS of kernels_cu/quantize.cu
 SEGMENT_COLUMNS = 32 * LANE_COLUMNS  # swiglu *_rows: the columns of one segment
-# the segment widths of the row-major kernels: *_rows768 (a lane 3 of its 4
-# chunks) and *_rows
-SEGMENT_WIDTHS = (768, SEGMENT_COLUMNS)
+# the segment widths of the row-major kernels: *_rows256 and *_rows512 (a
+# lane 1 or 2 of *_rows' 4 chunks), *_rows768 (3) and *_rows
+SEGMENT_WIDTHS = (256, 512, 768, SEGMENT_COLUMNS)
 MAX_THREADS = 256      # QUANT_MAX_THREADS: the kernels' launch bound
 BLOCK_ROWS_MAX_THREADS = 1024  # QUANT_BLOCK_ROWS_MAX_THREADS: *_block_rows' launch bound
 MAX_ROWS_A_BLOCK = 32  # *_block_rows: a block's rows (one ballot of their maps)
@@ -143,11 +145,27 @@ class QuantizeTuning:
     NOTES.md, tenth session.)
     ``segment_columns``: the segment widths of the row-major kernels, in the
     order tried: the first that divides I picks the kernel (1024:
-    ``*_rows``; 768: ``*_rows768``, a lane 3 of its 4 chunks); none:
-    ``*_vec``. 768 at Qwen3's I = 768 in place of ``*_vec``: prefill 70.6 ->
-    81.9% of the copy, 8k 77.5 -> 86.6, packed 68.0 -> 76.9, medium 41.5 ->
-    46.7 (45 registers, 40 warps an SM). 512- and 256-column segments lost
-    2-10 points where they applied. (A warp a whole row, ``*_rows_whole``,
+    ``*_rows``; 768: ``*_rows768``, a lane 3 of its 4 chunks; 512 / 256:
+    ``*_rows512`` / ``*_rows256``, 2 / 1); none: ``*_vec``. 768 at Qwen3's
+    I = 768 in place of ``*_vec``: prefill 70.6 -> 81.9% of the copy, 8k
+    77.5 -> 86.6, packed 68.0 -> 76.9, medium 41.5 -> 46.7 (45 registers,
+    40 warps an SM). 512 in place of 1024 (thirty-seventh session, H100, at
+    I = 2048, A/B in one run, twice with the L2 flushed and once in a
+    graph; benchmarks/NOTES.md): bf16 ``*_rows512`` takes 40 registers
+    against 63, twice the warps with half the chain each; DeepSeek-V3 EP8
+    prefill (T = 4096) 77.9 -> 81.9% of the copy, 8k 95.6 -> 97.9, T = 512
+    10.3 -> 10.0 µs (zero_padding off 9.5 -> 8.7), Kimi-K2 T = 512 with
+    zero_padding off 20.9 -> 18.9, Kimi-K2 prefill within 1%; but the plans
+    that zero-fill many padding rows lost (Kimi-K2 T = 32 25.1 -> 27.3,
+    T = 512 54.8 -> 56.2: a padding warp's map loads then cover half the
+    bytes), hence ``fill_segment_columns``. 256 lost 4-20%. (Before the
+    unrolled butterflies, 512- and 256-column segments lost 2-10 points.)
+    ``fill_segment_columns``: the widths, in the same sense, of swiglu calls
+    that zero at least ``fill_segments_from_bytes`` bytes of codes in rows
+    known to be padding (zero_padding on, with weights: (X - T * K) * I):
+    at I = 2048 the 1024-column ``*_rows`` from 16 MiB (Kimi-K2 T = 32:
+    48 MB, T = 512: 92 MB, prefill: 34 MB, within 1% either way; DeepSeek-V3
+    EP8 T = 32, 5.8 MB, 9.0 -> 8.5 µs on 512). (A warp a whole row, ``*_rows_whole``,
     with an L2 prefetch of the row ahead, was taken in the fourteenth and
     sixteenth sessions and lost to ``*_rows`` once ``*_rows`` had the
     unrolled butterflies: Kimi-K2 prefill 85.3 -> 86.5%, DeepSeek-V3 EP8 8k
@@ -254,7 +272,9 @@ class QuantizeTuning:
     unzeroed_block_rows_from_bytes: float = float(128 << 10)
     by_slot_from_rows_per_slot: float = 2.0
     narrow_slot_columns_per_sm: float = 8192.0
-    segment_columns: tuple[int, ...] = (SEGMENT_COLUMNS, 768)
+    segment_columns: tuple[int, ...] = (512, 768)
+    fill_segment_columns: tuple[int, ...] = (SEGMENT_COLUMNS, 768)
+    fill_segments_from_bytes: float = float(16 << 20)
     sf_column_tiles: bool = True
     packed_sf_tiles: bool = True
     packed_sf_word_stores: bool = False
@@ -293,10 +313,13 @@ class QuantizeTuning:
         _require_number("by_slot_from_rows_per_slot", self.by_slot_from_rows_per_slot)
         _require_number("narrow_slot_columns_per_sm", self.narrow_slot_columns_per_sm)
         _require_number("vec1_columns_per_sm", self.vec1_columns_per_sm)
-        if not isinstance(self.segment_columns, tuple) or not all(
-                type(width) is int and width in SEGMENT_WIDTHS for width in self.segment_columns):
-            raise ValueError(f"QuantizeTuning.segment_columns must be a tuple of widths in "
-                             f"{SEGMENT_WIDTHS}; got {self.segment_columns!r}")
+        _require_number("fill_segments_from_bytes", self.fill_segments_from_bytes)
+        for name in ("segment_columns", "fill_segment_columns"):
+            widths = getattr(self, name)
+            if not isinstance(widths, tuple) or not all(
+                    type(width) is int and width in SEGMENT_WIDTHS for width in widths):
+                raise ValueError(f"QuantizeTuning.{name} must be a tuple of widths in "
+                                 f"{SEGMENT_WIDTHS}; got {widths!r}")
         for name, hints in (("resident_load_hint", LOAD_HINTS), ("load_hint", LOAD_HINTS),
                             ("store_hint", STORE_HINTS)):
             require_hint_index("QuantizeTuning", name, getattr(self, name), hints)
@@ -379,14 +402,16 @@ def division_magic(divisor: int) -> tuple[int, int]:
 def launch_shape(num_rows: int, hidden: int, num_per_channels: int, multiprocessors: int,
                  tuning: QuantizeTuning = DEFAULT_TUNING, *,
                  swiglu: bool = False, narrow_columns: int = 0,
-                 sf_layout: int = SF_ROW_MAJOR_F32) -> QuantizeShape:
+                 sf_layout: int = SF_ROW_MAJOR_F32, fill_bytes: int = 0) -> QuantizeShape:
     """The grid of one call: a function of the shapes (and the SM count) only.
 
     ``swiglu``: where H is whole segments (of the first width of
     ``tuning.segment_columns`` that divides it), the coalesced grid is
     swiglu_quantize_fp8's row-major *_rows one (a warp a segment of a row),
     else *_vec's (a warp 32 x 32 columns of the chunks numbered row after
-    row).
+    row). ``fill_bytes``: the codes the call zero-fills in rows known to be
+    padding; from ``tuning.fill_segments_from_bytes`` the widths are
+    ``tuning.fill_segment_columns``.
     ``narrow_columns`` (> 0: the columns of a 16-byte chunk of the input
     dtype): the few-rows grid instead, *_vec1's (a lane one chunk) or, for
     swiglu from ``tuning.block_rows_from_bytes`` of codes, *_block_rows'
@@ -410,7 +435,9 @@ def launch_shape(num_rows: int, hidden: int, num_per_channels: int, multiprocess
     vec_threads = vec_blocks = block_rows = 0
     narrow = narrow_columns > 0
     # swiglu's row-major kernels: segments of the first width that divides H
-    width = next((columns for columns in tuning.segment_columns if hidden % columns == 0),
+    widths = (tuning.fill_segment_columns if fill_bytes >= tuning.fill_segments_from_bytes
+              else tuning.segment_columns)
+    width = next((columns for columns in widths if hidden % columns == 0),
                  0) if swiglu and not narrow else 0
     rows = width > 0
     passes = max(1, ceil_div(hidden, width or SEGMENT_COLUMNS))
