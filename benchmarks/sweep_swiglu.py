@@ -1,6 +1,7 @@
 """A/B tunings of swiglu_quantize_fp8 (and quantize_fp8) on the manifest's workloads. GPU only.
 
     python benchmarks/sweep_swiglu.py [--iters N] [--only LABEL ...] [--tunings TEXT ...] [--warm]
+                                      [--dtype float32]
 
 Each ``QuantizeTuning`` below (block size, and the register budget of the
 row-major ``*_rows`` kernel: ``rows_min_blocks``) is first checked bit-exact
@@ -12,11 +13,14 @@ issue at 46% occupancy (63 registers; benchmarks/NOTES.md, ninth session);
 ``rows_min_blocks=5`` compiles it to 46 registers (40 warps an SM) with a few
 spills. (Two segments a warp lost 11-16 points and were removed:
 benchmarks/NOTES.md, tenth session; results/sweep_swiglu_h200.md.)
+``--dtype float32``: the workloads with float32 inputs in place of their
+bfloat16 ones (the manifest has none; its labels get ``-f32``).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import sys
 
@@ -101,6 +105,8 @@ def main() -> int:
     parser.add_argument("--tunings", nargs="*", metavar="TEXT",
                         help="only the tunings whose label contains one of these (the default "
                              "always runs)")
+    parser.add_argument("--dtype", choices=["float32"],
+                        help="the workloads' input dtype in place of the manifest's")
     parser.add_argument("--warm", action="store_true",
                         help="µs a call replaying a CUDA graph, no L2 flush (inputs that fit "
                              "in L2 stay there from one call to the next)")
@@ -108,6 +114,9 @@ def main() -> int:
     tunings = pick_variants(TUNINGS, args.tunings, "--tunings", parser.error)
     workloads = pick_workloads(["swiglu_quantize_fp8", "quantize_fp8"], args.only,
                                parser.error)
+    if args.dtype:
+        workloads = [dataclasses.replace(w, dtype=args.dtype, label=f"{w.label}-f32")
+                     for w in workloads]
     timer = WarmTimer() if args.warm else GpuTimer()
     # the L2-flushed copy either way (a WarmTimer would time it in a graph)
     copy_tbps = GpuTimer().copy_tbps() if args.warm else timer.copy_tbps()
