@@ -192,7 +192,8 @@ def test_unknown_op_is_a_key_error():
 def test_an_entry_outside_the_manifest_is_the_manifests_twin():
     """A sweep's entry (benchmarks/sweep_swiglu_slots.py) parses as the
     manifest's own does: the same Workload for the same keys, the same errors."""
-    manifest = load_workloads("swiglu_quantize_fp8")[-1]
+    manifest = next(w for w in load_workloads("swiglu_quantize_fp8")
+                    if w.label == "swiglu-qwen3-30b-a3b-medium-e128-plan-col-major-unzeroed")
     entry = {"label": manifest.label, "tokens": manifest.num_tokens, "top_k": manifest.top_k,
              "intermediate": manifest.hidden,
              "plan": {"num_experts": 128, "alignment": 128, "seed": 0},
@@ -614,13 +615,15 @@ def test_an_unzeroed_swiglu_entry_passes_the_hint_and_writes_the_routed_rows():
     # without the hint the maps are read whole
     assert unhinted.bytes == (8 * 4096 * 2 + 8 * 2048 + 8 * 16 * 4 + 1024 * 4 + 1024 * 4
                               + 8 * 4)
-    # the manifest's own: decode to medium of every model, each beside its zeroed twin
+    # the manifest's own: decode to medium of every model and two prefill
+    # plans, each beside its zeroed twin
     unzeroed = [w for w in load_workloads("swiglu_quantize_fp8") if not w.zero_padding]
     zeroed = {w.label: w for w in load_workloads("swiglu_quantize_fp8") if w.zero_padding}
-    assert len(unzeroed) == 9
+    assert len(unzeroed) == 11
+    assert sum(w.num_tokens == 4096 for w in unzeroed) == 2
     for w in unzeroed:
         twin = zeroed[w.label.removesuffix("-unzeroed")]
-        assert "token_topk_to_pos" in w.shapes and w.num_tokens in (1, 32, 512)
+        assert "token_topk_to_pos" in w.shapes and w.num_tokens in (1, 32, 512, 4096)
         assert (w.num_expanded, w.routed_rows, w.plan) == (twin.num_expanded, twin.routed_rows,
                                                            twin.plan)
         assert w.bytes < twin.bytes
