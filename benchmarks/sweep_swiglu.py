@@ -41,7 +41,8 @@ TUNINGS = [("default", QuantizeTuning()),
              for widths in ((768, 1024), (), (1024, 768), (256, 768))),
            # the calls that zero-fill many padding rows on 512-column segments
            # too (the default: 1024 from 16 MiB of their codes)
-           ("fill_segments_from_bytes=inf", QuantizeTuning(fill_segments_from_bytes=float("inf"))),
+           ("fill_segments_from_bytes=inf",
+            QuantizeTuning(fill_segments_from_bytes=float("inf"))),
            # quantize_fp8, column-major float32 SF: *_vec (8 columns' scale
            # factors a row, a sector each) against the default's *_tiles
            ("sf_column_tiles=False", QuantizeTuning(sf_column_tiles=False)),

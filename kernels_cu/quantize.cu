@@ -1093,7 +1093,7 @@ __device__ __forceinline__ void swiglu_block_rows_body(const QuantizeArgs& a) {
     extern "C" __global__ void QUANT_ROWS768_BOUNDS_##IN_NAME                                \
     swiglu_quantize_fp8_##IN_NAME##_rows768_slots(const QuantizeArgs a) {                    \
         swiglu_rows_one_segment<IN_TYPE, VecLayout<IN_TYPE>::LOADS * 3 / 4, true>(a);        \
-    } \
+    }                                                                                        \
     extern "C" __global__ void QUANT_ROWS_BOUNDS                                              \
     swiglu_quantize_fp8_##IN_NAME##_rows512_slots(const QuantizeArgs a) {                    \
         swiglu_rows_one_segment<IN_TYPE, VecLayout<IN_TYPE>::LOADS / 2, true>(a);            \

@@ -9,13 +9,13 @@ chunk's row is its block index divided by S: ``block_magic`` /
 ``QuantizeTuning.segment_columns`` (512, then 768; 1024, then 768 for calls
 that zero-fill many padding rows: ``fill_segment_columns``) takes
 ``*_rows512``, ``*_rows768`` or ``*_rows`` (1024) instead, row-major: the
-rows are cut into segments of that
-many columns, ``passes`` a row (a segment's row is its index divided by
-``passes``: ``pass_magic`` / ``pass_shift``), a warp a segment, reading
-its row's maps and weight once. swiglu_quantize_fp8 calls
-with few live rows (decode) take ``*_vec1`` (``*_vec`` with one 16-byte
-chunk a lane) or, with many padding rows, ``*_block_rows`` (a block
-``block_rows`` whole rows, a live row one chunk a thread).
+rows are cut into segments of that many columns, ``passes`` a row (a
+segment's row is its index divided by ``passes``: ``pass_magic`` /
+``pass_shift``), a warp a segment, reading its row's maps and weight once.
+swiglu_quantize_fp8 calls with few live rows (decode) take ``*_vec1``
+(``*_vec`` with one 16-byte chunk a lane) or, with many padding rows,
+``*_block_rows`` (a block ``block_rows`` whole rows, a live row one chunk a
+thread).
 ``*_any`` (every shape): a lane takes 32 columns of one row, ``npc / 32``
 lanes one scale-factor block, a row is ``lanes_per_row = S * npc / 32``
 lanes, the grid's lanes row after row (a warp may end one row and start the
@@ -134,9 +134,10 @@ class QuantizeTuning:
     place of the hardware conversion (the GPU tests check that both give the
     same codes).
     ``rows_min_blocks`` (0: the compiler's choice) asks the compiler to fit
-    that many blocks of the SwiGLU ``*_rows`` kernel on an SM: fewer registers
-    a thread, more warps in flight (5 gives 46 registers with a few spills,
-    against 63: within a point of the default on the GPU in the tenth
+    that many blocks of the SwiGLU ``*_rows`` kernel (and of ``*_rows512`` /
+    ``*_rows256``: none gained there, thirty-seventh session) on an SM: fewer
+    registers a thread, more warps in flight (5 gives 46 registers with a
+    few spills, against 63: within a point of the default on the GPU in the tenth
     session, 2-2.5 points behind it in the seventeenth; 6 lost 4-14). The
     bf16 ``*_rows768`` kernel has 5 built in (+1.3 to +1.8 on Qwen3 prefill);
     float32's ``*_rows768`` follows this setting. (Two
@@ -165,13 +166,13 @@ class QuantizeTuning:
     known to be padding (zero_padding on, with weights: (X - T * K) * I):
     at I = 2048 the 1024-column ``*_rows`` from 16 MiB (Kimi-K2 T = 32:
     48 MB, T = 512: 92 MB, prefill: 34 MB, within 1% either way; DeepSeek-V3
-    EP8 T = 32, 5.8 MB, 9.0 -> 8.5 µs on 512). (A warp a whole row, ``*_rows_whole``,
-    with an L2 prefetch of the row ahead, was taken in the fourteenth and
-    sixteenth sessions and lost to ``*_rows`` once ``*_rows`` had the
-    unrolled butterflies: Kimi-K2 prefill 85.3 -> 86.5%, DeepSeek-V3 EP8 8k
-    72.2 -> 76.3, 8k 89.0 -> 88.4; removed. The same prefetch in the
-    ``*_vec`` kernels lost 1-9 points. benchmarks/NOTES.md, seventeenth
-    session.)
+    EP8 T = 32, 5.8 MB, 9.0 -> 8.5 µs on 512).
+    (A warp a whole row, ``*_rows_whole``, with an L2 prefetch of the row
+    ahead, was taken in the fourteenth and sixteenth sessions and lost to
+    ``*_rows`` once ``*_rows`` had the unrolled butterflies: Kimi-K2 prefill
+    85.3 -> 86.5%, DeepSeek-V3 EP8 8k 72.2 -> 76.3, 8k 89.0 -> 88.4; removed.
+    The same prefetch in the ``*_vec`` kernels lost 1-9 points.
+    benchmarks/NOTES.md, seventeenth session.)
     ``sf_column_tiles``: quantize_fp8 calls with column-major float32 scale
     factors and H % 128 == 0 take ``*_tiles``, a warp an 8-row x 128-column
     tile, so that one store writes a block column's 8 scale factors (one
