@@ -159,7 +159,9 @@ class QuantizeTuning:
     zero_padding off 20.9 -> 18.9, Kimi-K2 prefill within 1%; but the plans
     that zero-fill many padding rows lost (Kimi-K2 T = 32 25.1 -> 27.3,
     T = 512 54.8 -> 56.2: a padding warp's map loads then cover half the
-    bytes), hence ``fill_segment_columns``. 256 lost 4-20%. (Before the
+    bytes), hence ``fill_segment_columns``. At I = 1536 / 2560 / 3072 (on
+    ``*_rows768`` / ``*_vec`` / ``*_rows`` before) 512 ran 3-9% faster than
+    those (at 3072 level with 768). 256 lost 4-20%. (Before the
     unrolled butterflies, 512- and 256-column segments lost 2-10 points.)
     ``fill_segment_columns``: the widths, in the same sense, of swiglu calls
     that zero at least ``fill_segments_from_bytes`` bytes of codes in rows
