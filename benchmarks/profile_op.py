@@ -76,6 +76,13 @@ def main() -> int:
     if args_in.quantize_tuning and w.op not in ("quantize_fp8", "swiglu_quantize_fp8"):
         parser.error(f"--quantize-tuning is for quantize_fp8 and swiglu_quantize_fp8 "
                      f"workloads; {w.label} is {w.op}")
+    if args_in.quantize_tuning:
+        from cupy_moe.quantize.launch_shape import QuantizeTuning
+
+        try:
+            tuning = QuantizeTuning(**dict(args_in.quantize_tuning))
+        except (TypeError, ValueError) as error:  # an unknown field, a bad value
+            parser.error(f"--quantize-tuning: {error}")
     if args_in.tilekernels:
         # the bench's TileKernels calls (a sibling script: this one's folder is on sys.path)
         from bench_combine_quantize import PEERS, peer_call, tilekernels_ops
@@ -101,10 +108,8 @@ def main() -> int:
         call = functools.partial(runner._call_newer, w, shaped)
     elif args_in.quantize_tuning:
         from cupy_moe.quantize.api import run_with_tuning
-        from cupy_moe.quantize.launch_shape import QuantizeTuning
 
-        tuned = functools.partial(run_with_tuning, QuantizeTuning(**dict(args_in.quantize_tuning)),
-                                  w.op)
+        tuned = functools.partial(run_with_tuning, tuning, w.op)
         call = functools.partial(runner._call_newer, w, tuned)
     else:
         call = functools.partial(runner._call, w)

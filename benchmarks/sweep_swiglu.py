@@ -83,7 +83,8 @@ TUNINGS = [("default", QuantizeTuning()),
            ("resident_load_hint=1", QuantizeTuning(resident_load_hint=1)),
            # the default's 128 against the other block sizes (256 was the
            # default before the tenth session)
-           *((f"threads={threads}", QuantizeTuning(threads=threads)) for threads in (64, 192, 256))]
+           *((f"threads={threads}", QuantizeTuning(threads=threads))
+             for threads in (64, 192, 256))]
 DEFAULT_LABELS = ["swiglu-kimi-k2-prefill-e384-plan-col-major",
                   "swiglu-kimi-k2-medium-e384-plan-col-major",
                   "swiglu-dsv3-ep8-prefill-8k-plan-col-major",

@@ -63,7 +63,8 @@
 //   the default where H % 512 == 0 (bf16: 40 registers against 63, twice
 //   the warps, half the chain each: DeepSeek-V3 EP8 prefill 77.9 -> 81.9%
 //   of the copy); the calls that zero-fill many padding rows keep *_rows
-//   (QuantizeTuning.fill_segment_columns). 256 is a sweep option (it lost).
+//   (QuantizeTuning.fill_segment_columns). 256 is a sweep option (it lost),
+//   compiled only with QUANTIZE_ROWS256.
 //   (A warp a whole row of 1024-column segments,
 //   *_rows_whole, with an L2 prefetch of the row ahead, lost to *_rows once
 //   *_rows had its unrolled butterflies, and was removed.)
@@ -142,6 +143,10 @@
 // SwiGLU's column-major calls up to 4%, thirty-sixth session).
 #ifndef QUANTIZE_PACKED_SF_PAD_WORDS
 #define QUANTIZE_PACKED_SF_PAD_WORDS 0
+#endif
+// 1: the *_rows256 kernels too (a tuning whose segment widths name 256)
+#ifndef QUANTIZE_ROWS256
+#define QUANTIZE_ROWS256 0
 #endif
 #if QUANTIZE_ROWS_MIN_BLOCKS > 0
 #define QUANT_ROWS_BOUNDS __launch_bounds__(QUANT_MAX_THREADS, QUANTIZE_ROWS_MIN_BLOCKS)
@@ -1062,10 +1067,6 @@ __device__ __forceinline__ void swiglu_block_rows_body(const QuantizeArgs& a) {
     swiglu_quantize_fp8_##IN_NAME##_rows512(const QuantizeArgs a) {                          \
         swiglu_rows_one_segment<IN_TYPE, VecLayout<IN_TYPE>::LOADS / 2>(a);                  \
     }                                                                                        \
-    extern "C" __global__ void QUANT_ROWS_BOUNDS                                              \
-    swiglu_quantize_fp8_##IN_NAME##_rows256(const QuantizeArgs a) {                          \
-        swiglu_rows_one_segment<IN_TYPE, VecLayout<IN_TYPE>::LOADS / 4>(a);                  \
-    }                                                                                        \
     extern "C" __global__ void __launch_bounds__(QUANT_MAX_THREADS)                          \
     swiglu_quantize_fp8_##IN_NAME##_vec1(const QuantizeArgs a) {                             \
         quantize_vec_body<IN_TYPE, true, 1>(a);                                              \
@@ -1097,6 +1098,15 @@ __device__ __forceinline__ void swiglu_block_rows_body(const QuantizeArgs& a) {
     extern "C" __global__ void QUANT_ROWS_BOUNDS                                              \
     swiglu_quantize_fp8_##IN_NAME##_rows512_slots(const QuantizeArgs a) {                    \
         swiglu_rows_one_segment<IN_TYPE, VecLayout<IN_TYPE>::LOADS / 2, true>(a);            \
+    }
+
+// *_rows256 and its _slots twin: a sweep option (they lost), compiled only
+// where a tuning's widths name 256 (QUANTIZE_ROWS256), so that the default
+// module does not pay their compile time
+#define DEFINE_ROWS256_KERNELS(IN_NAME, IN_TYPE)                                             \
+    extern "C" __global__ void QUANT_ROWS_BOUNDS                                              \
+    swiglu_quantize_fp8_##IN_NAME##_rows256(const QuantizeArgs a) {                          \
+        swiglu_rows_one_segment<IN_TYPE, VecLayout<IN_TYPE>::LOADS / 4>(a);                  \
     }                                                                                        \
     extern "C" __global__ void QUANT_ROWS_BOUNDS                                              \
     swiglu_quantize_fp8_##IN_NAME##_rows256_slots(const QuantizeArgs a) {                    \
@@ -1105,6 +1115,10 @@ __device__ __forceinline__ void swiglu_block_rows_body(const QuantizeArgs& a) {
 
 DEFINE_QUANTIZE_KERNELS(bf16, unsigned short)
 DEFINE_QUANTIZE_KERNELS(f32, float)
+#if QUANTIZE_ROWS256
+DEFINE_ROWS256_KERNELS(bf16, unsigned short)
+DEFINE_ROWS256_KERNELS(f32, float)
+#endif
 
 // ---------------------------------------------------------------------------
 // Test support (the GPU tests call these; no op does). The first two record

@@ -23,6 +23,8 @@ KERNELS = [*(f"{op}_{dtype}_{access}" for op in ("quantize_fp8", "swiglu_quantiz
 SWIGLU_EXTRA = [f"swiglu_quantize_fp8_{dtype}_{name}" for dtype in ("bf16", "f32")
                 for name in ("vec1", "block_rows", "vec_slots", "vec1_slots", "rows_slots",
                              "rows768_slots", "rows512_slots", "rows256_slots")]
+# compiled only where a tuning's segment widths name 256 (QUANTIZE_ROWS256)
+ROWS256 = [name for name in KERNELS + SWIGLU_EXTRA if "_rows256" in name]
 SELFTESTS = ["quantize_selftest_reciprocal", "quantize_selftest_e4m3",
              "quantize_selftest_product_nan", "quantize_selftest_swiglu"]
 
@@ -46,6 +48,16 @@ def test_every_quantize_variant_compiles(arch, software_e4m3, rows_min_blocks, w
                             packed_sf_pad_words=len(pad_words) > 2 and pad_words[2])
     cubin = compile_for_arch("quantize.cu", tuning.defines(), arch)
     assert cubin[:4] == b"\x7fELF"
+    for name in KERNELS + SWIGLU_EXTRA + SELFTESTS:
+        # *_rows256 only where a tuning's widths name 256 (below)
+        assert (name.encode() in cubin) == (name not in ROWS256), name
+
+
+@pytest.mark.parametrize("widths", [{"segment_columns": (256, 768)},
+                                    {"fill_segment_columns": (256,)}])
+def test_the_rows256_kernels_compile_where_a_tuning_names_them(widths):
+    nvrtc_or_skip()
+    cubin = compile_for_arch("quantize.cu", QuantizeTuning(**widths).defines(), "sm_90")
     for name in KERNELS + SWIGLU_EXTRA + SELFTESTS:
         assert name.encode() in cubin, name
 

@@ -653,6 +653,12 @@ def test_tuning_defines():
         *QuantizeTuning().defines(), ("QUANTIZE_TILES_PACKED_PAD_WORDS", 0))
     assert QuantizeTuning(packed_sf_pad_words=True).defines() == (
         *QuantizeTuning().defines(), ("QUANTIZE_PACKED_SF_PAD_WORDS", 1))
+    # the *_rows256 kernels: a define only where either widths name 256
+    for widths in ({"segment_columns": (256, 768)}, {"fill_segment_columns": (256,)}):
+        assert QuantizeTuning(**widths).defines() == (
+            *QuantizeTuning().defines(), ("QUANTIZE_ROWS256", 1))
+    assert QuantizeTuning(segment_columns=(512,), fill_segment_columns=(768,)).defines() == (
+        QuantizeTuning().defines())
     # the cache hints: .cs takes no define; a call in half the L2 loads by
     # resident_load_hint (.nc by default)
     base = QuantizeTuning().defines()

@@ -337,7 +337,8 @@ class QuantizeTuning:
         """The compile-time part (the kernel source's QUANTIZE_* macros), and
         the cache hints (VECTOR_LOAD_HINT, VECTOR_STORE_HINT) where not .cs:
         ``resident_load_hint`` for a call that fits in half the L2
-        (``resident``), else ``load_hint``."""
+        (``resident``), else ``load_hint``. The ``*_rows256`` kernels are
+        compiled only where the segment widths name 256."""
         load = self.resident_load_hint if resident else self.load_hint
         return (("QUANTIZE_SOFTWARE_E4M3", int(self.software_e4m3)),
                 ("QUANTIZE_ROWS_MIN_BLOCKS", int(self.rows_min_blocks)),
@@ -347,6 +348,8 @@ class QuantizeTuning:
                 *((("QUANTIZE_TILES_PACKED_PAD_WORDS", 0),) if not self.tiles_packed_pad_words
                   else ()),
                 *((("QUANTIZE_PACKED_SF_PAD_WORDS", 1),) if self.packed_sf_pad_words else ()),
+                *((("QUANTIZE_ROWS256", 1),)
+                  if 256 in self.segment_columns + self.fill_segment_columns else ()),
                 *hint_defines(int(load), int(self.store_hint)))
 
 
