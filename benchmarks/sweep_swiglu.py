@@ -81,13 +81,6 @@ TUNINGS = [("default", QuantizeTuning()),
            # call's (the default before the thirty-fourth session), or plain
            ("resident_load_hint=0", QuantizeTuning(resident_load_hint=0)),
            ("resident_load_hint=1", QuantizeTuning(resident_load_hint=1)),
-           # swiglu's row-major kernels from a grid that stays, at most this
-           # many warps an SM, each every W-th segment in rounds of 32
-           # (*_rows*_strided), and with 1024-column segments everywhere
-           *((f"strided_rows={warps}", QuantizeTuning(strided_rows_warps_per_sm=warps))
-             for warps in (16, 32, 48, 64)),
-           ("strided_rows=32,segment_columns=(1024, 768)",
-            QuantizeTuning(strided_rows_warps_per_sm=32, segment_columns=(1024, 768))),
            # the default's 128 against the other block sizes (256 was the
            # default before the tenth session)
            *((f"threads={threads}", QuantizeTuning(threads=threads))

@@ -148,10 +148,6 @@
 #ifndef QUANTIZE_ROWS256
 #define QUANTIZE_ROWS256 0
 #endif
-// 1: the *_rows*_strided kernels too (a tuning with strided_rows_warps_per_sm)
-#ifndef QUANTIZE_STRIDED_ROWS
-#define QUANTIZE_STRIDED_ROWS 0
-#endif
 #if QUANTIZE_ROWS_MIN_BLOCKS > 0
 #define QUANT_ROWS_BOUNDS __launch_bounds__(QUANT_MAX_THREADS, QUANTIZE_ROWS_MIN_BLOCKS)
 #else
@@ -849,53 +845,6 @@ __device__ __forceinline__ void swiglu_rows_one_segment(const QuantizeArgs& a) {
     rows_quantize<In, LOADS>(a, s, lane, row_chunks, raw, row_weight, scratch);
 }
 
-// *_rows*_strided: the same segments from a grid of fewer warps that stays
-// (a few blocks an SM). Warp w of W takes segments w, w + W, w + 2W, ...
-// 32 at a time: lane i reads the maps of the round's i-th segment's row, a
-// ballot splits the round into padding and live segments, and the warp
-// does each in turn, padding first (stores only), as swiglu_rows_one_segment
-// does one. So a padding segment costs a lane's map load shared with 31
-// others, not a warp launched, its prologue and a load's latency; and the
-// stride spreads an expert's live rows (the first rows of its segment) over
-// the warps.
-template <typename In, int LOADS>
-__device__ __forceinline__ void swiglu_rows_strided(const QuantizeArgs& a) {
-    const int lane = threadIdx.x & 31;
-    const unsigned warps = gridDim.x * (blockDim.x >> 5);
-    const unsigned first = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-    // the host keeps R * passes + 32 * W below 2^31 (the magic numbers' range)
-    const unsigned segments = static_cast<unsigned>(a.num_rows) * a.passes;
-    const int row_chunks = a.hidden >> VecLayout<In>::CHUNK_LOG2;
-    const bool weighted = a.topk_weights != nullptr;
-    for (unsigned round = first; round < segments; round += 32u * warps) {
-        const unsigned mine = round + static_cast<unsigned>(lane) * warps;
-        bool live = false;
-        if (mine < segments) {
-            const unsigned row = magic_divide(mine, a.pass_magic, a.pass_shift);
-            const int expert = a.pos_to_expert != nullptr ? __ldg(a.pos_to_expert + row) : 0;
-            const int slot = weighted ? __ldg(a.pos_to_token_topk + row) : 0;
-            live = !(expert < 0 || (weighted && (slot < 0 || slot >= a.num_weights)));
-        }
-        const unsigned live_lanes = __ballot_sync(QUANT_FULL_MASK, live);
-        const unsigned padding_lanes = __ballot_sync(QUANT_FULL_MASK, mine < segments && !live);
-        for (unsigned todo = padding_lanes; todo; todo &= todo - 1) {
-            const unsigned segment = round + static_cast<unsigned>(__ffs(todo) - 1) * warps;
-            const unsigned row32 = magic_divide(segment, a.pass_magic, a.pass_shift);
-            const RowsSegment s = rows_segment<In, LOADS>(a, segment, row32, lane, row_chunks);
-            rows_store_zeros<In, LOADS>(a, s, row_chunks);
-        }
-        for (unsigned todo = live_lanes; todo; todo &= todo - 1) {
-            const unsigned segment = round + static_cast<unsigned>(__ffs(todo) - 1) * warps;
-            const unsigned row32 = magic_divide(segment, a.pass_magic, a.pass_shift);
-            const RowsSegment s = rows_segment<In, LOADS>(a, segment, row32, lane, row_chunks);
-            unsigned raw[2][LOADS][4];  // [gate, up][chunk][word]
-            const float row_weight = rows_load<In, LOADS>(a, s, row_chunks, raw);
-            RowsScratch<In, LOADS> scratch;
-            rows_quantize<In, LOADS>(a, s, lane, row_chunks, raw, row_weight, scratch);
-        }
-    }
-}
-
 // ---------------------------------------------------------------------------
 // *_any: 32 consecutive columns per lane, element accesses (see the top).
 
@@ -1164,41 +1113,11 @@ __device__ __forceinline__ void swiglu_block_rows_body(const QuantizeArgs& a) {
         swiglu_rows_one_segment<IN_TYPE, VecLayout<IN_TYPE>::LOADS / 4, true>(a);            \
     }
 
-// *_rows{,768,512,256}_strided: a sweep option until measured, compiled
-// only where a tuning asks for them (QUANTIZE_STRIDED_ROWS; 256 with
-// QUANTIZE_ROWS256 too)
-#define DEFINE_STRIDED_ROWS_KERNELS(IN_NAME, IN_TYPE)                                        \
-    extern "C" __global__ void QUANT_ROWS_BOUNDS                                              \
-    swiglu_quantize_fp8_##IN_NAME##_rows_strided(const QuantizeArgs a) {                     \
-        swiglu_rows_strided<IN_TYPE, VecLayout<IN_TYPE>::LOADS>(a);                          \
-    }                                                                                        \
-    extern "C" __global__ void QUANT_ROWS768_BOUNDS_##IN_NAME                                \
-    swiglu_quantize_fp8_##IN_NAME##_rows768_strided(const QuantizeArgs a) {                  \
-        swiglu_rows_strided<IN_TYPE, VecLayout<IN_TYPE>::LOADS * 3 / 4>(a);                  \
-    }                                                                                        \
-    extern "C" __global__ void QUANT_ROWS_BOUNDS                                              \
-    swiglu_quantize_fp8_##IN_NAME##_rows512_strided(const QuantizeArgs a) {                  \
-        swiglu_rows_strided<IN_TYPE, VecLayout<IN_TYPE>::LOADS / 2>(a);                      \
-    }
-#define DEFINE_STRIDED_ROWS256_KERNELS(IN_NAME, IN_TYPE)                                     \
-    extern "C" __global__ void QUANT_ROWS_BOUNDS                                              \
-    swiglu_quantize_fp8_##IN_NAME##_rows256_strided(const QuantizeArgs a) {                  \
-        swiglu_rows_strided<IN_TYPE, VecLayout<IN_TYPE>::LOADS / 4>(a);                      \
-    }
-
 DEFINE_QUANTIZE_KERNELS(bf16, unsigned short)
 DEFINE_QUANTIZE_KERNELS(f32, float)
 #if QUANTIZE_ROWS256
 DEFINE_ROWS256_KERNELS(bf16, unsigned short)
 DEFINE_ROWS256_KERNELS(f32, float)
-#endif
-#if QUANTIZE_STRIDED_ROWS
-DEFINE_STRIDED_ROWS_KERNELS(bf16, unsigned short)
-DEFINE_STRIDED_ROWS_KERNELS(f32, float)
-#if QUANTIZE_ROWS256
-DEFINE_STRIDED_ROWS256_KERNELS(bf16, unsigned short)
-DEFINE_STRIDED_ROWS256_KERNELS(f32, float)
-#endif
 #endif
 
 // ---------------------------------------------------------------------------

@@ -216,38 +216,6 @@ def test_swiglu_narrow_row_segments(monkeypatch, rng, by_slot, zero_padding, lay
         assert (_sf_pad_columns(sf) == 0).all()
 
 
-@pytest.mark.parametrize("warps_per_sm", [1 / 132, 1.0, 64.0])
-@pytest.mark.parametrize("zero_padding", [True, False])
-@pytest.mark.parametrize("layout", sorted(SF_LAYOUTS))
-@pytest.mark.parametrize(("inter", "dtype", "width"), [
-    (1024, "bfloat16", 512), (2048, "bfloat16", 1024), (768, "bfloat16", 768),
-    (512, "float32", 512), (1536, "float32", 768)])
-def test_swiglu_strided_row_segments(monkeypatch, rng, warps_per_sm, zero_padding, layout,
-                                     inter, dtype, width):
-    """``*_rows*_strided``: a grid of one warp (every segment in rounds of
-    32), of 132 (one round, part of its lanes past the last segment) and of
-    one warp a segment: live rows as the oracle's, padding rows zero (or,
-    zero_padding off, still poison), the column-major SF pad columns zero."""
-    packed, col_major, round_sf = SF_LAYOUTS[layout]
-    npc = int(rng.choice([32, 128]))
-    plan, weights, h, maps = _swiglu_plan_inputs(rng, inter, dtype)
-    settings = {"num_per_channels": npc, "round_sf": round_sf, "packed_ue8m0": packed,
-                "use_tma_aligned_col_major_sf": col_major}
-    want_codes, want_sf = swiglu_quantize_fp8_numpy(h, **maps, **settings)
-    gpu = emulated_gpu(monkeypatch, seed=int(rng.integers(1, 2**62)))
-    tuning = QuantizeTuning(segment_columns=(width,), fill_segment_columns=(width,),
-                            narrow_live_rows=0, unzeroed_block_rows_from_bytes=math.inf,
-                            strided_rows_warps_per_sm=warps_per_sm)
-    codes, sf = quantize_with_tuning(tuning, "swiglu_quantize_fp8", h, **maps, **settings,
-                                     zero_padding=zero_padding)
-    gpu.check_canaries()
-    segments = "rows" if width == 1024 else f"rows{width}"
-    assert gpu.launches[-1].endswith(f"_{segments}_strided"), gpu.launches
-    _check_swiglu_rows(plan, weights, (codes, sf), (want_codes, want_sf), zero_padding)
-    if col_major:
-        assert (_sf_pad_columns(sf) == 0).all()
-
-
 @pytest.mark.parametrize("side", ["after", "before"])
 @pytest.mark.parametrize("layout", sorted(SF_LAYOUTS))
 @pytest.mark.parametrize("tuning_name", sorted(BY_SLOT))

@@ -23,12 +23,8 @@ KERNELS = [*(f"{op}_{dtype}_{access}" for op in ("quantize_fp8", "swiglu_quantiz
 SWIGLU_EXTRA = [f"swiglu_quantize_fp8_{dtype}_{name}" for dtype in ("bf16", "f32")
                 for name in ("vec1", "block_rows", "vec_slots", "vec1_slots", "rows_slots",
                              "rows768_slots", "rows512_slots", "rows256_slots")]
-# the row-major kernels' strided twins, compiled only where a tuning asks for
-# them (QUANTIZE_STRIDED_ROWS)
-STRIDED = [f"swiglu_quantize_fp8_{dtype}_{rows}_strided" for dtype in ("bf16", "f32")
-           for rows in ("rows", "rows768", "rows512", "rows256")]
 # compiled only where a tuning's segment widths name 256 (QUANTIZE_ROWS256)
-ROWS256 = [name for name in KERNELS + SWIGLU_EXTRA + STRIDED if "_rows256" in name]
+ROWS256 = [name for name in KERNELS + SWIGLU_EXTRA if "_rows256" in name]
 SELFTESTS = ["quantize_selftest_reciprocal", "quantize_selftest_e4m3",
              "quantize_selftest_product_nan", "quantize_selftest_swiglu"]
 
@@ -55,8 +51,6 @@ def test_every_quantize_variant_compiles(arch, software_e4m3, rows_min_blocks, w
     for name in KERNELS + SWIGLU_EXTRA + SELFTESTS:
         # *_rows256 only where a tuning's widths name 256 (below)
         assert (name.encode() in cubin) == (name not in ROWS256), name
-    for name in STRIDED:  # only where a tuning asks for them (below)
-        assert name.encode() not in cubin, name
 
 
 @pytest.mark.parametrize("widths", [{"segment_columns": (256, 768)},
@@ -66,15 +60,6 @@ def test_the_rows256_kernels_compile_where_a_tuning_names_them(widths):
     cubin = compile_for_arch("quantize.cu", QuantizeTuning(**widths).defines(), "sm_90")
     for name in KERNELS + SWIGLU_EXTRA + SELFTESTS:
         assert name.encode() in cubin, name
-
-
-@pytest.mark.parametrize("widths", [(512, 768), (256, 1024)])
-def test_the_strided_kernels_compile_where_a_tuning_asks_for_them(widths):
-    nvrtc_or_skip()
-    tuning = QuantizeTuning(strided_rows_warps_per_sm=32, segment_columns=widths)
-    cubin = compile_for_arch("quantize.cu", tuning.defines(), "sm_90")
-    for name in STRIDED:  # the 256 ones where the widths name 256
-        assert (name.encode() in cubin) == (256 in widths or name not in ROWS256), name
 
 
 def test_the_gpu_backend_names_only_compiled_kernels():
@@ -102,13 +87,6 @@ def test_the_gpu_backend_names_only_compiled_kernels():
                     for narrow in ("", "vec1", "block_rows")
                     if not (by_slot and narrow == "block_rows")}
     assert swiglu_names - set(KERNELS) == set(SWIGLU_EXTRA)
-    # the strided twins of the row-major kernels (of no other)
-    strided_names = {kernel_name(QuantizeProblem(1, 1, dtype, 128, False, False, False,
-                                                 swiglu=True),
-                                 True, rows=rows, segment_columns=width, strided=True)
-                     for dtype in ("bfloat16", "float32") for rows in (False, True)
-                     for width in SEGMENT_WIDTHS}
-    assert strided_names - set(KERNELS) == set(STRIDED)
     # the element-access kernel has no *_slots twin
     assert kernel_name(QuantizeProblem(1, 1, "bfloat16", 128, False, False, False, swiglu=True),
                        False, by_slot=True) == "swiglu_quantize_fp8_bf16_any"

@@ -599,10 +599,6 @@ def test_too_many_warps_for_one_launch():
      "QuantizeTuning.fill_segments_from_bytes must be a number >= 0; got nan"),
     ({"fill_segments_from_bytes": True},
      "QuantizeTuning.fill_segments_from_bytes must be a number >= 0; got True"),
-    ({"strided_rows_warps_per_sm": -1},
-     "QuantizeTuning.strided_rows_warps_per_sm must be a number >= 0; got -1"),
-    ({"strided_rows_warps_per_sm": float("nan")},
-     "QuantizeTuning.strided_rows_warps_per_sm must be a number >= 0; got nan"),
     ({"by_slot_from_rows_per_slot": -1},
      "QuantizeTuning.by_slot_from_rows_per_slot must be a number >= 0; got -1"),
     ({"by_slot_from_rows_per_slot": float("nan")},
@@ -663,9 +659,6 @@ def test_tuning_defines():
             *QuantizeTuning().defines(), ("QUANTIZE_ROWS256", 1))
     assert QuantizeTuning(segment_columns=(512,), fill_segment_columns=(768,)).defines() == (
         QuantizeTuning().defines())
-    # the *_rows*_strided kernels: a define only where the tuning asks for them
-    assert QuantizeTuning(strided_rows_warps_per_sm=32).defines() == (
-        *QuantizeTuning().defines(), ("QUANTIZE_STRIDED_ROWS", 1))
     # the cache hints: .cs takes no define; a call in half the L2 loads by
     # resident_load_hint (.nc by default)
     base = QuantizeTuning().defines()
@@ -906,42 +899,6 @@ def test_segment_width_picks_the_row_major_kernel(monkeypatch, hidden, tuning, k
     assert fields["passes"] == passes
     if kernel.startswith("rows"):  # blocks: a warp a segment
         assert launches[-1][1] == -(-32 * 40960 * passes // launches[-1][4])
-
-
-@pytest.mark.parametrize(("hidden", "warps_per_sm", "kernel", "blocks", "threads"), [
-    # 40960 rows x 4 segments = 163840 warps without the cap
-    (2048, 32.0, "rows512_strided", 132 * 32 * 32 // 128, 128),
-    (2048, 0.5, "rows512_strided", 66 * 32 // 64, 64),        # few warps: small blocks
-    (2048, math.inf, "rows512_strided", 163840 * 32 // 128, 128),  # no cap
-    (768, 16.0, "rows768_strided", 132 * 16 * 32 // 128, 128),
-    (1152, 32.0, "vec", 40960 * 1152 // 1024 * 32 // 128, 128),  # not row-major: no twin
-])
-def test_strided_rows_cap_the_grid(monkeypatch, hidden, warps_per_sm, kernel, blocks, threads):
-    gpu, launches = _fake_device(monkeypatch)
-    tuning = QuantizeTuning(strided_rows_warps_per_sm=warps_per_sm)
-    plan = gpu.QuantizePlan(_swiglu_problem(40960, hidden, 40960 - 4096), 0, tuning)
-    plan.launch(7, 0x1000, 0x2000, 0x3000, 0x4000, 0x5000, 0x6000, 0)
-    assert launches[-1][0] == f"swiglu_quantize_fp8_bf16_{kernel}"
-    assert (launches[-1][1], launches[-1][4]) == (blocks, threads)
-    # the slots kernels keep a warp a segment (a hint with zero_padding off)
-    slots = gpu.QuantizePlan(_slot_problem(49152, 2048, 4096), 0, tuning)
-    slots.launch(7, 0x1000, 0x2000, 0x3000, 0x4000, 0x5000, 0x6000, 0x7000)
-    assert launches[-1][0] == "swiglu_quantize_fp8_bf16_rows512_slots"
-    assert launches[-1][1] == 4096 * 4 * 32 // launches[-1][4]
-
-
-def test_the_strided_grid_keeps_its_indices_below_2_pow_31():
-    """Segments plus 32 rounds of the grid's warps must stay below 2^31 (the
-    kernel's unsigned round index and magic division)."""
-    # uncapped (inf): a warp a segment, 4 a row of 2048 columns in 128-thread
-    # blocks, so 4 R segments and 128 R lanes: 132 R < 2^31 up to R = 16268815
-    tuning = QuantizeTuning(strided_rows_warps_per_sm=math.inf)
-    rows = 16268816
-    assert launch_shape(rows - 1, 2048, 128, 132, tuning, swiglu=True).strided
-    with pytest.raises(ValueError, match=re.escape(
-            f"{rows} rows of 2048 columns are too many for the strided grid (segments and "
-            f"32 rounds of warps below 2^31)")):
-        launch_shape(rows, 2048, 128, 132, tuning, swiglu=True)
 
 
 def test_a_tuned_plan_compiles_and_launches_its_variant(monkeypatch):

@@ -129,12 +129,8 @@ def test_random_cases_are_bit_identical_to_the_oracle(kind):
 @pytest.mark.parametrize("tuning", [None, QuantizeTuning(segment_columns=(768, 1024)),
                                     QuantizeTuning(segment_columns=()),
                                     QuantizeTuning(segment_columns=(512, 768)),
-                                    QuantizeTuning(segment_columns=(256, 768)),
-                                    QuantizeTuning(strided_rows_warps_per_sm=0.5),
-                                    QuantizeTuning(strided_rows_warps_per_sm=32,
-                                                   segment_columns=(1024, 768))],
-                         ids=["default", "rows768-first", "vec", "rows512", "rows256",
-                              "strided", "strided-rows1024"])
+                                    QuantizeTuning(segment_columns=(256, 768))],
+                         ids=["default", "rows768-first", "vec", "rows512", "rows256"])
 def test_prefill_shapes_with_a_real_plan(kind, inter, tuning):
     rng = np.random.default_rng()
     maps, num_rows = plan_maps(rng, 256, 8, 64, 32)
@@ -459,7 +455,6 @@ ZERO_PADDING_TUNINGS = {
     "vec1": QuantizeTuning(narrow_live_rows=2**31, block_rows_from_bytes=float("inf")),
     "block_rows": QuantizeTuning(narrow_live_rows=2**31, block_rows_from_bytes=0,
                                  block_rows_blocks_per_sm=0.01),
-    "strided": QuantizeTuning(narrow_live_rows=0, strided_rows_warps_per_sm=0.01),
 }
 
 

@@ -55,21 +55,20 @@ _pack_pointers = QUANTIZE_ARGS.pointer_packer.pack_into
 
 def kernel_name(problem: QuantizeProblem, vector: bool, rows: bool = False,
                 narrow: str = "", segment_columns: int = SEGMENT_COLUMNS,
-                tiles: bool = False, by_slot: bool = False, strided: bool = False) -> str:
+                tiles: bool = False, by_slot: bool = False) -> str:
     """The kernel: coalesced (``vector``; swiglu's row-major one with ``rows``,
     ``*_rows{W}`` with W-column segments (W = 256, 512, 768), the few-rows
     one with ``narrow``, ``"vec1"`` or swiglu's ``"block_rows"``;
     quantize_fp8's ``*_tiles`` with ``tiles``; swiglu's ``*_slots`` twin of
-    ``*_vec``, ``*_vec1`` or a row-major one with ``by_slot``; a row-major
-    one's ``*_strided`` twin with ``strided``) or element accesses."""
+    ``*_vec``, ``*_vec1`` or a row-major one with ``by_slot``) or element
+    accesses."""
     op = "swiglu_quantize_fp8" if problem.swiglu else "quantize_fp8"
     dtype = "f32" if problem.in_dtype == "float32" else "bf16"
     segments = "rows" if segment_columns == SEGMENT_COLUMNS else f"rows{segment_columns}"
     coalesced = segments if rows else "tiles" if tiles else narrow or "vec"
     if not vector:
         return f"{op}_{dtype}_any"
-    suffix = "_slots" if by_slot else "_strided" if strided and rows else ""
-    return f"{op}_{dtype}_{coalesced}{suffix}"
+    return f"{op}_{dtype}_{coalesced}{'_slots' if by_slot else ''}"
 
 
 def takes_slots(problem: QuantizeProblem, tuning: QuantizeTuning) -> bool:
@@ -139,8 +138,7 @@ class QuantizePlan:
             # the coalesced grid over the slots, *_vec1_slots up to
             # narrow_slot_columns_per_sm (never *_block_rows: it walks rows);
             # *_any's grid stays the rows' (its fields do not depend on the count)
-            slot_tuning = replace(tuning, block_rows_from_bytes=float("inf"),
-                                  strided_rows_warps_per_sm=0.0)
+            slot_tuning = replace(tuning, block_rows_from_bytes=float("inf"))
             try:
                 slot_shape = launch_shape(
                     problem.num_weights, problem.hidden, problem.num_per_channels,
@@ -182,8 +180,7 @@ class QuantizePlan:
         element-access one."""
         return kernel_name(self.problem, vector, vector and self.shape.rows,
                            self.narrow_kernel(vector), self.shape.segment_columns,
-                           self.shape.tiles, vector and self.by_slot,
-                           vector and self.shape.strided)
+                           self.shape.tiles, vector and self.by_slot)
 
     def narrow_kernel(self, vector: bool) -> str:
         """The few-live-rows kernel of the coalesced launch ("" if none)."""

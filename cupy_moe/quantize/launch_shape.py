@@ -26,7 +26,6 @@ multiply-shift, never a division instruction.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -279,7 +278,6 @@ class QuantizeTuning:
     segment_columns: tuple[int, ...] = (512, 768)
     fill_segment_columns: tuple[int, ...] = (SEGMENT_COLUMNS, 768)
     fill_segments_from_bytes: float = float(16 << 20)
-    strided_rows_warps_per_sm: float = 0.0
     sf_column_tiles: bool = True
     packed_sf_tiles: bool = True
     packed_sf_word_stores: bool = False
@@ -319,7 +317,6 @@ class QuantizeTuning:
         _require_number("narrow_slot_columns_per_sm", self.narrow_slot_columns_per_sm)
         _require_number("vec1_columns_per_sm", self.vec1_columns_per_sm)
         _require_number("fill_segments_from_bytes", self.fill_segments_from_bytes)
-        _require_number("strided_rows_warps_per_sm", self.strided_rows_warps_per_sm)
         for name in ("segment_columns", "fill_segment_columns"):
             widths = getattr(self, name)
             if not isinstance(widths, tuple) or not all(
@@ -353,7 +350,6 @@ class QuantizeTuning:
                 *((("QUANTIZE_PACKED_SF_PAD_WORDS", 1),) if self.packed_sf_pad_words else ()),
                 *((("QUANTIZE_ROWS256", 1),)
                   if 256 in self.segment_columns + self.fill_segment_columns else ()),
-                *((("QUANTIZE_STRIDED_ROWS", 1),) if self.strided_rows_warps_per_sm else ()),
                 *hint_defines(int(load), int(self.store_hint)))
 
 
@@ -388,7 +384,6 @@ class QuantizeShape(NamedTuple):
     pass_shift: int
     segment_columns: int = SEGMENT_COLUMNS  # *_rows: a segment's columns (rows only)
     tiles: bool = False   # quantize *_tiles: passes (and its magic) count column tiles
-    strided: bool = False  # *_rows*_strided: vec_blocks stay, a warp every W-th segment
 
     def grid(self, vector: bool) -> tuple[int, int]:
         """(blocks, threads) of one kernel."""
@@ -445,7 +440,6 @@ def launch_shape(num_rows: int, hidden: int, num_per_channels: int, multiprocess
                          f"(at most {MAX_LANES} lanes of {LANE_COLUMNS} columns)")
     vec_threads = vec_blocks = block_rows = 0
     narrow = narrow_columns > 0
-    strided = False
     # swiglu's row-major kernels: segments of the first width that divides H
     widths = (tuning.fill_segment_columns if fill_bytes >= tuning.fill_segments_from_bytes
               else tuning.segment_columns)
@@ -474,18 +468,7 @@ def launch_shape(num_rows: int, hidden: int, num_per_channels: int, multiprocess
         warps = (num_rows * passes if rows
                  else ceil_div(num_rows, TILE_ROWS) * passes if tiles
                  else ceil_div(num_rows * hidden, 32 * lane_columns))
-        strided = rows and tuning.strided_rows_warps_per_sm > 0
-        if strided:
-            # a grid that stays: at most strided_rows_warps_per_sm warps an
-            # SM, each looping over every W-th segment (32 at a time)
-            most = tuning.strided_rows_warps_per_sm * multiprocessors
-            if most < warps:  # (inf: every segment its warp, as without)
-                warps = max(1, math.ceil(most))
         vec_threads, vec_blocks = _grid(warps, multiprocessors, tuning)
-        # (a round's lanes reach segment + 31 W, the loop's index segment + 32 W)
-        if strided and num_rows * passes + vec_blocks * vec_threads >= 2**31:
-            raise ValueError(f"{num_rows} rows of {hidden} columns are too many for the "
-                             f"strided grid (segments and 32 rounds of warps below 2^31)")
         if vec_blocks * vec_threads > MAX_LANES:
             raise ValueError(f"{num_rows} rows of {hidden} columns are too many for one "
                              f"launch (at most {MAX_LANES // 32} warps)")
@@ -495,7 +478,7 @@ def launch_shape(num_rows: int, hidden: int, num_per_channels: int, multiprocess
     return QuantizeShape(threads, blocks, vec_threads, vec_blocks, lanes_per_row,
                          lanes_per_block.bit_length() - 1, row_magic, row_shift, block_magic,
                          block_shift, rows, narrow, block_rows, passes, pass_magic, pass_shift,
-                         width or SEGMENT_COLUMNS, tiles, strided)
+                         width or SEGMENT_COLUMNS, tiles)
 
 
 def _grid(warps: int, multiprocessors: int, tuning: QuantizeTuning) -> tuple[int, int]:
