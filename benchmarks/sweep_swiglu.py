@@ -81,6 +81,13 @@ TUNINGS = [("default", QuantizeTuning()),
            # call's (the default before the thirty-fourth session), or plain
            ("resident_load_hint=0", QuantizeTuning(resident_load_hint=0)),
            ("resident_load_hint=1", QuantizeTuning(resident_load_hint=1)),
+           # zero_padding off with token_topk_to_pos: the *_slots kernels at
+           # any rows a slot (DeepSeek-V3 EP8 T = 512 has one; it lost there
+           # on the twenty-third session's kernels), and never
+           ("by_slot_from_rows_per_slot=0",
+            QuantizeTuning(by_slot_from_rows_per_slot=0, narrow_slot_columns_per_sm=0)),
+           ("by_slot_from_rows_per_slot=inf",
+            QuantizeTuning(by_slot_from_rows_per_slot=float("inf"))),
            # the default's 128 against the other block sizes (256 was the
            # default before the tenth session)
            *((f"threads={threads}", QuantizeTuning(threads=threads))
