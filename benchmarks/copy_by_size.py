@@ -1,6 +1,6 @@
 """What the bench's timing gives a plain copy of each size: a device-to-device
-copy of the bytes of every combine and fp8-producer prefill workload (half
-read, half written), and of a ladder of sizes, timed as the ops are (L2
+copy of the bytes of every combine and fp8-producer workload above 8 MiB
+(half read, half written), and of a ladder of sizes, timed as the ops are (L2
 flushed, CUDA events, the GPU kept busy before each run so that the host's
 launch work is queued), as a share of the 1 GiB copy's bandwidth; and an
 empty kernel timed the same way (the method's fixed cost). GPU only.
