@@ -86,8 +86,9 @@ class GpuTimer:
         return statistics.median(cupy.cuda.get_elapsed_time(s, e) * 1e3
                                  for s, e in zip(starts, ends, strict=True))
 
-    def copy_us(self, nbytes: int, iters: int) -> float:
-        """Median time of a device-to-device copy of ``nbytes`` (read, then written)."""
+    def copy_us(self, nbytes: int, iters: int, *, hide_host: bool = False) -> float:
+        """Median time of a device-to-device copy of ``nbytes`` (read, then
+        written); ``hide_host`` as in :meth:`median_us`."""
         cupy = self.cupy
         src = cupy.ones(max(nbytes, 1), dtype=cupy.uint8)
         dst = cupy.empty_like(src)
@@ -97,7 +98,7 @@ class GpuTimer:
         def copy():
             cupy.cuda.runtime.memcpyAsync(dst.data.ptr, src.data.ptr, nbytes, kind, stream)
 
-        return self.median_us(copy, iters)
+        return self.median_us(copy, iters, hide_host=hide_host)
 
     def memset_us(self, nbytes: int, iters: int) -> float:
         """Median time of a ``cudaMemsetAsync`` of ``nbytes`` zero bytes (written
