@@ -57,6 +57,12 @@
 #ifndef MAP_TRACE_DROP_STORES
 #define MAP_TRACE_DROP_STORES 0
 #endif
+// The id dtypes the module's kernels take, a bit mask: 1 int32 (the *_i32
+// kernels), 2 int64. A plan asks for its ids' alone (cupy_moe/mapping/gpu.py:
+// a first call in a fresh kernel cache compiles half the file); default both.
+#ifndef MAPPING_IDS
+#define MAPPING_IDS 3
+#endif
 #ifndef SUM_VECS
 #define SUM_VECS 8         // 16-byte loads (8 uint16 block counts) a thread has in flight
 #endif
@@ -207,15 +213,19 @@ __device__ __forceinline__ void count_block(const MappingArgs& a) {
     }
 }
 
+#if MAPPING_IDS & 1
 extern "C" __global__ void __launch_bounds__(MAP_MAX_WARPS * 32)
 mapping_count_i32(const MappingArgs a) {
     count_block<int>(a);
 }
+#endif
 
+#if MAPPING_IDS & 2
 extern "C" __global__ void __launch_bounds__(MAP_MAX_WARPS * 32)
 mapping_count_i64(const MappingArgs a) {
     count_block<long long>(a);
 }
+#endif
 
 // The experts of this warp's next MAP_BATCH steps of 32 slots (-1: none).
 template <typename Id>
@@ -588,15 +598,19 @@ __device__ __forceinline__ void place_block(const MappingArgs& a) {
     MAP_PHASE(9);
 }
 
+#if MAPPING_IDS & 1
 extern "C" __global__ void __launch_bounds__(MAP_MAX_WARPS * 32)
 mapping_place_i32(const MappingArgs a) {
     place_block<int, false>(a);
 }
+#endif
 
+#if MAPPING_IDS & 2
 extern "C" __global__ void __launch_bounds__(MAP_MAX_WARPS * 32)
 mapping_place_i64(const MappingArgs a) {
     place_block<long long, false>(a);
 }
+#endif
 
 // Cooperative launches only (grid_barrier): at most one block per SM, of at
 // most COOP_MAX_WARPS warps. The launch bounds tell the compiler so (a
@@ -606,27 +620,35 @@ mapping_place_i64(const MappingArgs a) {
 // NVRTC 13, sm_90).
 #define COOP_LAUNCH_BOUNDS __launch_bounds__(COOP_MAX_WARPS * 32, 1)
 
+#if MAPPING_IDS & 1
 extern "C" __global__ void COOP_LAUNCH_BOUNDS
 mapping_coop_i32(const MappingArgs a) {
     place_block<int, true>(a);
 }
+#endif
 
+#if MAPPING_IDS & 2
 extern "C" __global__ void COOP_LAUNCH_BOUNDS
 mapping_coop_i64(const MappingArgs a) {
     place_block<long long, true>(a);
 }
+#endif
 
 // Cooperative launches in clusters of 2..CLUSTER_MAX_BLOCKS blocks (sm_90+;
 // the cluster size is the launch's, the plan checks it divides the grid).
+#if MAPPING_IDS & 1
 extern "C" __global__ void COOP_LAUNCH_BOUNDS
 mapping_coop_cluster_i32(const MappingArgs a) {
     place_block<int, true, true>(a);
 }
+#endif
 
+#if MAPPING_IDS & 2
 extern "C" __global__ void COOP_LAUNCH_BOUNDS
 mapping_coop_cluster_i64(const MappingArgs a) {
     place_block<long long, true, true>(a);
 }
+#endif
 
 // A warp's worth of slots (N <= 32: decode). One warp holds every slot, a
 // lane each, and works the plan out in registers: the lanes of one expert
@@ -732,12 +754,16 @@ __device__ __forceinline__ void warp_plan_block(const MappingArgs& a) {
     MAP_PHASE(2);
 }
 
+#if MAPPING_IDS & 1
 extern "C" __global__ void __launch_bounds__(WARP_PLAN_THREADS)
 mapping_warp_i32(const MappingArgs a) {
     warp_plan_block<int>(a);
 }
+#endif
 
+#if MAPPING_IDS & 2
 extern "C" __global__ void __launch_bounds__(WARP_PLAN_THREADS)
 mapping_warp_i64(const MappingArgs a) {
     warp_plan_block<long long>(a);
 }
+#endif

@@ -148,6 +148,18 @@
 #ifndef QUANTIZE_ROWS256
 #define QUANTIZE_ROWS256 0
 #endif
+// Which kernels the module holds, as bit masks: QUANTIZE_OPS 1 quantize_fp8,
+// 2 swiglu_quantize_fp8; QUANTIZE_INPUTS 1 bfloat16, 2 float32. A plan asks
+// for its own op and input dtype only (cupy_moe/quantize/gpu.py): NVRTC then
+// compiles 2-14 kernels where the whole file has 32, and an op's first call
+// in a fresh kernel cache waits for those alone. Default: all of them (the
+// compile tests, the GPU tests' self-test kernels, which every module holds).
+#ifndef QUANTIZE_OPS
+#define QUANTIZE_OPS 3
+#endif
+#ifndef QUANTIZE_INPUTS
+#define QUANTIZE_INPUTS 3
+#endif
 #if QUANTIZE_ROWS_MIN_BLOCKS > 0
 #define QUANT_ROWS_BOUNDS __launch_bounds__(QUANT_MAX_THREADS, QUANTIZE_ROWS_MIN_BLOCKS)
 #else
@@ -1050,7 +1062,9 @@ __device__ __forceinline__ void swiglu_block_rows_body(const QuantizeArgs& a) {
     extern "C" __global__ void __launch_bounds__(QUANT_MAX_THREADS)                          \
     quantize_fp8_##IN_NAME##_any(const QuantizeArgs a) {                                     \
         quantize_any_body<IN_TYPE, false>(a);                                                \
-    }                                                                                        \
+    }
+
+#define DEFINE_SWIGLU_KERNELS(IN_NAME, IN_TYPE)                                              \
     extern "C" __global__ void __launch_bounds__(QUANT_MAX_THREADS)                          \
     swiglu_quantize_fp8_##IN_NAME##_vec(const QuantizeArgs a) {                              \
         quantize_vec_body<IN_TYPE, true>(a);                                                 \
@@ -1113,11 +1127,27 @@ __device__ __forceinline__ void swiglu_block_rows_body(const QuantizeArgs& a) {
         swiglu_rows_one_segment<IN_TYPE, VecLayout<IN_TYPE>::LOADS / 4, true>(a);            \
     }
 
+#if QUANTIZE_INPUTS & 1
+#if QUANTIZE_OPS & 1
 DEFINE_QUANTIZE_KERNELS(bf16, unsigned short)
-DEFINE_QUANTIZE_KERNELS(f32, float)
+#endif
+#if QUANTIZE_OPS & 2
+DEFINE_SWIGLU_KERNELS(bf16, unsigned short)
 #if QUANTIZE_ROWS256
 DEFINE_ROWS256_KERNELS(bf16, unsigned short)
+#endif
+#endif
+#endif
+#if QUANTIZE_INPUTS & 2
+#if QUANTIZE_OPS & 1
+DEFINE_QUANTIZE_KERNELS(f32, float)
+#endif
+#if QUANTIZE_OPS & 2
+DEFINE_SWIGLU_KERNELS(f32, float)
+#if QUANTIZE_ROWS256
 DEFINE_ROWS256_KERNELS(f32, float)
+#endif
+#endif
 #endif
 
 // ---------------------------------------------------------------------------

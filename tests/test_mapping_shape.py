@@ -161,10 +161,17 @@ def test_the_plan_names_its_kernels_and_aligns_its_scratch(monkeypatch):
     problem = MappingProblem(4096, 8, 384, 128, 81536, "int64")
     shape = mapping_shape(32768, 384, 81536, **H200, cooperative=True)
     plan = gpu.MappingPlan(problem, 0, shape)
-    assert requested == [((), "mapping_coop_i64")]
+    # the module of int64 ids' kernels alone (MAPPING_IDS: 1 int32, 2 int64)
+    int64_only = (("MAPPING_IDS", 2),)
+    assert requested == [(int64_only, "mapping_coop_i64")]
     requested.clear()
     gpu.MappingPlan(problem, 0, mapping_shape(32768, 384, 81536, **H200))
-    assert requested == [((), "mapping_place_i64"), ((), "mapping_count_i64")]
+    assert requested == [(int64_only, "mapping_place_i64"), (int64_only, "mapping_count_i64")]
+    requested.clear()
+    gpu.MappingPlan(MappingProblem(4096, 8, 384, 128, 81536, "int32"), 0,
+                    mapping_shape(32768, 384, 81536, **H200))
+    assert requested == [((("MAPPING_IDS", 1),), "mapping_place_i32"),
+                         ((("MAPPING_IDS", 1),), "mapping_count_i32")]
     assert plan.offsets[3] % 4 == 0
     # the torch views (one split) are the array views (seven slices)
     torch = pytest.importorskip("torch")

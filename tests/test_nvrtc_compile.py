@@ -20,7 +20,8 @@ VARIANTS = [
 MAPPING_KERNELS = ("mapping_count_i32", "mapping_count_i64",
                    "mapping_place_i32", "mapping_place_i64",
                    "mapping_coop_i32", "mapping_coop_i64",
-                   "mapping_coop_cluster_i32", "mapping_coop_cluster_i64")
+                   "mapping_coop_cluster_i32", "mapping_coop_cluster_i64",
+                   "mapping_warp_i32", "mapping_warp_i64")
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
@@ -47,6 +48,18 @@ def test_mapping_kernels_compile(arch):
     assert cubin[:4] == b"\x7fELF"
     for name in MAPPING_KERNELS:
         assert name.encode() in cubin
+
+
+@pytest.mark.parametrize(("id_bits", "suffix"), [(1, "_i32"), (2, "_i64")])
+def test_a_mapping_module_of_one_id_dtype_holds_its_kernels_alone(id_bits, suffix):
+    """MAPPING_IDS (a plan's id_defines): that dtype's kernels, no other."""
+    nvrtc_or_skip()
+    from cupy_moe.mapping.gpu import id_defines
+
+    assert id_defines("int64" if suffix == "_i64" else "int32") == (("MAPPING_IDS", id_bits),)
+    cubin = compile_for_arch("mapping.cu", (("MAPPING_IDS", id_bits),), "sm_90")
+    for name in MAPPING_KERNELS:
+        assert (name.encode() + b"\0" in cubin) == name.endswith(suffix), name
 
 
 def test_every_source_is_covered():

@@ -62,6 +62,31 @@ def test_the_rows256_kernels_compile_where_a_tuning_names_them(widths):
         assert name.encode() in cubin, name
 
 
+@pytest.mark.parametrize("swiglu", [False, True])
+@pytest.mark.parametrize("in_dtype", ["bfloat16", "float32"])
+def test_a_plan_module_holds_its_own_op_and_input_dtype_alone(swiglu, in_dtype):
+    """A plan's module (QUANTIZE_OPS / QUANTIZE_INPUTS from kernel_set_defines)
+    holds every kernel of its op and input dtype, the self-tests, and no other
+    op's or dtype's kernel."""
+    nvrtc_or_skip()
+    from cupy_moe.quantize.gpu import kernel_set_defines
+    from cupy_moe.quantize.rules import QuantizeProblem
+
+    problem = QuantizeProblem(1, 1, in_dtype, 128, False, False, False, swiglu=swiglu)
+    defines = (*QuantizeTuning().defines(), *kernel_set_defines(problem))
+    cubin = compile_for_arch("quantize.cu", defines, "sm_90")
+    prefix = f"{'swiglu_quantize_fp8' if swiglu else 'quantize_fp8'}_"
+    dtype = "f32" if in_dtype == "float32" else "bf16"
+    for name in KERNELS + SWIGLU_EXTRA:
+        own = name.startswith(prefix + dtype + "_")
+        # the whole name ("quantize_fp8_bf16_vec" is inside "..._vec1" and
+        # "swiglu_quantize_fp8_bf16_vec"): NUL-terminated, no letter before
+        held = re.search(rb"(?<![a-z_])" + name.encode() + rb"\0", cubin) is not None
+        assert held == (own and name not in ROWS256), name
+    for name in SELFTESTS:
+        assert name.encode() in cubin, name
+
+
 def test_the_gpu_backend_names_only_compiled_kernels():
     from cupy_moe.quantize.gpu import kernel_name
     from cupy_moe.quantize.rules import QuantizeProblem

@@ -914,7 +914,8 @@ def test_a_tuned_plan_compiles_and_launches_its_variant(monkeypatch):
     tuning = QuantizeTuning(rows_min_blocks=5, narrow_live_rows=0)
     gpu.QuantizePlan(problem, 0, tuning).launch(7, 0x1000, 0x2000, 0x3000, 0x4000, 0x5000, 0x6000,
                                                 0)
-    assert compiled == [tuning.defines()] * 2  # both kernels of the plan: the variant's module
+    # both kernels of the plan: the variant's module, of swiglu's bf16 kernels alone
+    assert compiled == [(*tuning.defines(), ("QUANTIZE_OPS", 2), ("QUANTIZE_INPUTS", 1))] * 2
     handle, grid_x, _, _, threads = launches[0][:5]
     # 9 rows x 14 segments of 512 columns = 126 warps, 2 a 64-thread block
     assert handle == "swiglu_quantize_fp8_bf16_rows512" and (grid_x, threads) == (63, 64)

@@ -52,6 +52,12 @@ MAPPING_ARGS = ArgStruct(
 _pack_pointers = MAPPING_ARGS.pointer_packer.pack_into
 
 
+def id_defines(id_dtype: str) -> tuple[tuple[str, int], ...]:
+    """The module of ``id_dtype``'s kernels alone (mapping.cu's MAPPING_IDS):
+    a first call in a fresh kernel cache compiles half the file."""
+    return (("MAPPING_IDS", 2 if id_dtype == "int64" else 1),)
+
+
 def kernel_names(shape: MappingShape, id_dtype: str) -> list[str]:
     """The kernels of mapping.cu a plan launches, in launch order (the count
     kernel first where there are two)."""
@@ -87,7 +93,8 @@ def default_shape(problem: MappingProblem, device: int) -> MappingShape:
     # (read at call time: a measured default is one constant's edit, and tests set it)
     shape = shape_with(launch_shape.DEFAULT_CLUSTER_BLOCKS if traits.major >= 9 else 0)
     if shape.cluster_blocks:
-        place = function_handle(SOURCE, (), device, kernel_names(shape, problem.id_dtype)[-1])
+        place = function_handle(SOURCE, id_defines(problem.id_dtype), device,
+                                kernel_names(shape, problem.id_dtype)[-1])
         try:
             held = _clusters_held(place, shape)
         except driver.CUDADriverError:  # a GPU (or partition) that takes no such clusters
@@ -165,7 +172,8 @@ class MappingPlan:
                             self.buffer_size - expert_rows - 3 * experts)
         self.token_shape = (problem.num_tokens, problem.top_k)  # torch_views' view, cached
         names = kernel_names(shape, problem.id_dtype)
-        place = function_handle(SOURCE, (), device, names[-1])
+        defines = id_defines(problem.id_dtype)
+        place = function_handle(SOURCE, defines, device, names[-1])
         if shape.shared_bytes > DEFAULT_DYNAMIC_SHARED_BYTES:
             allow_dynamic_shared(place, shape.shared_bytes)
         if cluster:
@@ -175,7 +183,7 @@ class MappingPlan:
                                  f"a cooperative grid of {shape.blocks} blocks needs "
                                  f"{shape.blocks // cluster}")
         self.launches = [] if len(names) == 1 else [
-            (function_handle(SOURCE, (), device, names[0]), shape.count_blocks,
+            (function_handle(SOURCE, defines, device, names[0]), shape.count_blocks,
              shape.threads, 4 * shape.count_split * experts)]
         self.launches.append((place, shape.blocks, shape.threads, shape.shared_bytes))
         self.args = ArgBlock(MAPPING_ARGS, MAPPING_ARGS.constants(

@@ -71,6 +71,14 @@ def kernel_name(problem: QuantizeProblem, vector: bool, rows: bool = False,
     return f"{op}_{dtype}_{coalesced}{'_slots' if by_slot else ''}"
 
 
+def kernel_set_defines(problem: QuantizeProblem) -> tuple[tuple[str, int], ...]:
+    """The module's kernels: the problem's op and input dtype alone
+    (quantize.cu's QUANTIZE_OPS and QUANTIZE_INPUTS bit masks), so that a
+    first call in a fresh kernel cache compiles a few kernels, not all."""
+    return (("QUANTIZE_OPS", 2 if problem.swiglu else 1),
+            ("QUANTIZE_INPUTS", 2 if problem.in_dtype == "float32" else 1))
+
+
 def takes_slots(problem: QuantizeProblem, tuning: QuantizeTuning) -> bool:
     """Whether the coalesced launch visits the T * K slots (the ``*_slots``
     kernels) instead of the X rows: swiglu given ``token_topk_to_pos`` with
@@ -158,7 +166,9 @@ class QuantizePlan:
         item_bytes = 4 if problem.in_dtype == "float32" else 2
         touched = problem.num_rows * (problem.hidden * item_bytes * (2 if problem.swiglu else 1)
                                       + problem.hidden + 4 * problem.sf_blocks)
-        defines = tuning.defines(resident=half_l2_holds(touched, device_traits(device).l2_bytes))
+        defines = (*tuning.defines(resident=half_l2_holds(touched,
+                                                          device_traits(device).l2_bytes)),
+                   *kernel_set_defines(problem))
         self.handles = {vector: function_handle(SOURCE, defines, device,
                                                 self.kernel_name(vector))
                         for vector in (True, False)}
