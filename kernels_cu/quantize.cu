@@ -153,7 +153,8 @@
 // for its own op and input dtype only (cupy_moe/quantize/gpu.py): NVRTC then
 // compiles 2-14 kernels where the whole file has 32, and an op's first call
 // in a fresh kernel cache waits for those alone. Default: all of them (the
-// compile tests, the GPU tests' self-test kernels, which every module holds).
+// compile tests). The self-test kernels are in every module; QUANTIZE_OPS=0
+// gives them alone (the GPU tests that run them).
 #ifndef QUANTIZE_OPS
 #define QUANTIZE_OPS 3
 #endif

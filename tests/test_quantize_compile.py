@@ -87,6 +87,15 @@ def test_a_plan_module_holds_its_own_op_and_input_dtype_alone(swiglu, in_dtype):
         assert name.encode() in cubin, name
 
 
+def test_the_self_tests_compile_alone():
+    """QUANTIZE_OPS=0 (the GPU tests' self-test module): no op kernel."""
+    nvrtc_or_skip()
+    cubin = compile_for_arch("quantize.cu", (*QuantizeTuning().defines(), ("QUANTIZE_OPS", 0)),
+                             "sm_90")
+    assert all(name.encode() in cubin for name in SELFTESTS)
+    assert not any(name.encode() in cubin for name in KERNELS + SWIGLU_EXTRA)
+
+
 def test_the_gpu_backend_names_only_compiled_kernels():
     from cupy_moe.quantize.gpu import kernel_name
     from cupy_moe.quantize.rules import QuantizeProblem

@@ -297,7 +297,9 @@ def _selftest(tuning: QuantizeTuning, name: str, first: int, count: int,
     from cupy_moe.runtime.launch import current_device
     from cupy_moe.runtime.loader import get_module
 
-    kernel = get_module("quantize.cu", tuning.defines(), current_device()).get_function(name)
+    # QUANTIZE_OPS=0: the self-test kernels alone (a shorter compile)
+    kernel = get_module("quantize.cu", (*tuning.defines(), ("QUANTIZE_OPS", 0)),
+                        current_device()).get_function(name)
     mismatch = cupy.full(1, 0xFFFFFFFF, dtype=cupy.uint32)
     kernel((4096,), (256,), (np.uint32(first), np.uint32(count), mismatch, *extra))
     found = int(mismatch.get()[0])

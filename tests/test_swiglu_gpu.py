@@ -188,7 +188,8 @@ def test_activations_are_those_of_the_oracle():
     up = (rng.standard_normal(count) * 4).astype(np.float32)
     weight = rng.random(count).astype(np.float32)
     weight[::7] = 1.0
-    kernel = get_module("quantize.cu", QuantizeTuning().defines(),
+    # QUANTIZE_OPS=0: the self-test kernels alone (a shorter compile)
+    kernel = get_module("quantize.cu", (*QuantizeTuning().defines(), ("QUANTIZE_OPS", 0)),
                         current_device()).get_function("quantize_selftest_swiglu")
     out = cupy.empty(count, dtype=cupy.float32)
     kernel((1024,), (256,), (cupy.asarray(gate), cupy.asarray(up), cupy.asarray(weight), out,
