@@ -794,17 +794,55 @@ __device__ __forceinline__ void reduce_fused_body(const CombineArgs& a) {
         reduce_fused_body<FMT, VEC_BYTES>(args);                                     \
     }
 
+// The reduce_fused kernels a module holds: a plan's holds the one it launches
+// (cupy_moe/combine/gpu.py: COMBINE_ONE_FORMAT, its FMT_* + 1, and
+// COMBINE_ONE_VEC, its access bytes), so that NVRTC compiles one kernel where
+// the file has 11 (a token_rows variant with K = 32 compiled in took 5-10 s
+// for all of them). 0, the default: every one (the compile tests); a format
+// of -1: none (the validate kernel below, which every module holds, alone).
+#ifndef COMBINE_ONE_FORMAT
+#define COMBINE_ONE_FORMAT 0
+#endif
+#ifndef COMBINE_ONE_VEC
+#define COMBINE_ONE_VEC 0
+#endif
+#define COMBINE_HOLDS(FMT, VEC_BYTES)                                                \
+    ((COMBINE_ONE_FORMAT == 0 || COMBINE_ONE_FORMAT == (FMT) + 1) &&                 \
+     (COMBINE_ONE_VEC == 0 || COMBINE_ONE_VEC == (VEC_BYTES)))
+
+#if COMBINE_HOLDS(FMT_F32, 16)
 DEFINE_REDUCE_FUSED_KERNEL(f32, FMT_F32, 16)
+#endif
+#if COMBINE_HOLDS(FMT_F32, 8)
 DEFINE_REDUCE_FUSED_KERNEL(f32, FMT_F32, 8)
+#endif
+#if COMBINE_HOLDS(FMT_F32, 4)
 DEFINE_REDUCE_FUSED_KERNEL(f32, FMT_F32, 4)
+#endif
+#if COMBINE_HOLDS(FMT_BF16, 16)
 DEFINE_REDUCE_FUSED_KERNEL(bf16, FMT_BF16, 16)
+#endif
+#if COMBINE_HOLDS(FMT_BF16, 8)
 DEFINE_REDUCE_FUSED_KERNEL(bf16, FMT_BF16, 8)
+#endif
+#if COMBINE_HOLDS(FMT_BF16, 4)
 DEFINE_REDUCE_FUSED_KERNEL(bf16, FMT_BF16, 4)
+#endif
+#if COMBINE_HOLDS(FMT_BF16, 2)
 DEFINE_REDUCE_FUSED_KERNEL(bf16, FMT_BF16, 2)
+#endif
+#if COMBINE_HOLDS(FMT_F16, 16)
 DEFINE_REDUCE_FUSED_KERNEL(f16, FMT_F16, 16)
+#endif
+#if COMBINE_HOLDS(FMT_F16, 8)
 DEFINE_REDUCE_FUSED_KERNEL(f16, FMT_F16, 8)
+#endif
+#if COMBINE_HOLDS(FMT_F16, 4)
 DEFINE_REDUCE_FUSED_KERNEL(f16, FMT_F16, 4)
+#endif
+#if COMBINE_HOLDS(FMT_F16, 2)
 DEFINE_REDUCE_FUSED_KERNEL(f16, FMT_F16, 2)
+#endif
 
 // ---------------------------------------------------------------------------
 // validate=True: the first flat slot whose row is >= X. *found starts at

@@ -57,6 +57,25 @@ def test_every_combine_kernel_compiles(arch):
         assert name.encode() in cubin, name
 
 
+@pytest.mark.parametrize("kernel", ["reduce_fused_bf16_v16", "reduce_fused_f16_v2",
+                                    "reduce_fused_f32_v4", "reduce_fused_first_out_of_range"])
+def test_a_plan_module_holds_one_kernel_and_the_validate_kernel(kernel):
+    """kernel_defines(format, width) (a plan's module): that reduce_fused
+    kernel alone beside the validate kernel; the validate call's module
+    (COMBINE_ONE_FORMAT=-1): the validate kernel alone."""
+    nvrtc_or_skip()
+    from cupy_moe.combine.gpu import _CHECK_ONLY, kernel_defines
+
+    if kernel == "reduce_fused_first_out_of_range":
+        defines = _CHECK_ONLY
+    else:
+        defines = kernel_defines(kernel.split("_")[2], int(kernel.rsplit("_v", 1)[1]))
+    cubin = compile_for_arch(SOURCE, defines, "sm_90")
+    for name in [*_kernel_names(), "reduce_fused_first_out_of_range"]:
+        held = name.encode() + b"\0" in cubin
+        assert held == (name in (kernel, "reduce_fused_first_out_of_range")), name
+
+
 @pytest.mark.parametrize("slot_batch", [1, 3, 16])
 def test_other_slot_batches_compile(slot_batch):
     """COMBINE_SLOT_BATCH only trades registers for loads in flight: any

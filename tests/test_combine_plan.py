@@ -124,12 +124,39 @@ def test_shape_options_reach_the_launch(fake_gpu):
 
 
 def _record_defines(monkeypatch) -> list:
-    """The defines of each kernel module a plan asks for, in order."""
+    """The defines of each kernel module a plan asks for, in order, less the
+    kernel's own (COMBINE_ONE_FORMAT / COMBINE_ONE_VEC: the test below)."""
     modules = []
-    monkeypatch.setattr(gpu, "function_handle",
-                        lambda source, defines, device, name: modules.append(dict(defines))
-                        or 0x1000)
+
+    def record(source, defines, device, name):
+        defines = dict(defines)
+        kernel = gpu.kernel_defines(name.split("_")[2], int(name.rsplit("_v", 1)[1]))
+        assert tuple(defines.items())[-2:] == kernel, (name, defines)
+        modules.append({key: value for key, value in defines.items()
+                        if key not in dict(kernel)})
+        return 0x1000
+
+    monkeypatch.setattr(gpu, "function_handle", record)
     return modules
+
+
+@pytest.mark.parametrize(("dtype", "vec_bytes", "kernel"), [
+    ("bfloat16", 16, "reduce_fused_bf16_v16"), ("float16", 2, "reduce_fused_f16_v2"),
+    ("float32", 4, "reduce_fused_f32_v4")])
+def test_a_plan_module_holds_the_kernel_it_launches_alone(monkeypatch, fake_gpu, dtype,
+                                                         vec_bytes, kernel):
+    """Each kernel a plan launches comes from a module of that kernel alone:
+    its format (FMT_* + 1) and access width (what such a module holds:
+    test_combine_compile.py)."""
+    asked = []
+    monkeypatch.setattr(gpu, "function_handle",
+                        lambda source, defines, device, name: asked.append((name, defines))
+                        or 0x1000)
+    gpu.CombinePlan(_problem(dtype=dtype), 2, 0, ()).kernel(vec_bytes)
+    format_value = {"bfloat16": 2, "float16": 3, "float32": 1}[dtype]
+    assert asked[-1][0] == kernel
+    assert asked[-1][1][-2:] == (("COMBINE_ONE_FORMAT", format_value),
+                                 ("COMBINE_ONE_VEC", vec_bytes))
 
 
 def test_the_warp_slots_option_compiles_its_variant(monkeypatch, fake_gpu):

@@ -57,6 +57,17 @@ _pack_pointers = COMBINE_ARGS.pointer_packer.pack_into
 KERNEL_PREFIX = {"f32": "reduce_fused_f32", "bf16": "reduce_fused_bf16",
                  "f16": "reduce_fused_f16"}
 VEC_WIDTHS = {"f32": (16, 8, 4), "bf16": (16, 8, 4, 2), "f16": (16, 8, 4, 2)}
+# combine.cu's FMT_* + 1: COMBINE_ONE_FORMAT's value for a format's kernels
+_ONE_FORMAT = {"f32": 1, "bf16": 2, "f16": 3}
+# the validate kernel's module: no reduce_fused kernel beside it
+_CHECK_ONLY = (("COMBINE_ONE_FORMAT", -1),)
+
+
+def kernel_defines(element_format: str, vec_bytes: int) -> tuple[tuple[str, int], ...]:
+    """The module of one reduce_fused kernel alone (combine.cu's
+    COMBINE_ONE_FORMAT and COMBINE_ONE_VEC): a first call in a fresh kernel
+    cache compiles the kernel it launches, not all eleven."""
+    return (("COMBINE_ONE_FORMAT", _ONE_FORMAT[element_format]), ("COMBINE_ONE_VEC", vec_bytes))
 # static shared memory of a bulk block, rounded up (combine.cu
 # reduce_fused_bulk: its mbarriers, 256 listed slots of 12 bytes, warp counts,
 # token flags; ptxas reports 3,456 bytes on sm_90 with 4 or 8 stages)
@@ -119,7 +130,10 @@ class CombinePlan:
                                  f"{traits.shared_bytes_optin} bytes of shared memory a block "
                                  "may have")
             name = f"{KERNEL_PREFIX[problem.element_format]}_v{vec_bytes}"
-            handle = function_handle(SOURCE, shape.defines(), self.device, name)
+            handle = function_handle(SOURCE, (*shape.defines(),
+                                              *kernel_defines(problem.element_format,
+                                                              vec_bytes)),
+                                     self.device, name)
             if shape.shared_bytes > DEFAULT_DYNAMIC_SHARED_BYTES - BULK_STATIC_SHARED_BYTES:
                 allow_dynamic_shared(handle, shape.shared_bytes)
             constants = COMBINE_ARGS.constants(
@@ -230,7 +244,7 @@ def _validate(lib, problem: CombineProblem, token_topk_to_pos: Any, device: int,
     _check_args.set_all(lib.pointer(token_topk_to_pos), lib.pointer(found), num_slots,
                         problem.num_expanded)
     blocks = max(1, min(1024, ceil_div(num_slots, 256)))
-    launch(function_handle(SOURCE, (), device, "reduce_fused_first_out_of_range"),
+    launch(function_handle(SOURCE, _CHECK_ONLY, device, "reduce_fused_first_out_of_range"),
            (blocks, 1, 1), 256, 0, stream, _check_args)
     found_host = np.empty(1, dtype=np.int64)
     runtime.memcpyAsync(found_host.ctypes.data, lib.pointer(found), found_host.nbytes,
