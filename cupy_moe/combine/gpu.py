@@ -68,6 +68,8 @@ def kernel_defines(element_format: str, vec_bytes: int) -> tuple[tuple[str, int]
     COMBINE_ONE_FORMAT and COMBINE_ONE_VEC): a first call in a fresh kernel
     cache compiles the kernel it launches, not all eleven."""
     return (("COMBINE_ONE_FORMAT", _ONE_FORMAT[element_format]), ("COMBINE_ONE_VEC", vec_bytes))
+
+
 # static shared memory of a bulk block, rounded up (combine.cu
 # reduce_fused_bulk: its mbarriers, 256 listed slots of 12 bytes, warp counts,
 # token flags; ptxas reports 3,456 bytes on sm_90 with 4 or 8 stages)
