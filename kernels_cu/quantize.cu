@@ -151,7 +151,7 @@
 // Which kernels the module holds, as bit masks: QUANTIZE_OPS 1 quantize_fp8,
 // 2 swiglu_quantize_fp8; QUANTIZE_INPUTS 1 bfloat16, 2 float32. A plan asks
 // for its own op and input dtype only (cupy_moe/quantize/gpu.py): NVRTC then
-// compiles 2-14 kernels where the whole file has 32, and an op's first call
+// compiles 4-12 kernels where the whole file has 32, and an op's first call
 // in a fresh kernel cache waits for those alone. Default: all of them (the
 // compile tests). The self-test kernels are in every module; QUANTIZE_OPS=0
 // gives them alone (the GPU tests that run them).
