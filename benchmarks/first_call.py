@@ -77,9 +77,12 @@ print(json.dumps(record))
 # module's defines beside them, what that module is)
 MODULES = (
     ("mapping.cu", (), (("MAPPING_IDS", 2),), "int64 ids"),
-    ("quantize.cu", None, (("QUANTIZE_OPS", 1), ("QUANTIZE_INPUTS", 1)), "quantize_fp8, bf16"),
-    ("quantize.cu", None, (("QUANTIZE_OPS", 2), ("QUANTIZE_INPUTS", 1)),
-     "swiglu_quantize_fp8, bf16"),
+    # a quantize plan's module holds the one kernel it launches
+    # (QUANTIZE_KERNELS: bit 0 *_vec, bit 5 *_rows; quantize/gpu.py's KERNEL_FORMS)
+    ("quantize.cu", None, (("QUANTIZE_OPS", 1), ("QUANTIZE_INPUTS", 1), ("QUANTIZE_KERNELS", 1)),
+     "quantize_fp8, bf16, *_vec"),
+    ("quantize.cu", None, (("QUANTIZE_OPS", 2), ("QUANTIZE_INPUTS", 1),
+                           ("QUANTIZE_KERNELS", 1 << 5)), "swiglu_quantize_fp8, bf16, *_rows"),
 )
 
 

@@ -150,16 +150,101 @@
 #endif
 // Which kernels the module holds, as bit masks: QUANTIZE_OPS 1 quantize_fp8,
 // 2 swiglu_quantize_fp8; QUANTIZE_INPUTS 1 bfloat16, 2 float32. A plan asks
-// for its own op and input dtype only (cupy_moe/quantize/gpu.py): NVRTC then
-// compiles 4-12 kernels where the whole file has 32, and an op's first call
-// in a fresh kernel cache waits for those alone. Default: all of them (the
-// compile tests). The self-test kernels are in every module; QUANTIZE_OPS=0
-// gives them alone (the GPU tests that run them).
+// for its own op and input dtype only (cupy_moe/quantize/gpu.py), and of
+// those the one kernel it launches (QUANTIZE_KERNELS, below), so that an op's
+// first call in a fresh kernel cache waits for that kernel's compile alone.
+// Default: all of them (the compile tests). The self-test kernels are in
+// every module; QUANTIZE_OPS=0 gives them alone (the GPU tests that run them).
 #ifndef QUANTIZE_OPS
 #define QUANTIZE_OPS 3
 #endif
 #ifndef QUANTIZE_INPUTS
 #define QUANTIZE_INPUTS 3
+#endif
+// QUANTIZE_KERNELS: which kernels of those ops and dtypes, a bit a kernel
+// form in the order of cupy_moe/quantize/gpu.py's KERNEL_FORMS (bit 0 *_vec,
+// 1 *_vec1, 2 *_any, ...; default: all). A plan asks for the one kernel it
+// launches (its element-access *_any twin, for misaligned pointers, is a
+// module of its own, compiled at the first such call): swiglu's module then
+// compiles one kernel of its twelve, ~0.25 s of NVRTC where the twelve take
+// ~2 s (this machine's NVRTC 12.9).
+#ifndef QUANTIZE_KERNELS
+#define QUANTIZE_KERNELS 0x7FFF
+#endif
+#if QUANTIZE_KERNELS & (1 << 0)
+#define QUANT_KEEP_vec(...) __VA_ARGS__
+#else
+#define QUANT_KEEP_vec(...)
+#endif
+#if QUANTIZE_KERNELS & (1 << 1)
+#define QUANT_KEEP_vec1(...) __VA_ARGS__
+#else
+#define QUANT_KEEP_vec1(...)
+#endif
+#if QUANTIZE_KERNELS & (1 << 2)
+#define QUANT_KEEP_any(...) __VA_ARGS__
+#else
+#define QUANT_KEEP_any(...)
+#endif
+#if QUANTIZE_KERNELS & (1 << 3)
+#define QUANT_KEEP_tiles(...) __VA_ARGS__
+#else
+#define QUANT_KEEP_tiles(...)
+#endif
+#if QUANTIZE_KERNELS & (1 << 4)
+#define QUANT_KEEP_block_rows(...) __VA_ARGS__
+#else
+#define QUANT_KEEP_block_rows(...)
+#endif
+#if QUANTIZE_KERNELS & (1 << 5)
+#define QUANT_KEEP_rows(...) __VA_ARGS__
+#else
+#define QUANT_KEEP_rows(...)
+#endif
+#if QUANTIZE_KERNELS & (1 << 6)
+#define QUANT_KEEP_rows768(...) __VA_ARGS__
+#else
+#define QUANT_KEEP_rows768(...)
+#endif
+#if QUANTIZE_KERNELS & (1 << 7)
+#define QUANT_KEEP_rows512(...) __VA_ARGS__
+#else
+#define QUANT_KEEP_rows512(...)
+#endif
+#if QUANTIZE_KERNELS & (1 << 8)
+#define QUANT_KEEP_rows256(...) __VA_ARGS__
+#else
+#define QUANT_KEEP_rows256(...)
+#endif
+#if QUANTIZE_KERNELS & (1 << 9)
+#define QUANT_KEEP_vec_slots(...) __VA_ARGS__
+#else
+#define QUANT_KEEP_vec_slots(...)
+#endif
+#if QUANTIZE_KERNELS & (1 << 10)
+#define QUANT_KEEP_vec1_slots(...) __VA_ARGS__
+#else
+#define QUANT_KEEP_vec1_slots(...)
+#endif
+#if QUANTIZE_KERNELS & (1 << 11)
+#define QUANT_KEEP_rows_slots(...) __VA_ARGS__
+#else
+#define QUANT_KEEP_rows_slots(...)
+#endif
+#if QUANTIZE_KERNELS & (1 << 12)
+#define QUANT_KEEP_rows768_slots(...) __VA_ARGS__
+#else
+#define QUANT_KEEP_rows768_slots(...)
+#endif
+#if QUANTIZE_KERNELS & (1 << 13)
+#define QUANT_KEEP_rows512_slots(...) __VA_ARGS__
+#else
+#define QUANT_KEEP_rows512_slots(...)
+#endif
+#if QUANTIZE_KERNELS & (1 << 14)
+#define QUANT_KEEP_rows256_slots(...) __VA_ARGS__
+#else
+#define QUANT_KEEP_rows256_slots(...)
 #endif
 #if QUANTIZE_ROWS_MIN_BLOCKS > 0
 #define QUANT_ROWS_BOUNDS __launch_bounds__(QUANT_MAX_THREADS, QUANTIZE_ROWS_MIN_BLOCKS)
@@ -1048,85 +1133,121 @@ __device__ __forceinline__ void swiglu_block_rows_body(const QuantizeArgs& a) {
 }
 
 #define DEFINE_QUANTIZE_KERNELS(IN_NAME, IN_TYPE)                                            \
+    QUANT_KEEP_vec(                                                                          \
     extern "C" __global__ void __launch_bounds__(QUANT_MAX_THREADS)                          \
     quantize_fp8_##IN_NAME##_vec(const QuantizeArgs a) {                                     \
         quantize_vec_body<IN_TYPE, false>(a);                                                \
     }                                                                                        \
+    )                                                                                        \
+    QUANT_KEEP_vec1(                                                                         \
     extern "C" __global__ void __launch_bounds__(QUANT_MAX_THREADS)                          \
     quantize_fp8_##IN_NAME##_vec1(const QuantizeArgs a) {                                    \
         quantize_vec_body<IN_TYPE, false, 1>(a);                                             \
     }                                                                                        \
+    )                                                                                        \
+    QUANT_KEEP_tiles(                                                                        \
     extern "C" __global__ void __launch_bounds__(QUANT_MAX_THREADS)                          \
     quantize_fp8_##IN_NAME##_tiles(const QuantizeArgs a) {                                   \
         quantize_tiles_body<IN_TYPE>(a);                                                     \
     }                                                                                        \
+    )                                                                                        \
+    QUANT_KEEP_any(                                                                          \
     extern "C" __global__ void __launch_bounds__(QUANT_MAX_THREADS)                          \
     quantize_fp8_##IN_NAME##_any(const QuantizeArgs a) {                                     \
         quantize_any_body<IN_TYPE, false>(a);                                                \
-    }
+    }                                                                                        \
+    )
 
 #define DEFINE_SWIGLU_KERNELS(IN_NAME, IN_TYPE)                                              \
+    QUANT_KEEP_vec(                                                                          \
     extern "C" __global__ void __launch_bounds__(QUANT_MAX_THREADS)                          \
     swiglu_quantize_fp8_##IN_NAME##_vec(const QuantizeArgs a) {                              \
         quantize_vec_body<IN_TYPE, true>(a);                                                 \
     }                                                                                        \
-    extern "C" __global__ void QUANT_ROWS_BOUNDS                                              \
+    )                                                                                        \
+    QUANT_KEEP_rows(                                                                         \
+    extern "C" __global__ void QUANT_ROWS_BOUNDS                                             \
     swiglu_quantize_fp8_##IN_NAME##_rows(const QuantizeArgs a) {                             \
         swiglu_rows_one_segment<IN_TYPE>(a);                                                 \
     }                                                                                        \
+    )                                                                                        \
+    QUANT_KEEP_rows768(                                                                      \
     extern "C" __global__ void QUANT_ROWS768_BOUNDS_##IN_NAME                                \
     swiglu_quantize_fp8_##IN_NAME##_rows768(const QuantizeArgs a) {                          \
         swiglu_rows_one_segment<IN_TYPE, VecLayout<IN_TYPE>::LOADS * 3 / 4>(a);              \
     }                                                                                        \
-    extern "C" __global__ void QUANT_ROWS_BOUNDS                                              \
+    )                                                                                        \
+    QUANT_KEEP_rows512(                                                                      \
+    extern "C" __global__ void QUANT_ROWS_BOUNDS                                             \
     swiglu_quantize_fp8_##IN_NAME##_rows512(const QuantizeArgs a) {                          \
         swiglu_rows_one_segment<IN_TYPE, VecLayout<IN_TYPE>::LOADS / 2>(a);                  \
     }                                                                                        \
+    )                                                                                        \
+    QUANT_KEEP_vec1(                                                                         \
     extern "C" __global__ void __launch_bounds__(QUANT_MAX_THREADS)                          \
     swiglu_quantize_fp8_##IN_NAME##_vec1(const QuantizeArgs a) {                             \
         quantize_vec_body<IN_TYPE, true, 1>(a);                                              \
     }                                                                                        \
+    )                                                                                        \
+    QUANT_KEEP_block_rows(                                                                   \
     extern "C" __global__ void __launch_bounds__(QUANT_BLOCK_ROWS_MAX_THREADS)               \
     swiglu_quantize_fp8_##IN_NAME##_block_rows(const QuantizeArgs a) {                       \
         swiglu_block_rows_body<IN_TYPE>(a);                                                  \
     }                                                                                        \
+    )                                                                                        \
+    QUANT_KEEP_any(                                                                          \
     extern "C" __global__ void __launch_bounds__(QUANT_MAX_THREADS)                          \
     swiglu_quantize_fp8_##IN_NAME##_any(const QuantizeArgs a) {                              \
         quantize_any_body<IN_TYPE, true>(a);                                                 \
     }                                                                                        \
+    )                                                                                        \
+    QUANT_KEEP_vec_slots(                                                                    \
     extern "C" __global__ void __launch_bounds__(QUANT_MAX_THREADS)                          \
     swiglu_quantize_fp8_##IN_NAME##_vec_slots(const QuantizeArgs a) {                        \
         quantize_vec_body<IN_TYPE, true, VecLayout<IN_TYPE>::LOADS, true>(a);                \
     }                                                                                        \
+    )                                                                                        \
+    QUANT_KEEP_vec1_slots(                                                                   \
     extern "C" __global__ void __launch_bounds__(QUANT_MAX_THREADS)                          \
     swiglu_quantize_fp8_##IN_NAME##_vec1_slots(const QuantizeArgs a) {                       \
         quantize_vec_body<IN_TYPE, true, 1, true>(a);                                        \
     }                                                                                        \
-    extern "C" __global__ void QUANT_ROWS_BOUNDS                                              \
+    )                                                                                        \
+    QUANT_KEEP_rows_slots(                                                                   \
+    extern "C" __global__ void QUANT_ROWS_BOUNDS                                             \
     swiglu_quantize_fp8_##IN_NAME##_rows_slots(const QuantizeArgs a) {                       \
         swiglu_rows_one_segment<IN_TYPE, VecLayout<IN_TYPE>::LOADS, true>(a);                \
     }                                                                                        \
+    )                                                                                        \
+    QUANT_KEEP_rows768_slots(                                                                \
     extern "C" __global__ void QUANT_ROWS768_BOUNDS_##IN_NAME                                \
     swiglu_quantize_fp8_##IN_NAME##_rows768_slots(const QuantizeArgs a) {                    \
         swiglu_rows_one_segment<IN_TYPE, VecLayout<IN_TYPE>::LOADS * 3 / 4, true>(a);        \
     }                                                                                        \
-    extern "C" __global__ void QUANT_ROWS_BOUNDS                                              \
+    )                                                                                        \
+    QUANT_KEEP_rows512_slots(                                                                \
+    extern "C" __global__ void QUANT_ROWS_BOUNDS                                             \
     swiglu_quantize_fp8_##IN_NAME##_rows512_slots(const QuantizeArgs a) {                    \
         swiglu_rows_one_segment<IN_TYPE, VecLayout<IN_TYPE>::LOADS / 2, true>(a);            \
-    }
+    }                                                                                        \
+    )
 
 // *_rows256 and its _slots twin: a sweep option (they lost), compiled only
 // where a tuning's widths name 256 (QUANTIZE_ROWS256), so that the default
 // module does not pay their compile time
 #define DEFINE_ROWS256_KERNELS(IN_NAME, IN_TYPE)                                             \
-    extern "C" __global__ void QUANT_ROWS_BOUNDS                                              \
+    QUANT_KEEP_rows256(                                                                      \
+    extern "C" __global__ void QUANT_ROWS_BOUNDS                                             \
     swiglu_quantize_fp8_##IN_NAME##_rows256(const QuantizeArgs a) {                          \
         swiglu_rows_one_segment<IN_TYPE, VecLayout<IN_TYPE>::LOADS / 4>(a);                  \
     }                                                                                        \
-    extern "C" __global__ void QUANT_ROWS_BOUNDS                                              \
+    )                                                                                        \
+    QUANT_KEEP_rows256_slots(                                                                \
+    extern "C" __global__ void QUANT_ROWS_BOUNDS                                             \
     swiglu_quantize_fp8_##IN_NAME##_rows256_slots(const QuantizeArgs a) {                    \
         swiglu_rows_one_segment<IN_TYPE, VecLayout<IN_TYPE>::LOADS / 4, true>(a);            \
-    }
+    }                                                                                        \
+    )
 
 #if QUANTIZE_INPUTS & 1
 #if QUANTIZE_OPS & 1

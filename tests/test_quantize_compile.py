@@ -62,12 +62,18 @@ def test_the_rows256_kernels_compile_where_a_tuning_names_them(widths):
         assert name.encode() in cubin, name
 
 
+def _held(name: str, cubin: bytes) -> bool:
+    # the whole name ("quantize_fp8_bf16_vec" is inside "..._vec1" and
+    # "swiglu_quantize_fp8_bf16_vec"): NUL-terminated, no letter before
+    return re.search(rb"(?<![a-z_])" + name.encode() + rb"\0", cubin) is not None
+
+
 @pytest.mark.parametrize("swiglu", [False, True])
 @pytest.mark.parametrize("in_dtype", ["bfloat16", "float32"])
 def test_a_plan_module_holds_its_own_op_and_input_dtype_alone(swiglu, in_dtype):
-    """A plan's module (QUANTIZE_OPS / QUANTIZE_INPUTS from kernel_set_defines)
-    holds every kernel of its op and input dtype, the self-tests, and no other
-    op's or dtype's kernel."""
+    """kernel_set_defines without a kernel (QUANTIZE_OPS / QUANTIZE_INPUTS):
+    every kernel of the op and input dtype, the self-tests, and no other op's
+    or dtype's kernel."""
     nvrtc_or_skip()
     from cupy_moe.quantize.gpu import kernel_set_defines
     from cupy_moe.quantize.rules import QuantizeProblem
@@ -79,12 +85,27 @@ def test_a_plan_module_holds_its_own_op_and_input_dtype_alone(swiglu, in_dtype):
     dtype = "f32" if in_dtype == "float32" else "bf16"
     for name in KERNELS + SWIGLU_EXTRA:
         own = name.startswith(prefix + dtype + "_")
-        # the whole name ("quantize_fp8_bf16_vec" is inside "..._vec1" and
-        # "swiglu_quantize_fp8_bf16_vec"): NUL-terminated, no letter before
-        held = re.search(rb"(?<![a-z_])" + name.encode() + rb"\0", cubin) is not None
-        assert held == (own and name not in ROWS256), name
+        assert _held(name, cubin) == (own and name not in ROWS256), name
     for name in SELFTESTS:
         assert name.encode() in cubin, name
+
+
+@pytest.mark.parametrize("name", KERNELS + SWIGLU_EXTRA)
+def test_a_plan_module_holds_the_one_kernel_it_launches(name):
+    """kernel_set_defines(problem, name) (QUANTIZE_KERNELS: KERNEL_FORMS'
+    bit of the name's form): that kernel, the self-tests, and no other op
+    kernel; the *_rows256 ones where the tuning names 256 (QUANTIZE_ROWS256)."""
+    nvrtc_or_skip()
+    from cupy_moe.quantize.gpu import kernel_set_defines
+    from cupy_moe.quantize.rules import QuantizeProblem
+
+    problem = QuantizeProblem(1, 1, "float32" if "_f32_" in name else "bfloat16", 128, False,
+                              False, False, swiglu=name.startswith("swiglu_"))
+    tuning = QuantizeTuning(segment_columns=(256,)) if name in ROWS256 else QuantizeTuning()
+    cubin = compile_for_arch("quantize.cu",
+                             (*tuning.defines(), *kernel_set_defines(problem, name)), "sm_90")
+    assert [other for other in KERNELS + SWIGLU_EXTRA if _held(other, cubin)] == [name]
+    assert all(selftest.encode() in cubin for selftest in SELFTESTS)
 
 
 def test_the_self_tests_compile_alone():

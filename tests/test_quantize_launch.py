@@ -4,6 +4,7 @@ factor exactly once, as kernels_cu/quantize.cu computes its indices."""
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import math
 import re
@@ -695,6 +696,7 @@ def _fake_device(monkeypatch):
 
     monkeypatch.setattr(gpu, "device_traits", lambda device: DeviceTraits(132, 9, 232448))
     monkeypatch.setattr(gpu, "function_handle", lambda source, defines, device, name: name)
+    monkeypatch.setattr(gpu, "OnDevice", lambda device: contextlib.nullcontext())
     launches = []
     monkeypatch.setattr(gpu.driver, "launchKernel", lambda *args: launches.append(args))
     return gpu, launches
@@ -772,7 +774,9 @@ def test_calls_in_half_the_l2_load_by_the_read_only_path(monkeypatch, num_rows, 
     for l2_bytes, expected in ((50 * 2**20, 3 if resident else None), (0, None)):
         monkeypatch.setattr(gpu, "device_traits",
                             lambda device, l2=l2_bytes: DeviceTraits(132, 9, 232448, False, l2))
-        gpu.QuantizePlan(problem, 0, DEFAULT_TUNING)
+        plan = gpu.QuantizePlan(problem, 0, DEFAULT_TUNING)
+        for x in (0x1000, 0x1002):  # both kernels: aligned, then misaligned rows
+            plan.launch(7, x, 0x2000, 0x3000, 0, 0, 0, 0)
         assert {m.get("VECTOR_LOAD_HINT") for m in modules[-2:]} == {expected}
 
 
@@ -912,10 +916,18 @@ def test_a_tuned_plan_compiles_and_launches_its_variant(monkeypatch):
                               round_sf=True, packed_ue8m0=True, col_major=True, swiglu=True,
                               num_weights=24, has_pos_to_expert=True)
     tuning = QuantizeTuning(rows_min_blocks=5, narrow_live_rows=0)
-    gpu.QuantizePlan(problem, 0, tuning).launch(7, 0x1000, 0x2000, 0x3000, 0x4000, 0x5000, 0x6000,
-                                                0)
-    # both kernels of the plan: the variant's module, of swiglu's bf16 kernels alone
-    assert compiled == [(*tuning.defines(), ("QUANTIZE_OPS", 2), ("QUANTIZE_INPUTS", 1))] * 2
+    plan = gpu.QuantizePlan(problem, 0, tuning)
+    assert compiled == []  # nothing compiled before a launch needs it
+    plan.launch(7, 0x1000, 0x2000, 0x3000, 0x4000, 0x5000, 0x6000, 0)
+    plan.launch(7, 0x1000, 0x2000, 0x3000, 0x4000, 0x5000, 0x6000, 0)
+    # the coalesced kernel alone, once: the variant's module, of swiglu's bf16
+    # *_rows512 alone (QUANTIZE_KERNELS bit 7)
+    variant = (*tuning.defines(), ("QUANTIZE_OPS", 2), ("QUANTIZE_INPUTS", 1))
+    assert compiled == [(*variant, ("QUANTIZE_KERNELS", 1 << 7))]
+    # misaligned rows: the element-access kernel, a module of its own (bit 2)
+    plan.launch(7, 0x1002, 0x2000, 0x3000, 0x4000, 0x5000, 0x6000, 0)
+    assert compiled[1:] == [(*variant, ("QUANTIZE_KERNELS", 1 << 2))]
+    assert launches[-1][0] == "swiglu_quantize_fp8_bf16_any"
     handle, grid_x, _, _, threads = launches[0][:5]
     # 9 rows x 14 segments of 512 columns = 126 warps, 2 a 64-thread block
     assert handle == "swiglu_quantize_fp8_bf16_rows512" and (grid_x, threads) == (63, 64)

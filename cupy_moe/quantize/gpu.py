@@ -71,12 +71,47 @@ def kernel_name(problem: QuantizeProblem, vector: bool, rows: bool = False,
     return f"{op}_{dtype}_{coalesced}{'_slots' if by_slot else ''}"
 
 
-def kernel_set_defines(problem: QuantizeProblem) -> tuple[tuple[str, int], ...]:
+# quantize.cu's kernel forms (the name's end after the dtype), in the order
+# of the QUANTIZE_KERNELS bits
+KERNEL_FORMS = ("vec", "vec1", "any", "tiles", "block_rows", "rows", "rows768", "rows512",
+                "rows256", "vec_slots", "vec1_slots", "rows_slots", "rows768_slots",
+                "rows512_slots", "rows256_slots")
+
+
+def kernel_set_defines(problem: QuantizeProblem,
+                       kernel: str | None = None) -> tuple[tuple[str, int], ...]:
     """The module's kernels: the problem's op and input dtype alone
-    (quantize.cu's QUANTIZE_OPS and QUANTIZE_INPUTS bit masks), so that a
-    first call in a fresh kernel cache compiles a few kernels, not all."""
-    return (("QUANTIZE_OPS", 2 if problem.swiglu else 1),
-            ("QUANTIZE_INPUTS", 2 if problem.in_dtype == "float32" else 1))
+    (quantize.cu's QUANTIZE_OPS and QUANTIZE_INPUTS bit masks) and, given
+    ``kernel`` (a name of ``kernel_name``'s), that kernel alone
+    (QUANTIZE_KERNELS), so that a first call in a fresh kernel cache
+    compiles one kernel, not the file's 32."""
+    defines = (("QUANTIZE_OPS", 2 if problem.swiglu else 1),
+               ("QUANTIZE_INPUTS", 2 if problem.in_dtype == "float32" else 1))
+    if kernel is None:
+        return defines
+    form = kernel.split("_bf16_" if "_bf16_" in kernel else "_f32_", 1)[1]
+    return (*defines, ("QUANTIZE_KERNELS", 1 << KERNEL_FORMS.index(form)))
+
+
+class _KernelHandles(dict):
+    """A plan's two kernels, ``vector`` -> driver handle, each compiled (a
+    module of its own) at its first launch: the element-access kernel waits
+    for a call with misaligned pointers, which most plans never see."""
+
+    __slots__ = ("plan",)
+
+    def __init__(self, plan: QuantizePlan) -> None:
+        super().__init__()
+        self.plan = plan
+
+    def __missing__(self, vector: bool) -> int:
+        plan = self.plan
+        name = plan.kernel_name(vector)
+        with OnDevice(plan.device):  # a launch from the torch fast path sets no device
+            handle = self[vector] = function_handle(
+                SOURCE, (*plan.defines, *kernel_set_defines(plan.problem, name)), plan.device,
+                name)
+        return handle
 
 
 def takes_slots(problem: QuantizeProblem, tuning: QuantizeTuning) -> bool:
@@ -104,7 +139,7 @@ class QuantizePlan:
     ``*_slots`` one, its grid over the T * K slots; the element-access one
     (misaligned pointers) still visits the X rows, as without the hint."""
 
-    __slots__ = ("args", "by_slot", "device", "handles", "problem", "shape")
+    __slots__ = ("args", "by_slot", "defines", "device", "handles", "problem", "shape")
 
     def __init__(self, problem: QuantizeProblem, device: int, tuning: QuantizeTuning) -> None:
         self.problem, self.device = problem, device
@@ -166,12 +201,9 @@ class QuantizePlan:
         item_bytes = 4 if problem.in_dtype == "float32" else 2
         touched = problem.num_rows * (problem.hidden * item_bytes * (2 if problem.swiglu else 1)
                                       + problem.hidden + 4 * problem.sf_blocks)
-        defines = (*tuning.defines(resident=half_l2_holds(touched,
-                                                          device_traits(device).l2_bytes)),
-                   *kernel_set_defines(problem))
-        self.handles = {vector: function_handle(SOURCE, defines, device,
-                                                self.kernel_name(vector))
-                        for vector in (True, False)}
+        self.defines = tuning.defines(resident=half_l2_holds(touched,
+                                                             device_traits(device).l2_bytes))
+        self.handles = _KernelHandles(self)
         shape = self.shape
         self.args = ArgBlock(QUANTIZE_ARGS, QUANTIZE_ARGS.constants(
             num_rows=problem.num_rows, num_weights=max(problem.num_weights, 0),
