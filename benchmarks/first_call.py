@@ -76,7 +76,8 @@ print(json.dumps(record))
 # (file, the whole file's defines (None: the default tuning's), a plan's
 # module's defines beside them, what that module is)
 MODULES = (
-    ("mapping.cu", (), (("MAPPING_IDS", 2),), "int64 ids"),
+    ("mapping.cu", (), (("MAPPING_IDS", 2), ("MAPPING_KERNELS", 1 << 3)),
+     "int64 ids, mapping_coop_cluster"),
     # a quantize plan's module holds the one kernel it launches
     # (QUANTIZE_KERNELS: bit 0 *_vec, bit 5 *_rows; quantize/gpu.py's KERNEL_FORMS)
     ("quantize.cu", None, (("QUANTIZE_OPS", 1), ("QUANTIZE_INPUTS", 1), ("QUANTIZE_KERNELS", 1)),

@@ -58,10 +58,17 @@
 #define MAP_TRACE_DROP_STORES 0
 #endif
 // The id dtypes the module's kernels take, a bit mask: 1 int32 (the *_i32
-// kernels), 2 int64. A plan asks for its ids' alone (cupy_moe/mapping/gpu.py:
-// a first call in a fresh kernel cache compiles half the file); default both.
+// kernels), 2 int64; and which kernels of those, MAPPING_KERNELS: bit 0
+// mapping_count_*, 1 mapping_place_*, 2 mapping_coop_*, 3
+// mapping_coop_cluster_*, 4 mapping_warp_* (cupy_moe/mapping/gpu.py's
+// KERNEL_BITS). A plan asks for its ids' and its own kernels alone, so that
+// a first call in a fresh kernel cache compiles one or two kernels of the
+// file's ten; default all.
 #ifndef MAPPING_IDS
 #define MAPPING_IDS 3
+#endif
+#ifndef MAPPING_KERNELS
+#define MAPPING_KERNELS 0x1F
 #endif
 #ifndef SUM_VECS
 #define SUM_VECS 8         // 16-byte loads (8 uint16 block counts) a thread has in flight
@@ -213,14 +220,14 @@ __device__ __forceinline__ void count_block(const MappingArgs& a) {
     }
 }
 
-#if MAPPING_IDS & 1
+#if (MAPPING_IDS & 1) && (MAPPING_KERNELS & (1 << 0))
 extern "C" __global__ void __launch_bounds__(MAP_MAX_WARPS * 32)
 mapping_count_i32(const MappingArgs a) {
     count_block<int>(a);
 }
 #endif
 
-#if MAPPING_IDS & 2
+#if (MAPPING_IDS & 2) && (MAPPING_KERNELS & (1 << 0))
 extern "C" __global__ void __launch_bounds__(MAP_MAX_WARPS * 32)
 mapping_count_i64(const MappingArgs a) {
     count_block<long long>(a);
@@ -598,14 +605,14 @@ __device__ __forceinline__ void place_block(const MappingArgs& a) {
     MAP_PHASE(9);
 }
 
-#if MAPPING_IDS & 1
+#if (MAPPING_IDS & 1) && (MAPPING_KERNELS & (1 << 1))
 extern "C" __global__ void __launch_bounds__(MAP_MAX_WARPS * 32)
 mapping_place_i32(const MappingArgs a) {
     place_block<int, false>(a);
 }
 #endif
 
-#if MAPPING_IDS & 2
+#if (MAPPING_IDS & 2) && (MAPPING_KERNELS & (1 << 1))
 extern "C" __global__ void __launch_bounds__(MAP_MAX_WARPS * 32)
 mapping_place_i64(const MappingArgs a) {
     place_block<long long, false>(a);
@@ -620,14 +627,14 @@ mapping_place_i64(const MappingArgs a) {
 // NVRTC 13, sm_90).
 #define COOP_LAUNCH_BOUNDS __launch_bounds__(COOP_MAX_WARPS * 32, 1)
 
-#if MAPPING_IDS & 1
+#if (MAPPING_IDS & 1) && (MAPPING_KERNELS & (1 << 2))
 extern "C" __global__ void COOP_LAUNCH_BOUNDS
 mapping_coop_i32(const MappingArgs a) {
     place_block<int, true>(a);
 }
 #endif
 
-#if MAPPING_IDS & 2
+#if (MAPPING_IDS & 2) && (MAPPING_KERNELS & (1 << 2))
 extern "C" __global__ void COOP_LAUNCH_BOUNDS
 mapping_coop_i64(const MappingArgs a) {
     place_block<long long, true>(a);
@@ -636,14 +643,14 @@ mapping_coop_i64(const MappingArgs a) {
 
 // Cooperative launches in clusters of 2..CLUSTER_MAX_BLOCKS blocks (sm_90+;
 // the cluster size is the launch's, the plan checks it divides the grid).
-#if MAPPING_IDS & 1
+#if (MAPPING_IDS & 1) && (MAPPING_KERNELS & (1 << 3))
 extern "C" __global__ void COOP_LAUNCH_BOUNDS
 mapping_coop_cluster_i32(const MappingArgs a) {
     place_block<int, true, true>(a);
 }
 #endif
 
-#if MAPPING_IDS & 2
+#if (MAPPING_IDS & 2) && (MAPPING_KERNELS & (1 << 3))
 extern "C" __global__ void COOP_LAUNCH_BOUNDS
 mapping_coop_cluster_i64(const MappingArgs a) {
     place_block<long long, true, true>(a);
@@ -754,14 +761,14 @@ __device__ __forceinline__ void warp_plan_block(const MappingArgs& a) {
     MAP_PHASE(2);
 }
 
-#if MAPPING_IDS & 1
+#if (MAPPING_IDS & 1) && (MAPPING_KERNELS & (1 << 4))
 extern "C" __global__ void __launch_bounds__(WARP_PLAN_THREADS)
 mapping_warp_i32(const MappingArgs a) {
     warp_plan_block<int>(a);
 }
 #endif
 
-#if MAPPING_IDS & 2
+#if (MAPPING_IDS & 2) && (MAPPING_KERNELS & (1 << 4))
 extern "C" __global__ void __launch_bounds__(WARP_PLAN_THREADS)
 mapping_warp_i64(const MappingArgs a) {
     warp_plan_block<long long>(a);

@@ -161,17 +161,20 @@ def test_the_plan_names_its_kernels_and_aligns_its_scratch(monkeypatch):
     problem = MappingProblem(4096, 8, 384, 128, 81536, "int64")
     shape = mapping_shape(32768, 384, 81536, **H200, cooperative=True)
     plan = gpu.MappingPlan(problem, 0, shape)
-    # the module of int64 ids' kernels alone (MAPPING_IDS: 1 int32, 2 int64)
-    int64_only = (("MAPPING_IDS", 2),)
-    assert requested == [(int64_only, "mapping_coop_i64")]
+    # the module of the plan's own kernels for int64 ids alone (MAPPING_IDS:
+    # 1 int32, 2 int64; MAPPING_KERNELS: bit 0 count, 1 place, 2 coop)
+    assert requested == [((("MAPPING_IDS", 2), ("MAPPING_KERNELS", 4)), "mapping_coop_i64")]
     requested.clear()
     gpu.MappingPlan(problem, 0, mapping_shape(32768, 384, 81536, **H200))
-    assert requested == [(int64_only, "mapping_place_i64"), (int64_only, "mapping_count_i64")]
+    count_and_place = (("MAPPING_IDS", 2), ("MAPPING_KERNELS", 3))
+    assert requested == [(count_and_place, "mapping_place_i64"),
+                         (count_and_place, "mapping_count_i64")]
     requested.clear()
     gpu.MappingPlan(MappingProblem(4096, 8, 384, 128, 81536, "int32"), 0,
                     mapping_shape(32768, 384, 81536, **H200))
-    assert requested == [((("MAPPING_IDS", 1),), "mapping_place_i32"),
-                         ((("MAPPING_IDS", 1),), "mapping_count_i32")]
+    count_and_place = (("MAPPING_IDS", 1), ("MAPPING_KERNELS", 3))
+    assert requested == [(count_and_place, "mapping_place_i32"),
+                         (count_and_place, "mapping_count_i32")]
     assert plan.offsets[3] % 4 == 0
     # the torch views (one split) are the array views (seven slices)
     torch = pytest.importorskip("torch")

@@ -50,16 +50,19 @@ def test_mapping_kernels_compile(arch):
         assert name.encode() in cubin
 
 
-@pytest.mark.parametrize(("id_bits", "suffix"), [(1, "_i32"), (2, "_i64")])
-def test_a_mapping_module_of_one_id_dtype_holds_its_kernels_alone(id_bits, suffix):
-    """MAPPING_IDS (a plan's id_defines): that dtype's kernels, no other."""
+@pytest.mark.parametrize("id_dtype", ["int32", "int64"])
+@pytest.mark.parametrize("kernels", [["count", "place"], ["coop"], ["coop_cluster"], ["warp"]])
+def test_a_mapping_module_holds_its_plan_kernels_alone(id_dtype, kernels):
+    """MAPPING_IDS and MAPPING_KERNELS (a plan's kernel_defines): the kernels
+    a plan launches, for its id dtype, and no other."""
     nvrtc_or_skip()
-    from cupy_moe.mapping.gpu import id_defines
+    from cupy_moe.mapping.gpu import kernel_defines
 
-    assert id_defines("int64" if suffix == "_i64" else "int32") == (("MAPPING_IDS", id_bits),)
-    cubin = compile_for_arch("mapping.cu", (("MAPPING_IDS", id_bits),), "sm_90")
-    for name in MAPPING_KERNELS:
-        assert (name.encode() + b"\0" in cubin) == name.endswith(suffix), name
+    suffix = "_i64" if id_dtype == "int64" else "_i32"
+    names = [f"mapping_{kernel}{suffix}" for kernel in kernels]
+    cubin = compile_for_arch("mapping.cu", kernel_defines(id_dtype, names), "sm_90")
+    assert [name for name in MAPPING_KERNELS if name.encode() + b"\0" in cubin] == sorted(
+        names, key=MAPPING_KERNELS.index)
 
 
 def test_every_source_is_covered():

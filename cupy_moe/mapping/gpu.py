@@ -52,10 +52,20 @@ MAPPING_ARGS = ArgStruct(
 _pack_pointers = MAPPING_ARGS.pointer_packer.pack_into
 
 
-def id_defines(id_dtype: str) -> tuple[tuple[str, int], ...]:
-    """The module of ``id_dtype``'s kernels alone (mapping.cu's MAPPING_IDS):
-    a first call in a fresh kernel cache compiles half the file."""
-    return (("MAPPING_IDS", 2 if id_dtype == "int64" else 1),)
+# mapping.cu's MAPPING_KERNELS bits, by kernel (the name between "mapping_"
+# and the id suffix)
+KERNEL_BITS = {"count": 0, "place": 1, "coop": 2, "coop_cluster": 3, "warp": 4}
+
+
+def kernel_defines(id_dtype: str, names: list[str]) -> tuple[tuple[str, int], ...]:
+    """The module of kernels ``names`` (of ``kernel_names``) alone, for
+    ``id_dtype``'s ids (mapping.cu's MAPPING_IDS and MAPPING_KERNELS): a
+    first call in a fresh kernel cache compiles one or two kernels of the
+    file's ten."""
+    mask = 0
+    for name in names:
+        mask |= 1 << KERNEL_BITS[name.removeprefix("mapping_").rsplit("_", 1)[0]]
+    return (("MAPPING_IDS", 2 if id_dtype == "int64" else 1), ("MAPPING_KERNELS", mask))
 
 
 def kernel_names(shape: MappingShape, id_dtype: str) -> list[str]:
@@ -93,8 +103,9 @@ def default_shape(problem: MappingProblem, device: int) -> MappingShape:
     # (read at call time: a measured default is one constant's edit, and tests set it)
     shape = shape_with(launch_shape.DEFAULT_CLUSTER_BLOCKS if traits.major >= 9 else 0)
     if shape.cluster_blocks:
-        place = function_handle(SOURCE, id_defines(problem.id_dtype), device,
-                                kernel_names(shape, problem.id_dtype)[-1])
+        names = kernel_names(shape, problem.id_dtype)
+        place = function_handle(SOURCE, kernel_defines(problem.id_dtype, names), device,
+                                names[-1])
         try:
             held = _clusters_held(place, shape)
         except driver.CUDADriverError:  # a GPU (or partition) that takes no such clusters
@@ -172,7 +183,7 @@ class MappingPlan:
                             self.buffer_size - expert_rows - 3 * experts)
         self.token_shape = (problem.num_tokens, problem.top_k)  # torch_views' view, cached
         names = kernel_names(shape, problem.id_dtype)
-        defines = id_defines(problem.id_dtype)
+        defines = kernel_defines(problem.id_dtype, names)
         place = function_handle(SOURCE, defines, device, names[-1])
         if shape.shared_bytes > DEFAULT_DYNAMIC_SHARED_BYTES:
             allow_dynamic_shared(place, shape.shared_bytes)
