@@ -28,7 +28,11 @@ from quantize_cases import LAYOUTS, SPECIALS, as_input_dtype, hard_rows
 
 import cupy_moe
 from cupy_moe.harness.inputs import random_bits
-from cupy_moe.quantize import dequantize_fp8_numpy, quantize_fp8_numpy
+from cupy_moe.quantize import (
+    dequantize_fp8_numpy,
+    quantize_fp8_numpy,
+    swiglu_quantize_fp8_numpy,
+)
 from cupy_moe.quantize.api import run_with_tuning
 from cupy_moe.quantize.launch_shape import QuantizeTuning
 
@@ -257,6 +261,28 @@ def test_prefill_and_decode_shapes(kind, layout):
                                                           **settings),
                      quantize_fp8_numpy(x, **settings), col_major=col_major,
                      what=f"T={num_rows} H={hidden}")
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("op", ["quantize_fp8", "swiglu_quantize_fp8"])
+def test_one_plan_aligned_then_misaligned(kind, op):
+    """A plan compiles each of its two kernels at the first launch that needs
+    it: the same shape called aligned, misaligned (the element-access kernel,
+    compiled then; torch's second call takes the fast path), and aligned
+    again, each bit-exact. A shape of its own, so that its plan is new."""
+    rng = np.random.default_rng()
+    num_rows, hidden = 37, 1664  # 13 blocks of 128; the swiglu input 2 * 1664 wide
+    settings = {"round_sf": True, "packed_ue8m0": False, "use_tma_aligned_col_major_sf": False}
+    for misalign in (False, True, False, True):
+        if op == "quantize_fp8":
+            x = as_input_dtype(random_values(rng, num_rows, hidden, 128), "bfloat16")
+            expected = quantize_fp8_numpy(x, **settings)
+        else:
+            x = as_input_dtype(random_values(rng, num_rows, 2 * hidden, 128), "bfloat16")
+            expected = swiglu_quantize_fp8_numpy(x, **settings)
+        result = getattr(cupy_moe.quantize, op)(
+            device_array(kind, x, "bfloat16", misalign=misalign), **settings)
+        check_result(kind, result, expected, col_major=False, what=f"misalign={misalign}")
 
 
 # *_tiles for column-major float32 SF (the default's, said outright) and for
