@@ -46,6 +46,17 @@
 #define CUPY_MOE_SF_MODE 0
 #endif
 
+// Which kernels the module holds, a bit each (cupy_moe/expand/plan.py's
+// KERNEL_BITS: 0 *_v16, 1 *_v8, 2 *_v16_overlapped, 3 *_v4, 4 *_v2, 5 *_v1,
+// 6 *_bulk, 7 *_bulk_zero_rows, 8 *_bulk_zero_rows_plain, 9
+// *_bulk_overlapped, 10 expand_zero_padding_rows, 11 *_gather, 12 the two
+// routing_* checks). A launch asks for its own kernel alone, so that a first
+// call in a fresh kernel cache compiles the one or two it launches; default
+// all (the compile tests).
+#ifndef EXPAND_KERNELS
+#define EXPAND_KERNELS 0x1FFF
+#endif
+
 #define SF_NONE 0
 #define SF_ROW_MAJOR 1
 #define SF_COL_MAJOR 2
@@ -401,17 +412,29 @@ __device__ __forceinline__ void expand_to_fused_body(const ExpandArgs& a) {
         expand_to_fused_body<VEC_BYTES>(args);                                       \
     }
 
+#if EXPAND_KERNELS & (1 << 0)
 DEFINE_EXPAND_KERNEL(16)
+#endif
+#if EXPAND_KERNELS & (1 << 1)
 DEFINE_EXPAND_KERNEL(8)
+#endif
 
+#if EXPAND_KERNELS & (1 << 2)
 extern "C" __global__ void EXPAND_REGISTER_BOUNDS
 expand_to_fused_v16_overlapped(const ExpandArgs args) {
     expand_to_fused_body<16, true>(args);
 }
+#endif
 
+#if EXPAND_KERNELS & (1 << 3)
 DEFINE_EXPAND_KERNEL(4)
+#endif
+#if EXPAND_KERNELS & (1 << 4)
 DEFINE_EXPAND_KERNEL(2)
+#endif
+#if EXPAND_KERNELS & (1 << 5)
 DEFINE_EXPAND_KERNEL(1)
+#endif
 
 // ---------------------------------------------------------------------------
 // Bulk-copy variant (sm_90 and newer; 16-byte aligned rows only), for batches
@@ -538,25 +561,33 @@ __device__ __forceinline__ void expand_to_fused_bulk_body(const ExpandArgs& a) {
 #endif
 }
 
+#if EXPAND_KERNELS & (1 << 6)
 extern "C" __global__ void __launch_bounds__(BULK_THREADS) expand_to_fused_bulk(const ExpandArgs a) {
     expand_to_fused_bulk_body<ZERO_CHUNKS>(a);
 }
+#endif
 
+#if EXPAND_KERNELS & (1 << 7)
 extern "C" __global__ void __launch_bounds__(BULK_THREADS)
 expand_to_fused_bulk_zero_rows(const ExpandArgs a) {
     expand_to_fused_bulk_body<ZERO_ROWS>(a);
 }
+#endif
 
+#if EXPAND_KERNELS & (1 << 8)
 extern "C" __global__ void __launch_bounds__(BULK_THREADS)
 expand_to_fused_bulk_zero_rows_plain(const ExpandArgs a) {
     expand_to_fused_bulk_body<ZERO_ROWS_PLAIN>(a);
 }
+#endif
 
 // token blocks only: no zero-fill layout to choose
+#if EXPAND_KERNELS & (1 << 9)
 extern "C" __global__ void __launch_bounds__(BULK_THREADS)
 expand_to_fused_bulk_overlapped(const ExpandArgs a) {
     expand_to_fused_bulk_body<ZERO_CHUNKS, true>(a);
 }
+#endif
 
 // Padding rows by a kernel of their own (padding-heavy plans, where the host
 // asks for it: ExpandTuning.zero_kernel_from_bytes; 16-byte rows and output,
@@ -576,6 +607,7 @@ expand_to_fused_bulk_overlapped(const ExpandArgs a) {
 // through the copies instead of making room for the next.
 // With an SF pass (sf_pass) its row blocks leave scale factors alone, and its
 // blocks from zero_row_blocks on are the pass's (sf_by_position).
+#if EXPAND_KERNELS & (1 << 10)
 extern "C" __global__ void __launch_bounds__(EXPAND_THREADS)
 expand_zero_padding_rows(const ExpandArgs a) {
     if (static_cast<int>(blockIdx.x) >= a.zero_row_blocks) {
@@ -596,6 +628,7 @@ expand_zero_padding_rows(const ExpandArgs a) {
     zero_sf_rows(a, rows, EXPAND_THREADS);
     if (blockIdx.x == gridDim.x - 1) wait_for_previous_kernel();
 }
+#endif
 
 // ---------------------------------------------------------------------------
 // Rows by position (calls that pass pos_to_token, where the host asks for it:
@@ -631,6 +664,7 @@ __device__ __forceinline__ int load_issued_here(const int* p) {
     return value;
 }
 
+#if EXPAND_KERNELS & (1 << 11)
 extern "C" __global__ void __launch_bounds__(EXPAND_THREADS)
 expand_to_fused_gather(const ExpandArgs a) {
     int block;
@@ -685,6 +719,7 @@ expand_to_fused_gather(const ExpandArgs a) {
 #endif
     }
 }
+#endif
 
 // ---------------------------------------------------------------------------
 // validate=True: find the first offending slot of each kind in two passes,
@@ -711,6 +746,7 @@ struct RoutingArgs {
     int top_k;                      // K
 };
 
+#if EXPAND_KERNELS & (1 << 12)
 extern "C" __global__ void routing_first_slots(const RoutingArgs a) {
     for (i64 i = blockIdx.x * static_cast<i64>(blockDim.x) + threadIdx.x; i < a.num_slots;
          i += static_cast<i64>(gridDim.x) * blockDim.x) {
@@ -725,7 +761,9 @@ extern "C" __global__ void routing_first_slots(const RoutingArgs a) {
         }
     }
 }
+#endif
 
+#if EXPAND_KERNELS & (1 << 12)
 extern "C" __global__ void routing_repeats_and_gaps(const RoutingArgs a) {
     const i64 stride = static_cast<i64>(gridDim.x) * blockDim.x;
     const i64 start = blockIdx.x * static_cast<i64>(blockDim.x) + threadIdx.x;
@@ -738,3 +776,4 @@ extern "C" __global__ void routing_repeats_and_gaps(const RoutingArgs a) {
             atomicMin(a.found + 3, p);
     }
 }
+#endif

@@ -41,6 +41,29 @@ def test_kernel_variant_compiles(source, sf_mode, arch):
     assert b"routing_first_slots" in cubin and b"routing_repeats_and_gaps" in cubin
 
 
+EXPAND_KERNELS = ("expand_to_fused_v16", "expand_to_fused_v8", "expand_to_fused_v16_overlapped",
+                  "expand_to_fused_v4", "expand_to_fused_v2", "expand_to_fused_v1",
+                  "expand_to_fused_bulk", "expand_to_fused_bulk_zero_rows",
+                  "expand_to_fused_bulk_zero_rows_plain", "expand_to_fused_bulk_overlapped",
+                  "expand_zero_padding_rows", "expand_to_fused_gather", "routing_first_slots",
+                  "routing_repeats_and_gaps")
+
+
+@pytest.mark.parametrize("sf_mode", [0, 2])
+@pytest.mark.parametrize("kernel", [*EXPAND_KERNELS[:-2], "routing"])
+def test_an_expand_launch_module_holds_its_kernel_alone(kernel, sf_mode):
+    """EXPAND_KERNELS (kernel_defines with a kernel): that kernel alone ("routing":
+    both checks), so that a first call compiles what it launches."""
+    nvrtc_or_skip()
+    from cupy_moe.expand.plan import kernel_defines
+    from cupy_moe.expand.tuning import DEFAULT_TUNING
+
+    cubin = compile_for_arch("expand.cu", kernel_defines(sf_mode, DEFAULT_TUNING, kernel),
+                             "sm_90")
+    held = [name for name in EXPAND_KERNELS if name.encode() + b"\0" in cubin]
+    assert held == (list(EXPAND_KERNELS[-2:]) if kernel == "routing" else [kernel])
+
+
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 def test_mapping_kernels_compile(arch):
     nvrtc_or_skip()

@@ -133,7 +133,8 @@ def _validate_routing(lib, problem: ExpandProblem, token_topk_to_pos: Any, pos_t
                           problem.num_expanded, problem.top_k)
     blocks = max(1, min(1024, ceil_div(max(num_slots, problem.num_expanded), 256)))
     # the routing kernels are the same in every variant: take the plain one's
-    defines = kernel_defines(SF_NONE, ExpandTuning())
+    # (a module of the two alone)
+    defines = kernel_defines(SF_NONE, ExpandTuning(), "routing")
     for name in ("routing_first_slots", "routing_repeats_and_gaps"):
         launch(function_handle(SOURCE, defines, device, name), (blocks, 1, 1), 256, 0, stream,
                _routing_args)
