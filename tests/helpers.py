@@ -185,3 +185,23 @@ def nvrtc_or_skip() -> None:
         if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
             pytest.fail(f"CI must be able to run NVRTC (install the cuda12 extra): {exc}")
         pytest.skip(f"NVRTC not available: {exc}")
+
+
+def cubin_code(cubin: bytes) -> dict[str, bytes]:
+    """Kernel name -> its machine code (the ELF section ``.text.<name>``) of a
+    cubin: what tells whether two modules compiled a kernel alike."""
+    import struct
+
+    table_offset, = struct.unpack_from("<Q", cubin, 0x28)
+    entry_size, count, names_index = struct.unpack_from("<HHH", cubin, 0x3A)
+    # Elf64_Shdr: name, type, flags, addr, offset, size, link, info, align, entsize
+    sections = [struct.unpack_from("<IIQQQQIIQQ", cubin, table_offset + i * entry_size)
+                for i in range(count)]
+    names_offset = sections[names_index][4]
+    code = {}
+    for name, _, _, _, offset, size, *_ in sections:
+        start = names_offset + name
+        section = cubin[start:cubin.index(b"\0", start)].decode()
+        if section.startswith(".text."):
+            code[section.removeprefix(".text.")] = cubin[offset:offset + size]
+    return code

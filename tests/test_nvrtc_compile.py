@@ -5,10 +5,11 @@ not compile. Where CI=true a missing CuPy/NVRTC is an error, not a skip.
 """
 
 
+import functools
 import re
 
 import pytest
-from helpers import nvrtc_or_skip
+from helpers import cubin_code, nvrtc_or_skip
 
 from cupy_moe.runtime.loader import KernelCompileError, compile_for_arch, kernel_dir
 
@@ -62,6 +63,18 @@ def test_an_expand_launch_module_holds_its_kernel_alone(kernel, sf_mode):
                              "sm_90")
     held = [name for name in EXPAND_KERNELS if name.encode() + b"\0" in cubin]
     assert held == (list(EXPAND_KERNELS[-2:]) if kernel == "routing" else [kernel])
+    # the same machine code as in the module of all of them: the split
+    # changes no launch's speed
+    whole = cubin_code(_whole_expand_module(sf_mode))
+    assert all(cubin_code(cubin)[name] == whole[name] for name in held)
+
+
+@functools.cache
+def _whole_expand_module(sf_mode: int) -> bytes:
+    from cupy_moe.expand.plan import kernel_defines
+    from cupy_moe.expand.tuning import DEFAULT_TUNING
+
+    return compile_for_arch("expand.cu", kernel_defines(sf_mode, DEFAULT_TUNING), "sm_90")
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])

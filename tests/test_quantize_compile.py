@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 
 import pytest
-from helpers import nvrtc_or_skip
+from helpers import cubin_code, nvrtc_or_skip
 
 from cupy_moe.quantize.launch_shape import SEGMENT_WIDTHS, QuantizeTuning
 from cupy_moe.runtime.loader import compile_for_arch, compile_options, kernel_dir
@@ -106,6 +106,28 @@ def test_a_plan_module_holds_the_one_kernel_it_launches(name):
                              (*tuning.defines(), *kernel_set_defines(problem, name)), "sm_90")
     assert [other for other in KERNELS + SWIGLU_EXTRA if _held(other, cubin)] == [name]
     assert all(selftest.encode() in cubin for selftest in SELFTESTS)
+
+
+def test_a_kernel_alone_is_the_same_code_as_in_the_whole_module():
+    """QUANTIZE_KERNELS only leaves kernels out: swiglu's bf16 kernels (the
+    most of one module), each compiled alone, are byte for byte the machine
+    code of the module of all of them, so a plan's speed does not depend on
+    the split."""
+    nvrtc_or_skip()
+    from cupy_moe.quantize.gpu import kernel_set_defines
+    from cupy_moe.quantize.rules import QuantizeProblem
+
+    problem = QuantizeProblem(1, 1, "bfloat16", 128, False, False, False, swiglu=True)
+    tuning = QuantizeTuning().defines()
+    whole = cubin_code(compile_for_arch("quantize.cu", (*tuning, *kernel_set_defines(problem)),
+                                        "sm_90"))
+    names = [name for name in SWIGLU_EXTRA + KERNELS
+             if name.startswith("swiglu_quantize_fp8_bf16_") and name not in ROWS256]
+    assert len(names) == 12
+    for name in names:
+        alone = cubin_code(compile_for_arch(
+            "quantize.cu", (*tuning, *kernel_set_defines(problem, name)), "sm_90"))
+        assert alone[name] == whole[name], name
 
 
 def test_the_self_tests_compile_alone():
