@@ -386,6 +386,41 @@ def test_token_rows_on_expert_parallel_and_dense_plans(kind, top_k):
 
 
 @pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("top_k", [3, 8])
+def test_token_rows_mixes_few_live_and_dense_tokens(kind, top_k):
+    """token_rows with the few-live branch on (evict-first loads for the
+    call, .nc for a token with at most half its slots live): one rank's plan
+    where even tokens route to the rank's 32 experts alone (every slot live)
+    and odd ones to any of 256 (about one live slot of K, or none), so that
+    neighbouring tokens of a block take either branch; bit-exact, every
+    dtype, special values."""
+    from cupy_moe.mapping.reference import fused_mapping_numpy
+
+    rng = np.random.default_rng()
+    num_tokens = 301
+    ids = rng.integers(0, 256, (num_tokens, top_k)).astype(np.int32)
+    ids[::2] %= 32
+    token_topk_to_pos = fused_mapping_numpy(ids, 32, alignment=128).token_topk_to_pos
+    live = (token_topk_to_pos >= 0).sum(axis=1)
+    assert (live[::2] == top_k).all() and (2 * live[1::2] <= top_k).mean() > 0.5
+    num_rows = int(token_topk_to_pos.max()) + 1
+    for dtype_index, hidden in ((0, 7168), (1, 7000), (2, 2048)):
+        dtype = DEVICE_DTYPES[kind][dtype_index]
+        case = random_case(rng, num_tokens=num_tokens, hidden=hidden, top_k=top_k, dtype=dtype,
+                           value_kind="specials", weights=True, row_scale=bool(top_k % 2))
+        case.update(token_topk_to_pos=token_topk_to_pos,
+                    expanded=random_values(rng, (num_rows, hidden), dtype, "specials"))
+        if case["row_scale"] is not None:
+            case["row_scale"] = rng.random(num_rows, dtype=np.float32)
+        expected = reduce_fused_numpy(**case)
+        for vecs, warps in ((7, 4), (8, 4), (2, 8)):
+            run_case(kind, case, rng, use_out=True, expected=expected,
+                     shape_options={"vecs_per_thread": vecs, "max_warps": warps,
+                                    "token_rows": True, "load_hint": "cs",
+                                    "few_live_load_hint": "nc"})
+
+
+@pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize(("load_hint", "store_hint", "few_live"), [
     ("cs", "cs", None), ("plain", "plain", None), ("cg", "cg", None), ("nc", "cs", None),
     ("cs", "cs", "cs"), ("cs", "cs", "cg")])
