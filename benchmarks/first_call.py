@@ -1,12 +1,13 @@
 """Time to the first result of each op in a fresh process, with empty kernel
 caches (NVRTC compiles the op's module) and with a warm one (the module read
 from ``$CUPY_MOE_CACHE_DIR``); then NVRTC's compile time of each kernel file
-whole against the module a plan compiles (its op, input dtype or id dtype
-alone). NVRTC 13 keeps a cache of its own, in memory and beside the driver's
-JIT cache (``$CUDA_CACHE_PATH``, default ~/.nv/ComputeCache), keyed by the
+whole against the module a plan compiles (the kernels it launches alone).
+NVRTC 13 keeps a cache of its own, in memory and beside the driver's JIT
+cache (``$CUDA_CACHE_PATH``, default ~/.nv/ComputeCache), keyed by the
 preprocessed source: the cold process and the compile table get an empty
-folder of their own there, so that they time a first use on a new machine. The ops run in the order of an MoE layer, torch tensors in
-and out: fused_mapping (int64 ids), quantize_fp8, expand_to_fused_with_sf,
+folder of their own there, so that they time a first use on a new machine.
+The ops run in the order of an MoE layer, torch tensors in and out:
+fused_mapping (int64 ids), quantize_fp8, expand_to_fused_with_sf,
 swiglu_quantize_fp8, reduce_fused. GPU only (the compile table runs
 anywhere NVRTC does).
 
