@@ -74,18 +74,24 @@ for name in sys.argv[1:]:
 print(json.dumps(record))
 """
 
-# (file, the whole file's defines (None: the default tuning's), a plan's
-# module's defines beside them, what that module is)
-MODULES = (
-    ("mapping.cu", (), (("MAPPING_IDS", 2), ("MAPPING_KERNELS", 1 << 3)),
-     "int64 ids, mapping_coop_cluster"),
-    # a quantize plan's module holds the one kernel it launches
-    # (QUANTIZE_KERNELS: bit 0 *_vec, bit 5 *_rows; quantize/gpu.py's KERNEL_FORMS)
-    ("quantize.cu", None, (("QUANTIZE_OPS", 1), ("QUANTIZE_INPUTS", 1), ("QUANTIZE_KERNELS", 1)),
-     "quantize_fp8, bf16, *_vec"),
-    ("quantize.cu", None, (("QUANTIZE_OPS", 2), ("QUANTIZE_INPUTS", 1),
-                           ("QUANTIZE_KERNELS", 1 << 5)), "swiglu_quantize_fp8, bf16, *_rows"),
-)
+def plan_modules() -> list[tuple[str, tuple, tuple, str]]:
+    """(file, the whole file's defines, a plan's module's defines, what that
+    module is): the defines from the backends' own helpers, so that the
+    table follows their kernel bits."""
+    from cupy_moe.mapping.gpu import kernel_defines as mapping_defines
+    from cupy_moe.quantize.gpu import kernel_set_defines
+    from cupy_moe.quantize.launch_shape import QuantizeTuning
+    from cupy_moe.quantize.rules import QuantizeProblem
+
+    tuning = QuantizeTuning().defines()
+    modules = [("mapping.cu", (), mapping_defines("int64", ["mapping_coop_cluster_i64"]),
+                "int64 ids, mapping_coop_cluster")]
+    for swiglu, kernel in ((False, "quantize_fp8_bf16_vec"),
+                           (True, "swiglu_quantize_fp8_bf16_rows")):
+        problem = QuantizeProblem(1, 1, "bfloat16", 128, False, False, False, swiglu=swiglu)
+        modules.append(("quantize.cu", tuning, (*tuning, *kernel_set_defines(problem, kernel)),
+                        kernel))
+    return modules
 
 
 def run_child(cache_dir: str, nvrtc_cache_dir: str) -> dict:
@@ -104,20 +110,16 @@ def compile_seconds(filename: str, defines: tuple, arch: str) -> float:
 
 
 def compile_table(arch: str = "sm_90") -> list[dict]:
-    from cupy_moe.quantize.launch_shape import QuantizeTuning
-
     rows = []
     # each whole file compiled once: NVRTC 13 would answer a repeat from its
     # in-process cache (two rows share quantize.cu's)
     whole_seconds: dict[tuple, float] = {}
-    for filename, whole, subset, label in MODULES:
-        tuning = QuantizeTuning().defines() if filename == "quantize.cu" else ()
-        whole = tuning if whole is None else whole
+    for filename, whole, plan, label in plan_modules():
         if (filename, whole) not in whole_seconds:
             whole_seconds[filename, whole] = compile_seconds(filename, whole, arch)
         rows.append({"file": filename, "module": label, "arch": arch,
                      "whole_s": whole_seconds[filename, whole],
-                     "plan_s": compile_seconds(filename, (*tuning, *subset), arch)})
+                     "plan_s": compile_seconds(filename, plan, arch)})
     return rows
 
 
