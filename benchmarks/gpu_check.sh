@@ -54,6 +54,8 @@ while [ $# -gt 0 ]; do
              [ ${#test_paths[@]} -eq 0 ] && { echo "--tests: nothing matches $1" >&2; exit 2; } ;;
     --workers) shift
                [[ "${1:-}" =~ ^[1-9][0-9]*$ ]] || { echo "--workers needs a count, got '${1:-}'" >&2; exit 2; }
+               python3 -c "import xdist" 2>/dev/null \
+                 || { echo "--workers needs pytest-xdist (pip install pytest-xdist)" >&2; exit 2; }
                worker_args=(-n "$1") ;;
     --profile) profile=1 ;;
     --sweep) sweep=1 ;;
