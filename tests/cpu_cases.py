@@ -44,8 +44,10 @@ def sf_width(hidden: int, npc: int, sf_dtype: str) -> int:
     return ceil_div(blocks, 4) if sf_dtype == "int32" else blocks
 
 
-def element_strides(array: np.ndarray) -> tuple[int, ...]:
-    return tuple(s // array.itemsize for s in array.strides)
+def element_strides(array: np.ndarray) -> tuple[int | float, ...]:
+    """Strides in elements (a fraction where a byte stride is no whole element)."""
+    return tuple(s // array.itemsize if s % array.itemsize == 0 else s / array.itemsize
+                 for s in array.strides)
 
 
 # --- calling the ops on either kind ---------------------------------------------

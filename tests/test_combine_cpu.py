@@ -384,6 +384,10 @@ BAD_OUTPUTS = {
                        "out must be C-contiguous, element strides (8, 1); got (1, 3)"),
     "column-view": (np.zeros((3, 16), ml_dtypes.bfloat16)[:, ::2],
                     "out must be C-contiguous, element strides (8, 1); got (16, 2)"),
+    # byte strides of no whole element (a floor division read them as (8, 1))
+    "odd-byte-strides": (np.ndarray((3, 8), ml_dtypes.bfloat16, buffer=np.zeros(64, np.uint8),
+                                    strides=(17, 3)),
+                         "out must be C-contiguous, element strides (8, 1); got (8.5, 1.5)"),
 }
 
 
@@ -462,3 +466,21 @@ def test_meta_tensors_are_rejected_naming_them(name):
     with pytest.raises(ValueError, match=exact(
             f"{name} is a tensor on device 'meta'; cupy_moe takes CPU and CUDA tensors")):
         _call(args, out=out)
+
+
+@pytest.mark.filterwarnings("ignore:the matrix subclass:PendingDeprecationWarning")
+def test_ndarray_subclasses_are_read_as_plain_arrays():
+    """np.matrix keeps every index 2-D: the weights' and rows' matrices are
+    read as the arrays they view (they once failed inside the oracle with
+    NumPy's broadcast error), and a matrix out is written in place and
+    returned as itself."""
+    rng = np.random.default_rng(5)
+    expanded = rng.standard_normal((3, 4)).astype(np.float32)
+    token_topk_to_pos = np.array([[0], [2]], np.int32)
+    weights = rng.standard_normal((2, 1)).astype(np.float32)
+    expected = reduce_fused(expanded, token_topk_to_pos, weights)
+    out = np.asmatrix(np.zeros((2, 4), np.float32))
+    result = reduce_fused(np.asmatrix(expanded), token_topk_to_pos, np.asmatrix(weights),
+                          out=out)
+    assert result is out
+    np.testing.assert_array_equal(np.asarray(out).view(np.uint32), expected.view(np.uint32))

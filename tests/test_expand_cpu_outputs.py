@@ -247,6 +247,21 @@ def test_numpy_as_strided_out_sf_over_full_buffer_is_accepted(rng):
     assert not bits(buffer)[:, 6:].any()
 
 
+@smoke
+def test_an_out_stepping_no_whole_element_is_refused():
+    """NumPy byte strides of no whole element ((7, 3) for 2-byte bf16): a
+    floor division read them as C-contiguous (3, 1), and this out, whose
+    rows overlap, came back with row 0's last element overwritten."""
+    bf16 = np_dtype("bfloat16")
+    x = np.arange(1, 7, dtype=np.float32).reshape(2, 3).astype(bf16)
+    buffer = np.zeros(64, np.uint8)
+    out = np.ndarray((2, 3), bf16, buffer=buffer, strides=(7, 3))
+    with pytest.raises(ValueError, match=exact(
+            "out must be C-contiguous, element strides (3, 1); got (3.5, 1.5)")):
+        cupy_moe.expand_to_fused(x, i32([[0], [1]]), i32([0, 0]), out=out)
+    assert not buffer.any()
+
+
 # validate=True: (map, pos_to_expert, message naming the first offending index).
 
 

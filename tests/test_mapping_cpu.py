@@ -128,7 +128,13 @@ def test_gpu_expert_limit_is_a_value_error():
     (np.zeros((2, 2), np.int32), {"num_expanded": -1}, ValueError, "num_expanded must be >= 0; got -1"),
     (np.zeros((2, 2), np.int32), {"trim": "yes"}, TypeError, "trim must be True or False; got str"),
     (np.zeros((2, 2), np.int32), {"validate": 1}, TypeError, "validate must be True or False; got int"),
-    (np.zeros((2, 2), np.int32), {"num_expanded": 2**30}, ValueError, "rows are supported"),
+    (np.zeros((2, 2), np.int32), {"num_expanded": 2**30}, ValueError,
+     f"T * K = 4 slots with alignment 128 may need 512 rows and num_expanded is {2**30}; "
+     f"at most {(2**31 - 1) // 3} rows are supported"),
+    # the default num_expanded is named as such (not as if the caller gave it)
+    (np.zeros((2, 2), np.int32), {"alignment": 2**29}, ValueError,
+     f"T * K = 4 slots with alignment {2**29} may need {2**31} rows (the default "
+     f"num_expanded); at most {(2**31 - 1) // 3} rows are supported"),
     (np.zeros((2, 2), np.int32), {"num_experts": 2**63}, ValueError,
      f"num_experts must be <= {2**31 - 1} (int32 ids); got {2**63}"),
     (np.zeros((0, 2), np.int32), {"alignment": 2**70}, ValueError,

@@ -448,6 +448,13 @@ def _col_major(rows, columns, ld, dtype=np.float32):
                   "bytes, pad columns included); only 28 bytes follow its first element")),
     ({"out_sf": _col_major(3, 2, 4)[:, :2]}, ValueError,
      "out_sf must be C-contiguous, element strides (2, 1); got (1, 4)"),
+    # byte strides of no whole element: a floor division read (10, 5) as (2, 1)
+    ({"out_sf": np.ndarray((3, 2), np.float32, buffer=np.zeros(64, np.uint8), strides=(10, 5))},
+     ValueError, "out_sf must be C-contiguous, element strides (2, 1); got (2.5, 1.25)"),
+    ({"out_sf": np.ndarray((3, 2), np.float32, buffer=np.zeros(64, np.uint8), strides=(5, 13)),
+      "use_tma_aligned_col_major_sf": True},
+     ValueError, ("out_sf must be the transposed view of an [S, align(R, 4)] = [2, 4] "
+                  "buffer, element strides (1, 4); got (1.25, 3.25)")),
 ])
 def test_bad_outputs(kwargs, error, message):
     with pytest.raises(error, match=re.escape(message)):

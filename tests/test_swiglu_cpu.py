@@ -457,6 +457,28 @@ def test_validate_checks_token_topk_to_pos_against_the_maps(kind, rows, message)
 
 
 @pytest.mark.parametrize("kind", ["numpy", "torch"])
+def test_validate_counts_a_row_of_no_slot_as_padding(kind):
+    """A row whose pos_to_token_topk lies outside [0, T * K) is padding even
+    where pos_to_expert is not given or says live: a slot naming it is the
+    second kind of fault, found before an earlier slot's disagreement (it
+    was once reported as a disagreement, and the earlier one won)."""
+    convert = to_torch if kind == "torch" else (lambda a: a)
+    h = _gate_up(np.random.default_rng(7), 4, 64, 32, "float32")
+    common = dict(num_per_channels=32, topk_weights=convert(np.ones((2, 2), F32)),
+                  pos_to_token_topk=convert(np.array([0, -1, 2, 3], np.int32)),
+                  token_topk_to_pos=convert(np.array([[2, 1], [-1, 3]], np.int32)),
+                  validate=True)
+    with pytest.raises(ValueError, match=re.escape(
+            "token_topk_to_pos[0, 1] = 1 names a padding row (pos_to_token_topk[1] = -1 is "
+            "outside [0, T * K = 4))")):
+        swiglu_quantize_fp8(convert(h), **common)
+    with pytest.raises(ValueError, match=re.escape(
+            "token_topk_to_pos[0, 1] = 1 names a padding row (pos_to_token_topk[1] = -1 is "
+            "outside [0, T * K = 4))")):
+        swiglu_quantize_fp8(convert(h), pos_to_expert=convert(np.zeros(4, np.int32)), **common)
+
+
+@pytest.mark.parametrize("kind", ["numpy", "torch"])
 @pytest.mark.parametrize("zero_padding", [True, False])
 def test_token_topk_to_pos_changes_no_result(kind, zero_padding):
     """The plan's own hint passes validate, and every row is what it is

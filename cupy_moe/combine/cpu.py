@@ -17,7 +17,9 @@ def run_reduce_fused(kind: ArrayKind, problem: CombineProblem, expanded: Any,
                      validate: bool) -> Any:
     """The op on the CPU; returns ``out`` of the caller's kind (the caller's
     own ``out``, written in place, when given)."""
-    to_numpy = torch_to_numpy if kind is ArrayKind.TORCH_CPU else (lambda a: a)
+    # np.asarray: an ndarray subclass (np.matrix keeps every index 2-D) is
+    # read as the plain array it views
+    to_numpy = torch_to_numpy if kind is ArrayKind.TORCH_CPU else np.asarray
     map_np = np.ascontiguousarray(to_numpy(token_topk_to_pos))
     if validate:
         out_of_range = np.flatnonzero(map_np.reshape(-1) >= problem.num_expanded)
@@ -28,6 +30,6 @@ def run_reduce_fused(kind: ArrayKind, problem: CombineProblem, expanded: Any,
     out_np = None if out is None else to_numpy(out)
     result = reference.reduce_fused_numpy(to_numpy(expanded), map_np, weights_np, scale_np,
                                           out_np)
-    if kind is ArrayKind.TORCH_CPU:
-        return out if out is not None else numpy_to_torch(result)
-    return result
+    if out is not None:
+        return out
+    return numpy_to_torch(result) if kind is ArrayKind.TORCH_CPU else result

@@ -63,15 +63,17 @@ def check_fused_mapping(topk_ids: ArrayDesc, num_experts: int, alignment: int,
     if alignment > MAX_ROWS:  # (with no slots the row bound below would let it through)
         raise ValueError(f"alignment must be <= {MAX_ROWS} rows; got {alignment}")
     bound = worst_case_rows(num_tokens * top_k, num_experts, alignment)
-    if num_expanded is None:
+    given = num_expanded is not None
+    if not given:
         num_expanded = bound
     elif num_expanded < 0:
         raise ValueError(f"num_expanded must be >= 0; got {num_expanded}")
     # every segment start must fit int32 too, whatever X is
     if max(num_expanded, bound) > MAX_ROWS:
+        rows = (f"{bound} rows and num_expanded is {num_expanded}" if given
+                else f"{bound} rows (the default num_expanded)")
         raise ValueError(f"T * K = {num_tokens * top_k} slots with alignment {alignment} may need "
-                         f"{bound} rows and num_expanded is {num_expanded}; at most {MAX_ROWS} "
-                         "rows are supported")
+                         f"{rows}; at most {MAX_ROWS} rows are supported")
     return MappingProblem(num_tokens, top_k, num_experts, alignment, num_expanded,
                           topk_ids.dtype)
 

@@ -187,7 +187,8 @@ def check_slot_rows(token_topk_to_pos, pos_to_token_topk, pos_to_expert, num_row
     [T, K]) must name exactly the rows the maps make live, each from its
     own slot. Faults are looked for in this order, the first index of the
     first kind found raised: a slot's row >= X, a slot naming a padding row
-    (``pos_to_expert < 0``), a slot naming a row that holds another slot
+    (``pos_to_expert < 0``, or a ``pos_to_token_topk`` outside ``[0, T * K)``:
+    ``swiglu_padding_rows``), a slot naming a row that holds another slot
     (``pos_to_token_topk``: duplicates too), a live row its slot does not
     name. A negative entry is a dropped slot."""
     top_k = token_topk_to_pos.shape[1]
@@ -200,23 +201,25 @@ def check_slot_rows(token_topk_to_pos, pos_to_token_topk, pos_to_expert, num_row
         raise ValueError(f"token_topk_to_pos[{s // top_k}, {s % top_k}] = {rows_of[s]} is out "
                          f"of range: h has X = {num_rows} rows")
     rows = rows_of[named]
-    if pos_to_expert is not None:
-        padding = named[pos_to_expert[rows] < 0]
-        if padding.size:
-            s = int(padding[0])
-            raise ValueError(f"token_topk_to_pos[{s // top_k}, {s % top_k}] = {rows_of[s]} "
-                             f"names a padding row (pos_to_expert[{rows_of[s]}] < 0)")
-    other = named[pos_to_token_topk[rows] != named]
+    slot_of = pos_to_token_topk.astype(np.int64)
+    padding_rows = swiglu_padding_rows(num_rows, pos_to_expert=pos_to_expert,
+                                       pos_to_token_topk=slot_of, num_slots=num_slots)
+    padding = named[padding_rows[rows]]
+    if padding.size:
+        s = int(padding[0])
+        p = int(rows_of[s])
+        why = (f"pos_to_expert[{p}] < 0" if pos_to_expert is not None and pos_to_expert[p] < 0
+               else f"pos_to_token_topk[{p}] = {slot_of[p]} is outside [0, T * K = {num_slots})")
+        raise ValueError(f"token_topk_to_pos[{s // top_k}, {s % top_k}] = {p} names a padding "
+                         f"row ({why})")
+    other = named[slot_of[rows] != named]
     if other.size:
         s = int(other[0])
         p = int(rows_of[s])
         raise ValueError(f"token_topk_to_pos[{s // top_k}, {s % top_k}] = {p} disagrees with "
                          f"pos_to_token_topk[{p}] = {pos_to_token_topk[p]}: row {p} holds "
                          f"slot {pos_to_token_topk[p]}, not {s}")
-    slot_of = pos_to_token_topk.astype(np.int64)
-    live_rows = np.flatnonzero(~swiglu_padding_rows(num_rows, pos_to_expert=pos_to_expert,
-                                                    pos_to_token_topk=slot_of,
-                                                    num_slots=num_slots))
+    live_rows = np.flatnonzero(~padding_rows)
     unnamed = live_rows[rows_of[slot_of[live_rows]] != live_rows]
     if unnamed.size:
         p = int(unnamed[0])

@@ -182,10 +182,15 @@ def numpy_to_torch(array: np.ndarray) -> Any:
     return torch.from_numpy(array)
 
 
-def element_strides(kind: ArrayKind, array: Any) -> tuple[int, ...]:
+def element_strides(kind: ArrayKind, array: Any) -> tuple[int | float, ...]:
+    """Strides in elements. A NumPy or CuPy view may step a byte count that is
+    no whole number of elements (``np.ndarray(..., strides=(7, 3))``): such
+    a stride comes back as a fraction, which equals no layout's stride (a
+    floor division would pass a self-overlapping view as C-contiguous)."""
     if kind.is_torch:
         return tuple(array.stride())
-    return tuple(s // array.itemsize for s in array.strides)
+    item = array.itemsize
+    return tuple(s // item if s % item == 0 else s / item for s in array.strides)
 
 
 def byte_span(kind: ArrayKind, array: Any) -> tuple[int, int]:
