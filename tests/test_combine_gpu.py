@@ -732,6 +732,20 @@ def test_bad_device_outputs_are_rejected(kind):
                      out=to_device(kind, np.zeros((2, 8), np.float16)))
 
 
+def test_a_cupy_out_stepping_no_whole_element_is_refused():
+    """CuPy byte strides of no whole element ((34, 5) for float32): a floor
+    division read them as C-contiguous (8, 1), and the kernel would have
+    written a plain row-major [2, 8] from a misaligned pointer."""
+    expanded = cupy.zeros((6, 8), dtype=cupy.float32)
+    token_topk_to_pos = cupy.asarray(np.array([[0, 1], [2, 3]], np.int32))
+    buffer = cupy.zeros(32, dtype=cupy.float32)
+    out = cupy.lib.stride_tricks.as_strided(buffer, (2, 8), (34, 5))  # strides in bytes
+    with pytest.raises(ValueError, match=re.escape(
+            "out must be C-contiguous, element strides (8, 1); got (8.5, 1.25)")):
+        reduce_fused(expanded, token_topk_to_pos, out=out)
+    assert not buffer.any()
+
+
 @pytest.mark.parametrize("kind", KINDS)
 def test_non_contiguous_device_inputs_are_accepted(kind):
     rng = np.random.default_rng()
