@@ -231,6 +231,48 @@ def test_bench_rejects_unknown_workloads_and_bad_iteration_counts(capsys):
     with pytest.raises(SystemExit):
         main(["bench", "--iters", "0"])
     assert "--iters: must be >= 1, got 0" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["bench", "--iters", "abc"])
+    assert "--iters: must be an integer, got 'abc'" in capsys.readouterr().err
+
+
+def test_bench_refuses_output_paths_it_cannot_write_before_the_run(tmp_path, capsys,
+                                                                   monkeypatch):
+    def run_must_not_start(*args, **kwargs):
+        raise AssertionError("the benchmark ran although its outputs could not be written")
+    monkeypatch.setattr(runner, "run", run_must_not_start)
+    missing = tmp_path / "no-folder"
+    for args, message in (
+            (["--json", str(missing / "b.json")], f"--json {missing / 'b.json'}: no folder {missing}"),
+            (["--markdown", str(missing / "b.md")],
+             f"--markdown {missing / 'b.md'}: no folder {missing}"),
+            (["--json", str(tmp_path)], f"--json {tmp_path} is a folder; give a file name"),
+            (["--json", str(tmp_path / "b.md")],
+             f"--json {tmp_path / 'b.md'}: the Markdown table would overwrite it"),
+            (["--json", str(tmp_path / "b.json"), "--markdown", str(tmp_path / "b.json")],
+             f"--json {tmp_path / 'b.json'}: the Markdown table would overwrite it")):
+        assert main(["bench", "--backend", "cpu", "--workload", "qwen3-30b-decode", *args]) == 2
+        assert f"cupy-moe bench: {message}" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_bench_quick_runs_a_workload_named_whatever_its_size(monkeypatch):
+    """--quick on the CPU skips the largest workloads, but not one the caller
+    names (it once printed an empty table and exited 0)."""
+    timed = []
+
+    def fake_bench(w, iters, rng):
+        timed.append(w.label)
+        return runner._new_record(w)
+    monkeypatch.setattr(runner, "bench_cpu_workload", fake_bench)
+    big = [w.label for w in load_workloads("expand_to_fused")
+           if w.bytes > runner.cpu_quick_max_bytes(w.op)]
+    with open(os.devnull, "w") as quiet:
+        named = runner.run(["expand_to_fused"], big[:1], "cpu", 1, True, progress=quiet)
+        assert timed == big[:1] and not any("skips" in n for n in named["notes"])
+        timed.clear()
+        everything = runner.run(["expand_to_fused"], None, "cpu", 1, True, progress=quiet)
+    assert big[0] not in timed and any(big[0] in n for n in everything["notes"])
 
 
 def test_version_is_written_in_one_place():

@@ -6,6 +6,7 @@ argument errors and ``cupy-moe layer``."""
 from __future__ import annotations
 
 import json
+import re
 
 import ml_dtypes
 import numpy as np
@@ -182,6 +183,22 @@ def test_route_numpy(rng):
     assert tied_ids.tolist() == [[0, 1, 2, 3]] * 2  # ties: lower expert first
 
 
+@pytest.mark.parametrize("kind", ["numpy", "torch"])
+def test_route_refuses_a_top_k_outside_one_to_e(kind):
+    """NumPy once returned E columns for top_k > E and E - 1 for top_k = -1;
+    torch raised its own RuntimeError."""
+    logits = np.zeros((3, 4), np.float32)
+    if kind == "torch":
+        logits = pytest.importorskip("torch").from_numpy(logits)
+    for top_k in (0, -1, 5):
+        with pytest.raises(ValueError, match=re.escape(f"top_k must be in [1, E = 4]; got {top_k}")):
+            route(logits, top_k)
+    with pytest.raises(TypeError, match="top_k must be an int; got bool"):
+        route(logits, True)
+    ids, _ = route(logits, 4)
+    assert tuple(ids.shape) == (3, 4)
+
+
 def test_dense_reference_matches_a_token_loop(rng):
     shape = MoeShape("tiny", hidden=8, intermediate=4, num_experts=5, top_k=2)
     inputs = random_moe_inputs(shape, 6, seed=2)
@@ -270,11 +287,42 @@ def test_cli_layer_cpu(tmp_path, capsys):
     assert "| expand | expand_to_fused_with_sf |" in out
 
 
-def test_cli_layer_refuses_what_cannot_run(capsys):
+def test_cli_layer_refuses_what_cannot_run(capsys, tmp_path, monkeypatch):
     with pytest.raises(SystemExit, match="pass --experts N"):
         main(["layer", "--model", "kimi-k2", "--tokens", "1", "--backend", "cpu"])
     with pytest.raises(SystemExit, match="--experts 4 is below its top-k"):
         main(["layer", "--experts", "4", "--tokens", "1", "--backend", "cpu"])
+    # refused before the weights are drawn (they took ~10 s before the refusal)
+    from cupy_moe.harness import layer_bench
+
+    def no_inputs(*args):
+        raise AssertionError("inputs drawn for a run that cannot go")
+    monkeypatch.setattr(layer_bench, "_layer_inputs", no_inputs)
+    for gemm in ("grouped_mm", "loop"):
+        with pytest.raises(SystemExit, match=re.escape(
+                f"--gemm {gemm} needs torch tensors, the torch backend; --backend cpu takes "
+                "numpy (or auto)")):
+            main(["layer", "--experts", "8", "--tokens", "1", "--backend", "cpu", "--gemm", gemm])
+    monkeypatch.setattr(layer_bench, "resolve_backend", lambda backend: backend)  # no GPU here
+    with pytest.raises(SystemExit, match=re.escape(
+            "--gemm numpy needs NumPy or CuPy arrays; --backend torch takes grouped_mm or loop")):
+        layer_bench.run_layer_bench(["qwen3-30b-a3b"], 1, ["bf16"], "torch", gemm="numpy")
+    with pytest.raises(SystemExit):
+        main(["layer", "--seed", "-1"])
+    assert "--seed: must be >= 0, got -1" in capsys.readouterr().err
+    # output paths are checked before the run
+    for args, message in (
+            (["--json", str(tmp_path / "no-folder" / "l.json")],
+             f"--json {tmp_path / 'no-folder' / 'l.json'}: no folder {tmp_path / 'no-folder'}"),
+            (["--json", str(tmp_path / "l.md")],
+             f"--json {tmp_path / 'l.md'}: the Markdown table would overwrite it"),
+            (["--plot", str(tmp_path)], f"--plot {tmp_path} is a folder; give a file name")):
+        if args[0] == "--plot":
+            monkeypatch.setattr("cupy_moe.harness.report.can_plot", lambda: True)
+        assert main(["layer", "--experts", "8", "--tokens", "1", "--backend", "cpu",
+                     *args]) == 2
+        assert message in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_torch_peers_compute_the_library_steps():

@@ -189,6 +189,23 @@ def test_unknown_op_is_a_key_error():
         workload_from_entry("expand_to_nowhere", {})
 
 
+def test_roofline_bytes_names_a_shape_left_out():
+    with pytest.raises(ValueError, match=re.escape(
+            "roofline_bytes('expand_to_fused'): shapes has no 'token_topk_to_pos' (given: x)")):
+        roofline_bytes("expand_to_fused", {"x": (4, 8)}, 2)
+
+
+def test_a_workloads_shapes_are_read_only():
+    """load_workloads hands out the manifest's own workloads: a write to one's
+    shapes once changed every later load (and disagreed with the sizes read
+    off them)."""
+    w = load_workloads("expand_to_fused")[0]
+    with pytest.raises(TypeError, match="does not support item assignment"):
+        w.shapes["x"] = (1, 1)
+    assert load_workloads("expand_to_fused")[0].shapes == w.shapes
+    assert w.shapes["x"] == (w.num_tokens, w.hidden)
+
+
 def test_an_entry_outside_the_manifest_is_the_manifests_twin():
     """A sweep's entry (benchmarks/sweep_swiglu_slots.py) parses as the
     manifest's own does: the same Workload for the same keys, the same errors."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import platform
 import sys
 from pathlib import Path
@@ -16,6 +17,8 @@ from .timing import device_name
 # An option needs an extra that is not installed, or --op names an op this
 # build does not have yet (1 is a failed bit-exact check).
 EXIT_MISSING_EXTRA = 2
+# An output path that cannot be written (argparse's usage errors are 2 too).
+EXIT_BAD_OUTPUT = 2
 
 
 def _module_version(name: str) -> str | None:
@@ -78,6 +81,28 @@ def cmd_info(_args: argparse.Namespace) -> int:
     return 0
 
 
+def _output_paths_problem(json_path: str | None, markdown: str | None,
+                          plot: str | None) -> str | None:
+    """Why the outputs could not be written, or None: each must name a file in
+    an existing, writable folder, and the Markdown table must not take the
+    JSON's name (``--json out.md``). Checked before a run of minutes."""
+    given = [(flag, path) for flag, path in (("--json", json_path), ("--markdown", markdown),
+                                             ("--plot", plot)) if path]
+    for flag, path in given:
+        where = Path(path)
+        folder = where.parent
+        if where.is_dir():
+            return f"{flag} {path} is a folder; give a file name"
+        if not folder.is_dir():
+            return f"{flag} {path}: no folder {folder}"
+        if not os.access(folder, os.W_OK) or (where.exists() and not os.access(where, os.W_OK)):
+            return f"{flag} {path} cannot be written"
+    if json_path and markdown and Path(json_path).resolve() == Path(markdown).resolve():
+        return (f"--json {json_path}: the Markdown table would overwrite it (it goes beside the "
+                "JSON with the suffix .md); name the JSON file *.json")
+    return None
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     from . import report, runner
 
@@ -86,15 +111,19 @@ def cmd_bench(args: argparse.Namespace) -> int:
         print("cupy-moe bench: --plot needs matplotlib, the plot extra: "
               "pip install 'cupy-moe[plot]'", file=sys.stderr)
         return EXIT_MISSING_EXTRA
+    markdown = args.markdown
+    if args.json and markdown is None:
+        markdown = str(Path(args.json).with_suffix(".md"))
+    problem = _output_paths_problem(args.json, markdown, args.plot)
+    if problem:
+        print(f"cupy-moe bench: {problem}", file=sys.stderr)
+        return EXIT_BAD_OUTPUT
     chosen = args.op or ["all"]
     ops = [op for op in ALL_OP_NAMES if "all" in chosen or op in chosen]  # manifest order
     iters = args.iters or (10 if args.quick else 50)
     result = runner.run(ops, args.workload, args.backend, iters, args.quick)
     print("\n".join(report.summary_lines(result)))
     print("\n".join(report.table_lines(result)))
-    markdown = args.markdown
-    if args.json and markdown is None:
-        markdown = str(Path(args.json).with_suffix(".md"))
     report.write_outputs(result, args.json, markdown, args.plot)
     failed = [r["label"] for r in result["records"] if r["status"] != "ok"]
     if failed:
@@ -110,6 +139,11 @@ def cmd_layer(args: argparse.Namespace) -> int:
         print("cupy-moe layer: --plot needs matplotlib, the plot extra: "
               "pip install 'cupy-moe[plot]'", file=sys.stderr)
         return EXIT_MISSING_EXTRA
+    markdown = str(Path(args.json).with_suffix(".md")) if args.json else None
+    problem = _output_paths_problem(args.json, markdown, args.plot)
+    if problem:
+        print(f"cupy-moe layer: {problem}", file=sys.stderr)
+        return EXIT_BAD_OUTPUT
     paths = ["bf16", "fp8"] if args.path == "both" else [args.path]
     models = args.model or ["qwen3-30b-a3b"]
     backend = runner.resolve_backend(args.backend)
@@ -118,7 +152,6 @@ def cmd_layer(args: argparse.Namespace) -> int:
                                          args.experts, args.seed, args.alignment, args.gemm,
                                          zero_padding=not args.leave_padding)
     print("\n".join(layer_bench.table_lines(result)))
-    markdown = str(Path(args.json).with_suffix(".md")) if args.json else None
     layer_bench.write_outputs(result, args.json, markdown, args.plot)
     failed = [f"{r['model']} {r['path']}" for r in result["runs"] if not r["ok"]]
     if failed:
@@ -128,11 +161,19 @@ def cmd_layer(args: argparse.Namespace) -> int:
     return 0
 
 
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
+def _int_at_least(least: int):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be an integer, got {text!r}") from None
+        if value < least:
+            raise argparse.ArgumentTypeError(f"must be >= {least}, got {value}")
+        return value
+    return parse
+
+
+_positive_int = _int_at_least(1)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -163,7 +204,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--iters", type=_positive_int, default=None,
                        help="timed iterations per figure (default 50, 10 with --quick)")
     bench.add_argument("--quick", action="store_true",
-                       help="fewer iterations; on the CPU, skip the largest workloads")
+                       help="fewer iterations; on the CPU, skip the largest workloads "
+                            "(unless named by --workload)")
     bench.add_argument("--json", metavar="PATH", help="write the records as JSON "
                        "(and a Markdown table beside it unless --markdown is given)")
     bench.add_argument("--markdown", metavar="PATH", help="write the table as Markdown")
@@ -194,14 +236,16 @@ def build_parser() -> argparse.ArgumentParser:
     layer.add_argument("--alignment", type=_positive_int, default=128,
                        help="rows per expert segment are a multiple of this (default 128)")
     layer.add_argument("--gemm", choices=list(GEMM_METHODS), default="auto",
-                       help="grouped GEMM method (default auto: NumPy on the CPU, "
-                            "torch._grouped_mm where it runs, else a per-expert loop)")
+                       help="grouped GEMM method (default auto: NumPy on the CPU and "
+                            "with CuPy, torch._grouped_mm where it runs, else a per-expert "
+                            "loop; grouped_mm and loop need the torch backend)")
     layer.add_argument("--leave-padding", action="store_true",
                        help="expand and (fp8 path) SwiGLU-quantize leave padding rows "
                             "unwritten (zero_padding=False; the output is the same)")
     layer.add_argument("--iters", type=_positive_int, default=None,
                        help="timed iterations per figure (default 20; 3 on the CPU)")
-    layer.add_argument("--seed", type=int, default=0)
+    layer.add_argument("--seed", type=_int_at_least(0), default=0,
+                       help="the random inputs' seed, >= 0 (default 0)")
     layer.add_argument("--json", metavar="PATH",
                        help="write the runs as JSON (and a Markdown table beside it)")
     layer.add_argument("--plot", metavar="PATH", help="PNG of the time per step "
@@ -212,7 +256,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Runs the command; returns 0, 1 (a result failed the bit-exact check) or
-    2 (--plot without matplotlib)."""
+    2 (--plot without matplotlib, or an output path that cannot be written)."""
     args = build_parser().parse_args(argv)
     return args.run(args)
 

@@ -226,6 +226,14 @@ def run_layer_bench(models: list[str], tokens: int, paths: list[str], backend: s
     if progress is None:
         progress = sys.stderr
     backend = resolve_backend(backend)
+    # the backend's arrays decide which GEMMs run (grouped_gemm.resolve_method):
+    # refused before minutes of drawing weights
+    if gemm in ("grouped_mm", "loop") and backend != "torch":
+        raise SystemExit(f"--gemm {gemm} needs torch tensors, the torch backend; "
+                         f"--backend {backend} takes numpy (or auto)")
+    if gemm == "numpy" and backend == "torch":
+        raise SystemExit("--gemm numpy needs NumPy or CuPy arrays; --backend torch takes "
+                         "grouped_mm or loop (or auto)")
     shapes = [model_shape(name) for name in models]
     if experts is not None:
         for shape in shapes:

@@ -39,6 +39,7 @@ import functools
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from importlib import resources
+from types import MappingProxyType
 from typing import Any
 
 import numpy as np
@@ -287,6 +288,9 @@ class Workload:
             sizes["sf_dtype"] = "int32" if self.packed_ue8m0 else "float32"
         for name, value in sizes.items():
             object.__setattr__(self, name, value)  # frozen: set once, here
+        # read-only too: the manifest's workloads are shared by every
+        # load_workloads call, and the sizes above were read off these shapes
+        object.__setattr__(self, "shapes", MappingProxyType(dict(self.shapes)))
 
     def _plan_row_sizes(self) -> dict[str, Any]:
         """T, H (I for SwiGLU), K, X, R, U of a plan-row op; ValueError where a
@@ -648,4 +652,8 @@ def roofline_bytes(op_name: str, shapes: Mapping[str, tuple[int, ...]], elem_byt
     ``swiglu_quantize_fp8`` also ``zero_padding=`` (default True).
     """
     _require_op(op_name, ROOFLINES)
-    return ROOFLINES[op_name](shapes, elem_bytes, **sizes)
+    try:
+        return ROOFLINES[op_name](shapes, elem_bytes, **sizes)
+    except KeyError as missing:
+        raise ValueError(f"roofline_bytes({op_name!r}): shapes has no {missing.args[0]!r} "
+                         f"(given: {', '.join(shapes) or 'none'})") from None

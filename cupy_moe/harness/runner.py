@@ -525,7 +525,8 @@ def run(ops: list[str], labels: list[str] | None, backend: str, iters: int, quic
     backend, iters, quick, versions, copy_tbps, device, records (one
     :class:`Record` dict a workload), notes. Progress lines go to ``progress``
     (default: ``sys.stderr`` as it is at the call). With ``quick`` on the CPU,
-    the workloads over :func:`cpu_quick_max_bytes` are skipped with a note."""
+    the workloads over :func:`cpu_quick_max_bytes` are skipped with a note,
+    unless ``labels`` names them."""
     if progress is None:
         progress = sys.stderr
     backend = resolve_backend(backend)
@@ -539,7 +540,7 @@ def run(ops: list[str], labels: list[str] | None, backend: str, iters: int, quic
     timer = None
     if backend == "cpu":
         result["notes"].append("no GPU: CPU backend (vectorised NumPy); GPU columns empty")
-        if quick:
+        if quick and not labels:  # a workload named is run, whatever its size
             skipped = [w.label for w in workloads if w.bytes > cpu_quick_max_bytes(w.op)]
             workloads = [w for w in workloads if w.bytes <= cpu_quick_max_bytes(w.op)]
             if skipped:

@@ -7,6 +7,8 @@ from typing import Any
 
 import numpy as np
 
+from ..runtime.rules import require_int
+
 __all__ = ["route"]
 
 
@@ -23,8 +25,14 @@ def route(router_logits: Any, top_k: int, *, renormalize: bool = True) -> tuple[
 
     Returns ``(topk_ids [T, K] int64, topk_weights [T, K] float32)`` of the
     logits' kind and device (int64: what ``torch.topk`` returns and
-    ``fused_mapping`` takes).
+    ``fused_mapping`` takes). TypeError for a ``top_k`` that is not an int,
+    ValueError unless ``1 <= top_k <= E``.
     """
+    top_k = require_int("top_k", top_k)
+    shape = np.shape(router_logits)
+    experts = shape[-1] if shape else 0
+    if not 1 <= top_k <= experts:
+        raise ValueError(f"top_k must be in [1, E = {experts}]; got {top_k}")
     torch = sys.modules.get("torch")
     if torch is not None and isinstance(router_logits, torch.Tensor):
         probs = torch.softmax(router_logits.float(), dim=-1)
