@@ -277,10 +277,16 @@ def oracle_combine(rank, world, all_ids, all_weights, all_y, num_experts, alignm
                    weighted: bool) -> np.ndarray:
     """combine's result on ``rank``: per token, the float32 partials of the
     ranks it went to (reduce_fused's fma chain, unrounded) added in rank
-    order from +0, rounded once to the dtype of the expert outputs."""
+    order from -0 (+0 where it went nowhere), rounded once to the dtype of
+    the expert outputs."""
     from cupy_moe.reference import reduce_fused_numpy
 
     acc = np.zeros((all_ids[rank].shape[0], all_y[0].shape[1]), dtype=np.float32)
+    for dest in range(world):
+        rows, _ = oracle_routes(all_ids, num_experts, world, dest)
+        for source, t in rows:
+            if source == rank:
+                acc[t] = -0.0
     for dest in range(world):
         rows, local_ids = oracle_routes(all_ids, num_experts, world, dest)
         plan = oracle_plan(local_ids, num_experts // world, alignment)
@@ -330,6 +336,38 @@ def check_combine(rank: int, world: int) -> None:
     ids = all_ids[rank]
     unrouted = ~((ids >= 0) & (ids < num_experts)).any(axis=1)
     assert not from_torch(out)[unrouted].any()
+
+
+def check_refused_combine(rank: int, world: int) -> None:
+    """The last rank's combine is refused (its own arguments) while the others
+    wait in combine's exchange: its next dispatch is refused before any
+    collective (it once paired with their combine, which returned wrong rows
+    without an error); its next combine meets theirs, and every rank gets
+    the oracle's bits."""
+    import torch
+
+    from cupy_moe.distributed import combine, dispatch
+
+    num_experts, top_k, hidden, alignment = 2 * world, 3, 24, 4
+    routing = routing_inputs(world, num_experts, top_k, seed=9)
+    all_ids = [ids for ids, _ in routing]
+    all_weights = [w for _, w in routing]
+    x = np.zeros((all_ids[rank].shape[0], hidden), dtype=BF16)
+    args = (to_torch(x), to_torch(all_ids[rank]), to_torch(all_weights[rank]), num_experts)
+    handle = dispatch(*args, alignment=alignment).handle
+    all_y = _expert_outputs(world, all_ids, num_experts, hidden, alignment)
+    y = to_torch(all_y[rank])
+    if rank == world - 1:
+        with pytest.raises(ValueError, match="y_expanded must be one of bfloat16"):
+            combine(y.to(torch.int32), handle)
+        with pytest.raises(RuntimeError, match="a combine failed on this rank before its "
+                                               "exchange"):
+            dispatch(*args, alignment=alignment)
+    out = combine(y, handle)
+    expected = oracle_combine(rank, world, all_ids, all_weights, all_y, num_experts, alignment,
+                              True)
+    assert_bits_equal(from_torch(out), expected, "combine after a refused combine")
+    dispatch(*args, alignment=alignment)  # in step: every rank's next dispatch meets
 
 
 def check_idle_ranks(rank: int, world: int) -> None:
@@ -582,6 +620,7 @@ CHECKS = {
     "dispatch_bf16": check_dispatch_bf16,
     "dispatch_fp8": check_dispatch_fp8,
     "combine": check_combine,
+    "refused_combine": check_refused_combine,
     "idle_ranks": check_idle_ranks,
     "errors": check_errors,
     "one_rank_refuses": check_one_rank_refuses,

@@ -239,6 +239,12 @@ DISPATCH_ERRORS = {
         r"use_tma_aligned_col_major_sf must be True or False; got int 1"),
     "zero-padding-flag": (
         {"zero_padding": "no"}, TypeError, r"zero_padding must be True or False; got str 'no'"),
+    # fused_mapping's limit on the local experts, before the exchange (it once
+    # failed inside dispatch, after it, and put the group out of step)
+    "local-experts-past-int32": (
+        {"num_experts": 2**32}, ValueError,
+        r"num_experts / world_size must be <= 2147483647 \(fused_mapping's int32 expert ids\); "
+        r"got 4294967296"),
 }
 
 
@@ -397,3 +403,42 @@ def test_a_layer_step_failing_after_dispatch_puts_the_rank_out_of_step(one_rank,
         ep_moe_layer(*inputs, top_k=4, num_experts=8, alignment=8)
     with pytest.raises(RuntimeError, match="destroy the process group and make a new one"):
         combine(torch.zeros((0, 64), dtype=torch.bfloat16), None)
+
+
+def test_a_refused_combine_is_owed_before_the_next_dispatch(one_rank):
+    """The other ranks may wait in combine's exchange when this rank's combine
+    is refused: only a combine meets it (a dispatch's count exchange once
+    paired with it, and a peer's combine returned wrong rows without an
+    error). dispatch is refused until a combine gets through; the group is
+    not out of step."""
+    result = dispatch(**_dispatch_args(), alignment=4)
+    y = torch.ones(result.expanded_x.shape[0], 16, dtype=BF16)
+    with pytest.raises(ValueError, match="y_expanded must be one of bfloat16"):
+        combine(y.to(torch.int32), result.handle)
+    with pytest.raises(RuntimeError, match=(
+            "a combine failed on this rank before its exchange, in which the other ranks may "
+            "wait .* call combine again with the same handle and the right arguments first")):
+        dispatch(**_dispatch_args(), alignment=4)
+    out = combine(y, result.handle)
+    assert torch.equal(out, torch.full((3, 16), 2.0, dtype=BF16))  # 2 slots of 1.0, weights 1
+    again = dispatch(**_dispatch_args(), alignment=4)  # nothing owed
+    assert torch.equal(combine(y, again.handle), out)
+
+
+def test_combine_keeps_a_negative_zero_partial(one_rank):
+    """A token whose products all underflow from below sums to -0 in the
+    one-process reduce_fused (an fma chain from +0); combine's sum starts
+    at -0, addition's identity, so it gives -0 too (from +0 it gave +0). A
+    token with no valid slot is +0, reduce_fused's zeros."""
+    from cupy_moe import fused_mapping, reduce_fused
+
+    ids = torch.tensor([[0, 1], [2, -1], [-1, -1]], dtype=torch.int64)
+    weights = torch.full((3, 2), 1e-30)
+    result = dispatch(torch.zeros(3, 16, dtype=BF16), ids, weights, 4, alignment=4)
+    y = torch.full((result.expanded_x.shape[0], 16), -1e-30, dtype=BF16)
+    got = combine(y, result.handle).view(torch.int16)
+    plan = fused_mapping(ids, 4, alignment=4)
+    y_one = torch.full((plan.pos_to_expert.shape[0], 16), -1e-30, dtype=BF16)
+    one_process = reduce_fused(y_one, plan.token_topk_to_pos, weights)
+    assert torch.equal(got, one_process.view(torch.int16))
+    assert got[:2].eq(-0x8000).all() and got[2].eq(0).all()

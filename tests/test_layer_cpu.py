@@ -199,6 +199,30 @@ def test_route_refuses_a_top_k_outside_one_to_e(kind):
     assert tuple(ids.shape) == (3, 4)
 
 
+def test_auto_gemm_takes_the_loop_where_grouped_mm_cannot():
+    """torch._grouped_mm needs feature widths of a multiple of 8 (16-byte bf16
+    strides): "auto" takes the per-expert loop there (it once picked
+    grouped_mm and failed inside the GEMM step, after an EP exchange), and
+    "grouped_mm" is refused up front, naming the width."""
+    torch = pytest.importorskip("torch")
+    from cupy_moe.layer.grouped_gemm import resolve_method
+
+    a = torch.zeros(4, 60, dtype=torch.bfloat16)
+    assert resolve_method(a, "auto", {"H": 60, "I": 32}) == "loop"
+    with pytest.raises(ValueError, match=re.escape(
+            "gemm='grouped_mm' needs feature widths that are multiples of 8 "
+            "(torch._grouped_mm's 16-byte strides); got H = 60, I = 36")):
+        resolve_method(a, "grouped_mm", {"H": 60, "I": 36})
+    shape = MoeShape("odd", hidden=60, intermediate=36, num_experts=4, top_k=2)
+    inputs = random_moe_inputs(shape, 5, seed=1, device="cpu")
+    layer = MoeLayer(*inputs, top_k=2, alignment=4)
+    assert layer.gemm == "loop"
+    out = layer.run()
+    reference = dense_moe_reference(inputs.x, layer.state["topk_ids"],
+                                    layer.state["topk_weights"], inputs.w_gate_up, inputs.w_down)
+    assert relative_error(out, reference) <= tolerance(False)
+
+
 def test_dense_reference_matches_a_token_loop(rng):
     shape = MoeShape("tiny", hidden=8, intermediate=4, num_experts=5, top_k=2)
     inputs = random_moe_inputs(shape, 6, seed=2)

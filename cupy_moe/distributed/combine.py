@@ -9,15 +9,17 @@ Numerics, for a token t of rank s (every step is deterministic):
    w[k], acc)`` in float32 from +0, *not rounded* (the result's dtype is
    float32).
 2. ``P_r`` goes back to rank s as float32 (``all_to_all_single``).
-3. Rank s sums ``out = ((0 + P_r0) + P_r1) + ...`` in float32 over the ranks
-   r0 < r1 < ... that t went to (ascending rank order), and rounds once to
-   the dtype of ``y_expanded`` (bf16: round to nearest even; NaN as the
-   canonical NaN of ``reduce_fused``). A token with no valid slot went
-   nowhere: zeros.
+3. Rank s sums ``out = ((-0 + P_r0) + P_r1) + ...`` in float32 over the
+   ranks r0 < r1 < ... that t went to (ascending rank order), and rounds
+   once to the dtype of ``y_expanded`` (bf16: round to nearest even; NaN as
+   the canonical NaN of ``reduce_fused``). -0 is addition's identity, +0 is
+   not: a partial of -0 (a negative product that underflows) stays -0, as
+   in the one-process chain. A token with no valid slot went nowhere: +0,
+   reduce_fused's zeros.
 
 Why float32 partials, not bf16 (half the bytes): the result is rounded once,
 as in the one-process ``reduce_fused``. A token whose slots all sit on one
-rank then gets exactly the one-process bits (``0 + P = P``, the same fma
+rank then gets exactly the one-process bits (``-0 + P = P``, the same fma
 chain), and any other token differs from it only by where the float32 sum
 splits, far below one bf16 rounding; bf16 partials would add a bf16
 rounding per partial (up to R of them) to every such token. The price is 2x
@@ -32,7 +34,14 @@ from typing import Any
 from ..combine import reduce_fused
 from ..combine.reference import CANONICAL_NAN_BITS
 from ..combine.rules import ELEMENT_FORMAT
-from .exchange import all_to_all_rows, load_torch, require_in_step
+from .exchange import (
+    all_to_all_rows,
+    combine_done,
+    load_torch,
+    out_of_step_on_error,
+    owes_combine_on_error,
+    require_in_step,
+)
 from .handle import DispatchHandle
 from .rules import check_combine
 
@@ -76,22 +85,29 @@ def combine(y_expanded: Any, handle: DispatchHandle, *, group: Any = None,
         ``y_expanded``'s shape, dtype or device does not fit the handle, or
         ``group`` is not dispatch's (rank and size differ), or a CPU tensor
         meets an NCCL group. All checked before the one collective, which
-        the other ranks have entered by then: they wait in it until this
-        rank calls combine again with the right arguments.
+        the other ranks may have entered by then: they wait in it until this
+        rank calls combine again with the right arguments. Until it does,
+        ``dispatch`` on the group is refused on this rank (RuntimeError):
+        its count exchange would pair with their combine's.
     RuntimeError
         An earlier dispatch (or an ``ep_moe_layer`` step) failed on this rank
-        after the ranks had begun exchanging data (destroy the process group
-        and make a new one).
+        after the ranks had begun exchanging data, or this combine's exchange
+        failed (destroy the process group and make a new one).
     """
-    require_in_step(group)
-    problem = check_combine(y_expanded, handle, group, weighted)
-    torch = load_torch()
-    weights = handle.recv_topk_weights if problem.weighted else None
-    partials = reduce_fused(*_routed_rows_float32(torch, y_expanded, handle), weights)
-    returned = all_to_all_rows(partials, list(handle.recv_splits), list(handle.send_splits),
-                               problem.info.group)
+    require_in_step(group, combining=True)
+    with owes_combine_on_error(group):  # before the collective the others may be in
+        problem = check_combine(y_expanded, handle, group, weighted)
+        torch = load_torch()
+        weights = handle.recv_topk_weights if problem.weighted else None
+        partials = reduce_fused(*_routed_rows_float32(torch, y_expanded, handle), weights)
+    with out_of_step_on_error(problem.info.group):
+        returned = all_to_all_rows(partials, list(handle.recv_splits),
+                                   list(handle.send_splits), problem.info.group)
+    combine_done(problem.info.group)
     acc = torch.zeros((handle.num_tokens, handle.hidden), dtype=torch.float32,
                       device=y_expanded.device)
+    # -0 where a partial comes back (module docstring, step 3)
+    acc.index_fill_(0, handle.send_token_index, -0.0)
     # one index_add_ per destination rank, in rank order: a token appears at
     # most once per rank, so each call adds one value per element (no order
     # between atomics to decide) and the calls run in order

@@ -14,8 +14,9 @@ import weakref
 from collections.abc import Iterator
 from typing import Any, NamedTuple
 
-__all__ = ["GroupInfo", "all_to_all_rows", "byte_rows", "check_backend_device", "group_info",
-           "load_torch", "out_of_step_on_error", "require_in_step"]
+__all__ = ["GroupInfo", "all_to_all_rows", "byte_rows", "check_backend_device", "combine_done",
+           "group_info", "load_torch", "out_of_step_on_error", "owes_combine_on_error",
+           "require_in_step"]
 
 # Groups in which this rank failed between two collectives of one call: the
 # other ranks wait in a collective this rank will not reach, and this rank's
@@ -23,6 +24,13 @@ __all__ = ["GroupInfo", "all_to_all_rows", "byte_rows", "check_backend_device", 
 # process under gloo; where the sizes happen to match, data goes to the wrong
 # call). Such a group is refused until it is destroyed and made anew.
 _out_of_step: weakref.WeakSet = weakref.WeakSet()
+
+# Groups in which this rank's combine failed before its one collective (its
+# arguments refused, say): the other ranks may wait in that collective, which
+# only a combine from this rank can meet (a dispatch's count exchange would
+# pair with it, and data would go to the wrong call). dispatch is refused on
+# such a group until a combine on it gets through its collective.
+_owes_combine: weakref.WeakSet = weakref.WeakSet()
 
 
 class GroupInfo(NamedTuple):
@@ -59,19 +67,50 @@ def _resolved(group: Any) -> Any:
     return group if group is not None else load_torch().distributed.group.WORLD
 
 
-def require_in_step(group: Any) -> None:
+def require_in_step(group: Any, *, combining: bool = False) -> None:
     """RuntimeError when an earlier call failed on this rank between two of
-    its collectives on ``group`` (``out_of_step_on_error``). Nothing when
-    torch.distributed is not initialized (the call's own checks say so)."""
+    its collectives on ``group`` (``out_of_step_on_error``), or, unless
+    ``combining``, when a combine failed on this rank before its collective
+    (``owes_combine_on_error``). Nothing when torch.distributed is not
+    initialized (the call's own checks say so)."""
     dist = load_torch().distributed
     if not (dist.is_available() and dist.is_initialized()):
         return
     resolved = _resolved(group)
-    if resolved is not None and resolved in _out_of_step:
+    if resolved is None:
+        return
+    if resolved in _out_of_step:
         raise RuntimeError("an earlier dispatch or combine failed on this rank after the "
                            "ranks had begun exchanging data, so this rank is out of step "
                            "with the others (they wait in a collective it will not reach): "
                            "destroy the process group and make a new one")
+    if not combining and resolved in _owes_combine:
+        raise RuntimeError("a combine failed on this rank before its exchange, in which the "
+                           "other ranks may wait (only a combine meets it; this dispatch's "
+                           "count exchange would pair with it): call combine again with the "
+                           "same handle and the right arguments first, or destroy the process "
+                           "group and make a new one")
+
+
+@contextlib.contextmanager
+def owes_combine_on_error(group: Any) -> Iterator[None]:
+    """Marks ``group`` as owed a combine by this rank if the block raises: wrap
+    what a combine runs before its collective."""
+    try:
+        yield
+    except BaseException:
+        with contextlib.suppress(Exception):  # no group to mark: the error says why
+            resolved = _resolved(group)
+            if resolved is not None:
+                _owes_combine.add(resolved)
+        raise
+
+
+def combine_done(group: Any) -> None:
+    """A combine on ``group`` got through its collective: nothing is owed."""
+    resolved = _resolved(group)
+    if resolved is not None:
+        _owes_combine.discard(resolved)
 
 
 @contextlib.contextmanager

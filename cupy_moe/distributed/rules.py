@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from ..expand.rules import check_expand, check_expand_with_sf
 from ..layer.grouped_gemm import resolve_method
-from ..mapping.rules import MAX_EXPERTS_GPU, MAX_ROWS, check_topk_ids
+from ..mapping.rules import MAX_EXPERTS, MAX_EXPERTS_GPU, MAX_ROWS, check_topk_ids
 from ..runtime.arrays import ArrayDesc, ArrayKind, common_kind, describe
 from ..runtime.rules import check_dtype, check_ndim, require_bool, require_int
 from .exchange import GroupInfo, check_backend_device, group_info
@@ -226,7 +226,8 @@ def check_ep_layer(x, router_logits, w_gate_up_local, w_down_local, *, top_k, nu
         raise ValueError(f"alignment must be in 1 .. {MAX_ROWS}; got {alignment}")
     if num_per_channels not in (32, 128):
         raise ValueError(f"num_per_channels must be 32 or 128; got {num_per_channels}")
-    return EpLayerProblem(kind, info, partition, inter, resolve_method(x, gemm))
+    return EpLayerProblem(kind, info, partition, inter,
+                          resolve_method(x, gemm, {"H": hidden, "I": inter}))
 
 
 def _torch_kind(descs: dict[str, ArrayDesc | None], op: str) -> ArrayKind:
@@ -243,6 +244,11 @@ def _group_and_partition(group, num_experts: int, kind: ArrayKind,
                          tensor) -> tuple[GroupInfo, ExpertPartition]:
     info = group_info(group)
     partition = partition_experts(num_experts, info.world_size)
+    # fused_mapping's limits, on the local experts it plans for (checked before
+    # the exchange: after it a refusal would leave the group out of step)
+    if partition.local_experts > MAX_EXPERTS:
+        raise ValueError(f"num_experts / world_size must be <= {MAX_EXPERTS} (fused_mapping's "
+                         f"int32 expert ids); got {partition.local_experts}")
     if kind.on_gpu and partition.local_experts > MAX_EXPERTS_GPU:
         raise ValueError(f"num_experts / world_size must be <= {MAX_EXPERTS_GPU} on the GPU "
                          f"(fused_mapping's limit); got {partition.local_experts}")

@@ -70,11 +70,17 @@ def _probe_grouped_mm(device: Any) -> bool:
     return _grouped_mm_works[key]
 
 
-def resolve_method(a: Any, method: str = "auto") -> str:
+# torch._grouped_mm needs 16-byte strides: bf16 feature widths of a multiple of 8
+GROUPED_MM_WIDTH_MULTIPLE = 8
+
+
+def resolve_method(a: Any, method: str = "auto", widths: dict[str, int] | None = None) -> str:
     """The method ``grouped_gemm`` uses for ``a``: ``"numpy"`` for NumPy arrays;
     for torch tensors ``method``, where ``"auto"`` is ``"grouped_mm"`` if it runs
-    on the tensor's device, else ``"loop"``. ValueError for an unknown method
-    or one that does not fit the array kind."""
+    on the tensor's device and every feature width in ``widths`` (name ->
+    the K or N of a GEMM to come, e.g. ``{"H": ..., "I": ...}``) is a
+    multiple of 8, else ``"loop"``. ValueError for an unknown method, one that
+    does not fit the array kind, or ``"grouped_mm"`` with such a width."""
     if method not in GEMM_METHODS:
         raise ValueError(f"gemm must be one of {', '.join(GEMM_METHODS)}; got {method!r}")
     torch = sys.modules.get("torch")
@@ -87,8 +93,15 @@ def resolve_method(a: Any, method: str = "auto") -> str:
     if method == "numpy":
         raise ValueError("gemm='numpy' needs NumPy arrays; torch tensors take 'grouped_mm', "
                          "'loop' (or 'auto')")
+    odd = {name: width for name, width in (widths or {}).items()
+           if width % GROUPED_MM_WIDTH_MULTIPLE}
     if method == "auto":
-        return "grouped_mm" if _probe_grouped_mm(a.device) else "loop"
+        return "grouped_mm" if not odd and _probe_grouped_mm(a.device) else "loop"
+    if method == "grouped_mm" and odd:
+        named = ", ".join(f"{name} = {width}" for name, width in odd.items())
+        raise ValueError(f"gemm='grouped_mm' needs feature widths that are multiples of "
+                         f"{GROUPED_MM_WIDTH_MULTIPLE} (torch._grouped_mm's 16-byte strides); "
+                         f"got {named} (gemm='loop' or 'auto' takes any)")
     return method
 
 
@@ -117,7 +130,7 @@ def grouped_gemm(a: Any, w: Any, expert_start: Any, tokens_per_expert: Any, *,
     float32-accumulated products rounded to bf16; padding rows are zero, or
     (``"grouped_mm"``, rows past the last segment) unspecified.
     """
-    method = resolve_method(a, method)
+    method = resolve_method(a, method, {"K": a.shape[1], "N": w.shape[1]})
     num_rows, num_out = a.shape[0], w.shape[1]
     if method == "numpy":
         out = np.zeros((num_rows, num_out), dtype=ml_dtypes.bfloat16)

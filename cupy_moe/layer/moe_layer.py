@@ -93,7 +93,9 @@ def moe_layer(x: Any, router_logits: Any, w_gate_up: Any, w_down: Any, *, top_k:
         Divide each token's top-k weights by their sum (Qwen3's
         ``norm_topk_prob``); else the raw softmax probabilities.
     gemm : {"auto", "numpy", "grouped_mm", "loop"}
-        The grouped GEMM's method (``grouped_gemm``); "auto" picks.
+        The grouped GEMM's method (``grouped_gemm``); "auto" picks (a
+        per-expert loop where H or I is not a multiple of 8, which
+        ``torch._grouped_mm`` refuses; "grouped_mm" there is a ValueError).
     zero_padding : bool
         False: the expand and (fp8) SwiGLU-quantize steps leave padding rows
         unwritten (their ``zero_padding=False``), which saves the zero-fill's
@@ -174,7 +176,7 @@ class MoeLayer:
         self._torch = self.kind is not ArrayKind.NUMPY
         self.x, self.router_logits = x, router_logits
         self.w_gate_up, self.w_down = w_gate_up, w_down
-        self.gemm = resolve_method(x, gemm)
+        self.gemm = resolve_method(x, gemm, {"H": x.shape[1], "I": self.intermediate})
         self.state: dict[str, Any] = {}
 
     def run(self) -> Any:
