@@ -20,9 +20,9 @@ __all__ = ["GroupInfo", "all_to_all_rows", "byte_rows", "check_backend_device", 
 
 # Groups in which this rank failed between two collectives of one call: the
 # other ranks wait in a collective this rank will not reach, and this rank's
-# next collective would pair with theirs (a wrong-size exchange aborts the
-# process under gloo; where the sizes happen to match, data goes to the wrong
-# call). Such a group is refused until it is destroyed and made anew.
+# next collective would pair with theirs (data goes to the wrong call; gloo
+# was seen to complete even an exchange of the wrong size). Such a group is
+# refused until it is destroyed and made anew.
 _out_of_step: weakref.WeakSet = weakref.WeakSet()
 
 # Groups in which this rank's combine failed before its one collective (its
