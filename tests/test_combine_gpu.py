@@ -732,6 +732,25 @@ def test_bad_device_outputs_are_rejected(kind):
                      out=to_device(kind, np.zeros((2, 8), np.float16)))
 
 
+@needs_torch_cuda
+def test_lazily_negated_cuda_tensors_are_refused():
+    """The kernels read the stored bytes, not their negation: a contiguous
+    negated view (torch._neg_view) as input or out is refused on the full
+    path (the fast path's key leaves the bit out: a first call with it is
+    refused before any plan is kept)."""
+    expanded = torch.ones((4, 8), dtype=torch.float32, device="cuda")
+    token_topk_to_pos = torch.tensor([[0, 1], [2, 3]], dtype=torch.int32, device="cuda")
+    out = torch.zeros((2, 8), dtype=torch.float32, device="cuda")
+    with pytest.raises(ValueError, match=re.escape(
+            "out is a lazily negated view (torch's negative bit is set): pass "
+            "out.resolve_neg()")):
+        reduce_fused(expanded, token_topk_to_pos, out=torch._neg_view(out))
+    with pytest.raises(ValueError, match=re.escape(
+            "expanded is a lazily negated view (torch's negative bit is set)")):
+        reduce_fused(torch._neg_view(expanded), token_topk_to_pos)
+    assert not out.any()
+
+
 def test_a_cupy_out_stepping_no_whole_element_is_refused():
     """CuPy byte strides of no whole element ((34, 5) for float32): a floor
     division read them as C-contiguous (8, 1), and the kernel would have

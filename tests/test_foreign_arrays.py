@@ -97,12 +97,13 @@ def _negated_view(values: torch.Tensor) -> torch.Tensor:
 
 
 def test_lazily_negated_views_are_refused_on_the_cpu_as_inputs_and_outputs():
-    """The CPU backend views tensors through NumPy, which would see the stored
-    (un-negated) values; torch refuses and says what to call. Not resolved
-    for the caller: that copies, and an ``out`` so copied would lose the
-    results."""
+    """The CPU backend views tensors through NumPy, and the GPU kernels read
+    raw pointers: both would see the stored (un-negated) values. Refused,
+    saying what to call; not resolved for the caller: that copies, and an
+    ``out`` so copied would lose the results."""
     x = torch.from_numpy(_op_args("quantize_fp8")[0]["x"])
-    with pytest.raises(RuntimeError, match="negative bit set.*resolve_neg"):
+    with pytest.raises(ValueError, match=re.escape(
+            "x is a lazily negated view (torch's negative bit is set): pass x.resolve_neg()")):
         cupy_moe.quantize_fp8(_negated_view(x))
     arrays, _ = _op_args("reduce_fused")
     expanded = torch.from_numpy(arrays["expanded"])
@@ -112,7 +113,9 @@ def test_lazily_negated_views_are_refused_on_the_cpu_as_inputs_and_outputs():
     out = torch.zeros((1, 2), dtype=torch.float32)
     negated_out = torch._neg_view(out)
     assert negated_out.is_neg() and negated_out.is_contiguous()
-    with pytest.raises(RuntimeError, match="negative bit set"):
+    with pytest.raises(ValueError, match=re.escape(
+            "out is a lazily negated view (torch's negative bit is set): pass "
+            "out.resolve_neg()")):
         cupy_moe.reduce_fused(expanded, t2p, weights, out=negated_out)
 
 

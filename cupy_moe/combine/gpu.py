@@ -228,7 +228,8 @@ def run_torch_fast(plan: CombinePlan, expanded, token_topk_to_pos, topk_weights,
         first = out.data_ptr()
         end = first + plan.out_bytes
         for pointer, size in zip(pointers, plan.input_bytes, strict=True):
-            if pointer < end and first < pointer + size:
+            # (empty ranges overlap nothing, as the full path's byte_span says)
+            if size and first < end and pointer < end and first < pointer + size:
                 return None
     plan.launch(_raw_torch_stream(plan.device), *pointers, out.data_ptr())
     return out

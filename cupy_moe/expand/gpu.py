@@ -98,7 +98,8 @@ def run_torch_fast(plan: ExpandPlan, x, x_sf, token_topk_to_pos, pos_to_expert,
         end = first + plan.out_bytes
         for pointer, size in zip((x_ptr, map_ptr, p2e_ptr, sf_ptr, p2t_ptr), plan.input_bytes,
                                  strict=True):
-            if pointer < end and first < pointer + size:
+            # (empty ranges overlap nothing, as the full path's byte_span says)
+            if size and first < end and pointer < end and first < pointer + size:
                 return None
     if x_sf is None:
         plan.launch(_raw_torch_stream(plan.device), x_ptr, map_ptr, p2e_ptr, out.data_ptr(), 0, 0,

@@ -97,13 +97,22 @@ def describe(name: str, array: Any) -> ArrayDesc:
     Raises TypeError naming ``name`` for anything that is not a NumPy array,
     CuPy array or torch tensor (None included), and ValueError for a tensor
     on a device other than the CPU or a CUDA GPU (e.g. ``meta``), a sparse
-    tensor, or a NumPy array of non-native byte order.
+    tensor, a lazily negated tensor view, or a NumPy array of non-native
+    byte order.
     """
     torch = sys.modules.get("torch")
     if torch is not None and isinstance(array, torch.Tensor):
         if array.layout is not torch.strided:  # (the fast path only keeps strided ones)
             raise ValueError(f"{name} is a {str(array.layout).removeprefix('torch.')} tensor; "
                              f"cupy_moe takes dense ones (pass {name}.to_dense())")
+        # The kernels and NumPy read the stored bytes, not their negation; not
+        # resolved for the caller (a copy: an out so copied would lose the
+        # results). A non-contiguous one is refused or copied (resolved) by the
+        # rules anyway; a contiguous one comes from torch._neg_view alone, and
+        # the fast path's key leaves the bit out (~0.2 us a tensor).
+        if array.is_neg():
+            raise ValueError(f"{name} is a lazily negated view (torch's negative bit is set): "
+                             f"pass {name}.resolve_neg()")
         return ArrayDesc._make(torch_fields(name, array))
     if isinstance(array, np.ndarray):
         if not array.dtype.isnative:  # the kernels and the NumPy backend read raw bytes

@@ -36,9 +36,10 @@ class TorchFastPath:
             return None
         try:
             key = (scalars, *[None if a is None else torch_fields("", a) for a in arrays])
-        except (AttributeError, ValueError, RuntimeError):
+        except (AttributeError, ValueError, RuntimeError, TypeError):
             # not a tensor, or not one we take (a sparse CSR tensor has no
-            # is_contiguous): the full path says why
+            # is_contiguous; a symbolic shape does not hash): the full path
+            # says why
             return None
         plan = self._plans.get(key)
         if plan is None or self._current_device() != plan.device:
