@@ -56,3 +56,27 @@ def test_ops_agree_across_the_exchange():
     assert from_cupy.dtype == np.uint16
     assert torch.equal(cupy_moe.as_torch(from_cupy, dtype=torch.bfloat16).view(torch.int16),
                        from_torch.view(torch.int16))
+
+
+def test_a_column_major_out_sf_imported_by_dlpack_is_judged_by_its_own_extent():
+    """CuPy knows no allocation size for memory imported by DLPack (its
+    DLPackMemory.size sums the shape's extents: 40 bytes for an [8, 2]
+    float32 view, which once refused a whole buffer). What the imported array
+    reaches is what counts: the whole [S, align(X, 4)] buffer imported, then
+    viewed column-major in CuPy, is taken and written as torch's own; the
+    transposed view imported alone lacks the last column's pad rows."""
+    x = torch.randn(6, 256, device="cuda")
+    settings = dict(round_sf=True, use_tma_aligned_col_major_sf=True)
+    want_codes, want_sf = cupy_moe.quantize_fp8(x, **settings)
+    buffer = torch.full((2, 8), float("nan"), device="cuda")  # [S, align(X, 4)]
+    out_sf = cupy_moe.as_cupy(buffer).T[:6]  # [X, S], strides (1, 8) elements
+    codes, got_sf = cupy_moe.quantize_fp8(cupy_moe.as_cupy(x), out_sf=out_sf, **settings)
+    assert got_sf is out_sf
+    assert torch.equal(cupy_moe.as_torch(codes, dtype=torch.float8_e4m3fn).view(torch.uint8),
+                       want_codes.view(torch.uint8))
+    assert torch.equal(buffer[:, :6].T, want_sf) and not buffer[:, 6:].any()  # pad rows zero
+    with pytest.raises(ValueError, match=re.escape(
+            "out_sf must view a buffer of [S, align(R, 4)] = [2, 8] elements (64 bytes, pad "
+            "columns included); only 56 bytes follow its first element")):
+        cupy_moe.quantize_fp8(cupy_moe.as_cupy(x), out_sf=cupy_moe.as_cupy(buffer[:, :6].T),
+                              **settings)

@@ -364,3 +364,39 @@ def test_the_driver_functions_are_bound_once_whatever_the_threads(monkeypatch):
     _race([first_launch] * 8)
     assert libraries == ["libcuda.so.1"]
     assert len(set(map(id, (s[0] for s in seen)))) == 1 and None not in seen[0]
+
+
+def test_bytes_to_allocation_end_of_cupy_arrays(monkeypatch):
+    """CuPy's own memory: its allocation's size (a pool rounds it up to 512
+    bytes). Memory imported by DLPack: CuPy's DLPackMemory.size sums the
+    shape's extents (40 bytes for a [2, 8] float32 import, where 64 are
+    there), so the imported array's own extent, the root of the view chain,
+    is what counts. Stand-ins for cupy's classes: no GPU needed."""
+    from types import SimpleNamespace
+
+    from cupy_moe.runtime.arrays import bytes_to_allocation_end
+
+    class FakeArray:  # what bytes_to_allocation_end and byte_span read
+        def __init__(self, shape, strides, ptr, mem, base=None):
+            self.shape, self.strides, self.itemsize, self.base = shape, strides, 4, base
+            self.data = SimpleNamespace(ptr=ptr, mem=mem)
+
+    class DLPackMemory:  # named as cupy._core.dlpack's
+        def __init__(self, ptr, size):
+            self.ptr, self.size = ptr, size
+
+    class PooledMemory(DLPackMemory):  # another name: CuPy's own memory
+        pass
+
+    monkeypatch.setitem(sys.modules, "cupy", SimpleNamespace(ndarray=FakeArray))
+    imported = DLPackMemory(4096, 4 * (2 + 8))
+    whole = FakeArray((2, 8), (32, 4), 4096, imported)  # [S, align(X, 4)], imported whole
+    column_major = FakeArray((6, 2), (4, 32), 4096, imported, base=whole)
+    assert bytes_to_allocation_end(ArrayKind.CUPY, column_major) == 64
+    assert bytes_to_allocation_end(ArrayKind.CUPY, FakeArray((6, 2), (4, 32), 4100, imported,
+                                                             base=whole)) == 60
+    alone = FakeArray((6, 2), (4, 32), 4096, imported)  # the transposed view imported alone
+    assert bytes_to_allocation_end(ArrayKind.CUPY, alone) == 56
+    pooled = PooledMemory(4096, 512)
+    assert bytes_to_allocation_end(ArrayKind.CUPY, FakeArray((6, 2), (4, 32), 4096 + 8,
+                                                             pooled)) == 504

@@ -223,12 +223,25 @@ def bytes_to_allocation_end(kind: ArrayKind, array: Any) -> int:
     """Bytes from ``array``'s first element to the end of the memory it views.
 
     Tells whether a view (a column-major SF output) may be written past its
-    own last element, into pad columns of the buffer behind it.
+    own last element, into pad columns of the buffer behind it. For a CuPy
+    array imported by DLPack that is as far as the imported array reaches
+    (import the whole buffer, then take the view in CuPy).
     """
     if kind.is_torch:
         return array.untyped_storage().nbytes() - array.storage_offset() * array.element_size()
     if kind is ArrayKind.CUPY:
-        return array.data.mem.size - (array.data.ptr - array.data.mem.ptr)
+        memory = array.data.mem
+        if type(memory).__name__ != "DLPackMemory":
+            # CuPy's own allocation (from its pool: rounded up to 512 bytes, a
+            # slack that belongs to the array's allocation too)
+            return memory.size - (array.data.ptr - memory.ptr)
+        # Imported by DLPack: CuPy does not know the exporter's allocation (its
+        # DLPackMemory.size sums the shape instead of multiplying it), only
+        # the imported array's extent, the root of the view chain.
+        ndarray, root = sys.modules["cupy"].ndarray, array
+        while isinstance(root.base, ndarray):
+            root = root.base
+        return byte_span(ArrayKind.CUPY, root)[1] - array.data.ptr
     return _byte_bounds(_numpy_owner(array))[1] - array.ctypes.data
 
 
