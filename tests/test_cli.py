@@ -243,7 +243,8 @@ def test_bench_refuses_output_paths_it_cannot_write_before_the_run(tmp_path, cap
     monkeypatch.setattr(runner, "run", run_must_not_start)
     missing = tmp_path / "no-folder"
     for args, message in (
-            (["--json", str(missing / "b.json")], f"--json {missing / 'b.json'}: no folder {missing}"),
+            (["--json", str(missing / "b.json")],
+             f"--json {missing / 'b.json'}: no folder {missing}"),
             (["--markdown", str(missing / "b.md")],
              f"--markdown {missing / 'b.md'}: no folder {missing}"),
             (["--json", str(tmp_path)], f"--json {tmp_path} is a folder; give a file name"),

@@ -191,7 +191,8 @@ def test_route_refuses_a_top_k_outside_one_to_e(kind):
     if kind == "torch":
         logits = pytest.importorskip("torch").from_numpy(logits)
     for top_k in (0, -1, 5):
-        with pytest.raises(ValueError, match=re.escape(f"top_k must be in [1, E = 4]; got {top_k}")):
+        with pytest.raises(ValueError,
+                           match=re.escape(f"top_k must be in [1, E = 4]; got {top_k}")):
             route(logits, top_k)
     with pytest.raises(TypeError, match="top_k must be an int; got bool"):
         route(logits, True)

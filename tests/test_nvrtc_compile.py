@@ -7,6 +7,7 @@ not compile. Where CI=true a missing CuPy/NVRTC is an error, not a skip.
 
 import functools
 import re
+import tempfile
 
 import pytest
 from helpers import cubin_code, nvrtc_or_skip
@@ -167,23 +168,83 @@ def test_compiled_modules_are_cached_on_disk(tmp_path, monkeypatch):
     monkeypatch.setenv("CUPY_MOE_CACHE_DIR", str(tmp_path))
     first = loader._compile("mapping.cu", (), "sm_90", True)
     assert first.parent == tmp_path and first.read_bytes()[:4] == b"\x7fELF"
-    first.write_bytes(b"from the cache")  # the next call finds the file, no NVRTC
-    again = loader._compile("mapping.cu", (), "sm_90", True)
-    assert again == first and again.read_bytes() == b"from the cache"
+    # readable by all as the umask allows (a shared cache), not a temporary 0600
+    assert first.stat().st_mode & 0o777 == 0o666 & ~loader._umask()
+    whole = first.read_bytes()
     ptx = loader._compile("mapping.cu", (), "compute_90", False)
     assert ptx.suffix == ".ptx" and b".target sm_90" in ptx.read_bytes()
     assert ptx.read_bytes().endswith(b"\0")  # cuModuleLoadData reads PTX up to a NUL
+    from cupy.cuda import nvrtc
+
+    def no_nvrtc(*args):
+        raise AssertionError("compiled although the cache holds the binary")
+    with monkeypatch.context() as patch:  # the next calls find the files, no NVRTC
+        patch.setattr(nvrtc, "createProgram", no_nvrtc)
+        assert loader._compile("mapping.cu", (), "sm_90", True) == first
+        assert loader._compile("mapping.cu", (), "compute_90", False) == ptx
+    # a file cut short (empty, or short of its section headers; PTX without
+    # its NUL) is compiled again, not handed to the driver
+    for path, cut, cubin in ((first, b"", True), (first, whole[:len(whole) // 2], True),
+                             (ptx, ptx.read_bytes()[:-1], False), (ptx, b"", False)):
+        path.write_bytes(cut)
+        again = loader._compile("mapping.cu", (), "sm_90" if cubin else "compute_90", cubin)
+        assert again == path and loader._holds_whole_binary(path, cubin)
+    assert first.read_bytes() == whole
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([first.name, ptx.name])
 
 
-def test_an_unwritable_cache_compiles_to_a_private_folder(tmp_path, monkeypatch):
+def test_a_cache_dir_with_a_tilde_is_under_home(tmp_path, monkeypatch):
+    from cupy_moe.runtime import loader
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("CUPY_MOE_CACHE_DIR", "~/kernels")
+    assert loader._cache_dir() == tmp_path / "kernels"
+
+
+def test_a_failed_cache_write_leaves_no_temporary_file(tmp_path, monkeypatch):
+    from cupy_moe.runtime import loader
+
+    def full_disk(*args):
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(loader.os, "replace", full_disk)
+    with pytest.raises(OSError, match="No space left"):
+        loader._write_atomically(tmp_path / "k.cubin", b"\x7fELF")
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("cache", ["unwritable", "no-home"])
+def test_without_a_cache_a_private_folder_serves_and_is_removed_at_exit(cache, tmp_path,
+                                                                        monkeypatch):
+    """A cache folder that cannot be made, or no home folder known (a
+    container's user without a passwd entry and no HOME): a private folder,
+    with a warning, removed at exit (they once piled up in /tmp, one a
+    test run)."""
     nvrtc_or_skip()
     from cupy_moe.runtime import loader
 
-    blocked = tmp_path / "file"
-    blocked.write_text("not a folder")
-    monkeypatch.setenv("CUPY_MOE_CACHE_DIR", str(blocked / "cache"))
-    path = loader._compile("mapping.cu", (), "sm_80", True)
-    assert not path.is_relative_to(blocked) and path.read_bytes()[:4] == b"\x7fELF"
+    if cache == "unwritable":
+        blocked = tmp_path / "file"
+        blocked.write_text("not a folder")
+        monkeypatch.setenv("CUPY_MOE_CACHE_DIR", str(blocked / "cache"))
+    else:
+        monkeypatch.delenv("CUPY_MOE_CACHE_DIR", raising=False)
+
+        def no_home():
+            raise RuntimeError("Could not determine home directory.")
+        monkeypatch.setattr(loader.Path, "home", no_home)
+    monkeypatch.setattr(loader, "_private_dir", None)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # mkdtemp's folder
+    at_exit = []
+    monkeypatch.setattr(loader.atexit, "register",
+                        lambda *call, **options: at_exit.append((call, options)))
+    with pytest.warns(RuntimeWarning, match="this process compiles into .* \\(removed at exit\\)"):
+        path = loader._compile("mapping.cu", (), "sm_80", True)
+    assert path.parent == loader._private_dir and path.parent.parent == tmp_path
+    assert path.read_bytes()[:4] == b"\x7fELF"
+    [((remove, folder), options)] = at_exit
+    assert folder == path.parent and options == {"ignore_errors": True}
+    remove(folder, **options)
+    assert not folder.exists()
 
 
 def test_a_package_without_its_kernel_sources_says_so(tmp_path, monkeypatch):

@@ -72,7 +72,10 @@ def reduce_fused(expanded: Any, token_topk_to_pos: Any, topk_weights: Any = None
     ValueError
         A shape, dtype or device rule fails (the message names the argument and
         the numbers), ``out`` is read-only, not C-contiguous or overlaps an
-        input, or ``validate=True`` finds a slot >= X.
+        input, or ``validate=True`` finds a slot >= X. Also a tensor on
+        another device than the CPU or CUDA, a sparse tensor, a lazily negated
+        tensor view (pass ``.resolve_neg()``), a NumPy array of non-native byte
+        order.
     """
     if validate is False:
         plan = _fast_path.lookup((), (expanded, token_topk_to_pos, topk_weights, row_scale, out))

@@ -60,8 +60,9 @@ def dispatch(x: Any, topk_ids: Any, topk_weights: Any, num_experts: int, *, grou
     Parameters
     ----------
     x : torch.Tensor [T, H]
-        Token rows: bfloat16 or float16; with ``x_sf``, float8_e4m3fn (or
-        uint8 / int8: any 1-byte payload). CPU tensors with a gloo group, CUDA
+        Token rows: bfloat16 or float16 (or uint16 holding bf16 bits: rows
+        travel as bytes, and ``expanded_x`` keeps x's dtype); with ``x_sf``,
+        float8_e4m3fn (or uint8 / int8: any 1-byte payload). CPU tensors with a gloo group, CUDA
         tensors with NCCL.
     topk_ids : torch.Tensor [T, K], int32 or int64
         Global expert id of each slot; negative or >= ``num_experts``: dropped.

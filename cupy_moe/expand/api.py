@@ -104,9 +104,12 @@ def expand_to_fused(x: Any, token_topk_to_pos: Any, pos_to_expert: Any, *,
         are inference-only).
     ValueError
         A shape, dtype or device rule fails (the message names the argument and
-        the numbers), ``out`` is read-only or overlaps an input, or
-        ``validate=True`` finds a malformed map (or a ``pos_to_token`` that
-        disagrees with it). ``pos_to_token`` must be [X] int32.
+        the numbers), ``out`` is read-only, not C-contiguous or overlaps an
+        input, or ``validate=True`` finds a malformed map (or a ``pos_to_token``
+        that disagrees with it). ``pos_to_token`` must be [X] int32. Also
+        a tensor on another device than the CPU or CUDA, a sparse tensor, a lazily
+        negated tensor view (pass ``.resolve_neg()``), a NumPy array of non-native
+        byte order.
     """
     # zero_padding is in the key, as a bool only: 1 == True would find True's plan
     if validate is False and type(zero_padding) is bool:
@@ -155,9 +158,11 @@ def expand_to_fused_with_sf(x: Any, x_sf: Any, token_topk_to_pos: Any, pos_to_ex
         says (they belong to no row).
     out : array [X, H], optional
     out_sf : array [X, S], optional
-        Caller-provided outputs, written and returned. A column-major
-        ``out_sf`` must have the strides above and view a buffer that holds
-        the pad columns.
+        Caller-provided outputs, written and returned: ``out`` of x's dtype
+        exactly (a uint8 buffer is refused for float8_e4m3fn ``x``, unlike
+        ``quantize_fp8``'s ``out``), C-contiguous; ``out_sf`` of x_sf's
+        dtype, C-contiguous, or, column-major, with the strides above and
+        viewing a buffer that holds the pad columns.
     validate : bool
         As in :func:`expand_to_fused`.
     zero_padding : bool

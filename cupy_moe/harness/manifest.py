@@ -650,6 +650,10 @@ def roofline_bytes(op_name: str, shapes: Mapping[str, tuple[int, ...]], elem_byt
     ``reduce_fused`` and ``swiglu_quantize_fp8`` ``routed_rows=`` (R, the
     rows holding a slot), the fp8 producers ``sf_columns=`` (S),
     ``swiglu_quantize_fp8`` also ``zero_padding=`` (default True).
+
+    KeyError for an op the manifest does not have, ValueError for a shape
+    ``shapes`` leaves out, TypeError for a size keyword the op needs and was
+    not given (e.g. ``routed_rows=`` of ``reduce_fused``).
     """
     _require_op(op_name, ROOFLINES)
     try:

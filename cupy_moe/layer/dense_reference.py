@@ -109,7 +109,8 @@ def _dense_torch(torch, x, topk_ids, topk_weights, w_gate_up, w_down):
 
 
 def relative_error(out: Any, reference: Any) -> float:
-    """``||out - reference|| / ||reference||`` (Frobenius, float64); 0 when both are zero.
+    """``||out - reference|| / ||reference||`` (Frobenius, float64); 0 when both
+    are zero, inf when only ``reference`` is.
 
     NumPy arrays or torch tensors (any float dtype, bf16 included).
     """

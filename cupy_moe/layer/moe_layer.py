@@ -75,7 +75,8 @@ def moe_layer(x: Any, router_logits: Any, w_gate_up: Any, w_down: Any, *, top_k:
     ----------
     x : array [T, H], bfloat16 (CuPy: uint16 bf16 bits)
         Token rows. T may be 0.
-    router_logits : array [T, E], float32 (bfloat16, float16 also)
+    router_logits : array [T, E], float32 (bfloat16, float16 also; CuPy has
+        no bfloat16: float32 or float16 there)
         Router scores; softmax then top-k (``routing.route``).
     w_gate_up : array [E, 2I, H], bfloat16
         Each expert's gate (rows 0 .. I) and up (rows I .. 2I) projections.

@@ -70,6 +70,9 @@ def fused_mapping(topk_ids: Any, num_experts: int, *, alignment: int = 128,
         ``topk_ids`` is not an array, a size is not an int, a flag not a bool.
     ValueError
         A shape, dtype or size rule fails, or ``validate=True`` finds a fault.
+        Also a tensor on another device than the CPU or CUDA, a sparse tensor, a lazily
+        negated tensor view (pass ``.resolve_neg()``), a NumPy array of non-native
+        byte order.
     """
     global _run_torch_fast
     if (trim is False and validate is False and type(num_experts) is int

@@ -114,7 +114,9 @@ def quantize_fp8(x: Any, *, num_per_channels: int = 128, round_sf: bool = False,
     ValueError
         A shape, dtype, stride, device or setting rule fails (the message names
         the argument and the numbers), or an output is read-only or overlaps
-        an input or the other output.
+        an input or the other output. Also a tensor on another device than
+        the CPU or CUDA, a sparse tensor, a lazily negated tensor view (pass
+        ``.resolve_neg()``), a NumPy array of non-native byte order.
     """
     if (out is None and out_sf is None and type(num_per_channels) is int
             and type(round_sf) is bool and type(packed_ue8m0) is bool

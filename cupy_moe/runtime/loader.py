@@ -9,21 +9,29 @@ denormals, as NumPy computes them). The options here ask for IEEE float32
 explicitly (no flush, IEEE division and square root, no contraction of a
 multiply and an add into an fma that the source did not write).
 
-Compiled modules are kept on disk (``$CUPY_MOE_CACHE_DIR``, else
-``~/.cache/cupy_moe``), keyed by a hash of the source, the options (which
+Compiled modules are kept on disk (``$CUPY_MOE_CACHE_DIR``, ``~`` expanded,
+else ``~/.cache/cupy_moe``), keyed by a hash of the source, the options (which
 carry a hash of every file in kernels_cu/, subfolders included: an edited
 header can never bring back a stale binary), the target and NVRTC's version.
-A device NVRTC cannot target gets PTX for the newest architecture NVRTC
-knows below it, which the driver compiles.
+A cached file that is not a whole binary (empty, cut short) is compiled
+again. Files are readable by all (as the umask allows), so one cache folder
+can serve several users. Where the cache cannot be written (or no home
+folder is known) a private temporary folder serves the process, with a
+warning, and is removed at exit. Nothing prunes the cache: delete the folder
+to reclaim it. A device NVRTC cannot target gets PTX for the newest
+architecture NVRTC knows below it, which the driver compiles.
 """
 
 from __future__ import annotations
 
+import atexit
 import functools
 import hashlib
 import os
+import shutil
 import tempfile
 import threading
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -86,9 +94,16 @@ def compile_options(defines: tuple[tuple[str, int], ...] = ()) -> tuple[str, ...
     )
 
 
-def _cache_dir() -> Path:
+def _cache_dir() -> Path | None:
+    """The disk cache's folder; None where no home folder is known (a
+    container's user without a passwd entry and no HOME)."""
     configured = os.environ.get("CUPY_MOE_CACHE_DIR")
-    return Path(configured) if configured else Path.home() / ".cache" / "cupy_moe"
+    if configured:
+        return Path(configured).expanduser()
+    try:
+        return Path.home() / ".cache" / "cupy_moe"
+    except RuntimeError:
+        return None
 
 
 def device_target(device: int) -> tuple[str, bool]:
@@ -122,9 +137,9 @@ def _compile(filename: str, defines: tuple[tuple[str, int], ...], arch: str,
     key = hashlib.sha256("\0".join([repr(nvrtc.getVersion()), *options,
                                      kernel_source(filename)]).encode()).hexdigest()[:32]
     name = f"{Path(filename).stem}-{key}.{'cubin' if cubin else 'ptx'}"
-    path = _cache_dir() / name
-    if path.is_file():
-        return path
+    cache = _cache_dir()
+    if cache is not None and _holds_whole_binary(cache / name, cubin):
+        return cache / name
     program = nvrtc.createProgram(kernel_source(filename), filename, [], [])
     try:
         try:
@@ -140,22 +155,89 @@ def _compile(filename: str, defines: tuple[tuple[str, int], ...], arch: str,
             binary = (ptx if isinstance(ptx, bytes) else ptx.encode()).rstrip(b"\0") + b"\0"
     finally:
         nvrtc.destroyProgram(program)
-    try:
-        _write_atomically(path, binary)
-    except OSError:  # no writable cache: a private folder, compiled again next process
-        if _private_dir is None:
+    if cache is not None:
+        try:
+            _write_atomically(cache / name, binary)
+            return cache / name
+        except OSError as error:
+            cache_error = error
+    else:
+        cache_error = RuntimeError("no home folder is known and CUPY_MOE_CACHE_DIR is unset")
+    # no writable cache: a private folder, compiled again next process
+    if _private_dir is None:
+        try:
             _private_dir = Path(tempfile.mkdtemp(prefix="cupy_moe-"))
-        path = _private_dir / name
-        _write_atomically(path, binary)
-    return path
+        except OSError as error:
+            raise OSError(f"cupy_moe cannot write compiled kernels to its cache ({cache}: "
+                          f"{cache_error}) nor to a temporary folder ({error}); set "
+                          "CUPY_MOE_CACHE_DIR to a writable folder") from error
+        atexit.register(shutil.rmtree, _private_dir, ignore_errors=True)
+        warnings.warn(f"cupy_moe: the kernel cache {cache} cannot be written ({cache_error}); "
+                      f"this process compiles into {_private_dir} (removed at exit). Set "
+                      "CUPY_MOE_CACHE_DIR to a writable folder to keep compiled kernels.",
+                      RuntimeWarning, stacklevel=2)
+    try:
+        _write_atomically(_private_dir / name, binary)
+    except OSError as error:
+        raise OSError(f"cupy_moe cannot write compiled kernels to its cache ({cache}: "
+                      f"{cache_error}) nor to {_private_dir} ({error}); set "
+                      "CUPY_MOE_CACHE_DIR to a writable folder") from error
+    return _private_dir / name
+
+
+def _holds_whole_binary(path: Path, cubin: bool) -> bool:
+    """Whether ``path`` holds a whole compiled binary: a 64-bit ELF cubin that
+    reaches its section header table's end, or PTX text ending in its NUL.
+    A file cut short (a full disk, a power loss, a copy) or unreadable counts
+    as missing."""
+    try:
+        with path.open("rb") as file:
+            if cubin:
+                header = file.read(64)  # ELF64: e_shoff at 40, e_shentsize, e_shnum at 58
+                if len(header) < 64 or header[:5] != b"\x7fELF\x02":
+                    return False
+                table_end = (int.from_bytes(header[40:48], "little")
+                             + int.from_bytes(header[58:60], "little")
+                             * int.from_bytes(header[60:62], "little"))
+                return os.fstat(file.fileno()).st_size >= table_end
+            file.seek(-1, os.SEEK_END)
+            return file.read(1) == b"\0"
+    except OSError:  # absent, unreadable (another user's private file), or empty PTX
+        return False
+
+
+def _umask() -> int:
+    """The process's umask, read without setting it (os.umask sets it, which
+    would race with other threads creating files)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0o022
 
 
 def _write_atomically(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` so that no reader sees a partial file."""
+    """Write ``data`` to ``path`` so that no reader sees a partial file, readable
+    by all users as the umask allows (a temporary file is private: 0600);
+    the temporary file is removed when the write fails."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.NamedTemporaryFile(dir=path.parent, delete=False) as tmp:
-        tmp.write(data)
-    os.replace(tmp.name, path)
+        try:
+            tmp.write(data)
+            tmp.flush()
+            os.fsync(tmp.fileno())
+            os.fchmod(tmp.fileno(), 0o666 & ~_umask())
+        except BaseException:
+            tmp.close()
+            os.unlink(tmp.name)
+            raise
+    try:
+        os.replace(tmp.name, path)
+    except BaseException:
+        os.unlink(tmp.name)
+        raise
 
 
 _modules: dict[tuple, Any] = {}
