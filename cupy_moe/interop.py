@@ -15,6 +15,8 @@ from typing import Any
 
 import numpy as np
 
+from .runtime.extras import require_cupy, require_torch
+
 __all__ = ["as_cupy", "as_torch"]
 
 # torch dtypes CuPy cannot hold -> the same-size integer types that carry
@@ -40,7 +42,7 @@ def as_cupy(tensor: Any) -> Any:
                         f"{type(tensor).__qualname__}")
     if not tensor.is_cuda:
         raise ValueError(f"tensor must be on a CUDA device; got device '{tensor.device}'")
-    import cupy
+    cupy = require_cupy("as_cupy")
 
     name = str(tensor.dtype).removeprefix("torch.")
     if name in _BITS_CARRIERS:
@@ -64,7 +66,7 @@ def as_torch(array: Any, dtype: Any = None) -> Any:
     if cupy is None or not isinstance(array, cupy.ndarray):
         raise TypeError(f"array must be a cupy.ndarray; got {type(array).__module__}."
                         f"{type(array).__qualname__}")
-    import torch
+    torch = require_torch("as_torch")
 
     target = _torch_dtype(torch, dtype if dtype is not None else array.dtype)
     if target.itemsize != array.itemsize:

@@ -400,3 +400,25 @@ def test_bytes_to_allocation_end_of_cupy_arrays(monkeypatch):
     pooled = PooledMemory(4096, 512)
     assert bytes_to_allocation_end(ArrayKind.CUPY, FakeArray((6, 2), (4, 32), 4096 + 8,
                                                              pooled)) == 504
+
+
+@pytest.mark.parametrize("module", ["cupy", "torch"])
+def test_a_missing_extra_is_named_with_its_install_line(module, monkeypatch):
+    """A GPU call without CuPy, or cupy_moe.distributed without torch, once
+    failed with a bare ``No module named ...`` from deep inside."""
+    from cupy_moe.distributed.exchange import load_torch
+    from cupy_moe.runtime.extras import require_cupy, require_torch
+
+    monkeypatch.setitem(sys.modules, module, None)  # `import module` fails as if absent
+    if module == "cupy":
+        with pytest.raises(ImportError, match=re.escape(
+                "the GPU path needs CuPy, which is not installed: pip install "
+                "'cupy-moe[cuda12]' (CUDA 12) or 'cupy-moe[cuda13]' (CUDA 13)")):
+            require_cupy("the GPU path")
+    else:
+        with pytest.raises(ImportError, match=re.escape(
+                "cupy_moe.distributed (expert parallelism on torch.distributed) needs torch, "
+                "which is not installed: pip install 'cupy-moe[torch]'")):
+            load_torch()
+        with pytest.raises(ImportError, match="as_torch needs torch"):
+            require_torch("as_torch")

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..runtime.arrays import ArrayKind, common_kind, describe
+from ..runtime.extras import require_cupy
 from ..runtime.fast_path import TorchFastPath
 from ..runtime.rules import check_no_overlap, check_out, check_strides, require_bool
 from .rules import check_reduce_fused
@@ -128,6 +129,7 @@ def _reduce_fused(expanded, token_topk_to_pos, topk_weights, row_scale, out, val
                           "topk_weights": topk_weights, "row_scale": row_scale})
     if kind.on_gpu:
         global _run_torch_fast
+        require_cupy("cupy_moe's GPU path (CUDA arrays: its kernels launch through CuPy)")
         from .gpu import run_reduce_fused, run_torch_fast
         _run_torch_fast = run_torch_fast
         result, plan = run_reduce_fused(kind, problem, expanded, token_topk_to_pos,

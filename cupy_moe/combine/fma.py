@@ -66,7 +66,8 @@ def fma_float32(a, b, c) -> np.ndarray:
         total = prod + c64
         bb = total - prod
         err = (prod - (total - bb)) + (c64 - bb)
-        even = (total.view(np.uint64) & 1) == 0
+        # (np.uint64(1): NumPy 1.x promotes a uint64 scalar & a Python int to float64)
+        even = (total.view(np.uint64) & np.uint64(1)) == 0
         inexact = (err != 0) & np.isfinite(total) & even
         toward = np.where(err > 0, np.inf, -np.inf)
         odd = np.where(inexact, np.nextafter(total, toward), total)

@@ -14,6 +14,8 @@ import weakref
 from collections.abc import Iterator
 from typing import Any, NamedTuple
 
+from ..runtime.extras import require_torch
+
 __all__ = ["GroupInfo", "all_to_all_rows", "byte_rows", "check_backend_device", "combine_done",
            "group_info", "load_torch", "out_of_step_on_error", "owes_combine_on_error",
            "require_in_step"]
@@ -163,7 +165,8 @@ def byte_rows(rows: Any) -> Any:
 
 
 def load_torch() -> Any:
-    """torch, with torch.distributed imported."""
-    import torch
+    """torch, with torch.distributed imported (ImportError naming the torch
+    extra where torch is missing)."""
+    torch = require_torch("cupy_moe.distributed (expert parallelism on torch.distributed)")
     import torch.distributed
     return torch

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..runtime.arrays import ArrayKind, bytes_to_allocation_end, common_kind, describe
+from ..runtime.extras import require_cupy
 from ..runtime.fast_path import TorchFastPath
 from ..runtime.rules import (
     check_no_overlap,
@@ -267,6 +268,7 @@ def _expand(tuning: ExpandTuning, x, x_sf, token_topk_to_pos, pos_to_expert, *, 
                    pos_to_token)
     if kind.on_gpu:
         global _run_torch_fast
+        require_cupy("cupy_moe's GPU path (CUDA arrays: its kernels launch through CuPy)")
         from .gpu import run_expand, run_torch_fast
         _run_torch_fast = run_torch_fast
         result, plan = run_expand(kind, problem, tuning, x, x_sf, token_topk_to_pos,

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 from cupy_moe import __version__
+from cupy_moe.runtime.extras import CUPY_INSTALL
 
 from .manifest import ALL_OP_NAMES
 from .timing import device_name
@@ -33,8 +34,10 @@ def _gpu_summary() -> list[str]:
     lines = []
     try:
         import cupy
+    except ModuleNotFoundError:
+        return [f"GPU: not looked for (no CuPy: {CUPY_INSTALL})"]
     except Exception as exc:  # noqa: BLE001
-        return [f"cupy: not usable ({type(exc).__name__})"]
+        return [f"GPU: not looked for (cupy: not usable, {type(exc).__name__}: {exc})"]
     try:
         count = cupy.cuda.runtime.getDeviceCount()
     except Exception as exc:  # noqa: BLE001 - no driver, no device

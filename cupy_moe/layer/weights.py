@@ -14,6 +14,8 @@ from typing import Any, NamedTuple
 import ml_dtypes
 import numpy as np
 
+from ..runtime.extras import require_torch
+
 __all__ = ["MODELS", "MoeInputs", "MoeShape", "model_shape", "random_moe_inputs"]
 
 
@@ -88,7 +90,7 @@ def random_moe_inputs(shape: MoeShape, num_tokens: int, *, seed: int = 0,
             w_down[e] = (rng.standard_normal((hidden, inter), dtype=np.float32)
                          * np.float32(inter ** -0.5)).astype(bf16)
         return MoeInputs(x, logits, w_gate_up, w_down)
-    import torch
+    torch = require_torch(f"random_moe_inputs(device={device!r})")
 
     gen = torch.Generator(device=device).manual_seed(seed)
 

@@ -7,6 +7,7 @@ from typing import Any
 import numpy as np
 
 from ..runtime.arrays import ArrayKind, common_kind, describe, numpy_to_torch, torch_to_numpy
+from ..runtime.extras import require_cupy
 from ..runtime.fast_path import TorchFastPath
 from ..runtime.rules import require_bool, require_int
 from ..runtime.sizes import align_up
@@ -90,6 +91,7 @@ def fused_mapping(topk_ids: Any, num_experts: int, *, alignment: int = 128,
     trim, validate = require_bool("trim", trim), require_bool("validate", validate)
     problem = check_fused_mapping(desc, num_experts, alignment, num_expanded)
     if kind.on_gpu:
+        require_cupy("cupy_moe's GPU path (CUDA arrays: its kernels launch through CuPy)")
         from .gpu import run_mapping, run_torch_fast
         _run_torch_fast = run_torch_fast
         result, plan = run_mapping(kind, problem, topk_ids, trim, validate)

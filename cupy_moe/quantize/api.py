@@ -38,6 +38,7 @@ from ..runtime.arrays import (
     describe,
     torch_to_numpy,
 )
+from ..runtime.extras import require_cupy
 from ..runtime.fast_path import TorchFastPath
 from ..runtime.rules import check_no_overlap, check_out, check_strides, require_bool, require_int
 from .launch_shape import DEFAULT_TUNING, QuantizeTuning
@@ -316,6 +317,7 @@ def _quantize(tuning: QuantizeTuning, x, topk_weights, pos_to_token_topk, pos_to
         _validate_slot_rows(kind, problem, token_topk_to_pos, pos_to_token_topk, pos_to_expert)
     if kind.on_gpu:
         global _run_torch_fast
+        require_cupy("cupy_moe's GPU path (CUDA arrays: its kernels launch through CuPy)")
         from .gpu import run_quantize, run_torch_fast
         _run_torch_fast = run_torch_fast
         result, plan = run_quantize(kind, problem, tuning, x, topk_weights, pos_to_token_topk,
