@@ -241,6 +241,7 @@ def test_bench_refuses_output_paths_it_cannot_write_before_the_run(tmp_path, cap
     def run_must_not_start(*args, **kwargs):
         raise AssertionError("the benchmark ran although its outputs could not be written")
     monkeypatch.setattr(runner, "run", run_must_not_start)
+    monkeypatch.setattr("cupy_moe.harness.report.can_plot", lambda: True)
     missing = tmp_path / "no-folder"
     for args, message in (
             (["--json", str(missing / "b.json")],
@@ -248,10 +249,14 @@ def test_bench_refuses_output_paths_it_cannot_write_before_the_run(tmp_path, cap
             (["--markdown", str(missing / "b.md")],
              f"--markdown {missing / 'b.md'}: no folder {missing}"),
             (["--json", str(tmp_path)], f"--json {tmp_path} is a folder; give a file name"),
+            (["--json", "."], "--json . is a folder; give a file name"),
             (["--json", str(tmp_path / "b.md")],
-             f"--json {tmp_path / 'b.md'}: the Markdown table would overwrite it"),
+             f"--json {tmp_path / 'b.md'}: the Markdown table goes beside it with the suffix .md "
+             "and would overwrite it; name the JSON file *.json"),
             (["--json", str(tmp_path / "b.json"), "--markdown", str(tmp_path / "b.json")],
-             f"--json {tmp_path / 'b.json'}: the Markdown table would overwrite it")):
+             f"--json and --markdown name the same file, {tmp_path / 'b.json'}"),
+            (["--json", str(tmp_path / "b.json"), "--plot", str(tmp_path / "b.json")],
+             f"--json and --plot name the same file, {tmp_path / 'b.json'}")):
         assert main(["bench", "--backend", "cpu", "--workload", "qwen3-30b-decode", *args]) == 2
         assert f"cupy-moe bench: {message}" in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == []

@@ -14,6 +14,7 @@ In this process, a one-rank gloo group: the partition, the layer with R = 1
 
 from __future__ import annotations
 
+import importlib
 import os
 import tempfile
 
@@ -442,3 +443,42 @@ def test_combine_keeps_a_negative_zero_partial(one_rank):
     one_process = reduce_fused(y_one, plan.token_topk_to_pos, weights)
     assert torch.equal(got, one_process.view(torch.int16))
     assert got[:2].eq(-0x8000).all() and got[2].eq(0).all()
+
+
+def test_a_combine_owed_on_dispatchs_group_whatever_group_combine_was_given(one_rank):
+    """The ranks that wait are dispatch's: a combine refused while given
+    another group (here with a wrong dtype too) marks dispatch's group, so the
+    next dispatch there is refused (only the given group was marked, and the
+    dispatch's exchange paired with the others' combine)."""
+    result = dispatch(**_dispatch_args(), alignment=4)
+    assert result.handle.group is None  # the default group, as given
+    other = dist.new_group([0])
+    y = torch.ones(result.expanded_x.shape[0], 16, dtype=BF16)
+    with pytest.raises(ValueError, match="y_expanded must be one of bfloat16"):
+        combine(y.to(torch.int32), result.handle, group=other)
+    with pytest.raises(RuntimeError, match="a combine failed on this rank before its exchange"):
+        dispatch(**_dispatch_args(), alignment=4)
+    combine(y, result.handle)
+    dispatch(**_dispatch_args(), alignment=4)
+
+
+def test_a_rank_owing_a_combine_refuses_without_an_exchange(one_rank, monkeypatch):
+    """ep_moe_layer's refusal header (its arguments or router failing) goes to
+    the count exchange; from a rank that owes a combine it would pair with
+    the others' combine instead (which returned wrong rows): no header then,
+    the rank raises its own error alone."""
+    dispatch_module = importlib.import_module("cupy_moe.distributed.dispatch")
+    result = dispatch(**_dispatch_args(), alignment=4)
+    y = torch.ones(result.expanded_x.shape[0], 16, dtype=BF16)
+    with pytest.raises(ValueError, match="y_expanded must be one of bfloat16"):
+        combine(y.to(torch.int32), result.handle)
+
+    exchanged = []  # (refuse_dispatch swallows an exchange's own failure)
+    monkeypatch.setattr(dispatch_module, "all_to_all_rows",
+                        lambda *args, **kwargs: exchanged.append(args))
+    inputs = random_moe_inputs(SMALL, 3, seed=0, device="cpu")
+    with pytest.raises(ValueError, match=r"top_k must be in \[1, E = 8\]; got 0"):
+        ep_moe_layer(*inputs, top_k=0, num_experts=8)
+    assert exchanged == []
+    monkeypatch.undo()
+    combine(y, result.handle)

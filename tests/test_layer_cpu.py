@@ -325,13 +325,15 @@ def test_cli_layer_refuses_what_cannot_run(capsys, tmp_path, monkeypatch):
     monkeypatch.setattr(layer_bench, "_layer_inputs", no_inputs)
     for gemm in ("grouped_mm", "loop"):
         with pytest.raises(SystemExit, match=re.escape(
-                f"--gemm {gemm} needs torch tensors, the torch backend; --backend cpu takes "
-                "numpy (or auto)")):
+                f"--gemm {gemm} needs CUDA tensors (--backend torch or cupy); --backend cpu "
+                "takes numpy (or auto)")):
             main(["layer", "--experts", "8", "--tokens", "1", "--backend", "cpu", "--gemm", gemm])
     monkeypatch.setattr(layer_bench, "resolve_backend", lambda backend: backend)  # no GPU here
-    with pytest.raises(SystemExit, match=re.escape(
-            "--gemm numpy needs NumPy or CuPy arrays; --backend torch takes grouped_mm or loop")):
-        layer_bench.run_layer_bench(["qwen3-30b-a3b"], 1, ["bf16"], "torch", gemm="numpy")
+    for backend in ("torch", "cupy"):  # the layer views CuPy inputs as torch tensors
+        with pytest.raises(SystemExit, match=re.escape(
+                f"--gemm numpy needs NumPy arrays (--backend cpu); --backend {backend} takes "
+                "grouped_mm or loop")):
+            layer_bench.run_layer_bench(["qwen3-30b-a3b"], 1, ["bf16"], backend, gemm="numpy")
     with pytest.raises(SystemExit):
         main(["layer", "--seed", "-1"])
     assert "--seed: must be >= 0, got -1" in capsys.readouterr().err
@@ -340,7 +342,7 @@ def test_cli_layer_refuses_what_cannot_run(capsys, tmp_path, monkeypatch):
             (["--json", str(tmp_path / "no-folder" / "l.json")],
              f"--json {tmp_path / 'no-folder' / 'l.json'}: no folder {tmp_path / 'no-folder'}"),
             (["--json", str(tmp_path / "l.md")],
-             f"--json {tmp_path / 'l.md'}: the Markdown table would overwrite it"),
+             f"--json {tmp_path / 'l.md'}: the Markdown table goes beside it"),
             (["--plot", str(tmp_path)], f"--plot {tmp_path} is a folder; give a file name")):
         if args[0] == "--plot":
             monkeypatch.setattr("cupy_moe.harness.report.can_plot", lambda: True)

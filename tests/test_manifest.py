@@ -199,11 +199,18 @@ def test_a_workloads_shapes_are_read_only():
     """load_workloads hands out the manifest's own workloads: a write to one's
     shapes once changed every later load (and disagreed with the sizes read
     off them)."""
+    import copy
+    import pickle
+
     w = load_workloads("expand_to_fused")[0]
-    with pytest.raises(TypeError, match="does not support item assignment"):
-        w.shapes["x"] = (1, 1)
+    for change in (lambda s: s.__setitem__("x", (1, 1)), lambda s: s.update(x=(1, 1)),
+                   lambda s: s.pop("x"), lambda s: s.clear()):
+        with pytest.raises(TypeError, match="a workload's shapes are read-only"):
+            change(w.shapes)
     assert load_workloads("expand_to_fused")[0].shapes == w.shapes
     assert w.shapes["x"] == (w.num_tokens, w.hidden)
+    # a workload still pickles and copies (a dict subclass, not a mappingproxy)
+    assert pickle.loads(pickle.dumps(w)) == w and copy.deepcopy(w) == w
 
 
 def test_an_entry_outside_the_manifest_is_the_manifests_twin():

@@ -6,6 +6,7 @@ not compile. Where CI=true a missing CuPy/NVRTC is an error, not a skip.
 
 
 import functools
+import os
 import re
 import tempfile
 
@@ -166,10 +167,15 @@ def test_compiled_modules_are_cached_on_disk(tmp_path, monkeypatch):
     from cupy_moe.runtime import loader
 
     monkeypatch.setenv("CUPY_MOE_CACHE_DIR", str(tmp_path))
-    first = loader._compile("mapping.cu", (), "sm_90", True)
+    umask = os.umask(0o027)  # the loader reads it from /proc (os.umask sets it)
+    try:
+        assert loader._umask() == 0o027
+        first = loader._compile("mapping.cu", (), "sm_90", True)
+    finally:
+        os.umask(umask)
     assert first.parent == tmp_path and first.read_bytes()[:4] == b"\x7fELF"
-    # readable by all as the umask allows (a shared cache), not a temporary 0600
-    assert first.stat().st_mode & 0o777 == 0o666 & ~loader._umask()
+    # readable as the umask allows (a shared cache), not a temporary file's 0600
+    assert first.stat().st_mode & 0o777 == 0o640
     whole = first.read_bytes()
     ptx = loader._compile("mapping.cu", (), "compute_90", False)
     assert ptx.suffix == ".ptx" and b".target sm_90" in ptx.read_bytes()

@@ -95,7 +95,9 @@ def combine(y_expanded: Any, handle: DispatchHandle, *, group: Any = None,
         failed (destroy the process group and make a new one).
     """
     require_in_step(group, combining=True)
-    with owes_combine_on_error(group):  # before the collective the others may be in
+    # dispatch's group is the one whose ranks wait (this call's may be wrong)
+    groups = (group, handle.group) if isinstance(handle, DispatchHandle) else (group,)
+    with owes_combine_on_error(*groups):  # before the collective the others may be in
         problem = check_combine(y_expanded, handle, group, weighted)
         torch = load_torch()
         weights = handle.recv_topk_weights if problem.weighted else None
@@ -103,7 +105,7 @@ def combine(y_expanded: Any, handle: DispatchHandle, *, group: Any = None,
     with out_of_step_on_error(problem.info.group):
         returned = all_to_all_rows(partials, list(handle.recv_splits),
                                    list(handle.send_splits), problem.info.group)
-    combine_done(problem.info.group)
+    combine_done(*groups)
     acc = torch.zeros((handle.num_tokens, handle.hidden), dtype=torch.float32,
                       device=y_expanded.device)
     # -0 where a partial comes back (module docstring, step 3)

@@ -204,7 +204,7 @@ def _exchange_and_expand(torch: Any, problem: DispatchProblem, x: Any, x_sf: Any
         expanded_sf = None
     handle = DispatchHandle(info.rank, world, num_tokens, problem.hidden, local_experts,
                             tuple(send_splits), tuple(recv_splits), send_token, recv_src_token,
-                            recv_ids, recv_weights, local_slots, plan)
+                            recv_ids, recv_weights, local_slots, plan, info.group)
     return Dispatched(expanded_x, expanded_sf, handle)
 
 
@@ -213,8 +213,10 @@ def refuse_dispatch(group: Any, *tensors: Any) -> None:
     anything before the exchange, e.g. ``ep_moe_layer``'s router) failed: a
     header of the usual width whose signature says "refused", so that the
     other ranks raise with it instead of waiting. Nothing happens where no
-    exchange is possible (no initialized group, not a member of it) or where
-    the exchange itself fails: the caller raises its own error either way.
+    exchange is possible (no initialized group, not a member of it), where
+    this rank is out of step or owes a combine on the group (the others wait
+    in another collective: ``require_in_step``), or where the exchange itself
+    fails: the caller raises its own error either way.
 
     The header goes where the other ranks' headers go, which is where their
     ``x`` is: the device of the first CUDA tensor among ``tensors`` (the
@@ -222,6 +224,9 @@ def refuse_dispatch(group: Any, *tensors: Any) -> None:
     current CUDA device, else the CPU."""
     try:
         info = group_info(group)
+        # out of step, or owing a combine: the others wait in another
+        # collective, with which this header would pair
+        require_in_step(group)
     except (RuntimeError, ValueError):
         return
     torch = load_torch()

@@ -95,24 +95,26 @@ def require_in_step(group: Any, *, combining: bool = False) -> None:
 
 
 @contextlib.contextmanager
-def owes_combine_on_error(group: Any) -> Iterator[None]:
-    """Marks ``group`` as owed a combine by this rank if the block raises: wrap
+def owes_combine_on_error(*groups: Any) -> Iterator[None]:
+    """Marks ``groups`` as owed a combine by this rank if the block raises: wrap
     what a combine runs before its collective."""
     try:
         yield
     except BaseException:
-        with contextlib.suppress(Exception):  # no group to mark: the error says why
-            resolved = _resolved(group)
-            if resolved is not None:
-                _owes_combine.add(resolved)
+        for group in groups:
+            with contextlib.suppress(Exception):  # no group to mark: the error says why
+                resolved = _resolved(group)
+                if resolved is not None:
+                    _owes_combine.add(resolved)
         raise
 
 
-def combine_done(group: Any) -> None:
-    """A combine on ``group`` got through its collective: nothing is owed."""
-    resolved = _resolved(group)
-    if resolved is not None:
-        _owes_combine.discard(resolved)
+def combine_done(*groups: Any) -> None:
+    """A combine on ``groups`` got through its collective: nothing is owed."""
+    for group in groups:
+        resolved = _resolved(group)
+        if resolved is not None:
+            _owes_combine.discard(resolved)
 
 
 @contextlib.contextmanager

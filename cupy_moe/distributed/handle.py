@@ -25,7 +25,8 @@ class DispatchHandle(NamedTuple):
     float32, the token's K router weights as given (those of -1 slots are
     never read); ``num_local_slots``, M, the slots with a local id; ``plan``,
     the ``FusedMapping`` of ``recv_topk_ids`` over ``num_local_experts``
-    experts (X: ``dispatch``'s Returns).
+    experts (X: ``dispatch``'s Returns); ``group``, the group dispatch ran
+    on, as given (None: the default group).
     """
 
     rank: int
@@ -41,6 +42,7 @@ class DispatchHandle(NamedTuple):
     recv_topk_weights: Any
     num_local_slots: int
     plan: FusedMapping
+    group: Any = None
 
     @property
     def num_received(self) -> int:

@@ -34,8 +34,10 @@ def _gpu_summary() -> list[str]:
     lines = []
     try:
         import cupy
-    except ModuleNotFoundError:
-        return [f"GPU: not looked for (no CuPy: {CUPY_INSTALL})"]
+    except ModuleNotFoundError as exc:
+        if exc.name == "cupy":
+            return [f"GPU: not looked for (no CuPy: {CUPY_INSTALL})"]
+        return [f"GPU: not looked for (cupy: not usable, {type(exc).__name__}: {exc})"]
     except Exception as exc:  # noqa: BLE001
         return [f"GPU: not looked for (cupy: not usable, {type(exc).__name__}: {exc})"]
     try:
@@ -84,26 +86,33 @@ def cmd_info(_args: argparse.Namespace) -> int:
     return 0
 
 
-def _output_paths_problem(json_path: str | None, markdown: str | None,
-                          plot: str | None) -> str | None:
-    """Why the outputs could not be written, or None: each must name a file in
-    an existing, writable folder, and the Markdown table must not take the
-    JSON's name (``--json out.md``). Checked before a run of minutes."""
+def _outputs(json_path: str | None, markdown: str | None,
+             plot: str | None) -> tuple[str | None, str | None]:
+    """The Markdown table's path (given, else beside the JSON with the suffix
+    .md) and why the outputs could not be written, or None: each must name a
+    file in an existing, writable folder, and no two the same file. Checked
+    before a run of minutes."""
     given = [(flag, path) for flag, path in (("--json", json_path), ("--markdown", markdown),
                                              ("--plot", plot)) if path]
     for flag, path in given:
         where = Path(path)
+        if where.is_dir() or not where.name:
+            return markdown, f"{flag} {path} is a folder; give a file name"
         folder = where.parent
-        if where.is_dir():
-            return f"{flag} {path} is a folder; give a file name"
         if not folder.is_dir():
-            return f"{flag} {path}: no folder {folder}"
+            return markdown, f"{flag} {path}: no folder {folder}"
         if not os.access(folder, os.W_OK) or (where.exists() and not os.access(where, os.W_OK)):
-            return f"{flag} {path} cannot be written"
-    if json_path and markdown and Path(json_path).resolve() == Path(markdown).resolve():
-        return (f"--json {json_path}: the Markdown table would overwrite it (it goes beside the "
-                "JSON with the suffix .md); name the JSON file *.json")
-    return None
+            return markdown, f"{flag} {path} cannot be written"
+    if json_path and markdown is None:
+        markdown = str(Path(json_path).with_suffix(".md"))
+        if Path(markdown).resolve() == Path(json_path).resolve():
+            return markdown, (f"--json {json_path}: the Markdown table goes beside it with the "
+                              "suffix .md and would overwrite it; name the JSON file *.json")
+    for index, (flag, path) in enumerate(given):
+        for other_flag, other in given[index + 1:]:
+            if Path(path).resolve() == Path(other).resolve():
+                return markdown, f"{flag} and {other_flag} name the same file, {path}"
+    return markdown, None
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -114,10 +123,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         print("cupy-moe bench: --plot needs matplotlib, the plot extra: "
               "pip install 'cupy-moe[plot]'", file=sys.stderr)
         return EXIT_MISSING_EXTRA
-    markdown = args.markdown
-    if args.json and markdown is None:
-        markdown = str(Path(args.json).with_suffix(".md"))
-    problem = _output_paths_problem(args.json, markdown, args.plot)
+    markdown, problem = _outputs(args.json, args.markdown, args.plot)
     if problem:
         print(f"cupy-moe bench: {problem}", file=sys.stderr)
         return EXIT_BAD_OUTPUT
@@ -142,8 +148,7 @@ def cmd_layer(args: argparse.Namespace) -> int:
         print("cupy-moe layer: --plot needs matplotlib, the plot extra: "
               "pip install 'cupy-moe[plot]'", file=sys.stderr)
         return EXIT_MISSING_EXTRA
-    markdown = str(Path(args.json).with_suffix(".md")) if args.json else None
-    problem = _output_paths_problem(args.json, markdown, args.plot)
+    markdown, problem = _outputs(args.json, None, args.plot)
     if problem:
         print(f"cupy-moe layer: {problem}", file=sys.stderr)
         return EXIT_BAD_OUTPUT
@@ -239,9 +244,9 @@ def build_parser() -> argparse.ArgumentParser:
     layer.add_argument("--alignment", type=_positive_int, default=128,
                        help="rows per expert segment are a multiple of this (default 128)")
     layer.add_argument("--gemm", choices=list(GEMM_METHODS), default="auto",
-                       help="grouped GEMM method (default auto: NumPy on the CPU and "
-                            "with CuPy, torch._grouped_mm where it runs, else a per-expert "
-                            "loop; grouped_mm and loop need the torch backend)")
+                       help="grouped GEMM method (default auto: NumPy on the CPU, else "
+                            "torch._grouped_mm where it runs, else a per-expert loop; "
+                            "numpy needs the cpu backend, grouped_mm and loop a GPU one)")
     layer.add_argument("--leave-padding", action="store_true",
                        help="expand and (fp8 path) SwiGLU-quantize leave padding rows "
                             "unwritten (zero_padding=False; the output is the same)")

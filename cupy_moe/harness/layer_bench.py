@@ -226,14 +226,15 @@ def run_layer_bench(models: list[str], tokens: int, paths: list[str], backend: s
     if progress is None:
         progress = sys.stderr
     backend = resolve_backend(backend)
-    # the backend's arrays decide which GEMMs run (grouped_gemm.resolve_method):
-    # refused before minutes of drawing weights
-    if gemm in ("grouped_mm", "loop") and backend != "torch":
-        raise SystemExit(f"--gemm {gemm} needs torch tensors, the torch backend; "
-                         f"--backend {backend} takes numpy (or auto)")
-    if gemm == "numpy" and backend == "torch":
-        raise SystemExit("--gemm numpy needs NumPy or CuPy arrays; --backend torch takes "
-                         "grouped_mm or loop (or auto)")
+    # the arrays decide which GEMMs run (grouped_gemm.resolve_method; the
+    # layer views CuPy inputs as torch tensors): refused before minutes of
+    # drawing weights
+    if gemm in ("grouped_mm", "loop") and backend == "cpu":
+        raise SystemExit(f"--gemm {gemm} needs CUDA tensors (--backend torch or cupy); "
+                         "--backend cpu takes numpy (or auto)")
+    if gemm == "numpy" and backend != "cpu":
+        raise SystemExit(f"--gemm numpy needs NumPy arrays (--backend cpu); --backend {backend} "
+                         "takes grouped_mm or loop (or auto)")
     shapes = [model_shape(name) for name in models]
     if experts is not None:
         for shape in shapes:

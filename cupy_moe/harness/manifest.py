@@ -39,7 +39,6 @@ import functools
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from importlib import resources
-from types import MappingProxyType
 from typing import Any
 
 import numpy as np
@@ -128,6 +127,22 @@ _DTYPES = {("expand_to_fused", "dtype"): _EXPAND_DTYPES,
            ("swiglu_quantize_fp8", "dtype"): ("bfloat16", "float32")}
 # int keys that must be >= 1 (tokens may be 0: an idle expert-parallel rank)
 _POSITIVE = ("num_per_channels", "num_experts", "alignment", "top_k", "hidden", "intermediate")
+
+
+class ReadOnlyShapes(dict):
+    """A workload's shapes: a dict that refuses changes (the manifest's
+    workloads are shared by every ``load_workloads`` call), and pickles and
+    copies as itself."""
+
+    def _refuse(self, *args: Any, **kwargs: Any) -> None:
+        raise TypeError("a workload's shapes are read-only (make another Workload, e.g. "
+                        "with dataclasses.replace)")
+
+    __setitem__ = __delitem__ = clear = pop = popitem = setdefault = update = _refuse
+    __ior__ = _refuse
+
+    def __reduce__(self) -> tuple:
+        return (type(self), (dict(self),))
 
 
 @dataclass(frozen=True)
@@ -290,7 +305,7 @@ class Workload:
             object.__setattr__(self, name, value)  # frozen: set once, here
         # read-only too: the manifest's workloads are shared by every
         # load_workloads call, and the sizes above were read off these shapes
-        object.__setattr__(self, "shapes", MappingProxyType(dict(self.shapes)))
+        object.__setattr__(self, "shapes", ReadOnlyShapes(self.shapes))
 
     def _plan_row_sizes(self) -> dict[str, Any]:
         """T, H (I for SwiGLU), K, X, R, U of a plan-row op; ValueError where a
@@ -658,6 +673,9 @@ def roofline_bytes(op_name: str, shapes: Mapping[str, tuple[int, ...]], elem_byt
     _require_op(op_name, ROOFLINES)
     try:
         return ROOFLINES[op_name](shapes, elem_bytes, **sizes)
-    except KeyError as missing:
-        raise ValueError(f"roofline_bytes({op_name!r}): shapes has no {missing.args[0]!r} "
+    except KeyError as error:
+        name = error.args[0] if error.args else None
+        if not isinstance(name, str) or name in shapes:
+            raise  # not a shape left out
+        raise ValueError(f"roofline_bytes({op_name!r}): shapes has no {name!r} "
                          f"(given: {', '.join(shapes) or 'none'})") from None

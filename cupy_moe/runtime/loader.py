@@ -98,11 +98,11 @@ def _cache_dir() -> Path | None:
     """The disk cache's folder; None where no home folder is known (a
     container's user without a passwd entry and no HOME)."""
     configured = os.environ.get("CUPY_MOE_CACHE_DIR")
-    if configured:
-        return Path(configured).expanduser()
     try:
+        if configured:
+            return Path(configured).expanduser()
         return Path.home() / ".cache" / "cupy_moe"
-    except RuntimeError:
+    except RuntimeError:  # "~" or the default, and no home folder known
         return None
 
 
