@@ -21,6 +21,8 @@ from helpers import (
 )
 
 import cupy_moe
+from cupy_moe.runtime import arrays as runtime_arrays
+from cupy_moe.runtime.arrays import ArrayKind
 
 DOCUMENTED_HIDDEN_SIZES = [576, 2048, 2560, 3072, 4096, 6144, 7168]
 DOCUMENTED_TOPK = [2, 6, 8, 9]
@@ -46,8 +48,7 @@ def sf_width(hidden: int, npc: int, sf_dtype: str) -> int:
 
 def element_strides(array: np.ndarray) -> tuple[int | float, ...]:
     """Strides in elements (a fraction where a byte stride is no whole element)."""
-    return tuple(s // array.itemsize if s % array.itemsize == 0 else s / array.itemsize
-                 for s in array.strides)
+    return runtime_arrays.element_strides(ArrayKind.NUMPY, array)
 
 
 # --- calling the ops on either kind ---------------------------------------------

@@ -311,3 +311,24 @@ def test_the_bounded_register_kernels_compile(sf_mode):
     assert ("EXPAND_MIN_BLOCKS", 8) in defines
     cubin = compile_for_arch("expand.cu", defines, "sm_90")
     assert b"expand_to_fused_v16" in cubin and b"expand_to_fused_v16_overlapped" in cubin
+
+
+def test_nowhere_to_write_compiled_kernels_is_one_clear_error(tmp_path, monkeypatch):
+    """No writable cache and no temporary folder: an OSError naming both and
+    the variable that fixes it (not a bare errno from deep inside)."""
+    nvrtc_or_skip()
+    from cupy_moe.runtime import loader
+
+    blocked = tmp_path / "file"
+    blocked.write_text("not a folder")
+    monkeypatch.setenv("CUPY_MOE_CACHE_DIR", str(blocked / "cache"))
+    monkeypatch.setattr(loader, "_private_dir", None)
+
+    def full_tmp(**kwargs):
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(tempfile, "mkdtemp", full_tmp)
+    with pytest.raises(OSError, match=(
+            r"cupy_moe cannot write compiled kernels to its cache \(.*cache: .*\) nor to a "
+            r"temporary folder \(\[Errno 28\] No space left on device\); set "
+            r"CUPY_MOE_CACHE_DIR to a writable folder")):
+        loader._compile("mapping.cu", (), "sm_80", True)

@@ -415,6 +415,9 @@ def test_a_missing_extra_is_named_with_its_install_line(module, monkeypatch):
                 "the GPU path needs CuPy, which is not installed: pip install "
                 "'cupy-moe[cuda12]' (CUDA 12) or 'cupy-moe[cuda13]' (CUDA 13)")):
             require_cupy("the GPU path")
+        with pytest.raises(ImportError, match=re.escape(
+                "cupy_moe's GPU path (CUDA arrays: its kernels launch through CuPy) needs CuPy")):
+            require_cupy()  # what the ops' GPU branches call
     else:
         with pytest.raises(ImportError, match=re.escape(
                 "cupy_moe.distributed (expert parallelism on torch.distributed) needs torch, "

@@ -129,7 +129,7 @@ def _reduce_fused(expanded, token_topk_to_pos, topk_weights, row_scale, out, val
                           "topk_weights": topk_weights, "row_scale": row_scale})
     if kind.on_gpu:
         global _run_torch_fast
-        require_cupy("cupy_moe's GPU path (CUDA arrays: its kernels launch through CuPy)")
+        require_cupy()
         from .gpu import run_reduce_fused, run_torch_fast
         _run_torch_fast = run_torch_fast
         result, plan = run_reduce_fused(kind, problem, expanded, token_topk_to_pos,

@@ -268,7 +268,7 @@ def _expand(tuning: ExpandTuning, x, x_sf, token_topk_to_pos, pos_to_expert, *, 
                    pos_to_token)
     if kind.on_gpu:
         global _run_torch_fast
-        require_cupy("cupy_moe's GPU path (CUDA arrays: its kernels launch through CuPy)")
+        require_cupy()
         from .gpu import run_expand, run_torch_fast
         _run_torch_fast = run_torch_fast
         result, plan = run_expand(kind, problem, tuning, x, x_sf, token_topk_to_pos,

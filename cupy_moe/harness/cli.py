@@ -34,11 +34,9 @@ def _gpu_summary() -> list[str]:
     lines = []
     try:
         import cupy
-    except ModuleNotFoundError as exc:
-        if exc.name == "cupy":
+    except Exception as exc:  # noqa: BLE001 - absent, or present and broken
+        if isinstance(exc, ModuleNotFoundError) and exc.name == "cupy":
             return [f"GPU: not looked for (no CuPy: {CUPY_INSTALL})"]
-        return [f"GPU: not looked for (cupy: not usable, {type(exc).__name__}: {exc})"]
-    except Exception as exc:  # noqa: BLE001
         return [f"GPU: not looked for (cupy: not usable, {type(exc).__name__}: {exc})"]
     try:
         count = cupy.cuda.runtime.getDeviceCount()

@@ -91,7 +91,7 @@ def fused_mapping(topk_ids: Any, num_experts: int, *, alignment: int = 128,
     trim, validate = require_bool("trim", trim), require_bool("validate", validate)
     problem = check_fused_mapping(desc, num_experts, alignment, num_expanded)
     if kind.on_gpu:
-        require_cupy("cupy_moe's GPU path (CUDA arrays: its kernels launch through CuPy)")
+        require_cupy()
         from .gpu import run_mapping, run_torch_fast
         _run_torch_fast = run_torch_fast
         result, plan = run_mapping(kind, problem, topk_ids, trim, validate)

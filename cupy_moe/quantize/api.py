@@ -317,7 +317,7 @@ def _quantize(tuning: QuantizeTuning, x, topk_weights, pos_to_token_topk, pos_to
         _validate_slot_rows(kind, problem, token_topk_to_pos, pos_to_token_topk, pos_to_expert)
     if kind.on_gpu:
         global _run_torch_fast
-        require_cupy("cupy_moe's GPU path (CUDA arrays: its kernels launch through CuPy)")
+        require_cupy()
         from .gpu import run_quantize, run_torch_fast
         _run_torch_fast = run_torch_fast
         result, plan = run_quantize(kind, problem, tuning, x, topk_weights, pos_to_token_topk,

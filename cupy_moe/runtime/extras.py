@@ -27,8 +27,10 @@ def _require(module: str, package: str, install: str, what: str) -> Any:
         raise ImportError(f"{what} needs {package}, which {state}: {install}") from error
 
 
-def require_cupy(what: str) -> Any:
-    """``cupy``, or ImportError saying that ``what`` needs it and how to install it."""
+def require_cupy(what: str = "cupy_moe's GPU path (CUDA arrays: its kernels launch "
+                                "through CuPy)") -> Any:
+    """``cupy``, or ImportError saying that ``what`` (by default the ops' GPU
+    path) needs it and how to install it."""
     return _require("cupy", "CuPy", CUPY_INSTALL, what)
 
 

@@ -168,9 +168,7 @@ def _compile(filename: str, defines: tuple[tuple[str, int], ...], arch: str,
         try:
             _private_dir = Path(tempfile.mkdtemp(prefix="cupy_moe-"))
         except OSError as error:
-            raise OSError(f"cupy_moe cannot write compiled kernels to its cache ({cache}: "
-                          f"{cache_error}) nor to a temporary folder ({error}); set "
-                          "CUPY_MOE_CACHE_DIR to a writable folder") from error
+            raise _nowhere_to_write(cache, cache_error, "a temporary folder", error) from error
         atexit.register(shutil.rmtree, _private_dir, ignore_errors=True)
         warnings.warn(f"cupy_moe: the kernel cache {cache} cannot be written ({cache_error}); "
                       f"this process compiles into {_private_dir} (removed at exit). Set "
@@ -179,10 +177,15 @@ def _compile(filename: str, defines: tuple[tuple[str, int], ...], arch: str,
     try:
         _write_atomically(_private_dir / name, binary)
     except OSError as error:
-        raise OSError(f"cupy_moe cannot write compiled kernels to its cache ({cache}: "
-                      f"{cache_error}) nor to {_private_dir} ({error}); set "
-                      "CUPY_MOE_CACHE_DIR to a writable folder") from error
+        raise _nowhere_to_write(cache, cache_error, _private_dir, error) from error
     return _private_dir / name
+
+
+def _nowhere_to_write(cache: Path | None, cache_error: Exception, fallback: Any,
+                      error: OSError) -> OSError:
+    return OSError(f"cupy_moe cannot write compiled kernels to its cache ({cache}: "
+                   f"{cache_error}) nor to {fallback} ({error}); set CUPY_MOE_CACHE_DIR to a "
+                   "writable folder")
 
 
 def _holds_whole_binary(path: Path, cubin: bool) -> bool:
