@@ -425,3 +425,20 @@ def test_a_missing_extra_is_named_with_its_install_line(module, monkeypatch):
             load_torch()
         with pytest.raises(ImportError, match="as_torch needs torch"):
             require_torch("as_torch")
+
+
+def test_the_cupy_stream_is_the_named_devices_whichever_is_current(monkeypatch):
+    """As TorchCuda.stream: a launch for device 1 must not take device 0's
+    stream because device 0 happens to be current."""
+    from types import SimpleNamespace
+
+    from cupy_moe.runtime.gpu_arrays import Cupy
+
+    streams = {0: 1000, 1: 2000}
+    current_device = 0
+
+    def get_current_stream(device_id=-1):
+        return SimpleNamespace(ptr=streams[current_device if device_id < 0 else device_id])
+
+    monkeypatch.setattr(cupy.cuda, "get_current_stream", get_current_stream)
+    assert Cupy.stream(1) == 2000 and Cupy.stream(0) == 1000

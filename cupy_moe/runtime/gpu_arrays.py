@@ -76,7 +76,9 @@ class TorchCuda:
 class Cupy:
     @staticmethod
     def stream(device: int) -> int:
-        return cupy.cuda.get_current_stream().ptr
+        # that device's current stream, whichever device is current (as
+        # TorchCuda.stream): the callers switch to it first, but need not
+        return cupy.cuda.get_current_stream(device).ptr
 
     @staticmethod
     def device(a: Any) -> int:
