@@ -484,3 +484,43 @@ def test_ndarray_subclasses_are_read_as_plain_arrays():
                           out=out)
     assert result is out
     np.testing.assert_array_equal(np.asarray(out).view(np.uint32), expected.view(np.uint32))
+
+
+# -- bounds at their edges (each test killed a mutant the suite let through) --------------------
+
+@pytest.mark.parametrize("kind", ["numpy", "torch"])
+def test_a_row_scale_shorter_than_x_is_refused(kind):
+    """Shorter, not only longer: a short row_scale would be read past its end."""
+    convert = torch.from_numpy if kind == "torch" else np.asarray
+    expanded = np.zeros((4, 8), np.float32)
+    token_topk_to_pos = np.array([[0, 1], [2, -1], [3, -1]], np.int32)
+    with pytest.raises(ValueError, match=exact(
+            "row_scale must have one value per row of expanded, X = 4; got shape (3,)")):
+        reduce_fused(convert(expanded), convert(token_topk_to_pos), None,
+                     row_scale=convert(np.ones(3, np.float32)))
+
+
+@pytest.mark.parametrize("kind", ["numpy", "torch"])
+@pytest.mark.parametrize(("rows", "named"), [
+    ([[0, -1], [3, 1], [7, 1]], "token_topk_to_pos[2, 0] = 7"),  # [t, k] not [k, t]
+    ([[0, 4], [9, 1]], "token_topk_to_pos[0, 1] = 4"),            # a slot of exactly X
+])
+def test_validate_names_the_first_slot_at_or_past_x(kind, rows, named):
+    convert = torch.from_numpy if kind == "torch" else np.asarray
+    expanded = np.zeros((4, 8), np.float32)
+    with pytest.raises(ValueError, match=exact(
+            f"{named} is out of range: expanded has X = 4 rows")):
+        reduce_fused(convert(expanded), convert(np.array(rows, np.int32)), validate=True)
+
+
+def test_an_out_of_one_row_may_have_any_row_stride():
+    """A [1, H] out (decode, T = 1) never steps its row stride: it is
+    C-contiguous whatever that stride is (NumPy's flags agree)."""
+    rng = np.random.default_rng(0)
+    expanded = rng.standard_normal((4, 8)).astype(ml_dtypes.bfloat16)
+    token_topk_to_pos = np.array([[2, 0]], np.int32)
+    out = np.zeros((1, 16), ml_dtypes.bfloat16)[:, :8]
+    assert out.flags.c_contiguous and out.strides[0] != 8 * out.itemsize
+    assert reduce_fused(expanded, token_topk_to_pos, out=out) is out
+    expected = reduce_fused(expanded, token_topk_to_pos)
+    assert np.array_equal(out.view(np.uint16), expected.view(np.uint16))

@@ -530,7 +530,9 @@ def test_offsets_past_two_to_the_31_elements():
 @pytest.mark.parametrize("kind", KINDS)
 def test_validate_reports_what_the_cpu_reports(kind):
     expanded = np.zeros((4, 16), np.float32)
-    for rows in ([[0, -1], [3, 7], [4, 1]], [[9, 0]], [[0, 1], [2, 2**31 - 1]]):
+    # (a first offender of exactly X = 4: the bound is >= X)
+    for rows in ([[0, -1], [3, 7], [4, 1]], [[9, 0]], [[0, 1], [2, 2**31 - 1]], [[0, 4], [9, 1]],
+                 [[4]]):
         token_topk_to_pos = np.array(rows, np.int32)
         with pytest.raises(ValueError) as on_cpu:
             reduce_fused(expanded, token_topk_to_pos, validate=True)

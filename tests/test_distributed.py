@@ -285,6 +285,9 @@ def test_combine_errors(one_rank):
         ((y, handle._replace(world_size=2)), ValueError,
          (r"combine's group must be dispatch's: dispatch ran as rank 0 of 2, this group has "
           r"rank 0 of 1")),
+        ((y, handle._replace(rank=1)), ValueError,  # the rank, not only the size
+         (r"combine's group must be dispatch's: dispatch ran as rank 1 of 1, this group has "
+          r"rank 0 of 1")),
     ]
     for args, error, message in cases:
         with pytest.raises(error, match=message):

@@ -482,6 +482,32 @@ def test_fused_mapping_matches_the_oracle(monkeypatch, rng, num_tokens, top_k, n
         np.testing.assert_array_equal(np.asarray(got_field), want_field, err_msg=name)
 
 
+@pytest.mark.parametrize(("num_tokens", "top_k", "num_experts", "alignment", "num_expanded"), [
+    # X a segment's start: the first row dropped is exactly X
+    (1, 8, 384, 128, 128),   # decode, the one-warp plan
+    (1, 8, 16, 4, 12),
+    (37, 6, 64, 16, 304),
+    (700, 8, 128, 128, 4992),
+])
+def test_fused_mapping_drops_the_slots_at_or_past_a_given_x(monkeypatch, rng, num_tokens,
+                                                            top_k, num_experts, alignment,
+                                                            num_expanded):
+    """num_expanded below the worst case: slots whose rows would fall at or
+    past X are dropped (-1), as the oracle drops them, and nothing lands
+    past X."""
+    import cupy_moe
+
+    ids = rng.integers(0, num_experts, (num_tokens, top_k)).astype(np.int32)
+    gpu = emulated_gpu(monkeypatch, seed=int(rng.integers(1, 2**62)))
+    got = cupy_moe.fused_mapping(ids, num_experts, alignment=alignment,
+                                 num_expanded=num_expanded)
+    gpu.check_canaries()
+    want = fused_mapping_numpy(ids, num_experts, alignment=alignment, num_expanded=num_expanded)
+    assert gpu.launches and (want.token_topk_to_pos < 0).any()  # some slots were dropped
+    for name, got_field, want_field in zip(want._fields, got, want, strict=True):
+        np.testing.assert_array_equal(np.asarray(got_field), want_field, err_msg=name)
+
+
 @pytest.mark.parametrize(("num_tokens", "top_k", "num_experts", "alignment", "blocks", "warps",
                           "cluster", "dtype"), [
     (4096, 8, 128, 128, 16, 8, 8, "int64"),
@@ -579,6 +605,31 @@ def test_reduce_fused_matches_the_oracle(monkeypatch, rng, dtype, hidden, row_sc
     np.testing.assert_array_equal(np.asarray(got).view(np.uint8), want.view(np.uint8))
 
 
+@pytest.mark.parametrize("shape", [None, {"vecs_per_thread": 2, "slot_batch": 2, "warp_slots": True},
+                                   {"vecs_per_thread": 2, "bulk_stages": 2, "max_warps": 1},
+                                   {"vecs_per_thread": 8, "max_warps": 1, "token_rows": True}],
+                         ids=["auto", "warp-slots", "bulk", "token-rows"])
+def test_reduce_fused_skips_slots_of_exactly_x(monkeypatch, rng, shape):
+    """A slot naming row X (one past the last) is skipped, as any slot past
+    X, on every kernel: never read (a read there is past the buffer)."""
+    import cupy_moe
+    from cupy_moe.combine.api import run_with_shape
+
+    plan, weights = _plan(rng, 19, 8, 32, 24, 8)
+    num_rows = plan.pos_to_expert.shape[0]
+    token_topk_to_pos = plan.token_topk_to_pos.copy()
+    token_topk_to_pos[::3, 1] = num_rows
+    token_topk_to_pos[1::4, 5] = num_rows
+    expanded = rng.standard_normal((num_rows, 256)).astype(ml_dtypes.bfloat16)
+    want = reduce_fused_numpy(expanded, token_topk_to_pos, weights)
+    gpu = emulated_gpu(monkeypatch, seed=int(rng.integers(1, 2**62)))
+    got = (cupy_moe.reduce_fused(expanded, token_topk_to_pos, weights) if shape is None
+           else run_with_shape(expanded, token_topk_to_pos, weights, **shape))
+    gpu.check_canaries()
+    assert gpu.launches
+    np.testing.assert_array_equal(np.asarray(got).view(np.uint8), want.view(np.uint8))
+
+
 # -- the emulation's own stand-ins for PTX conversions -------------------------------------
 
 def _convert(function: str, values: np.ndarray, out_dtype, count: int) -> np.ndarray:
@@ -639,6 +690,28 @@ def test_the_e4m3_conversion_is_the_oracles(rng):
     want = clamped.astype(ml_dtypes.float8_e4m3fn).view(np.uint8).copy()
     want[np.isnan(values)] = 0x7F
     np.testing.assert_array_equal(codes, want)
+
+
+@pytest.mark.parametrize("first", [0x7F7FFFE0, 0xFF7FFFE0, 0x43DFFFF0, 0x7FBFFFE0],
+                         ids=["to-+inf", "to--inf", "at-448", "nans"])
+def test_the_software_e4m3_is_the_hardwares_at_the_edges(first):
+    """quantize.cu's self-test kernel (software codes against the conversion
+    instruction, here its emulation) over the patterns that end at +-inf, at
+    448 and among the NaNs: the GPU suite runs it over all 2^32 patterns,
+    this one in CI (an infinity coded as NaN instead of +-448 is caught
+    here)."""
+    import ctypes
+
+    from cupy_moe.quantize.launch_shape import QuantizeTuning
+
+    count = 64
+    module = build.module("quantize.cu", (*QuantizeTuning().defines(), ("QUANTIZE_OPS", 0)), 900)
+    mismatch = np.full(1, 0xFFFFFFFF, np.uint32)
+    args = [ctypes.c_uint(first), ctypes.c_uint(count),
+            ctypes.c_void_p(mismatch.ctypes.data), ctypes.c_float(1.0)]
+    params = (ctypes.c_void_p * len(args))(*(ctypes.addressof(a) for a in args))
+    module.launch("quantize_selftest_e4m3", (1, 1, 1), (64, 1, 1), 0, ctypes.addressof(params))
+    assert mismatch[0] == 0xFFFFFFFF, f"first mismatch at {int(mismatch[0]):#010x}"
 
 
 def test_before_hopper(monkeypatch, rng):

@@ -451,3 +451,18 @@ def test_cli_layer_leave_padding(tmp_path, capsys):
     out = capsys.readouterr().out
     assert ", padding rows left unwritten" in out
     assert "rel. error vs dense float64 reference" in out and "FAILED" not in out
+
+
+
+def test_route_breaks_ties_by_the_lower_expert_index():
+    """As its docstring says (a stable sort of the negated scores)."""
+    row = np.array([0, 1, 1, 0, 1, 1, 0, 1] * 4, np.float32)  # E = 32, 16 tied maxima
+    ids, weights = route(np.tile(row, (5, 1)), 4)
+    assert ids.tolist() == [[1, 2, 4, 5]] * 5
+    assert np.array_equal(weights, np.full((5, 4), 0.25, np.float32))
+
+
+def test_relative_error_against_a_zero_reference():
+    """inf where only the reference is zero, 0 where both are."""
+    assert relative_error(np.ones(3), np.zeros(3)) == np.inf
+    assert relative_error(np.zeros(3), np.zeros(3)) == 0.0

@@ -11,6 +11,7 @@ import torch
 
 import cupy_moe
 from cupy_moe.mapping import worst_case_rows
+from cupy_moe.mapping.rules import MAX_ROWS
 from helpers import assert_bits_equal
 from mapping_cases import loop_mapping, random_case
 
@@ -144,3 +145,27 @@ def test_bad_arguments(topk_ids, kwargs, error, message):
     kwargs = {"num_experts": 4, **kwargs}
     with pytest.raises(error, match=re.escape(message)):
         cupy_moe.fused_mapping(topk_ids, kwargs.pop("num_experts"), **kwargs)
+
+
+# -- bounds at their edges (each test killed a mutant the suite let through) --------------------
+
+def test_validate_calls_an_id_of_exactly_e_no_expert():
+    with pytest.raises(ValueError, match=re.escape(
+            "topk_ids[0, 1] = 3 is not an expert: num_experts = 3")):
+        cupy_moe.fused_mapping(np.array([[0, 3]], np.int32), 3, alignment=1, validate=True)
+
+
+def test_a_small_num_expanded_does_not_hide_the_segment_bound():
+    """Segment starts must fit int32 whatever X is given."""
+    with pytest.raises(ValueError, match=re.escape(
+            f"T * K = 4 slots with alignment {2**29} may need {2**31} rows and num_expanded "
+            f"is 0; at most {MAX_ROWS} rows are supported")):
+        cupy_moe.fused_mapping(np.zeros((2, 2), np.int32), 4, alignment=2**29, num_expanded=0)
+
+
+def test_alignment_at_and_one_past_the_row_limit():
+    with pytest.raises(ValueError, match=re.escape(
+            f"alignment must be <= {MAX_ROWS} rows; got {MAX_ROWS + 1}")):
+        cupy_moe.fused_mapping(np.zeros((0, 2), np.int32), 4, alignment=MAX_ROWS + 1)
+    plan = cupy_moe.fused_mapping(np.zeros((0, 2), np.int32), 4, alignment=MAX_ROWS)
+    assert plan.pos_to_expert.shape == (0,)

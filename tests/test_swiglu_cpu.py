@@ -512,3 +512,15 @@ def test_validate_without_the_hint_checks_nothing():
     got = swiglu_quantize_fp8(h, num_per_channels=32, topk_weights=np.ones((2, 2), F32),
                               pos_to_token_topk=slots, validate=True)
     assert_bits_equal(got[0].view(np.uint8), want[0].view(np.uint8), "codes")
+
+
+
+def test_token_topk_to_pos_with_another_k_is_refused():
+    """The whole [T, K] shape, not T alone: the by-slot kernels read it as T * K
+    entries."""
+    with pytest.raises(ValueError, match=re.escape(
+            "token_topk_to_pos must have topk_weights' shape [T, K] = [2, 2]; got shape (2, 1)")):
+        swiglu_quantize_fp8(np.zeros((4, 256), np.float32),
+                            topk_weights=np.ones((2, 2), np.float32),
+                            pos_to_token_topk=np.arange(4, dtype=np.int32),
+                            token_topk_to_pos=np.array([[0], [2]], np.int32))
