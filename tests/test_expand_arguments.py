@@ -251,3 +251,49 @@ def test_out_sf_overlapping_pos_to_token_is_rejected():
     with pytest.raises(ValueError, match="out_sf overlaps pos_to_token in memory"):
         cupy_moe.expand_to_fused_with_sf(x, x_sf, t2p, p2e, num_per_channels=128, out_sf=out_sf,
                                          pos_to_token=out_sf.reshape(-1).view(np.int32))
+
+
+# -- sizes past what one launch takes (zero-stride views: nothing is allocated) -------------------
+
+@pytest.mark.parametrize("kind", ["numpy", "torch"])
+@pytest.mark.parametrize("too_big", ["tokens", "rows", "slots"])
+def test_sizes_past_the_kernels_int32_and_grid_limits_are_refused(kind, too_big):
+    """T and X up to fused_mapping's bound (int32 sizes; one grid's tokens and
+    zero-fill blocks), K up to a grid's z: refused by the rules, on every
+    kind, before any output exists."""
+    from cupy_moe.expand.rules import MAX_ROWS, MAX_TOP_K
+
+    def broadcast(value, shape):
+        array = np.broadcast_to(value, shape)
+        return (torch.from_numpy(np.zeros((), value.dtype)).expand(*shape) if kind == "torch"
+                else array)
+
+    num_tokens = MAX_ROWS + 1 if too_big == "tokens" else 2
+    top_k = MAX_TOP_K + 1 if too_big == "slots" else 1
+    num_rows = MAX_ROWS + 1 if too_big == "rows" else 4
+    message = {"tokens": f"x has T = {MAX_ROWS + 1} rows; at most {MAX_ROWS} are supported",
+               "rows": f"pos_to_expert has X = {MAX_ROWS + 1} rows; at most {MAX_ROWS} are "
+                       "supported",
+               "slots": f"token_topk_to_pos has K = {MAX_TOP_K + 1} slots a token; at most "
+                        f"{MAX_TOP_K} are supported"}[too_big]
+    args = (broadcast(np.float16(0), (num_tokens, 8)), broadcast(np.int32(0), (num_tokens, top_k)),
+            broadcast(np.int32(0), (num_rows,)))
+    with pytest.raises(ValueError, match=re.escape(message)):
+        cupy_moe.expand_to_fused(*args)
+    with pytest.raises(ValueError, match=re.escape(message)):
+        cupy_moe.expand_to_fused_with_sf(
+            broadcast(np.uint8(0), (num_tokens, 128)), broadcast(np.float32(0), (num_tokens, 1)),
+            *args[1:], num_per_channels=128)
+
+
+def test_the_largest_sizes_pass_the_rules():
+    from cupy_moe.expand.rules import MAX_ROWS, MAX_TOP_K, check_expand
+    from cupy_moe.runtime.arrays import ArrayDesc, ArrayKind
+
+    def desc(shape, dtype):
+        return ArrayDesc(ArrayKind.CUPY, shape, dtype, 0, True, False, True)
+
+    problem = check_expand(desc((MAX_ROWS, 8), "bfloat16"), desc((MAX_ROWS, MAX_TOP_K), "int32"),
+                           desc((MAX_ROWS,), "int32"))
+    assert (problem.num_tokens, problem.top_k, problem.num_expanded) == (MAX_ROWS, MAX_TOP_K,
+                                                                          MAX_ROWS)

@@ -24,6 +24,12 @@ EXPAND_X_DTYPES = ("bfloat16", "float16", "uint16")
 EXPAND_SF_X_DTYPES = ("float8_e4m3fn", "uint8", "int8")
 SF_DTYPES = ("float32", "int32")
 MAP_DTYPE = "int32"
+# T and X each: the kernels take them (and align(X, 4)) as int32, and one
+# launch's grid x counts tokens, zero-fill blocks and SF-pass blocks, at most
+# T + X + X / 32 (fused_mapping's bound, so every plan it makes fits)
+MAX_ROWS = (2**31 - 1) // 3
+# K: a small batch's register launch takes a grid plane a slot (CUDA's grid z)
+MAX_TOP_K = 65535
 
 
 def sf_columns(hidden: int, num_per_channels: int, *, packed_ue8m0: bool) -> int:
@@ -103,6 +109,12 @@ def check_expand(x: ArrayDesc, token_topk_to_pos: ArrayDesc, pos_to_expert: Arra
                          f"got {num_slots_rows}")
     if top_k < 1:
         raise ValueError(f"token_topk_to_pos must have K = shape[1] >= 1 slots; got {top_k}")
+    if top_k > MAX_TOP_K:
+        raise ValueError(f"token_topk_to_pos has K = {top_k} slots a token; at most "
+                         f"{MAX_TOP_K} are supported")
+    for name, count in (("x has T", num_tokens), ("pos_to_expert has X", pos_to_expert.shape[0])):
+        if count > MAX_ROWS:
+            raise ValueError(f"{name} = {count} rows; at most {MAX_ROWS} are supported")
     return ExpandProblem(num_tokens, hidden, top_k, pos_to_expert.shape[0], x.dtype)
 
 
