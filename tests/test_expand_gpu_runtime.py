@@ -332,3 +332,36 @@ def test_torch_fast_path_stays_exact_and_falls_back_when_the_signature_changes()
             to_device("torch", x, "float8_e4m3fn"), to_device("torch", x_sf, "float32"),
             map_to_device("torch", token_topk_to_pos), map_to_device("torch", pos_to_expert),
             num_per_channels=128, out=out.view(torch.uint8))
+
+
+# -- offsets past 2^31 elements ----------------------------------------------------------
+
+def test_offsets_past_two_to_the_31_elements():
+    """A > 4 GiB output (64-bit offsets) on every kernel path: the routed rows
+    (half of them past element 2^31) are their tokens' rows, every other row
+    sampled around element 2^31 and at the end is zero, on a poisoned out."""
+    from conftest import KERNEL_PATHS
+    from gpu_cases import expand_op
+
+    rng = np.random.default_rng()
+    hidden, num_expanded, num_tokens, top_k = 4096, 2**31 // 4096 + 4000, 48, 4
+    crossing = 2**31 // hidden  # the first row past element 2^31
+    routed = np.r_[rng.choice(crossing, 96, replace=False),
+                   crossing + rng.choice(num_expanded - crossing, 96, replace=False)]
+    token_topk_to_pos = rng.permutation(routed).astype(np.int32).reshape(num_tokens, top_k)
+    pos_to_expert = cupy.full(num_expanded, -1, dtype=cupy.int32)
+    pos_to_expert[cupy.asarray(routed)] = 0
+    x_host = random_bits(rng, (num_tokens, hidden), np.uint16)
+    x, t2p = cupy.asarray(x_host), cupy.asarray(token_topk_to_pos)
+    out = cupy.empty((num_expanded, hidden), dtype=cupy.uint16)
+    sampled = np.r_[crossing - 2:crossing + 2, num_expanded - 2:num_expanded]
+    sampled = sampled[~np.isin(sampled, routed)]
+    token_of_row = {row: slot // top_k for slot, row in enumerate(token_topk_to_pos.flat)}
+    want = x_host[[token_of_row[row] for row in routed]]
+    for name, tuning in sorted(KERNEL_PATHS.items()):
+        out.fill(0xFFFF)
+        result = expand_op(tuning, x, t2p, pos_to_expert, out=out)
+        assert result is out, name
+        assert np.array_equal(cupy.asnumpy(out[cupy.asarray(routed)]), want), name
+        assert not cupy.asnumpy(out[cupy.asarray(sampled)]).any(), name
+    del out

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 
+import ml_dtypes
 import numpy as np
 import pytest
 from gpu_cases import (
@@ -523,3 +524,31 @@ def test_quantize_expand_dequantize_equals_expand_quantize(kind, layout):
     assert_bits_equal(dequantize_fp8_numpy(host["moved"], host["moved_sf"], num_per_channels=npc),
                       dequantize_fp8_numpy(host["direct"], host["direct_sf"],
                                            num_per_channels=npc), "dequantized")
+
+
+# -- offsets past 2^31 elements -------------------------------------------------------------
+
+@pytest.mark.parametrize("op", ["quantize_fp8", "swiglu_quantize_fp8"])
+@pytest.mark.parametrize("packed", [False, True], ids=["row-f32", "packed"])
+def test_offsets_past_two_to_the_31_elements(op, packed):
+    """Rows far into a > 4 GiB input (64-bit offsets): the rows around element
+    2^31 and the last rows, as the oracle gives them (the kernels are row by
+    row; the other rows hold whatever the allocation held)."""
+    rng = np.random.default_rng()
+    swiglu = op == "swiglu_quantize_fp8"
+    width = 8192 if swiglu else 4096  # 2I, or H
+    num_rows = 2**31 // width + 200  # ~0.3 M rows, 2.15e9 elements + 200 rows
+    crossing = 2**31 // width
+    rows = np.r_[0, crossing - 3:crossing + 3, num_rows - 3:num_rows]
+    x = cupy.empty((num_rows, width), dtype=cupy.uint16)  # bf16 bits
+    host = rng.standard_normal((rows.size, width)).astype(ml_dtypes.bfloat16)
+    x[cupy.asarray(rows)] = cupy.asarray(host.view(np.uint16))
+    settings = {"round_sf": packed, "packed_ue8m0": packed,
+                "use_tma_aligned_col_major_sf": packed}
+    out, out_sf = getattr(cupy_moe, op)(x, **settings)
+    want, want_sf = getattr(cupy_moe, op)(host, **settings)
+    assert_bits_equal(cupy.asnumpy(out[cupy.asarray(rows)]).view(np.uint8),
+                      want.view(np.uint8), f"{op} rows")
+    assert_bits_equal(cupy.asnumpy(out_sf[cupy.asarray(rows)]), np.asarray(want_sf),
+                      f"{op} scale factors")
+    del x, out, out_sf
