@@ -39,7 +39,7 @@ PTX_STAND_INS = {
     "cp.async.bulk.global.shared::cta.bulk_group.L2::cache_hint [%0], [%1], %2, %3;":
         "emu::bulk_store({0}, {1}, {2})",
     "cp.async.bulk.commit_group;": "(void)0",
-    "cp.async.bulk.wait_group.read 0;": "(void)0",
+    "cp.async.bulk.wait_group.read 0;": "emu::bulk_wait_read()",
     "fence.proxy.async.shared::cta;": "(void)0",
     "cvt.f32.f16 %0, %1;": "{0} = emu::cvt_f32_f16({1})",
     "cvt.rn.f16.f32 %0, %1;": "{0} = emu::cvt_rn_f16_f32({1})",

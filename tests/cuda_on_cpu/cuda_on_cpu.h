@@ -34,6 +34,7 @@
 #include <cstring>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #define __global__
 #define __device__
@@ -63,6 +64,14 @@ struct Fiber {
     uint3 thread_idx{};
     unsigned lane = 0, warp = 0;
     bool done = false;
+    // bulk stores issued and not yet waited for (cp.async.bulk.wait_group.read):
+    // the engine may read their shared-memory source any time until the wait
+    struct BulkStore {
+        void* dst;
+        const void* src;
+        unsigned bytes;
+    };
+    std::vector<BulkStore> bulk_stores;
 };
 
 struct WarpGroup {  // one warp-level exchange among the lanes of `mask`
@@ -478,8 +487,16 @@ inline void bulk_load(unsigned stage, const void* src, unsigned bytes, unsigned 
     mbarrier_settle(m);
 }
 
+// A bulk store reads its shared-memory source when the thread waits for it
+// (the latest the engine may): a stage changed before the wait, or a thread
+// that never waits (its block may retire, its shared memory be reused), is seen.
 inline void bulk_store(void* dst, unsigned stage, unsigned bytes) {
-    std::memcpy(dst, shared_pointer(stage), bytes);
+    current_fiber->bulk_stores.push_back({dst, shared_pointer(stage), bytes});
+}
+
+inline void bulk_wait_read() {
+    for (const Fiber::BulkStore& s : current_fiber->bulk_stores) std::memcpy(s.dst, s.src, s.bytes);
+    current_fiber->bulk_stores.clear();
 }
 
 // the cooperative launch's workspace address, as %envreg1 (high) / %envreg2 (low)
