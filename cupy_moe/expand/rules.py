@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from ..runtime.arrays import ArrayDesc
 from ..runtime.rules import check_dtype, check_ndim
-from ..runtime.sizes import align_up, ceil_div
+from ..runtime.sizes import MAX_ROWS, align_up, ceil_div
 
 SUPPORTED_NUM_PER_CHANNELS = (32, 128)
 UE8M0_PER_INT32 = 4
@@ -24,10 +24,6 @@ EXPAND_X_DTYPES = ("bfloat16", "float16", "uint16")
 EXPAND_SF_X_DTYPES = ("float8_e4m3fn", "uint8", "int8")
 SF_DTYPES = ("float32", "int32")
 MAP_DTYPE = "int32"
-# T and X each: the kernels take them (and align(X, 4)) as int32, and one
-# launch's grid x counts tokens, zero-fill blocks and SF-pass blocks, at most
-# T + X + X / 32 (fused_mapping's bound, so every plan it makes fits)
-MAX_ROWS = (2**31 - 1) // 3
 # K: a small batch's register launch takes a grid plane a slot (CUDA's grid z)
 MAX_TOP_K = 65535
 

@@ -8,11 +8,10 @@ import numpy as np
 
 from ..runtime.arrays import ArrayDesc
 from ..runtime.rules import check_dtype, check_ndim
+from ..runtime.sizes import MAX_ROWS
 from .reference import worst_case_rows
 
 TOPK_ID_DTYPES = ("int32", "int64")
-# positions are int32, and the kernels index 3 * X rows of one buffer
-MAX_ROWS = (2**31 - 1) // 3
 # the place kernel keeps (warps + 3) int32 per expert in shared memory: 4096
 # experts leave room for 8+ warps on every GPU since Ampere (163+ KiB a block)
 MAX_EXPERTS_GPU = 4096
