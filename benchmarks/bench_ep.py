@@ -4,6 +4,7 @@
     torchrun --nproc-per-node N benchmarks/bench_ep.py [--model NAME ...]
         [--tokens T ...] [--iters N] [--warmup N] [--json PATH]
     torchrun --nproc-per-node 2 benchmarks/bench_ep.py --cpu --tokens 16   # smoke run
+    torchrun --nproc-per-node 1 benchmarks/bench_ep.py --single-rank         # one GPU
 
 Shapes: the models of ``cupy_moe.layer.MODELS`` (Kimi-K2: H = 7168, E = 384,
 K = 8; Qwen3-30B-A3B: H = 2048, E = 128, K = 8), T tokens per rank, the
@@ -38,9 +39,15 @@ ranks (its self-share is a local copy), averaged over ranks, per second of
 that time. ``--cpu`` runs the same program on CPU tensors over gloo with wall
 clock timing: a check that the program runs, not a measurement.
 
-Exits 2 where fewer than 2 GPUs are visible (without ``--cpu``) or the
-program was not started by torchrun with 2 or more processes, 1 if a check
-fails.
+``--single-rank``: one process on one GPU over NCCL (where only one GPU is
+lent). Nothing leaves the rank (its all-to-alls are copies to itself, GB/s
+is 0), so the times are each call's fixed cost beside the transport's: the
+count exchange and its host synchronisation, the plan, the expand, the
+reduce; not the issue's bandwidth figure.
+
+Exits 2 where fewer than 2 GPUs are visible (without ``--cpu`` or
+``--single-rank``) or the program was not started by torchrun with 2 or
+more processes (1 with ``--single-rank``), 1 if a check fails.
 """
 
 from __future__ import annotations
@@ -72,18 +79,23 @@ def fail(message: str, code: int) -> None:
     raise SystemExit(code)
 
 
-def setup(cpu: bool) -> tuple[int, int, torch.device]:
+def setup(cpu: bool, single_rank: bool = False) -> tuple[int, int, torch.device]:
     """Join the group torchrun describes: (rank, world size, device)."""
+    least = 1 if single_rank else 2
     if not cpu:
         visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        if visible < 2:
-            fail(f"needs at least 2 GPUs, {visible} visible: expert parallelism over NCCL "
-                 "(use --cpu for a gloo smoke run on CPUs)", 2)
+        if visible < least:
+            fail(f"needs at least {least} GPU(s), {visible} visible: expert parallelism over "
+                 "NCCL (use --cpu for a gloo smoke run on CPUs)", 2)
     if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
-        fail("start it with torchrun --nproc-per-node N benchmarks/bench_ep.py (N >= 2)", 2)
+        fail(f"start it with torchrun --nproc-per-node N benchmarks/bench_ep.py "
+             f"(N >= {least})", 2)
     world = int(os.environ["WORLD_SIZE"])
-    if world < 2:
-        fail(f"needs 2 or more processes; torchrun started {world}", 2)
+    if single_rank and world != 1:
+        fail(f"--single-rank takes one process; torchrun started {world}", 2)
+    if world < least:
+        fail(f"needs 2 or more processes; torchrun started {world} (--single-rank: one "
+             "process on one GPU)", 2)
     local_rank = int(os.environ.get("LOCAL_RANK", os.environ["RANK"]))
     if cpu:
         device = torch.device("cpu")
@@ -263,8 +275,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", metavar="PATH", help="also write the records (rank 0)")
     parser.add_argument("--cpu", action="store_true",
                         help="CPU tensors over gloo, wall clock: a smoke run, not a benchmark")
+    parser.add_argument("--single-rank", action="store_true",
+                        help="one process on one GPU over NCCL: each call's fixed cost, "
+                             "no off-rank traffic")
     args = parser.parse_args(argv)
-    rank, world, device = setup(args.cpu)
+    rank, world, device = setup(args.cpu, args.single_rank)
     try:
         records = []
         with torch.no_grad():

@@ -12,6 +12,13 @@ kills what is left, so a hang fails the test instead of blocking CI.
 Every rank builds the inputs of every rank from fixed seeds, so each can
 compute its expected results without communication. The oracles are plain
 loops over tokens and slots, written from the contract, not from the code.
+
+The same checks run on CUDA tensors (tests/test_distributed_gpu.py):
+``run_checks(..., device="cuda")`` puts rank r on GPU r % count (ranks may
+share a GPU: gloo moves CUDA tensors through host memory, NCCL needs a GPU a
+rank), with ``backend="gloo"`` or ``"nccl"``. Each worker keeps its device
+in ``DEVICE``: inputs go there (``on_device``), results come back to the
+host for the oracles (``host_bits``, ``host_numpy``).
 """
 
 from __future__ import annotations
@@ -46,9 +53,11 @@ START_METHOD = ("forkserver" if "forkserver" in multiprocessing.get_all_start_me
 
 # --- the parent side -----------------------------------------------------------
 
-def run_checks(world_size: int, names: list[str]) -> dict[str, str | None]:
-    """Run ``names`` on ``world_size`` gloo ranks; per check, None when it
-    passed on every rank, else what failed (rank, traceback)."""
+def run_checks(world_size: int, names: list[str], *, backend: str = "gloo",
+               device: str = "cpu") -> dict[str, str | None]:
+    """Run ``names`` on ``world_size`` ranks of ``backend`` with tensors on
+    ``device`` ("cpu" or "cuda"); per check, None when it passed on every
+    rank, else what failed (rank, traceback)."""
     import torch.multiprocessing as mp
 
     ctx = mp.get_context(START_METHOD)
@@ -62,7 +71,8 @@ def run_checks(world_size: int, names: list[str]) -> dict[str, str | None]:
     with tempfile.TemporaryDirectory() as tmp:
         init_file = os.path.join(tmp, "store")
         processes = [ctx.Process(target=worker, args=(rank, world_size, init_file, names,
-                                                      results_queue), daemon=True)
+                                                      results_queue, backend, device),
+                                 daemon=True)
                      for rank in range(world_size)]
         for process in processes:
             process.start()
@@ -96,16 +106,25 @@ def run_checks(world_size: int, names: list[str]) -> dict[str, str | None]:
     return {name: "\n".join(why) if why else None for name, why in failures.items()}
 
 
+# this worker's tensors' device (run_checks' ``device``; rank r on GPU r % count)
+DEVICE = None
+
+
 def worker(rank: int, world_size: int, init_file: str, names: list[str],
-           results_queue) -> None:
+           results_queue, backend: str = "gloo", device: str = "cpu") -> None:
     """One rank: join the group, run the checks, report, leave the group."""
+    global DEVICE
     results: dict[str, str | None] = {}
     try:
         import torch
         import torch.distributed as dist
 
         torch.set_num_threads(1)  # several ranks share the CPU
-        dist.init_process_group("gloo", init_method="file://" + init_file, rank=rank,
+        DEVICE = torch.device("cpu")
+        if device == "cuda":
+            DEVICE = torch.device("cuda", rank % torch.cuda.device_count())
+            torch.cuda.set_device(DEVICE)
+        dist.init_process_group(backend, init_method="file://" + init_file, rank=rank,
                                 world_size=world_size,
                                 timeout=datetime.timedelta(seconds=GROUP_TIMEOUT_S))
         try:
@@ -121,6 +140,37 @@ def worker(rank: int, world_size: int, init_file: str, names: list[str],
     except BaseException:  # noqa: BLE001 - e.g. the group could not be formed
         results.setdefault(names[0], traceback.format_exc())
     results_queue.put((rank, results))
+
+
+# --- tensors on the worker's device, bits back on the host ----------------------
+
+def on_device(array: np.ndarray):
+    """A tensor of ``array``'s dtype and bits on this worker's device."""
+    tensor = to_torch(array)
+    return tensor if DEVICE is None else tensor.to(DEVICE)
+
+
+def host_bits(tensor) -> np.ndarray:
+    """``from_torch`` of a tensor on any device (a host copy)."""
+    return from_torch(tensor.cpu())
+
+
+def host_numpy(tensor) -> np.ndarray:
+    """A NumPy copy of an integer or float32 tensor on any device."""
+    return tensor.cpu().numpy()
+
+
+def zeros(shape, dtype):
+    """torch.zeros on this worker's device."""
+    import torch
+
+    return torch.zeros(shape, dtype=dtype, device=DEVICE)
+
+
+def ones(shape, dtype):
+    import torch
+
+    return torch.ones(shape, dtype=dtype, device=DEVICE)
 
 
 # --- inputs every rank can rebuild ---------------------------------------------
@@ -188,28 +238,28 @@ def _check_dispatch(rank, world, all_ids, all_weights, all_x, num_experts, align
     """One dispatch call against the oracle; returns it."""
     from cupy_moe.distributed import dispatch
 
-    sf = None if all_sf is None else to_torch(all_sf[rank])
-    result = dispatch(to_torch(all_x[rank]), to_torch(all_ids[rank]),
-                      to_torch(all_weights[rank]), num_experts, x_sf=sf,
+    sf = None if all_sf is None else on_device(all_sf[rank])
+    result = dispatch(on_device(all_x[rank]), on_device(all_ids[rank]),
+                      on_device(all_weights[rank]), num_experts, x_sf=sf,
                       alignment=alignment, **sf_options)
     handle = result.handle
     rows, local_ids = oracle_routes(all_ids, num_experts, world, rank)
     send_splits, send_index = oracle_send(all_ids[rank], num_experts, world)
     assert handle.send_splits == send_splits, (handle.send_splits, send_splits)
-    assert np.array_equal(handle.send_token_index.numpy(), send_index)
+    assert np.array_equal(host_numpy(handle.send_token_index), send_index)
     recv_splits = tuple(sum(1 for s, _ in rows if s == source) for source in range(world))
     assert handle.recv_splits == recv_splits, (handle.recv_splits, recv_splits)
     assert handle.num_tokens == all_x[rank].shape[0] and handle.rank == rank
-    assert_bits_equal(handle.recv_src_token.numpy(),
+    assert_bits_equal(host_numpy(handle.recv_src_token),
                       np.array([t for _, t in rows], dtype=np.int32), "recv_src_token")
-    assert_bits_equal(handle.recv_topk_ids.numpy(), local_ids, "recv_topk_ids")
+    assert_bits_equal(host_numpy(handle.recv_topk_ids), local_ids, "recv_topk_ids")
     weights = np.array([all_weights[s][t] for s, t in rows], np.float32).reshape(local_ids.shape)
-    assert_bits_equal(handle.recv_topk_weights.numpy(), weights, "recv_topk_weights")
+    assert_bits_equal(host_numpy(handle.recv_topk_weights), weights, "recv_topk_weights")
     plan = oracle_plan(local_ids, num_experts // world, alignment)
     for name, expected in plan._asdict().items():
-        assert_bits_equal(getattr(handle.plan, name).numpy(), expected, f"plan.{name}")
+        assert_bits_equal(host_numpy(getattr(handle.plan, name)), expected, f"plan.{name}")
     recv_x = np.stack([all_x[s][t] for s, t in rows]) if rows else all_x[0][:0]
-    assert_bits_equal(from_torch(result.expanded_x),
+    assert_bits_equal(host_bits(result.expanded_x),
                       oracle_expand(recv_x, plan.token_topk_to_pos, plan.pos_to_expert),
                       "expanded_x")
     if all_sf is None:
@@ -217,7 +267,7 @@ def _check_dispatch(rank, world, all_ids, all_weights, all_x, num_experts, align
     else:
         recv_sf = np.stack([all_sf[s][t] for s, t in rows]) if rows else all_sf[0][:0]
         expected_sf = oracle_expand(recv_sf, plan.token_topk_to_pos, plan.pos_to_expert)
-        assert_bits_equal(from_torch(result.expanded_sf.contiguous()), expected_sf,
+        assert_bits_equal(host_bits(result.expanded_sf.contiguous()), expected_sf,
                           "expanded_sf")
     return result
 
@@ -234,7 +284,7 @@ def check_dispatch_bf16(rank: int, world: int) -> None:
              for r, t in enumerate(tokens_per_rank(world))]
     first = _check_dispatch(rank, world, all_ids, all_weights, all_x, num_experts, 4)
     again = _check_dispatch(rank, world, all_ids, all_weights, all_x, num_experts, 4)
-    assert_bits_equal(from_torch(again.expanded_x), from_torch(first.expanded_x), "rerun")
+    assert_bits_equal(host_bits(again.expanded_x), host_bits(first.expanded_x), "rerun")
     # int32 ids route the same
     int32_ids = [ids.astype(np.int32) for ids in all_ids]
     _check_dispatch(rank, world, int32_ids, all_weights, all_x, num_experts, 1)
@@ -316,7 +366,7 @@ def check_combine(rank: int, world: int) -> None:
     all_ids = [ids for ids, _ in routing]
     all_weights = [w for _, w in routing]
     x = np.zeros((all_ids[rank].shape[0], hidden), dtype=BF16)
-    handle = dispatch(to_torch(x), to_torch(all_ids[rank]), to_torch(all_weights[rank]),
+    handle = dispatch(on_device(x), on_device(all_ids[rank]), on_device(all_weights[rank]),
                       num_experts, alignment=alignment).handle
     bf16_y = _expert_outputs(world, all_ids, num_experts, hidden, alignment)
     for dest, y in enumerate(bf16_y):  # NaN in column 0; +-inf in column 1 (inf - inf: NaN)
@@ -327,15 +377,15 @@ def check_combine(rank: int, world: int) -> None:
     for all_y in (bf16_y, float32_y):
         for weighted in (True, False):
             what = f"combine ({all_y[0].dtype}, weighted={weighted})"
-            out = combine(to_torch(all_y[rank]), handle, weighted=weighted)
+            out = combine(on_device(all_y[rank]), handle, weighted=weighted)
             expected = oracle_combine(rank, world, all_ids, all_weights, all_y, num_experts,
                                       alignment, weighted)
-            assert_bits_equal(from_torch(out), expected, what)
-            again = combine(to_torch(all_y[rank]), handle, weighted=weighted)
-            assert_bits_equal(from_torch(again), from_torch(out), f"{what}, rerun")
+            assert_bits_equal(host_bits(out), expected, what)
+            again = combine(on_device(all_y[rank]), handle, weighted=weighted)
+            assert_bits_equal(host_bits(again), host_bits(out), f"{what}, rerun")
     ids = all_ids[rank]
     unrouted = ~((ids >= 0) & (ids < num_experts)).any(axis=1)
-    assert not from_torch(out)[unrouted].any()
+    assert not host_bits(out)[unrouted].any()
 
 
 def check_refused_combine(rank: int, world: int) -> None:
@@ -353,10 +403,10 @@ def check_refused_combine(rank: int, world: int) -> None:
     all_ids = [ids for ids, _ in routing]
     all_weights = [w for _, w in routing]
     x = np.zeros((all_ids[rank].shape[0], hidden), dtype=BF16)
-    args = (to_torch(x), to_torch(all_ids[rank]), to_torch(all_weights[rank]), num_experts)
+    args = (on_device(x), on_device(all_ids[rank]), on_device(all_weights[rank]), num_experts)
     handle = dispatch(*args, alignment=alignment).handle
     all_y = _expert_outputs(world, all_ids, num_experts, hidden, alignment)
-    y = to_torch(all_y[rank])
+    y = on_device(all_y[rank])
     if rank == world - 1:
         with pytest.raises(ValueError, match="y_expanded must be one of bfloat16"):
             combine(y.to(torch.int32), handle)
@@ -366,7 +416,7 @@ def check_refused_combine(rank: int, world: int) -> None:
     out = combine(y, handle)
     expected = oracle_combine(rank, world, all_ids, all_weights, all_y, num_experts, alignment,
                               True)
-    assert_bits_equal(from_torch(out), expected, "combine after a refused combine")
+    assert_bits_equal(host_bits(out), expected, "combine after a refused combine")
     dispatch(*args, alignment=alignment)  # in step: every rank's next dispatch meets
 
 
@@ -385,10 +435,10 @@ def check_idle_ranks(rank: int, world: int) -> None:
     if rank > 0:
         assert result.handle.num_received == 0 and result.expanded_x.shape == (0, hidden)
     all_y = _expert_outputs(world, all_ids, num_experts, hidden, alignment)
-    out = combine(to_torch(all_y[rank]), result.handle)
+    out = combine(on_device(all_y[rank]), result.handle)
     expected = oracle_combine(rank, world, all_ids, all_weights, all_y, num_experts, alignment,
                               True)
-    assert_bits_equal(from_torch(out), expected, "combine")
+    assert_bits_equal(host_bits(out), expected, "combine")
 
 
 def check_errors(rank: int, world: int) -> None:
@@ -400,19 +450,19 @@ def check_errors(rank: int, world: int) -> None:
     from cupy_moe.distributed import dispatch, ep_moe_layer
 
     tokens = tokens_per_rank(world)[rank]
-    ids = torch.zeros((tokens, 2), dtype=torch.int64)
-    weights = torch.ones((tokens, 2), dtype=torch.float32)
+    ids = zeros((tokens, 2), torch.int64)
+    weights = ones((tokens, 2), torch.float32)
     hidden = 16 if rank == world - 1 else 8
     with pytest.raises(ValueError, match=rf"the ranks disagree on dispatch's arguments: rank "
                                          rf"\d has H \(x.shape\[1\]\) = (8|16), this rank "
                                          rf"\({rank}\) has (8|16)"):
-        dispatch(torch.zeros((tokens, hidden), dtype=torch.bfloat16), ids, weights, 2 * world)
+        dispatch(zeros((tokens, hidden), torch.bfloat16), ids, weights, 2 * world)
     experts = 4 * world if rank == 0 else 2 * world
     with pytest.raises(ValueError, match=r"rank \d has num_experts = \d+, this rank"):
-        dispatch(torch.zeros((tokens, 8), dtype=torch.bfloat16), ids, weights, experts)
+        dispatch(zeros((tokens, 8), torch.bfloat16), ids, weights, experts)
     with pytest.raises(ValueError, match=rf"num_experts = {2 * world + 1} is not divisible by "
                                          rf"the {world} ranks of the group"):
-        dispatch(torch.zeros((tokens, 8), dtype=torch.bfloat16), ids, weights, 2 * world + 1)
+        dispatch(zeros((tokens, 8), torch.bfloat16), ids, weights, 2 * world + 1)
     # the layer: E not a multiple of R, and the full weights where a shard belongs
     shape, inputs, _ = layer_inputs(world)
     mine = slice(0, tokens)
@@ -441,17 +491,17 @@ def check_one_rank_refuses(rank: int, world: int) -> None:
 
     last = world - 1
     tokens = tokens_per_rank(world)[rank]
-    ids = torch.zeros((tokens, 2), dtype=torch.int64)
-    weights = torch.ones((tokens, 2), dtype=torch.float32)
+    ids = zeros((tokens, 2), torch.int64)
+    weights = ones((tokens, 2), torch.float32)
     refused = rf"rank {last} refused its own arguments to dispatch \(its error says why\); " \
               rf"this rank \({rank}\) stops with it"
-    x = torch.zeros((tokens, 8), dtype=torch.float32 if rank == last else torch.bfloat16)
+    x = zeros((tokens, 8), torch.float32 if rank == last else torch.bfloat16)
     with pytest.raises(ValueError, match=("x must be one of" if rank == last else refused)):
         dispatch(x, ids, weights, 2 * world)
     bad_weights = weights.double() if rank == last else weights
     with pytest.raises(ValueError, match=("topk_weights must be one of float32" if rank == last
                                           else refused)):
-        dispatch(torch.zeros((tokens, 8), dtype=torch.bfloat16), ids, bad_weights, 2 * world)
+        dispatch(zeros((tokens, 8), torch.bfloat16), ids, bad_weights, 2 * world)
     # the layer: the last rank passes the full weights where its shard belongs
     shape, inputs, _ = layer_inputs(world)
     local = slice(rank * 4, (rank + 1) * 4)
@@ -462,8 +512,8 @@ def check_one_rank_refuses(rank: int, world: int) -> None:
         ep_moe_layer(inputs.x[mine], inputs.router_logits[mine], w_gate_up,
                      inputs.w_down[local], top_k=4, num_experts=shape.num_experts)
     # packed UE8M0 scale factors: S = 1 word for H = 128 with 32 or 128 channels a block
-    x8 = torch.zeros((tokens, 128), dtype=torch.uint8)
-    x_sf = torch.zeros((tokens, 1), dtype=torch.int32)
+    x8 = zeros((tokens, 128), torch.uint8)
+    x_sf = zeros((tokens, 1), torch.int32)
     npc = 32 if rank == last else 128
     with pytest.raises(ValueError, match=r"rank \d has num_per_channels = (32|128), this rank"):
         dispatch(x8, ids, weights, 2 * world, x_sf=x_sf, num_per_channels=npc,
@@ -488,9 +538,9 @@ def check_out_of_step(rank: int, world: int) -> None:
     group = torch.distributed.new_group(list(range(world)))  # poisoned below, alone
     last = world - 1
     tokens = tokens_per_rank(world)[rank]
-    x = torch.zeros((tokens, 8), dtype=torch.bfloat16)
-    ids = torch.zeros((tokens, 2), dtype=torch.int64)
-    weights = torch.ones((tokens, 2), dtype=torch.float32)
+    x = zeros((tokens, 8), torch.bfloat16)
+    ids = zeros((tokens, 2), torch.int64)
+    weights = ones((tokens, 2), torch.float32)
     if rank == last:
         def broken_plan(*args, **kwargs):
             raise MemoryError("the local plan failed")
@@ -507,7 +557,7 @@ def check_out_of_step(rank: int, world: int) -> None:
         with pytest.raises(RuntimeError, match=out_of_step):
             dispatch(x, ids, weights, 2 * world, group=group)
         with pytest.raises(RuntimeError, match=out_of_step):
-            combine(torch.zeros((0, 8), dtype=torch.bfloat16), None, group=group)
+            combine(zeros((0, 8), torch.bfloat16), None, group=group)
     else:
         dispatch(x, ids, weights, 2 * world, group=group)  # the others finish theirs
     torch.distributed.barrier()  # the default group still works, in step
@@ -535,7 +585,10 @@ def layer_inputs(world: int, *, idle: bool = False):
         for t in range(0, total, 3):
             owner = t % world
             logits[t, owner * local:(owner + 1) * local] += 8.0
-    return shape, inputs._replace(router_logits=logits), torch
+    inputs = inputs._replace(router_logits=logits)
+    if DEVICE is not None:  # drawn on the CPU (the same values on every device)
+        inputs = type(inputs)(*(tensor.to(DEVICE) for tensor in inputs))
+    return shape, inputs, torch
 
 
 def _check_layer(rank: int, world: int, fp8: bool, idle: bool = False,
@@ -558,33 +611,40 @@ def _check_layer(rank: int, world: int, fp8: bool, idle: bool = False,
                          return_intermediates=True)
     # the router, per token
     assert torch.equal(ep["source_topk_ids"], one["topk_ids"][mine])
-    assert_bits_equal(ep["source_topk_weights"].numpy(), one["topk_weights"][mine].numpy(),
-                      "topk_weights")
+    assert_bits_equal(host_numpy(ep["source_topk_weights"]),
+                      host_numpy(one["topk_weights"][mine]), "topk_weights")
     # every received slot: the same expanded row and expert output as one process
     handle, plan = ep["handle"], ep["plan"]
     sources = np.repeat(np.arange(world), handle.recv_splits)
-    global_token = np.cumsum([0] + tokens)[sources] + handle.recv_src_token.numpy()
-    local_ids = handle.recv_topk_ids.numpy()
+    global_token = np.cumsum([0] + tokens)[sources] + host_numpy(handle.recv_src_token)
+    local_ids = host_numpy(handle.recv_topk_ids)
     n, k = np.nonzero(local_ids >= 0)
     g = global_token[n]
     assert np.array_equal(local_ids[n, k] + rank * partition.local_experts,
-                          one["topk_ids"].numpy()[g, k])
-    ep_rows = plan.token_topk_to_pos.numpy()[n, k]
-    one_rows = one["plan"].token_topk_to_pos.numpy()[g, k]
+                          host_numpy(one["topk_ids"])[g, k])
+    ep_rows = host_numpy(plan.token_topk_to_pos)[n, k]
+    one_rows = host_numpy(one["plan"].token_topk_to_pos)[g, k]
     assert (ep_rows >= 0).all() and (one_rows >= 0).all()
     names = ("expanded", "expanded_sf", "act", "act_sf", "y") if fp8 else ("expanded", "act",
                                                                            "y")
+    gemm_exact = gemm == "loop" or DEVICE is None or DEVICE.type == "cpu"
+    if not gemm_exact:
+        # on a GPU, _grouped_mm picks its kernel for the whole problem: the
+        # rows before the first GEMM alone are promised (ep_layer's docstring)
+        names = names[:2] if fp8 else names[:1]
     for name in names:
-        assert_bits_equal(from_torch(ep[name])[ep_rows], from_torch(one[name])[one_rows],
+        assert_bits_equal(host_bits(ep[name])[ep_rows], host_bits(one[name])[one_rows],
                           f"{name} of the received slots")
     # the output: bit-exact where a token's slots all sit on one rank
-    ids = one["topk_ids"].numpy()
+    ids = host_numpy(one["topk_ids"])
     owners = ids // partition.local_experts
     single = (owners == owners[:, :1]).all(axis=1)
-    assert single.any() and (idle or not single.all()), "both kinds of token must occur"
-    got, expected = from_torch(out), from_torch(ref)[mine]
-    assert_bits_equal(got[single[mine]], expected[single[mine]], "single-rank tokens")
-    if idle:
+    # both kinds of token occur, but on one rank (where every token is single-rank)
+    assert single.any() and (idle or world == 1 or not single.all())
+    got, expected = host_bits(out), host_bits(ref)[mine]
+    if gemm_exact:
+        assert_bits_equal(got[single[mine]], expected[single[mine]], "single-rank tokens")
+    if idle or world == 1:
         assert single.all()
     # the rest: within two bf16 roundings of one process, and within the tolerance
     assert relative_error(out, ref[mine]) <= 2.0 ** -8
