@@ -37,6 +37,7 @@ from ..combine.rules import ELEMENT_FORMAT
 from .exchange import (
     all_to_all_rows,
     combine_done,
+    first_true,
     load_torch,
     out_of_step_on_error,
     owes_combine_on_error,
@@ -137,9 +138,11 @@ def _routed_rows_float32(torch: Any, y_expanded: Any, handle: DispatchHandle) ->
     slot_rows = handle.plan.token_topk_to_pos
     flat = slot_rows.flatten()
     count = handle.num_local_slots
-    # the routed slots, in slot order (every local slot found a row below X)
-    routed = torch.argsort((flat < 0).to(torch.int32), stable=True)[:count]
-    y32 = y_expanded.index_select(0, flat.index_select(0, routed).to(torch.int64))
-    compact = torch.full_like(flat, -1).scatter_(
-        0, routed, torch.arange(count, dtype=flat.dtype, device=flat.device))
+    # the routed slots, in slot order (every local slot found a row below X;
+    # their number is known, so no sync), and each one's index among them
+    used = flat >= 0
+    routed = first_true(torch, used, count)
+    y32 = y_expanded.index_select(0, flat.index_select(0, routed))
+    compact = torch.where(used, used.cumsum(0, dtype=torch.int32) - 1, -1)
     return y32.to(torch.float32), compact.view(slot_rows.shape)
+
