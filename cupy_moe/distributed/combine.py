@@ -121,10 +121,24 @@ def combine(y_expanded: Any, handle: DispatchHandle, *, group: Any = None,
             acc.index_add_(0, handle.send_token_index[rows], returned[rows])
             start += count
     # NaN as reduce_fused gives it: one canonical NaN (torch's cast keeps others)
-    canonical = torch.full((), CANONICAL_NAN_BITS[ELEMENT_FORMAT[problem.dtype]],
-                           dtype=torch.int16 if problem.dtype != "float32" else torch.int32,
-                           device=acc.device).view(y_expanded.dtype)
+    canonical = _canonical_nan(torch, problem.dtype, y_expanded.dtype, acc.device)
     return torch.where(acc.isnan(), canonical, acc.to(y_expanded.dtype))
+
+
+# per (dtype, device): reduce_fused's NaN as a 0-d tensor, made once (a launch
+# a call before); by a blocking copy, so that it is complete before any
+# stream reads it
+_canonical_nans: dict[tuple[str, Any], Any] = {}
+
+
+def _canonical_nan(torch: Any, dtype_name: str, dtype: Any, device: Any) -> Any:
+    key = (dtype_name, device)
+    found = _canonical_nans.get(key)
+    if found is None:
+        bits = torch.tensor(CANONICAL_NAN_BITS[ELEMENT_FORMAT[dtype_name]],
+                            dtype=torch.int32 if dtype_name == "float32" else torch.int16)
+        found = _canonical_nans[key] = bits.view(dtype).to(device)
+    return found
 
 
 def _routed_rows_float32(torch: Any, y_expanded: Any, handle: DispatchHandle) -> tuple[Any, Any]:
