@@ -168,6 +168,7 @@ def zeros(shape, dtype):
 
 
 def ones(shape, dtype):
+    """torch.ones on this worker's device."""
     import torch
 
     return torch.ones(shape, dtype=dtype, device=DEVICE)
@@ -259,6 +260,9 @@ def _check_dispatch(rank, world, all_ids, all_weights, all_x, num_experts, align
     for name, expected in plan._asdict().items():
         assert_bits_equal(host_numpy(getattr(handle.plan, name)), expected, f"plan.{name}")
     recv_x = np.stack([all_x[s][t] for s, t in rows]) if rows else all_x[0][:0]
+    # the outputs stay on the inputs' device (a GPU job that fell back to the
+    # host would pass the bit checks below)
+    assert result.expanded_x.device == handle.plan.token_topk_to_pos.device == DEVICE
     assert_bits_equal(host_bits(result.expanded_x),
                       oracle_expand(recv_x, plan.token_topk_to_pos, plan.pos_to_expert),
                       "expanded_x")
@@ -378,6 +382,7 @@ def check_combine(rank: int, world: int) -> None:
         for weighted in (True, False):
             what = f"combine ({all_y[0].dtype}, weighted={weighted})"
             out = combine(on_device(all_y[rank]), handle, weighted=weighted)
+            assert out.device == DEVICE
             expected = oracle_combine(rank, world, all_ids, all_weights, all_y, num_experts,
                                       alignment, weighted)
             assert_bits_equal(host_bits(out), expected, what)
