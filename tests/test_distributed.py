@@ -126,6 +126,46 @@ def test_dispatch_passes_zero_padding_to_the_expand(one_rank, fp8, monkeypatch):
     assert slot_hinted == ([True, True] if fp8 else [])
 
 
+@pytest.mark.parametrize("flags", [[], [False, False], [True, False, True, True, False],
+                                   [True] * 5], ids=["empty", "none", "some", "all"])
+def test_first_true_with_and_without_nonzero_static(flags, monkeypatch):
+    """The sent pairs and routed slots, in ascending order: by
+    ``nonzero_static``, or by the stable sort where a torch lacks it."""
+    exchange = importlib.import_module("cupy_moe.distributed.exchange")
+    tensor = torch.tensor(flags, dtype=torch.bool)
+    expected = [i for i, flag in enumerate(flags) if flag]
+    found = exchange.first_true(torch, tensor, len(expected))
+    assert found.dtype == torch.int64 and found.tolist() == expected
+
+    def missing(*args, **kwargs):
+        raise NotImplementedError("no nonzero_static for this device")
+
+    monkeypatch.setattr(torch, "nonzero_static", missing)
+    found = exchange.first_true(torch, tensor, len(expected))
+    assert found.dtype == torch.int64 and found.tolist() == expected
+
+
+def test_dispatch_and_combine_without_nonzero_static(one_rank, monkeypatch):
+    """The stable-sort fallback gives dispatch and combine the same bits."""
+    inputs = random_moe_inputs(SMALL, 19, seed=3, device="cpu")
+    ids = torch.topk(inputs.router_logits, 4).indices
+    ids[::3, 1] = -1  # dropped slots
+    weights = torch.rand(ids.shape)
+    results = []
+    for patched in (False, True):
+        if patched:
+            def missing(*args, **kwargs):
+                raise NotImplementedError("no nonzero_static for this device")
+
+            monkeypatch.setattr(torch, "nonzero_static", missing)
+        sent = dispatch(inputs.x, ids, weights, 8, alignment=8)
+        results.append((sent, combine(sent.expanded_x, sent.handle)))
+    (first, first_out), (second, second_out) = results
+    assert torch.equal(first.expanded_x.view(torch.int16), second.expanded_x.view(torch.int16))
+    assert torch.equal(first.handle.send_token_index, second.handle.send_token_index)
+    assert torch.equal(first_out.view(torch.int16), second_out.view(torch.int16))
+
+
 def test_partition():
     part = partition_experts(12, 3)
     assert part == ExpertPartition(12, 3) and part.local_experts == 4

@@ -37,6 +37,7 @@ from ..combine.rules import ELEMENT_FORMAT
 from .exchange import (
     all_to_all_rows,
     combine_done,
+    first_true,
     load_torch,
     out_of_step_on_error,
     owes_combine_on_error,
@@ -120,10 +121,24 @@ def combine(y_expanded: Any, handle: DispatchHandle, *, group: Any = None,
             acc.index_add_(0, handle.send_token_index[rows], returned[rows])
             start += count
     # NaN as reduce_fused gives it: one canonical NaN (torch's cast keeps others)
-    canonical = torch.full((), CANONICAL_NAN_BITS[ELEMENT_FORMAT[problem.dtype]],
-                           dtype=torch.int16 if problem.dtype != "float32" else torch.int32,
-                           device=acc.device).view(y_expanded.dtype)
+    canonical = _canonical_nan(torch, problem.dtype, y_expanded.dtype, acc.device)
     return torch.where(acc.isnan(), canonical, acc.to(y_expanded.dtype))
+
+
+# per (dtype, device): reduce_fused's NaN as a 0-d tensor, made once (a launch
+# a call before); by a blocking copy, so that it is complete before any
+# stream reads it
+_canonical_nans: dict[tuple[str, Any], Any] = {}
+
+
+def _canonical_nan(torch: Any, dtype_name: str, dtype: Any, device: Any) -> Any:
+    key = (dtype_name, device)
+    found = _canonical_nans.get(key)
+    if found is None:
+        bits = torch.tensor(CANONICAL_NAN_BITS[ELEMENT_FORMAT[dtype_name]],
+                            dtype=torch.int32 if dtype_name == "float32" else torch.int16)
+        found = _canonical_nans[key] = bits.view(dtype).to(device)
+    return found
 
 
 def _routed_rows_float32(torch: Any, y_expanded: Any, handle: DispatchHandle) -> tuple[Any, Any]:
@@ -137,9 +152,11 @@ def _routed_rows_float32(torch: Any, y_expanded: Any, handle: DispatchHandle) ->
     slot_rows = handle.plan.token_topk_to_pos
     flat = slot_rows.flatten()
     count = handle.num_local_slots
-    # the routed slots, in slot order (every local slot found a row below X)
-    routed = torch.argsort((flat < 0).to(torch.int32), stable=True)[:count]
-    y32 = y_expanded.index_select(0, flat.index_select(0, routed).to(torch.int64))
-    compact = torch.full_like(flat, -1).scatter_(
-        0, routed, torch.arange(count, dtype=flat.dtype, device=flat.device))
+    # the routed slots, in slot order (every local slot found a row below X;
+    # their number is known, so no sync), and each one's index among them
+    used = flat >= 0
+    routed = first_true(torch, used, count)
+    y32 = y_expanded.index_select(0, flat.index_select(0, routed))
+    compact = torch.where(used, used.cumsum(0, dtype=torch.int32) - 1, -1)
     return y32.to(torch.float32), compact.view(slot_rows.shape)
+

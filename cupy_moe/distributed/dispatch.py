@@ -14,18 +14,20 @@ Steps, on every rank of the group:
    M bounds the received plan: X = ``worst_case_rows(M, E/R, alignment)``
    rows, at most ``(E/R) * (alignment - 1)`` of them padding, instead of the
    bound for all N * K received slots.
-3. Rows (as bytes), then per row its source token index, its K slots as the
-   destination's local expert ids (-1 for another rank's or a dropped slot)
-   and its K weights (one int32 block), and with fp8 the scale factors: one
-   ``all_to_all_single`` each. A destination receives rows by source rank,
-   then by source token, ascending: the order depends on the routing alone.
+3. One ``all_to_all_single`` of byte rows, a row per (destination,
+   token): the token's row of x, with fp8 its scale factors, then its
+   source token index, its K slots as the destination's local expert ids
+   (-1 for another rank's or a dropped slot) and its K weights (a collective
+   costs far more host time than the copies that pack and unpack the
+   pieces). A destination receives rows by source rank, then by source
+   token, ascending: the order depends on the routing alone.
 4. ``fused_mapping`` of the received local ids over the E/R local experts,
    then ``expand_to_fused`` (or ``expand_to_fused_with_sf``).
 
 Everything but step 2's read runs on the tensors' device without a host
 synchronisation (no boolean masks, no ``nonzero``): the (rank, token) pairs
-are ordered by a stable sort, whose first ``sum(send_splits)`` entries are
-the pairs sent.
+sent are the ``sum(send_splits)`` True entries of an [R, T] mask, found by
+``nonzero_static`` (their count is known since the exchange).
 """
 
 from __future__ import annotations
@@ -35,8 +37,10 @@ from typing import Any
 from ..expand import expand_to_fused, expand_to_fused_with_sf
 from ..mapping import fused_mapping
 from ..mapping.reference import worst_case_rows
+from ..runtime.bounded_cache import BoundedCache
 from .exchange import (
-    all_to_all_rows, byte_rows, group_info, load_torch, out_of_step_on_error, require_in_step,
+    all_to_all_rows, byte_rows, first_true, group_info, load_torch, out_of_step_on_error,
+    require_in_step,
 )
 from .handle import Dispatched, DispatchHandle
 from .rules import (
@@ -135,26 +139,43 @@ def dispatch(x: Any, topk_ids: Any, topk_weights: Any, num_experts: int, *, grou
         raise
     torch = load_torch()
     info, partition = problem.info, problem.partition
-    world, local_experts = info.world_size, partition.local_experts
-    device = x.device
+    local_experts = partition.local_experts
+    ranks, signature_rows = _constants(torch, problem, x.device)
 
+    # the owner rank of each slot: a dropped id (< 0 or >= E) gives one
+    # outside [0, R), which no rank matches
     ids = topk_ids.to(torch.int64)
-    valid = (ids >= 0) & (ids < num_experts)
-    owner = torch.where(valid, ids.div(local_experts, rounding_mode="floor"), -1)
-    ranks = torch.arange(world, device=device)
-    owned = owner.unsqueeze(0) == ranks.view(world, 1, 1)  # [R, T, K]
+    owned = ids.div(local_experts, rounding_mode="floor").unsqueeze(0) == ranks  # [R, T, K]
     goes_to = owned.any(dim=2)  # [R, T]
 
     # 2. the count exchange (the host synchronisation); a disagreement raises
     # on every rank there, in step
-    send_splits, recv_headers = _exchange_counts(torch, problem, goes_to, owned)
+    send_splits, recv_headers = _exchange_counts(torch, problem, goes_to, owned, signature_rows)
     with out_of_step_on_error(info.group):  # the other ranks go on to the data
-        return _exchange_and_expand(torch, problem, x, x_sf, ids, topk_weights, owner, goes_to,
+        return _exchange_and_expand(torch, problem, x, x_sf, ids, topk_weights, owned, goes_to,
                                     send_splits, recv_headers)
 
 
+# per (device, R, signature): the ranks [R, 1, 1] and the header's signature
+# columns [R, SIGNATURE_WIDTH], made once (each is a launch or a copy a call)
+_constants_cache = BoundedCache()
+
+
+def _constants(torch: Any, problem: DispatchProblem, device: Any) -> tuple[Any, Any]:
+    world = problem.info.world_size
+    key = (device, world, problem.signature())
+    found = _constants_cache.get(key)
+    if found is None:
+        ranks = torch.arange(world, device=device).view(world, 1, 1)
+        signature = torch.tensor(problem.signature(), dtype=torch.int64)
+        if device.type == "cuda":  # a pinned, non-blocking copy: a pageable one syncs the stream
+            signature = signature.pin_memory().to(device, non_blocking=True)
+        found = _constants_cache.put(key, (ranks, signature.expand(world, -1).contiguous()))
+    return found
+
+
 def _exchange_and_expand(torch: Any, problem: DispatchProblem, x: Any, x_sf: Any, ids: Any,
-                         topk_weights: Any, owner: Any, goes_to: Any, send_splits: list[int],
+                         topk_weights: Any, owned: Any, goes_to: Any, send_splits: list[int],
                          recv_headers: list[list[int]]) -> Dispatched:
     """Steps 3 and 4 (module docstring), after the count exchange."""
     info, partition = problem.info, problem.partition
@@ -164,29 +185,32 @@ def _exchange_and_expand(torch: Any, problem: DispatchProblem, x: Any, x_sf: Any
     local_slots = sum(header[1] for header in recv_headers)
     num_expanded = worst_case_rows(local_slots, local_experts, problem.alignment)
 
-    # 3. the rows sent, destination-major and token-ascending: the stable sort
-    # puts the (rank, token) pairs that are sent first, in their flat order
+    # 3. the (rank, token) pairs sent, destination-major and token-ascending
+    # (the nonzero entries of goes_to in their flat order; their number is
+    # known since the exchange, so no sync), and one row of bytes a pair:
+    # the payload, its scale factors, then the metadata (source token, the
+    # K slots as the destination's local ids or -1, the K weights), all in
+    # one all-to-all
     num_sent = sum(send_splits)
-    pairs = torch.argsort((~goes_to).flatten().to(torch.int32), stable=True)[:num_sent]
-    per_rank = max(num_tokens, 1)  # pairs is empty when T == 0
+    per_rank = max(num_tokens, 1)  # no pairs when T == 0
+    pairs = first_true(torch, goes_to.view(-1), num_sent)  # rank * T + token
     send_token = pairs.remainder(per_rank)
-    send_rank = pairs.div(per_rank, rounding_mode="floor")
-    own = owner.index_select(0, send_token) == send_rank.unsqueeze(1)
-    local_ids = ids.index_select(0, send_token) - (send_rank * local_experts).unsqueeze(1)
-    send_ids = torch.where(own, local_ids, -1).to(torch.int32)
-    send_weights = topk_weights.index_select(0, send_token).view(torch.int32)
-    meta = torch.cat([send_token.to(torch.int32).unsqueeze(1), send_ids, send_weights], dim=1)
-
-    recv_meta = all_to_all_rows(meta, send_splits, recv_splits, info.group)
-    payload = byte_rows(x).index_select(0, send_token)
-    recv_x = all_to_all_rows(payload, send_splits, recv_splits, info.group).view(x.dtype)
-    recv_sf = None
+    own = owned.view(-1, top_k).index_select(0, pairs)  # the slots that are the rank's
+    local_ids = ids.remainder(local_experts).to(torch.int32).index_select(0, send_token)
+    columns = [byte_rows(x).index_select(0, send_token)]
     if problem.has_sf:
-        recv_sf = all_to_all_rows(x_sf.index_select(0, send_token), send_splits, recv_splits,
-                                  info.group)
-    recv_src_token = recv_meta[:, 0].contiguous()
-    recv_ids = recv_meta[:, 1:1 + top_k].contiguous()
-    recv_weights = recv_meta[:, 1 + top_k:].contiguous().view(torch.float32)
+        columns.append(byte_rows(x_sf).index_select(0, send_token))
+    columns += [byte_rows(send_token.to(torch.int32).unsqueeze(1)),
+                byte_rows(torch.where(own, local_ids, -1)),
+                byte_rows(topk_weights.index_select(0, send_token))]
+    widths = [column.shape[1] for column in columns]
+    received = all_to_all_rows(torch.cat(columns, dim=1), send_splits, recv_splits, info.group)
+    parts = iter(_split_columns(torch, received, widths))
+    recv_x = next(parts).view(x.dtype)
+    recv_sf = next(parts).view(x_sf.dtype) if problem.has_sf else None
+    recv_src_token = next(parts).view(torch.int32).view(-1)
+    recv_ids = next(parts).view(torch.int32)
+    recv_weights = next(parts).view(torch.float32)
 
     # 4. the local plan and expand
     plan = fused_mapping(recv_ids, local_experts, alignment=problem.alignment,
@@ -254,8 +278,21 @@ def _refusal_device(torch: Any, info: Any, tensors: tuple[Any, ...]) -> Any:
     return torch.device("cpu")
 
 
-def _exchange_counts(torch: Any, problem: DispatchProblem, goes_to: Any,
-                     owned: Any) -> tuple[list[int], list[list[int]]]:
+def _split_columns(torch: Any, rows: Any, widths: list[int]) -> list[Any]:
+    """``rows [N, sum(widths)]`` uint8 cut into contiguous ``[N, width]``
+    pieces, left to right."""
+    pieces, start = [], 0
+    for width in widths:
+        if rows.shape[0] == 0:  # an empty slice may have strides view() refuses
+            pieces.append(torch.empty((0, width), dtype=torch.uint8, device=rows.device))
+        else:
+            pieces.append(rows[:, start:start + width].contiguous())
+        start += width
+    return pieces
+
+
+def _exchange_counts(torch: Any, problem: DispatchProblem, goes_to: Any, owned: Any,
+                     signature_rows: Any) -> tuple[list[int], list[list[int]]]:
     """The count exchange: this rank's rows per destination, and from each
     source rank its header ``[rows, local slots, signature...]`` (rows it
     sends here, how many of their slots are this rank's experts, what the
@@ -264,13 +301,10 @@ def _exchange_counts(torch: Any, problem: DispatchProblem, goes_to: Any,
     header's width is the same on every rank whatever the arguments, so a
     disagreement cannot break the exchange itself."""
     info = problem.info
-    world, device = info.world_size, goes_to.device
-    signature = torch.tensor(problem.signature(), dtype=torch.int64)
-    if device.type == "cuda":  # a pinned, non-blocking copy: a pageable one syncs the stream
-        signature = signature.pin_memory().to(device, non_blocking=True)
+    world = info.world_size
     header = torch.cat([goes_to.sum(dim=1, dtype=torch.int64).unsqueeze(1),
                         owned.sum(dim=(1, 2), dtype=torch.int64).unsqueeze(1),
-                        signature.expand(world, -1)], dim=1)
+                        signature_rows], dim=1)
     ones = [1] * world
     received = all_to_all_rows(header, ones, ones, info.group)
     host = torch.cat([header[:, 0], received.flatten()]).tolist()  # the host sync

@@ -17,7 +17,7 @@ from typing import Any, NamedTuple
 from ..runtime.extras import require_torch
 
 __all__ = ["GroupInfo", "all_to_all_rows", "byte_rows", "check_backend_device", "combine_done",
-           "group_info", "load_torch", "out_of_step_on_error", "owes_combine_on_error",
+           "first_true", "group_info", "load_torch", "out_of_step_on_error", "owes_combine_on_error",
            "require_in_step"]
 
 # Groups in which this rank failed between two collectives of one call: the
@@ -152,6 +152,17 @@ def all_to_all_rows(send: Any, send_splits: list[int], recv_splits: list[int],
                                         output_split_sizes=list(recv_splits),
                                         input_split_sizes=list(send_splits), group=group)
     return recv
+
+
+def first_true(torch: Any, flags: Any, count: int) -> Any:
+    """Indices (int64, ascending) of the ``count`` True entries of the 1-D
+    bool ``flags``, ``count`` known on the host: no host synchronisation
+    (``nonzero_static``; a stable sort of the flags where this torch has no
+    such kernel for the device)."""
+    try:
+        return torch.nonzero_static(flags, size=count).view(-1)
+    except (AttributeError, NotImplementedError, RuntimeError):
+        return torch.argsort((~flags).to(torch.int32), stable=True)[:count]
 
 
 def byte_rows(rows: Any) -> Any:
