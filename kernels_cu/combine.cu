@@ -8,7 +8,8 @@
 //                                                   factor is 1: s = w, s =
 //                                                   row_scale[p], or s = 1)
 //       acc = __fmaf_rn(float(expanded[p, h]), s, acc)   from acc = +0.0f
-//   out[t, h] = acc rounded once to the dtype (round to nearest even).
+//   out[t, h] = acc rounded once to the dtype (round to nearest even), or,
+//   with COMBINE_OUT_F32 (a bf16/fp16 call given a float32 out), acc itself.
 //
 // Explicit __fmul_rn / __fmaf_rn: no contraction or reassociation can change
 // a bit, and the loader never passes fast-math or flush-to-zero (denormals
@@ -142,6 +143,14 @@
 #define COMBINE_MAX_THREADS 256
 #define COMBINE_MIN_BLOCKS 2
 
+// 1: a bf16 or fp16 call stores its sums unrounded, as float32 (the host's
+// float32 `out`: partial sums that a later step adds, as expert-parallel
+// combine's); each input vector's sums are then two output vectors of
+// VEC_BYTES. float32 calls ignore it (their sums are float32 already).
+#ifndef COMBINE_OUT_F32
+#define COMBINE_OUT_F32 0
+#endif
+
 // The argument block, passed by value. The host packs it field for field
 // (cupy_moe/combine/gpu.py, COMBINE_ARGS), in this order.
 struct CombineArgs {
@@ -149,7 +158,7 @@ struct CombineArgs {
     const int* token_topk_to_pos;  // [T, K]
     const float* topk_weights;     // [T, K], or null
     const float* row_scale;        // [X], or null
-    void* out;                     // [T, H]
+    void* out;                     // [T, H], expanded's dtype or (COMBINE_OUT_F32) float32
     i64 row_vecs;                  // H * itemsize / VEC_BYTES
     i64 num_tokens;                // T
     i64 num_expanded;              // X
@@ -217,6 +226,34 @@ template <> struct Format<FMT_F16> {
         return h;
     }
 };
+
+// Output vectors of VEC_BYTES per input vector (COMBINE_OUT_F32).
+template <int FMT>
+struct OutVecs {
+    static constexpr int value = COMBINE_OUT_F32 && FMT != FMT_F32 ? 2 : 1;
+};
+
+// The first output vector of input vector `index` (t * row_vecs + column
+// vector) of out, in VEC_BYTES units.
+template <int FMT, int VEC_BYTES>
+__device__ __forceinline__ typename VecOf<VEC_BYTES>::type* out_vectors(const CombineArgs& a,
+                                                                        i64 index) {
+    return reinterpret_cast<typename VecOf<VEC_BYTES>::type*>(a.out) + index * OutVecs<FMT>::value;
+}
+
+// Token t's row of zeros (no live slot): what store_row stores for sums of +0
+// (+0 is all zero bits in every format).
+template <int FMT, int VEC_BYTES>
+__device__ __forceinline__ void store_zero_row(const CombineArgs& a, i64 t, i64 v) {
+    typedef typename VecOf<VEC_BYTES>::type Vec;
+#pragma unroll
+    for (int c = 0; c < COMBINE_VECS; ++c) {
+        if (!COMBINE_FULL_ROWS && v + c * a.row_threads >= a.row_vecs) break;
+        Vec* out = out_vectors<FMT, VEC_BYTES>(a, t * a.row_vecs + v + c * a.row_threads);
+#pragma unroll
+        for (int h = 0; h < OutVecs<FMT>::value; ++h) store_once(out + h, Vec());
+    }
+}
 
 // The float32 sums of this thread's vectors of token t's row (acc from
 // zero), slot by slot in k order; a thread loads its vector of a batch of
@@ -374,6 +411,17 @@ __device__ __forceinline__ void store_row(
 #pragma unroll
     for (int c = 0; c < COMBINE_VECS; ++c) {
         if (v + c * a.row_threads >= a.row_vecs) break;
+        Vec* out = out_vectors<FMT, VEC_BYTES>(a, t * a.row_vecs + v + c * a.row_threads);
+        if constexpr (OutVecs<FMT>::value == 2) {  // the sums themselves, as float32
+            unsigned int wide[ELEMS];
+#pragma unroll
+            for (int e = 0; e < ELEMS; ++e) wide[e] = Format<FMT_F32>::narrow(acc[c][e]);
+            Vec halves[2];
+            memcpy(halves, wide, sizeof(halves));
+            store_once(out, halves[0]);
+            store_once(out + 1, halves[1]);
+            continue;
+        }
         Vec result;
         if constexpr (FMT == FMT_BF16 && ELEMS % 2 == 0) {
             unsigned int pairs[ELEMS / 2];
@@ -387,8 +435,7 @@ __device__ __forceinline__ void store_row(
             for (int e = 0; e < ELEMS; ++e) bits[e] = F::narrow(acc[c][e]);
             memcpy(&result, bits, sizeof(Vec));
         }
-        store_once(reinterpret_cast<Vec*>(a.out) + t * a.row_vecs + v + c * a.row_threads,
-                   result);
+        store_once(out, result);
     }
 }
 
@@ -403,18 +450,6 @@ __device__ __forceinline__ void load_slot(const CombineArgs& a, i64 flat, int& p
     if (a.row_scale != nullptr && pos >= 0) {
         const float row = __ldg(a.row_scale + pos);
         scale = a.topk_weights != nullptr ? __fmul_rn(scale, row) : row;
-    }
-}
-
-// Token t's row of zeros (no live slot): what store_row stores for sums of +0.
-template <int VEC_BYTES>
-__device__ __forceinline__ void store_zero_row(const CombineArgs& a, i64 t, i64 v) {
-    typedef typename VecOf<VEC_BYTES>::type Vec;
-#pragma unroll
-    for (int c = 0; c < COMBINE_VECS; ++c) {
-        if (v + c * a.row_threads >= a.row_vecs) break;
-        store_once(reinterpret_cast<Vec*>(a.out) + t * a.row_vecs + v + c * a.row_threads,
-                   Vec());
     }
 }
 
@@ -457,7 +492,7 @@ __device__ __forceinline__ void reduce_fused_stream(const CombineArgs& a, i64 fi
         unsigned live = __ballot_sync(0xFFFFFFFFu, lane_pos >= 0);
         for (int token = 0; token < round_tokens && base + token < a.num_tokens; ++token) {
             if (((live >> (token * a.top_k)) & token_bits) == 0)
-                store_zero_row<VEC_BYTES>(a, base + token, v);
+                store_zero_row<FMT, VEC_BYTES>(a, base + token, v);
         }
         while (live != 0) {
             // the next COMBINE_SLOT_BATCH live slots of the round, in (token, k) order
@@ -602,7 +637,7 @@ __device__ __forceinline__ void reduce_fused_bulk(const CombineArgs& a) {
             for (int i = 0; i < min(STAGES, total); ++i) load_chunk(taken + i, live_slots[i].pos);
         // rows of the tokens without a live slot while the first chunks land
         for (int t = 0; t < tokens; ++t)
-            if (!token_live[t]) store_zero_row<16>(a, first + t, v);
+            if (!token_live[t]) store_zero_row<FMT, 16>(a, first + t, v);
 
         float acc[COMBINE_VECS][ELEMS];
 #pragma unroll
@@ -703,7 +738,6 @@ __device__ __forceinline__ void sum_token_slots(const CombineArgs& a, i64 t, i64
 // as accumulate_slot_batches + store_row, each in k order from +0, rounded once.
 template <int FMT, int VEC_BYTES>
 __device__ __forceinline__ void reduce_token_row(const CombineArgs& a, i64 t, i64 v) {
-    typedef typename VecOf<VEC_BYTES>::type Vec;
     constexpr int K = COMBINE_TOKEN_ROWS;
     const int* slots = a.token_topk_to_pos + t * K;
     int pos[K];
@@ -716,12 +750,8 @@ __device__ __forceinline__ void reduce_token_row(const CombineArgs& a, i64 t, i6
         live += pos[k] >= 0;
         scale[k] = a.topk_weights == nullptr ? 1.0f : __ldg(a.topk_weights + t * K + k);
     }
-    if (live == 0) {  // narrow(+0) is all zero bits in every format
-        Vec* out = reinterpret_cast<Vec*>(a.out) + t * a.row_vecs + v;
-#pragma unroll
-        for (int c = 0; c < COMBINE_VECS; ++c)
-            if (COMBINE_FULL_ROWS || v + c * a.row_threads < a.row_vecs)
-                store_once(out + c * a.row_threads, Vec());
+    if (live == 0) {
+        store_zero_row<FMT, VEC_BYTES>(a, t, v);
         return;
     }
 #if COMBINE_FEW_LIVE_LOAD_HINT >= 0 && COMBINE_FEW_LIVE_LOAD_HINT != VECTOR_LOAD_HINT

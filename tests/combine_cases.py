@@ -138,14 +138,17 @@ def _narrow_bits(acc: float, fmt: str) -> int:
     return f32
 
 
-def slow_reduce_fused(expanded, token_topk_to_pos, topk_weights=None, row_scale=None):
+def slow_reduce_fused(expanded, token_topk_to_pos, topk_weights=None, row_scale=None, *,
+                      out_float32: bool = False):
     """The contract, one element at a time, in exact arithmetic: the bits of
-    the [T, H] result as unsigned ints."""
+    the [T, H] result as unsigned ints (``out_float32``: the float32 sums,
+    not rounded to ``expanded``'s dtype)."""
     fmt = FORMAT_OF[expanded.dtype.name]
     num_expanded, hidden = expanded.shape
     num_tokens, top_k = token_topk_to_pos.shape
     rows = _widen(expanded, fmt)
-    result = np.zeros((num_tokens, hidden), dtype=f"u{expanded.itemsize}")
+    out_fmt = "f32" if out_float32 else fmt
+    result = np.zeros((num_tokens, hidden), dtype="u4" if out_float32 else f"u{expanded.itemsize}")
     for t in range(num_tokens):
         used = []  # (row, s) of the token's used slots, in k order
         for k in range(top_k):
@@ -161,7 +164,7 @@ def slow_reduce_fused(expanded, token_topk_to_pos, topk_weights=None, row_scale=
             acc = 0.0
             for row, s in used:
                 acc = exact_fma32(row[h], s, acc)
-            result[t, h] = _narrow_bits(acc, fmt)
+            result[t, h] = _narrow_bits(acc, out_fmt)
     return result
 
 

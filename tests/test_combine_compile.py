@@ -101,6 +101,25 @@ def test_ptx_rounds_as_the_numpy_oracle(arch):
         assert "fma.rn.f32" in float_ops, name
 
 
+@pytest.mark.parametrize("arch", ["compute_80", "compute_90"])
+def test_float32_out_kernels_store_the_sums_unrounded(arch):
+    """COMBINE_OUT_F32 (a bf16 / fp16 call's float32 out): the 2-byte kernels
+    keep the fma chain and convert nothing back to their dtype; the float32
+    kernels are the same code as without it."""
+    nvrtc_or_skip()
+    ptx = _ptx(arch, (("COMBINE_OUT_F32", 1),))
+    plain = _ptx(arch)
+    for name in _kernel_names():
+        body = _entry(ptx, name)
+        assert "fma.rn.f32" in body, name
+        if name.startswith("reduce_fused_f32"):
+            assert body == _entry(plain, name), name
+            continue
+        assert not re.search(r"cvt\.rn\.(bf16|f16|bf16x2)\.f32", body), name
+        assert re.search(r"cvt\.rn\.(bf16|f16|bf16x2)\.f32|and\.b32.*-65536|shr\.u32",
+                         _entry(plain, name)), name
+
+
 def _host_offsets(layout) -> list[int]:
     """Byte offset of each field of an ArgStruct, as the host packs it."""
     offsets = []

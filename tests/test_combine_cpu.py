@@ -62,6 +62,22 @@ def test_oracle_on_long_sums_of_mixed_magnitudes(dtype):
                 fmt)
 
 
+@pytest.mark.parametrize("seed", range(48))
+def test_oracle_float32_out_matches_the_exact_reference(seed):
+    """A bf16 / fp16 call into a float32 out: the sums themselves, unrounded."""
+    rng = np.random.default_rng(1000 + seed)
+    dtype = ("bfloat16", "float16", "uint16")[seed % 3]
+    weights, row_scale = SCALE_OPTIONS[(seed // 3) % 4]
+    case = random_case(rng, num_tokens=int(rng.integers(0, 8)), hidden=int(rng.integers(1, 24)),
+                       top_k=int(rng.integers(1, 11)), dtype=dtype,
+                       value_kind=VALUE_KINDS[(seed // 12) % 4], weights=weights,
+                       row_scale=row_scale)
+    expected = slow_reduce_fused(**case, out_float32=True)
+    out = random_values(rng, expected.shape, "float32", "bits")  # poisoned
+    assert reduce_fused_numpy(**case, out=out) is out
+    assert_bits(bits_of(out), expected, f"{dtype} weights={weights} row_scale={row_scale}")
+
+
 def test_oracle_blocks_of_tokens_do_not_change_the_result(monkeypatch):
     rng = np.random.default_rng(5)
     case = random_case(rng, num_tokens=37, hidden=50, top_k=3, dtype="bfloat16",
@@ -195,6 +211,24 @@ def test_out_is_written_in_place_and_returned(kind, dtype):
     result = call(kind, case, out=out)
     assert result is out
     assert_bits(host(kind, out, dtype), bits_of(expected))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_a_float32_out_holds_the_sums_unrounded(kind, dtype):
+    """bf16 / fp16 input, float32 out: the float32 result of the same call on
+    the input widened to float32 (the same fma chain), which rounds to the
+    bits of the call without out (one rounding, at the end)."""
+    rng = np.random.default_rng()
+    case = random_case(rng, num_tokens=23, hidden=41, top_k=5, dtype=dtype,
+                       value_kind="specials", weights=True, row_scale=True)
+    widened = dict(case, expanded=case["expanded"].astype(np.float32))
+    out = as_kind(kind, random_values(rng, (23, 41), "float32", "bits"))  # poisoned
+    assert call(kind, case, out=out) is out
+    sums = host(kind, out, "float32")
+    assert_bits(sums, bits_of(reduce_fused_numpy(**widened)))
+    rounded = combine_reference._round_to_format(sums.copy(), FORMAT_OF[dtype])
+    assert_bits(bits_of(rounded), bits_of(reduce_fused_numpy(**case)))
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -376,10 +410,15 @@ def test_bad_arguments_of_torch_tensors_read_the_same(kind):
 
 BAD_OUTPUTS = {
     "shape": (np.zeros((3, 9), ml_dtypes.bfloat16), "out must have shape (3, 8); got (3, 9)"),
-    "dtype": (np.zeros((3, 8), np.float32),
-              "out must have dtype bfloat16 (that of the input); got float32"),
+    "dtype": (np.zeros((3, 8), np.float16),
+              "out must have dtype bfloat16 or float32 (that of the input, or float32 for the "
+              "unrounded sums); got float16"),
     "uint16-for-bf16": (np.zeros((3, 8), np.uint16),
-                        "out must have dtype bfloat16 (that of the input); got uint16"),
+                        "out must have dtype bfloat16 or float32 (that of the input, or float32 "
+                        "for the unrounded sums); got uint16"),
+    "float64": (np.zeros((3, 8), np.float64),
+                "out must have dtype bfloat16 or float32 (that of the input, or float32 for the "
+                "unrounded sums); got float64"),
     "not-contiguous": (np.zeros((8, 3), ml_dtypes.bfloat16).T,
                        "out must be C-contiguous, element strides (8, 1); got (1, 3)"),
     "column-view": (np.zeros((3, 16), ml_dtypes.bfloat16)[:, ::2],

@@ -97,10 +97,18 @@ def check_result_kind(kind: str, result, dtype: str, shape) -> None:
 
 def run_case(kind: str, case: dict, rng, *, use_out: bool, expanded_offset: int = 0,
              out_offset: int = 0, shape_options: dict | None = None,
-             expected: np.ndarray | None = None) -> None:
+             expected: np.ndarray | None = None, out_float32: bool = False) -> None:
     """One call on the device against the oracle (``expected``, if the caller
-    has it already), bit for bit."""
+    has it already), bit for bit. ``out_float32``: a float32 ``out`` (the
+    unrounded sums of a bf16 / fp16 call)."""
     dtype = "uint16" if case["expanded"].dtype == np.uint16 else case["expanded"].dtype.name
+    if out_float32:
+        assert use_out
+        dtype = "float32"
+        if expected is None:
+            expected = reduce_fused_numpy(
+                **case, out=np.empty(case["token_topk_to_pos"].shape[:1] +
+                                     case["expanded"].shape[1:], np.float32))
     if expected is None:
         expected = reduce_fused_numpy(**case)
     args = {name: to_device(kind, a) for name, a in case.items() if name != "expanded"}
@@ -179,6 +187,9 @@ def test_random_cases_are_bit_exact(kind):
     for index in range(600):
         case = gpu_random_case(rng, kind, index)
         options = {"use_out": bool(index % 2)}
+        if (options["use_out"] and case["expanded"].dtype.itemsize == 2
+                and rng.random() < 0.3):
+            options["out_float32"] = True  # the unrounded sums
         if rng.random() < 0.15:
             options["expanded_offset"] = int(rng.integers(1, 8))
         if options["use_out"] and rng.random() < 0.15:
@@ -418,6 +429,42 @@ def test_token_rows_mixes_few_live_and_dense_tokens(kind, top_k):
                      shape_options={"vecs_per_thread": vecs, "max_warps": warps,
                                     "token_rows": True, "load_hint": "cs",
                                     "few_live_load_hint": "nc"})
+
+
+# one shape of each kernel family: plain slot batches, a warp walking its
+# token's live slots, a warp streaming rounds of tokens, a group a token (K
+# compiled in; full rows and not), bulk copies (16-byte rows on sm_90+; other
+# rows fall back to the plain shape)
+FAMILY_SHAPES = {
+    "plain": {"vecs_per_thread": 2, "slot_batch": 4, "max_warps": 3},
+    "warp-slots": {"vecs_per_thread": 2, "slot_batch": 2, "max_warps": 2, "warp_slots": True,
+                   "warp_tokens": 2},
+    "stream": {"vecs_per_thread": 1, "slot_batch": 4, "max_warps": 4, "stream_rounds": 2},
+    "token-rows": {"vecs_per_thread": 7, "max_warps": 4, "token_rows": True,
+                   "few_live_load_hint": "nc"},
+    "token-rows-8": {"vecs_per_thread": 8, "max_warps": 1, "token_rows": True},
+    "bulk": {"vecs_per_thread": 2, "max_warps": 4, "bulk_stages": 4, "bulk_rounds": 2},
+}
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("family", sorted(FAMILY_SHAPES))
+def test_float32_out_on_every_kernel_family(kind, family):
+    """bf16 / fp16 input into a float32 out (the unrounded sums, stored as
+    two accesses per input access) on every kernel family, every access
+    width (H and the out's offset), tokens whose slots are all dropped (the
+    families' rows of zeros) and special values; the oracle's float32 sums
+    bit for bit."""
+    rng = np.random.default_rng()
+    for dtype in DEVICE_DTYPES[kind][:2]:
+        for hidden in (1, 3, 6, 8, 40, 896, 7168):
+            case = random_case(rng, num_tokens=37, hidden=hidden, top_k=6, dtype=dtype,
+                               value_kind="specials", weights=True, row_scale=hidden % 2 == 0,
+                               out_of_range=False)
+            case["token_topk_to_pos"][::5] = -1
+            for out_offset in (0, 1, 2):
+                run_case(kind, case, rng, use_out=True, out_offset=out_offset,
+                         out_float32=True, shape_options=FAMILY_SHAPES[family])
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -697,6 +744,37 @@ def test_torch_fast_path_hits_and_still_checks_overlap(monkeypatch):
     reduce_fused(*args, out=torch.empty_like(out))  # remembers the key with an out
     with pytest.raises(ValueError, match="out overlaps expanded in memory"):
         reduce_fused(*args, out=out)
+
+
+@needs_torch_cuda
+def test_torch_fast_path_keeps_a_float32_out_apart():
+    """The same bf16 call into a bf16 out and into a float32 one: two keys,
+    two plans (the out's dtype picks the kernel), each result exact, on the
+    full path and on the fast path's hits; the float32 out's overlap with an
+    input is still refused (its bytes are twice a bf16 row's)."""
+    rng = np.random.default_rng()
+    names = ("expanded", "token_topk_to_pos", "topk_weights")
+    args = [to_device("torch", a) for a in
+            (_decode_case(rng, "bfloat16", num_tokens=8, hidden=256)[n] for n in names)]
+    wide = torch.empty((8, 256), dtype=torch.float32, device="cuda")
+    narrow = torch.empty((8, 256), dtype=torch.bfloat16, device="cuda")
+    for _ in range(3):  # the first round takes the full path, the others hit
+        case = _decode_case(rng, "bfloat16", num_tokens=8, hidden=256)
+        for tensor, name in zip(args, names, strict=True):
+            tensor.copy_(to_device("torch", case[name]))
+        wide.fill_(float("nan"))
+        narrow.fill_(float("nan"))
+        assert reduce_fused(*args, out=wide) is wide
+        assert reduce_fused(*args, out=narrow) is narrow
+        assert_bits_equal(to_host_bits("torch", wide),
+                          bits_of(reduce_fused_numpy(**case, out=np.empty((8, 256), np.float32))),
+                          "float32 out")
+        assert_bits_equal(to_host_bits("torch", narrow), bits_of(reduce_fused_numpy(**case)),
+                          "bf16 out")
+    # 8 float32 rows of 256 overlap expanded's rows 0..15 of bf16
+    overlapping = args[0][:16].view(torch.float32).view(8, 256)
+    with pytest.raises(ValueError, match="out overlaps expanded in memory"):
+        reduce_fused(*args, out=overlapping)
 
 
 # -- GPU argument rules -------------------------------------------------------------------------

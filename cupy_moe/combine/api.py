@@ -13,8 +13,8 @@ from typing import Any
 from ..runtime.arrays import ArrayKind, common_kind, describe
 from ..runtime.extras import require_cupy
 from ..runtime.fast_path import TorchFastPath
-from ..runtime.rules import check_no_overlap, check_out, check_strides, require_bool
-from .rules import check_reduce_fused
+from ..runtime.rules import check_no_overlap, check_strides, require_bool
+from .rules import check_reduce_fused, check_reduce_fused_out
 
 __all__ = ["reduce_fused", "run_with_shape"]
 
@@ -32,8 +32,9 @@ def reduce_fused(expanded: Any, token_topk_to_pos: Any, topk_weights: Any = None
     token_topk_to_pos[t, k] >= 0``: ``s = topk_weights[t, k] * row_scale[p]``
     (one float32 multiply; a missing factor is 1) and ``acc = fma(expanded[p],
     s, acc)`` in float32 from +0.0, one rounding per step; the result is
-    ``acc`` rounded once to ``expanded``'s dtype. These are DeepSeek
-    TileKernels' reduce_fused numerics; the GPU and the CPU agree bit for bit.
+    ``acc`` rounded once to ``expanded``'s dtype (or ``acc`` itself into a
+    float32 ``out``). These are DeepSeek TileKernels' reduce_fused numerics;
+    the GPU and the CPU agree bit for bit.
     NaN results are the dtype's canonical NaN (see ``combine.reference``).
 
     Parameters
@@ -52,8 +53,11 @@ def reduce_fused(expanded: Any, token_topk_to_pos: Any, topk_weights: Any = None
     row_scale : array [X], float32, optional
         A factor per expanded row (e.g. a per-row dequantisation scale),
         multiplied into the slot's weight; None: 1.
-    out : array [T, H] of expanded's dtype, C-contiguous, optional
+    out : array [T, H] of expanded's dtype, or float32, C-contiguous, optional
         Written in place and returned (for CUDA-graph capture, buffer reuse).
+        float32 for bfloat16 / float16 input: the float32 sums, not rounded
+        to the input's dtype (partial sums that a later step adds, as the
+        expert-parallel combine does: one rounding in all, at the end).
     validate : bool
         Raise ValueError naming the first slot (in ``t * K + k`` order) that is
         >= X. On the GPU this costs one host synchronisation (so not inside
@@ -61,7 +65,7 @@ def reduce_fused(expanded: Any, token_topk_to_pos: Any, topk_weights: Any = None
 
     Returns
     -------
-    array [T, H], expanded's kind, device and dtype
+    array [T, H], expanded's kind, device and dtype (``out``'s dtype)
         numpy.ndarray, cupy.ndarray or torch.Tensor as given.
 
     Raises
@@ -122,7 +126,7 @@ def _reduce_fused(expanded, token_topk_to_pos, topk_weights, row_scale, out, val
     problem = check_reduce_fused(descs["expanded"], descs["token_topk_to_pos"],
                                  descs["topk_weights"], descs["row_scale"])
     if out is not None:
-        check_out("out", descs["out"], problem.out_shape(), descs["expanded"].dtype)
+        problem = check_reduce_fused_out(descs["out"], problem)
         check_strides("out", kind, out, problem.out_strides(), "C-contiguous")
         check_no_overlap(kind, {"out": (out, 0)},
                          {"expanded": expanded, "token_topk_to_pos": token_topk_to_pos,

@@ -63,11 +63,14 @@ _ONE_FORMAT = {"f32": 1, "bf16": 2, "f16": 3}
 _CHECK_ONLY = (("COMBINE_ONE_FORMAT", -1),)
 
 
-def kernel_defines(element_format: str, vec_bytes: int) -> tuple[tuple[str, int], ...]:
+def kernel_defines(element_format: str, vec_bytes: int, out_float32: bool = False,
+                   ) -> tuple[tuple[str, int], ...]:
     """The module of one reduce_fused kernel alone (combine.cu's
     COMBINE_ONE_FORMAT and COMBINE_ONE_VEC): a first call in a fresh kernel
-    cache compiles the kernel it launches, not all eleven."""
-    return (("COMBINE_ONE_FORMAT", _ONE_FORMAT[element_format]), ("COMBINE_ONE_VEC", vec_bytes))
+    cache compiles the kernel it launches, not all eleven. ``out_float32``: a
+    bf16 / fp16 kernel that stores its sums as float32 (COMBINE_OUT_F32)."""
+    one = (("COMBINE_ONE_FORMAT", _ONE_FORMAT[element_format]), ("COMBINE_ONE_VEC", vec_bytes))
+    return (*one, ("COMBINE_OUT_F32", 1)) if out_float32 else one
 
 
 # static shared memory of a bulk block, rounded up (combine.cu
@@ -110,7 +113,7 @@ class CombinePlan:
         self.input_bytes = (problem.num_expanded * self.row_bytes, slots_bytes,
                             slots_bytes if problem.has_weights else 0,
                             problem.num_expanded * 4 if problem.has_row_scale else 0)
-        self.out_bytes = problem.num_tokens * self.row_bytes
+        self.out_bytes = problem.num_tokens * problem.hidden * problem.out_item_bytes
         self.out_shape = problem.out_shape()
 
     def kernel(self, vec_bytes: int) -> CombineLaunch:
@@ -134,7 +137,7 @@ class CombinePlan:
             name = f"{KERNEL_PREFIX[problem.element_format]}_v{vec_bytes}"
             handle = function_handle(SOURCE, (*shape.defines(),
                                               *kernel_defines(problem.element_format,
-                                                              vec_bytes)),
+                                                              vec_bytes, problem.out_float32)),
                                      self.device, name)
             if shape.shared_bytes > DEFAULT_DYNAMIC_SHARED_BYTES - BULK_STATIC_SHARED_BYTES:
                 allow_dynamic_shared(handle, shape.shared_bytes)
@@ -153,6 +156,7 @@ class CombinePlan:
         if self.out_bytes == 0:  # no tokens
             return
         # the widest access (16, 8, 4, 2 bytes) dividing the row and both bases
+        # (a float32 out of a 2-byte input takes two such accesses per input one)
         bits = self.row_bytes | 16 | expanded | out
         kernel = self.kernels.get(bits & -bits) or self.kernel(bits & -bits)
         # written out, not through runtime.launch: this runs on every eager call

@@ -10,7 +10,8 @@ slots in ``k`` order, a negative slot (or one >= X) skipped,
                                                 acc starting from +0.0
 
 and the result is ``acc`` rounded once to the input dtype (round to nearest
-even, gradual underflow, overflow to +-inf). ``fma`` is emulated exactly by
+even, gradual underflow, overflow to +-inf), or, where a bf16 / fp16 call
+is given a float32 ``out``, ``acc`` itself (the unrounded float32 sums). ``fma`` is emulated exactly by
 :func:`cupy_moe.combine.fma.fma_float32`. A token with no used slot gives +0.0.
 
 Special values follow IEEE float32 arithmetic: a NaN in a used row, weight or
@@ -71,14 +72,16 @@ def reduce_fused_numpy(expanded: np.ndarray, token_topk_to_pos: np.ndarray,
     float32, any strides. ``token_topk_to_pos [T, K]`` int32;
     ``topk_weights [T, K]`` and ``row_scale [X]`` float32 or None. Slots >= X
     are skipped (never read). ``out``: a writeable ``[T, H]`` array of
-    ``expanded``'s dtype, written and returned; else a new C-contiguous array.
+    ``expanded``'s dtype, or float32 (the sums unrounded), written and
+    returned; else a new C-contiguous array of ``expanded``'s dtype.
     """
     fmt = ELEMENT_FORMAT[expanded.dtype.name]
     num_expanded, hidden = expanded.shape
     num_tokens, top_k = token_topk_to_pos.shape
     if out is None:
         out = np.empty((num_tokens, hidden), dtype=expanded.dtype)
-    out_fmt = out.view(_FORMAT_DTYPE[fmt]) if out.dtype.name == "uint16" else out
+    out_format = ELEMENT_FORMAT[out.dtype.name]  # f32: the sums as they are
+    out_fmt = out.view(_FORMAT_DTYPE[out_format]) if out.dtype.name == "uint16" else out
     block = max(1, _BLOCK_ELEMENTS // hidden)
     for first in range(0, num_tokens, block):
         tokens = slice(first, min(first + block, num_tokens))
@@ -93,7 +96,7 @@ def reduce_fused_numpy(expanded: np.ndarray, token_topk_to_pos: np.ndarray,
             scale = _slot_scale(topk_weights, row_scale, first + used, k, rows)
             x = _as_float32(expanded[rows], fmt)
             acc[used] = fma_float32(x, scale[:, None], acc[used])
-        out_fmt[tokens] = _round_to_format(acc, fmt)
+        out_fmt[tokens] = _round_to_format(acc, out_format)
     return out
 
 

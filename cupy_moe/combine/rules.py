@@ -6,10 +6,10 @@ and one wording of each error.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..runtime.arrays import ArrayDesc
-from ..runtime.rules import check_dtype, check_ndim
+from ..runtime.rules import check_dtype, check_ndim, check_out
 
 # Expert outputs: bf16 (uint16 carries bf16 bits where an array library has no
 # bfloat16, as in the expand ops: CuPy), fp16, fp32. The result has the same dtype.
@@ -31,10 +31,16 @@ class CombineProblem:
     dtype: str
     has_weights: bool
     has_row_scale: bool
+    # a bf16 / fp16 call's float32 out: the sums stored unrounded
+    out_float32: bool = False
 
     @property
     def element_format(self) -> str:
         return ELEMENT_FORMAT[self.dtype]
+
+    @property
+    def out_item_bytes(self) -> int:
+        return 4 if self.out_float32 or self.element_format == "f32" else 2
 
     def out_shape(self) -> tuple[int, int]:
         return (self.num_tokens, self.hidden)
@@ -83,3 +89,15 @@ def raise_out_of_range(first: int, problem: CombineProblem, map_value) -> None:
     k = problem.top_k
     raise ValueError(f"token_topk_to_pos[{first // k}, {first % k}] = {map_value(first)} is out "
                      f"of range: expanded has X = {problem.num_expanded} rows")
+
+
+def check_reduce_fused_out(out: ArrayDesc, problem: CombineProblem) -> CombineProblem:
+    """Check a caller's ``out`` (writeable, ``[T, H]``, ``expanded``'s dtype or
+    float32) and return the problem with its output format: a float32 ``out``
+    of a bf16 / fp16 call holds the sums unrounded."""
+    if problem.element_format == "f32":
+        check_out("out", out, problem.out_shape(), problem.dtype)
+        return problem
+    check_out("out", out, problem.out_shape(), (problem.dtype, "float32"),
+              dtype_reason="that of the input, or float32 for the unrounded sums")
+    return replace(problem, out_float32=out.dtype == "float32")

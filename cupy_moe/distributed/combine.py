@@ -3,11 +3,10 @@ summed in a fixed order.
 
 Numerics, for a token t of rank s (every step is deterministic):
 
-1. On each rank r that received t: ``P_r = reduce_fused(y32, ...)`` for t's
-   received row, with ``y32`` the expert outputs of the routed slots
-   converted to float32 (exact): t's local slots in k order, ``acc = fma(y,
-   w[k], acc)`` in float32 from +0, *not rounded* (the result's dtype is
-   float32).
+1. On each rank r that received t: ``P_r = reduce_fused(y_expanded, ...,
+   out=<float32>)`` for t's received row: t's local slots in k order, ``acc
+   = fma(float32(y), w[k], acc)`` in float32 from +0, *not rounded* (a
+   float32 ``out`` holds reduce_fused's sums as they are).
 2. ``P_r`` goes back to rank s as float32 (``all_to_all_single``).
 3. Rank s sums ``out = ((-0 + P_r0) + P_r1) + ...`` in float32 over the
    ranks r0 < r1 < ... that t went to (ascending rank order), and rounds
@@ -37,7 +36,6 @@ from ..combine.rules import ELEMENT_FORMAT
 from .exchange import (
     all_to_all_rows,
     combine_done,
-    first_true,
     load_torch,
     out_of_step_on_error,
     owes_combine_on_error,
@@ -102,7 +100,12 @@ def combine(y_expanded: Any, handle: DispatchHandle, *, group: Any = None,
         problem = check_combine(y_expanded, handle, group, weighted)
         torch = load_torch()
         weights = handle.recv_topk_weights if problem.weighted else None
-        partials = reduce_fused(*_routed_rows_float32(torch, y_expanded, handle), weights)
+        slot_rows = handle.plan.token_topk_to_pos
+        # the float32 sums straight from y_expanded: reduce_fused reads the
+        # routed rows only (at decode most of X is padding) and rounds nothing
+        partials = reduce_fused(y_expanded, slot_rows, weights,
+                                out=torch.empty((slot_rows.shape[0], handle.hidden),
+                                                dtype=torch.float32, device=y_expanded.device))
     with out_of_step_on_error(problem.info.group):
         returned = all_to_all_rows(partials, list(handle.recv_splits),
                                    list(handle.send_splits), problem.info.group)
@@ -139,24 +142,4 @@ def _canonical_nan(torch: Any, dtype_name: str, dtype: Any, device: Any) -> Any:
                             dtype=torch.int32 if dtype_name == "float32" else torch.int16)
         found = _canonical_nans[key] = bits.view(dtype).to(device)
     return found
-
-
-def _routed_rows_float32(torch: Any, y_expanded: Any, handle: DispatchHandle) -> tuple[Any, Any]:
-    """The expert outputs of the M routed slots, in float32 (exact), and the
-    slot map into them: ``(y32 [M, H], token_topk_to_pos [N, K])``.
-
-    ``reduce_fused`` of float32 rows gives float32 partials: the fma chain's
-    accumulator itself. Only the M routed rows are converted (M is known on
-    the host since dispatch), not all X: at decode most of X is padding.
-    """
-    slot_rows = handle.plan.token_topk_to_pos
-    flat = slot_rows.flatten()
-    count = handle.num_local_slots
-    # the routed slots, in slot order (every local slot found a row below X;
-    # their number is known, so no sync), and each one's index among them
-    used = flat >= 0
-    routed = first_true(torch, used, count)
-    y32 = y_expanded.index_select(0, flat.index_select(0, routed))
-    compact = torch.where(used, used.cumsum(0, dtype=torch.int32) - 1, -1)
-    return y32.to(torch.float32), compact.view(slot_rows.shape)
 
