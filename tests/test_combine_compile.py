@@ -8,6 +8,7 @@ error, not a skip.
 from __future__ import annotations
 
 import re
+import uuid
 
 import pytest
 from helpers import nvrtc_or_skip
@@ -195,10 +196,18 @@ def test_no_kernel_spills_registers(arch, variant):
 
 
 def _assert_no_spills(defines: tuple[tuple[str, int], ...], arch: str) -> None:
-    """ptxas's report of every kernel of the module: no spill stores or loads."""
+    """ptxas's report of every kernel of the module: no spill stores or loads.
+
+    The source gets a variable of a name of its own each time: NVRTC 13.0
+    (the lent H100's) serves a PTX it has assembled before, in this process
+    or an earlier one, from a cache, and then ptxas reports nothing; on
+    sm_80 the bulk variants' kernels are all ``__trap()``, the same PTX
+    whatever their defines. The variable makes every PTX new and changes no
+    kernel."""
     from cupy.cuda import nvrtc
 
-    program = nvrtc.createProgram(kernel_source(SOURCE), SOURCE, [], [])
+    nonce = f"\n__device__ int spill_check_{uuid.uuid4().hex};\n"
+    program = nvrtc.createProgram(kernel_source(SOURCE) + nonce, SOURCE, [], [])
     try:
         nvrtc.compileProgram(program, [*compile_options(defines), f"-arch={arch}",
                                        "--ptxas-options=-v"])
