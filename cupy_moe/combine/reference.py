@@ -11,8 +11,9 @@ slots in ``k`` order, a negative slot (or one >= X) skipped,
 
 and the result is ``acc`` rounded once to the input dtype (round to nearest
 even, gradual underflow, overflow to +-inf), or, where a bf16 / fp16 call
-is given a float32 ``out``, ``acc`` itself (the unrounded float32 sums). ``fma`` is emulated exactly by
-:func:`cupy_moe.combine.fma.fma_float32`. A token with no used slot gives +0.0.
+is given a float32 ``out``, ``acc`` itself (the unrounded float32 sums).
+``fma`` is emulated exactly by :func:`cupy_moe.combine.fma.fma_float32`. A
+token with no used slot gives +0.0.
 
 Special values follow IEEE float32 arithmetic: a NaN in a used row, weight or
 scale gives NaN in the columns it reaches; +-inf gives +-inf, or NaN where it
