@@ -157,7 +157,10 @@ def dispatch(x: Any, topk_ids: Any, topk_weights: Any, num_experts: int, *, grou
 
 
 # per (device, R, signature): the ranks [R, 1, 1] and the header's signature
-# columns [R, SIGNATURE_WIDTH], made once (each is a launch or a copy a call)
+# columns [R, SIGNATURE_WIDTH], made once (each is a launch or a copy a call).
+# Made on the caller's stream and complete before any later call reads them
+# on another: the count exchange's host synchronisation on that stream
+# follows in the call that makes them.
 _constants_cache = BoundedCache()
 
 
