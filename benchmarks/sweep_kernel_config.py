@@ -95,9 +95,6 @@ CONFIGS: list[tuple[str, ExpandTuning]] = [
     ("zero-fill by runs, unrolled", _tuned(zero_fill_runs=2)),
     ("zero-fill by runs, rows of one access a thread compiled",
      _tuned(zero_fill_runs=1, compiled_row=2)),
-    # the bulk kernel's plain zero-fill compiled for the call's row (its
-    # stores unrolled at immediate offsets; forty-fifth session, issue 13)
-    ("bulk zero-fill compiled for the row", _tuned(bulk_compiled_zero_row=1)),
     # the register kernels bounded to 8 blocks of 256 threads an SM (32
     # registers: without SF they take 37, 6 blocks an SM)
     ("register kernel: 8 blocks an SM", _tuned(register_min_blocks=8)),

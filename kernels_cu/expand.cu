@@ -94,18 +94,6 @@ static_assert(EXPAND_THREADS % 32 == 0, "blocks are whole warps (the zero-fill b
 static_assert(EXPAND_VECS_PER_THREAD >= 0 && EXPAND_VECS_PER_THREAD <= EXPAND_UNROLL,
               "a thread holds at most EXPAND_UNROLL accesses");
 
-// The bulk kernel's plain zero-fill compiled for one call's row
-// (ExpandTuning.bulk_compiled_zero_row; 0: read from the argument block):
-// each lane's 16-byte stores of a padding row unrolled at immediate offsets
-// instead of a loop of 64-bit address arithmetic (ncu: our zero-fill issued
-// 3.2x the seed's instructions on the small plans). Only the bulk body reads
-// it; the host gives such a module to expand_to_fused_bulk_zero_rows_plain's
-// launch alone.
-#ifndef EXPAND_ZERO_ROW_BYTES
-#define EXPAND_ZERO_ROW_BYTES 0
-#endif
-static_assert(EXPAND_ZERO_ROW_BYTES % 16 == 0, "the bulk kernel's rows are of 16-byte vectors");
-
 // The register kernels' blocks an SM the compiler must leave room for
 // (ExpandTuning.register_min_blocks; 0: no bound but the block size). 256
 // threads at 37 registers (no SF) fit 6 blocks an SM, not 8.
@@ -483,7 +471,7 @@ __device__ __forceinline__ void expand_to_fused_bulk_body(const ExpandArgs& a) {
     extern __shared__ __align__(128) unsigned char stage[];
     __shared__ __align__(8) unsigned long long loaded;
     const int lane = threadIdx.x;
-    const i64 n_vec = (EXPAND_ZERO_ROW_BYTES > 0 ? EXPAND_ZERO_ROW_BYTES : a.row_bytes) / 16;
+    const i64 n_vec = a.row_bytes / 16;
     const i64 stage_vecs = static_cast<i64>(BULK_THREADS) * a.vecs_per_thread;  // a full chunk
     const i64 chunk_begin = static_cast<i64>(blockIdx.y) * stage_vecs;
     const i64 chunk_vecs = min(stage_vecs, n_vec - chunk_begin);
@@ -548,16 +536,7 @@ __device__ __forceinline__ void expand_to_fused_bulk_body(const ExpandArgs& a) {
     if (ZERO_FILL == ZERO_ROWS_PLAIN) {
         for (unsigned mask = data_rows; mask != 0; mask &= mask - 1) {
             uint4* row = reinterpret_cast<uint4*>(a.out) + (rows.first_row + __ffs(mask) - 1) * n_vec;
-            if constexpr (EXPAND_ZERO_ROW_BYTES > 0) {
-                constexpr int row_vecs = EXPAND_ZERO_ROW_BYTES / 16;
-                constexpr int lane_stores = (row_vecs + BULK_THREADS - 1) / BULK_THREADS;
-#pragma unroll
-                for (int j = 0; j < lane_stores; ++j)
-                    if (row_vecs % BULK_THREADS == 0 || j * BULK_THREADS + lane < row_vecs)
-                        store_once(row + lane + j * BULK_THREADS, make_uint4(0, 0, 0, 0));
-            } else {
-                for (i64 i = lane; i < n_vec; i += BULK_THREADS) store_once(row + i, make_uint4(0, 0, 0, 0));
-            }
+            for (i64 i = lane; i < n_vec; i += BULK_THREADS) store_once(row + i, make_uint4(0, 0, 0, 0));
         }
     } else if (data_rows != 0) {
         // The whole dynamic stage, which the host may make larger than a copy

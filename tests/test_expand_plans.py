@@ -522,7 +522,6 @@ def test_plain_op_fast_path_keys_pos_to_token(expand_fast_paths):
     ({"bulk_zero_rows_plain": 3}, r"bulk_zero_rows_plain must be 0 or 1; got 3"),
     ({"zero_kernel_beside_registers": 2}, r"zero_kernel_beside_registers must be 0 or 1; got 2"),
     ({"compiled_row": 3}, r"compiled_row must be 0, 1 or 2; got 3"),
-    ({"bulk_compiled_zero_row": 2}, r"bulk_compiled_zero_row must be 0 or 1; got 2"),
     ({"zero_fill_runs": 3}, r"zero_fill_runs must be 0, 1 or 2; got 3"),
     ({"register_min_blocks": 9}, r"register_min_blocks must leave blocks of 256 threads room "
                                  r"on an SM \(at most 8\); got 9"),
@@ -940,41 +939,6 @@ def test_compiled_row_2_takes_rows_of_one_access_a_thread(fake_h200, monkeypatch
     launch = _launch_for(num_tokens, hidden, item_bytes=item_bytes, tuning=tuning)
     assert launch.handle == "expand_to_fused_v16"
     assert ("EXPAND_ROW_BYTES" in dict(modules["expand_to_fused_v16"])) == compiled
-
-
-PLAIN_ZERO_COMPILED = ExpandTuning(bulk_min_blocks=0.0, padding_share_registers=math.inf,
-                                   medium_padding_share_registers=math.inf,
-                                   bulk_compiled_zero_row=1)
-
-
-@pytest.mark.parametrize(("hidden", "item_bytes", "compiled"), [
-    (7168, 2, True),     # Kimi-K2's 14 KiB rows: 28 stores a lane
-    (2048, 1, True),     # Qwen3 fp8's 2 KiB rows: 4
-    (1544, 2, True),     # 193 vectors: a predicated last store
-    (8192, 2, True),     # 16 KiB, the longest compiled: 32 stores a lane
-    (8200, 2, False),    # longer rows keep the loop
-])
-def test_a_compiled_zero_row_is_the_plain_zero_fills_own_module(fake_h200, monkeypatch, hidden,
-                                                                item_bytes, compiled):
-    """bulk_compiled_zero_row: the bulk kernel's plain zero-fill launch gets a
-    module compiled for its row (EXPAND_ZERO_ROW_BYTES) up to 16 KiB rows;
-    off by default, and no other kernel takes it."""
-    modules = _record_modules(monkeypatch)
-    launch = _launch_for(4096, hidden, item_bytes=item_bytes, tuning=PLAIN_ZERO_COMPILED)
-    assert launch.handle == "expand_to_fused_bulk_zero_rows_plain"
-    defines = dict(modules[launch.handle])
-    assert defines.get("EXPAND_ZERO_ROW_BYTES") == (hidden * item_bytes if compiled else None)
-    assert "EXPAND_ROW_BYTES" not in defines
-    modules.clear()
-    _launch_for(4096, hidden, item_bytes=item_bytes,
-                tuning=dataclasses.replace(PLAIN_ZERO_COMPILED, bulk_compiled_zero_row=0))
-    assert "EXPAND_ZERO_ROW_BYTES" not in dict(modules[launch.handle])
-    assert ExpandTuning().bulk_compiled_zero_row == 0
-    for other in (dataclasses.replace(PLAIN_ZERO_COMPILED, bulk_zero_rows_plain=0),  # staged
-                  dataclasses.replace(PLAIN_ZERO_COMPILED, bulk_min_blocks=math.inf)):  # registers
-        modules.clear()
-        assert _launch_for(4096, hidden, item_bytes=item_bytes, tuning=other).handle != launch.handle
-        assert all("EXPAND_ZERO_ROW_BYTES" not in dict(d) for d in modules.values())
 
 
 def test_zero_fill_runs_is_a_define_of_every_module_only_where_set(fake_h200, monkeypatch):

@@ -379,11 +379,6 @@ ROW_BY_ROW = ExpandTuning(bulk_min_blocks=float("inf"), zero_fill_runs=0)
 BULK = ExpandTuning(bulk_min_blocks=0.0, padding_share_registers=float("inf"),
                     medium_padding_share_registers=float("inf"),
                     bulk_whole_row_zero_from=float("inf"))
-# the bulk kernel's zero-fill of whole rows by 16-byte stores, compiled for
-# the call's row (EXPAND_ZERO_ROW_BYTES: a lane's stores unrolled)
-BULK_ZERO_ROW_COMPILED = ExpandTuning(bulk_min_blocks=0.0, padding_share_registers=float("inf"),
-                                      medium_padding_share_registers=float("inf"),
-                                      bulk_compiled_zero_row=1)
 
 
 @pytest.mark.parametrize("zero_padding", [True, False])
@@ -400,8 +395,6 @@ BULK_ZERO_ROW_COMPILED = ExpandTuning(bulk_min_blocks=0.0, padding_share_registe
     (1536, 2, ROW_BY_ROW),               # zero_fill_runs 0: row by row
     (1536, 2, ZERO_RUNS_UNROLLED),
     (7168, 2, BULK),                     # Hopper's bulk copies (cp.async.bulk)
-    (7168, 2, BULK_ZERO_ROW_COMPILED),   # ... zero rows of 28 unrolled stores a lane
-    (1544, 2, BULK_ZERO_ROW_COMPILED),   # ... 193 vectors: a predicated last store
 ])
 def test_expand_matches_the_oracle(monkeypatch, rng, zero_padding, hidden, item, tuning):
     """expand_to_fused on a padded plan, given pos_to_token: rows as the

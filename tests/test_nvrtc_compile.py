@@ -286,26 +286,6 @@ def test_the_row_by_row_zero_fill_compiles(sf_mode):
 
 
 @pytest.mark.parametrize("sf_mode", [0, 1, 2])
-@pytest.mark.parametrize("row_bytes", [2048, 3088, 14336])
-def test_the_compiled_zero_row_compiles(sf_mode, row_bytes):
-    """ExpandTuning.bulk_compiled_zero_row (EXPAND_ZERO_ROW_BYTES: the bulk
-    kernel's plain zero-fill unrolled for the row, a tail store predicated
-    where the row is not whole warps' vectors); a row not of 16-byte vectors
-    is refused at compile time."""
-    nvrtc_or_skip()
-    from cupy_moe.expand.plan import kernel_defines
-    from cupy_moe.expand.tuning import ExpandTuning
-
-    defines = kernel_defines(sf_mode, ExpandTuning(), "expand_to_fused_bulk_zero_rows_plain")
-    cubin = compile_for_arch("expand.cu", defines + (("EXPAND_ZERO_ROW_BYTES", row_bytes),),
-                             "sm_90")
-    assert b"expand_to_fused_bulk_zero_rows_plain" in cubin
-    with pytest.raises(KernelCompileError, match="rows are of 16-byte vectors"):
-        compile_for_arch("expand.cu", defines + (("EXPAND_ZERO_ROW_BYTES", row_bytes + 8),),
-                         "sm_90")
-
-
-@pytest.mark.parametrize("sf_mode", [0, 1, 2])
 def test_the_unrolled_runs_compile(sf_mode):
     """ExpandTuning.zero_fill_runs=2 (EXPAND_ZERO_RUNS 2: each run's store
     loop unrolled by 4)."""

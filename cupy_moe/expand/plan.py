@@ -47,8 +47,6 @@ _pack_pointers = EXPAND_ARGS.pointer_packer.pack_into
 
 BULK_SHARED_LIMIT = 16384  # the most dynamic shared memory the bulk kernel asks for
 BULK_THREADS = 32  # one warp: a lane per slot (so K <= 32 for the bulk kernel)
-# the longest row the plain zero-fill is compiled for (32 unrolled stores a lane)
-BULK_COMPILED_ZERO_ROW_BYTES = 32 * BULK_THREADS * 16
 MAX_GRID_Y = 65535
 
 
@@ -143,13 +141,6 @@ class ExpandPlan:
             chunk_bytes = min(self.row_bytes, threads * vecs_per_thread * vec_bytes)
             return chunk_bytes <= threads * vec_bytes
         return self.tuning.compiled_row == 1
-
-    def compiles_zero_row(self) -> bool:
-        """Whether the bulk kernel's plain zero-fill launch takes a module
-        compiled for the row (ExpandTuning.bulk_compiled_zero_row; rows of at
-        most BULK_COMPILED_ZERO_ROW_BYTES: 32 unrolled stores a lane)."""
-        return (bool(self.tuning.bulk_compiled_zero_row)
-                and self.row_bytes <= BULK_COMPILED_ZERO_ROW_BYTES)
 
     def sf_pass(self, vec_bytes: int, zero_kernel: bool = False) -> int:
         """SF_PASS_*: the scale factors that the SF pass blocks write by
@@ -309,10 +300,6 @@ class ExpandPlan:
             # EXPAND_ROW_BYTES): its module serves this launch only
             defines += (("EXPAND_ROW_BYTES", self.row_bytes),
                         ("EXPAND_VECS_PER_THREAD", int(vecs_per_thread)))
-        elif kernel == "expand_to_fused_bulk_zero_rows_plain" and self.compiles_zero_row():
-            # its padding rows' stores unrolled for this row (expand.cu's
-            # EXPAND_ZERO_ROW_BYTES): a module for this launch only
-            defines += (("EXPAND_ZERO_ROW_BYTES", self.row_bytes),)
         handle = function_handle(SOURCE, defines, self.device, kernel)
         # zero-fill blocks are numbered across the z planes (the kernel's
         # rows_to_zero); whole-row ones across the y planes too

@@ -85,14 +85,6 @@ class ExpandTuning:
     nowhere by more than the run-to-run spread (benchmarks/NOTES.md, tenth
     session).
 
-    ``bulk_compiled_zero_row`` (0 or 1): where those plain zero-fill blocks
-    run, the kernel is compiled for the call's row (EXPAND_ZERO_ROW_BYTES, a
-    module per row length, rows of at most BULK_COMPILED_ZERO_ROW_BYTES), so
-    that a lane's stores of a row are unrolled at immediate offsets (ncu on
-    the small plans: our zero-fill issued 3.2x the seed's instructions, a
-    loop of 64-bit address arithmetic against the seed's unrolled stores).
-    Not yet measured as a default: 0 until it is.
-
     ``zero_kernel_from_bytes``: padding-heavy calls with at least this many
     bytes of padding rows (16-byte rows, sm_90+, T > 0) zero them by a second
     kernel of ``threads``-thread blocks (whole rows, about
@@ -210,7 +202,6 @@ class ExpandTuning:
     padding_zero_stage_bytes: int = 16 * 1024
     padding_zero_rows_bulk_whole: int = 1
     bulk_zero_rows_plain: int = 1
-    bulk_compiled_zero_row: int = 0
     zero_kernel_from_bytes: float = 64e6
     zero_kernel_beside_registers: int = 0
     # scale factors
@@ -244,7 +235,7 @@ class ExpandTuning:
             if not 1 <= getattr(self, name) <= 32:  # one warp ballot covers a block's rows
                 raise ValueError(f"ExpandTuning.{name} must be in 1 .. 32; "
                                  f"got {getattr(self, name)}")
-        for name in ("padding_zero_whole_rows", "bulk_zero_rows_plain", "bulk_compiled_zero_row",
+        for name in ("padding_zero_whole_rows", "bulk_zero_rows_plain",
                      "zero_kernel_beside_registers", "sf_by_position",
                      "sf_pass_beside_zero_kernel"):
             if getattr(self, name) not in (0, 1):
