@@ -552,7 +552,7 @@ __device__ __forceinline__ void expand_to_fused_bulk_body(const ExpandArgs& a) {
     if (ZERO_FILL == ZERO_ROWS_PLAIN) {
         for (unsigned mask = data_rows; mask != 0; mask &= mask - 1) {
             uint4* row = reinterpret_cast<uint4*>(a.out) + (rows.first_row + __ffs(mask) - 1) * n_vec;
-            for (i64 i = threadIdx.x; i < n_vec; i += BULK_PLAIN_THREADS)
+            for (i64 i = static_cast<int>(threadIdx.x); i < n_vec; i += BULK_PLAIN_THREADS)
                 store_once(row + i, make_uint4(0, 0, 0, 0));
         }
     } else if (data_rows != 0) {
