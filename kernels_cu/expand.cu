@@ -451,18 +451,6 @@ DEFINE_EXPAND_KERNEL(1)
 
 #define BULK_THREADS 32
 
-// Warps a block of the plain zero-fill kernel (*_bulk_zero_rows_plain;
-// ExpandTuning.bulk_zero_warps): its zero-fill blocks store each row with all
-// of them, its token blocks copy with the first warp alone (the others end at
-// once). The SM's 32-resident-block cap then holds that many times more
-// zero-fill warps in flight, the copies' stages per block unchanged.
-#ifndef EXPAND_BULK_ZERO_WARPS
-#define EXPAND_BULK_ZERO_WARPS 1
-#endif
-static_assert(EXPAND_BULK_ZERO_WARPS >= 1 && EXPAND_BULK_ZERO_WARPS <= 4,
-              "1 to 4 warps a plain zero-fill block");
-#define BULK_PLAIN_THREADS (BULK_THREADS * EXPAND_BULK_ZERO_WARPS)
-
 // Zero-fill blocks of the bulk kernel, two layouts (the host picks one by row
 // length; benchmarks/NOTES.md has the measurements):
 //   ZERO_CHUNKS  as in the register kernel: a block zeroes its column chunk of
@@ -492,10 +480,6 @@ __device__ __forceinline__ void expand_to_fused_bulk_body(const ExpandArgs& a) {
     if (!copy_or_zero_block(a, block)) return;
 
     if (block < a.num_tokens) {
-        // a token's chunk is one warp's (the plain kernel's other warps: none)
-        if (ZERO_FILL == ZERO_ROWS_PLAIN && BULK_PLAIN_THREADS > BULK_THREADS &&
-            threadIdx.x >= BULK_THREADS)
-            return;
         const i64 t = block;
         const unsigned stage_at = shared_address(stage);
         const unsigned loaded_at = shared_address(&loaded);
@@ -552,8 +536,7 @@ __device__ __forceinline__ void expand_to_fused_bulk_body(const ExpandArgs& a) {
     if (ZERO_FILL == ZERO_ROWS_PLAIN) {
         for (unsigned mask = data_rows; mask != 0; mask &= mask - 1) {
             uint4* row = reinterpret_cast<uint4*>(a.out) + (rows.first_row + __ffs(mask) - 1) * n_vec;
-            for (i64 i = static_cast<int>(threadIdx.x); i < n_vec; i += BULK_PLAIN_THREADS)
-                store_once(row + i, make_uint4(0, 0, 0, 0));
+            for (i64 i = lane; i < n_vec; i += BULK_THREADS) store_once(row + i, make_uint4(0, 0, 0, 0));
         }
     } else if (data_rows != 0) {
         // The whole dynamic stage, which the host may make larger than a copy
@@ -572,7 +555,7 @@ __device__ __forceinline__ void expand_to_fused_bulk_body(const ExpandArgs& a) {
             bulk_stores_done_reading();
         }
     }
-    zero_sf_rows(a, rows, ZERO_FILL == ZERO_ROWS_PLAIN ? BULK_PLAIN_THREADS : BULK_THREADS);
+    zero_sf_rows(a, rows, BULK_THREADS);
 #else
     __trap();  // the host launches these kernels on sm_90 and newer only
 #endif
@@ -592,7 +575,7 @@ expand_to_fused_bulk_zero_rows(const ExpandArgs a) {
 #endif
 
 #if EXPAND_KERNELS & (1 << 8)
-extern "C" __global__ void __launch_bounds__(BULK_PLAIN_THREADS)
+extern "C" __global__ void __launch_bounds__(BULK_THREADS)
 expand_to_fused_bulk_zero_rows_plain(const ExpandArgs a) {
     expand_to_fused_bulk_body<ZERO_ROWS_PLAIN>(a);
 }

@@ -85,14 +85,6 @@ class ExpandTuning:
     nowhere by more than the run-to-run spread (benchmarks/NOTES.md, tenth
     session).
 
-    ``bulk_zero_warps`` (1, 2 or 4): warps a block of that plain zero-fill
-    kernel; its zero-fill blocks store each row with all of them, its token
-    blocks copy with the first warp (the others end at once), so the SM's
-    cap of 32 resident blocks holds that many times more zero-fill warps
-    (ncu on the small EP8 plans: 23% achieved occupancy, one-warp blocks,
-    against the seed's 43% with 64-thread blocks). Not yet measured as a
-    default: 1 until it is.
-
     ``zero_kernel_from_bytes``: padding-heavy calls with at least this many
     bytes of padding rows (16-byte rows, sm_90+, T > 0) zero them by a second
     kernel of ``threads``-thread blocks (whole rows, about
@@ -210,7 +202,6 @@ class ExpandTuning:
     padding_zero_stage_bytes: int = 16 * 1024
     padding_zero_rows_bulk_whole: int = 1
     bulk_zero_rows_plain: int = 1
-    bulk_zero_warps: int = 1
     zero_kernel_from_bytes: float = 64e6
     zero_kernel_beside_registers: int = 0
     # scale factors
@@ -262,9 +253,6 @@ class ExpandTuning:
         if self.zero_fill_runs not in (0, 1, 2):
             raise ValueError(f"ExpandTuning.zero_fill_runs must be 0, 1 or 2; "
                              f"got {self.zero_fill_runs!r}")
-        if self.bulk_zero_warps not in (1, 2, 4):
-            raise ValueError(f"ExpandTuning.bulk_zero_warps must be 1, 2 or 4; "
-                             f"got {self.bulk_zero_warps!r}")
         if self.compiled_row not in (0, 1, 2):
             raise ValueError(f"ExpandTuning.compiled_row must be 0, 1 or 2; "
                              f"got {self.compiled_row!r}")
