@@ -156,9 +156,6 @@ CONFIGS: list[tuple[str, ExpandTuning]] = [
     # copies (expand_zero_padding_rows; default: beside the bulk kernel, from
     # 64 MB of padding rows)
     ("no zero kernel", _tuned(zero_kernel_from_bytes=math.inf)),
-    # the zero kernel's rows by runs (flat ranges; forty-fifth session, issue
-    # 13: the Qwen3 small plans, 6 KiB rows of 1.5 stores a 256-thread block)
-    ("zero kernel by runs", _tuned(zero_kernel_runs=1)),
     ("padding: zero kernel", _tuned(zero_kernel_from_bytes=0)),
     ("padding: zero kernel beside the register kernel too",
      _tuned(zero_kernel_from_bytes=0, zero_kernel_beside_registers=1)),

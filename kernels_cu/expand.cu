@@ -111,13 +111,6 @@ static_assert(EXPAND_VECS_PER_THREAD >= 0 && EXPAND_VECS_PER_THREAD <= EXPAND_UN
 #ifndef EXPAND_ZERO_RUNS
 #define EXPAND_ZERO_RUNS 0
 #endif
-// expand_zero_padding_rows by runs too (ExpandTuning.zero_kernel_runs): each
-// run of consecutive rows one flat range over the block's threads, not row
-// by row (a 6 KiB row is 1.5 stores of a 256-thread block: a quarter of the
-// lanes idle, row after row).
-#ifndef EXPAND_ZERO_KERNEL_RUNS
-#define EXPAND_ZERO_KERNEL_RUNS 0
-#endif
 
 // The argument block, passed by value. The host packs it field for field
 // (cupy_moe/expand/plan.py, EXPAND_ARGS), in this order.
@@ -624,11 +617,6 @@ expand_zero_padding_rows(const ExpandArgs a) {
     }
     const ZeroRows rows = rows_to_zero(a, blockIdx.x);  // each warp: the same ballot
     const i64 n_vec = a.row_bytes / 16;
-#if EXPAND_ZERO_KERNEL_RUNS
-    zero_row_runs<16>(a, rows, n_vec);  // and their scale factors
-    if (blockIdx.x == gridDim.x - 1) wait_for_previous_kernel();
-    return;
-#endif
     uint4* out = reinterpret_cast<uint4*>(a.out);
     for (unsigned mask = rows.mask; mask != 0; mask &= mask - 1) {
         const i64 p = rows.first_row + __ffs(mask) - 1;

@@ -522,7 +522,6 @@ def test_plain_op_fast_path_keys_pos_to_token(expand_fast_paths):
     ({"bulk_zero_rows_plain": 3}, r"bulk_zero_rows_plain must be 0 or 1; got 3"),
     ({"zero_kernel_beside_registers": 2}, r"zero_kernel_beside_registers must be 0 or 1; got 2"),
     ({"compiled_row": 3}, r"compiled_row must be 0, 1 or 2; got 3"),
-    ({"zero_kernel_runs": 2}, r"zero_kernel_runs must be 0 or 1; got 2"),
     ({"zero_fill_runs": 3}, r"zero_fill_runs must be 0, 1 or 2; got 3"),
     ({"register_min_blocks": 9}, r"register_min_blocks must leave blocks of 256 threads room "
                                  r"on an SM \(at most 8\); got 9"),
@@ -596,25 +595,6 @@ def test_the_zero_kernel_by_default(fake_h200, num_tokens, hidden, num_expanded,
     assert launch.name == ("expand_to_fused_bulk_overlapped" if zero_kernel else
                            "expand_to_fused_v16" if num_tokens == 512 else
                            "expand_to_fused_bulk_zero_rows_plain")
-
-
-def test_zero_kernel_runs_is_the_zero_kernels_define_alone(fake_h200, monkeypatch):
-    """zero_kernel_runs: EXPAND_ZERO_KERNEL_RUNS in expand_zero_padding_rows'
-    module only; the launches themselves unchanged; off by default."""
-    modules = _record_modules(monkeypatch)
-    problem = ExpandProblem(32, 3072, 8, 14848, "bfloat16")
-    plain = ExpandPlan(problem, 2, 0, DEFAULT_TUNING).kernel(16)
-    assert plain.zero_launch is not None and DEFAULT_TUNING.zero_kernel_runs == 0
-    assert "EXPAND_ZERO_KERNEL_RUNS" not in dict(modules["expand_zero_padding_rows"])
-    modules.clear()
-    tuning = dataclasses.replace(DEFAULT_TUNING, zero_kernel_runs=1)
-    runs = ExpandPlan(problem, 2, 0, tuning).kernel(16)
-    assert dict(modules["expand_zero_padding_rows"])["EXPAND_ZERO_KERNEL_RUNS"] == 1
-    assert all("EXPAND_ZERO_KERNEL_RUNS" not in dict(d) for name, d in modules.items()
-               if name != "expand_zero_padding_rows")
-    for a, b in ((plain, runs), (plain.zero_launch, runs.zero_launch)):
-        assert (a.name, a.grid, a.threads, a.shared_bytes, bytes(a.args.buffer)) == (
-            b.name, b.grid, b.threads, b.shared_bytes, bytes(b.args.buffer))
 
 
 @pytest.mark.parametrize(("num_tokens", "hidden", "item_bytes", "num_expanded", "rows", "sf"), [

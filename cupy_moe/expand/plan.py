@@ -358,10 +358,9 @@ class ExpandPlan:
         row_blocks = ceil_div(zero_rows_end - self.first_zero_row, rows)
         pass_blocks = (0 if fields["sf_pass"] == SF_PASS_NONE
                        else ceil_div(self.problem.sf_leading_dim, int(tuning.threads)))
-        defines = kernel_defines(self.sf_mode, tuning, "expand_zero_padding_rows")
-        if tuning.zero_kernel_runs:  # runs of rows as flat ranges (its module only)
-            defines += (("EXPAND_ZERO_KERNEL_RUNS", 1),)
-        handle = function_handle(SOURCE, defines, self.device, "expand_zero_padding_rows")
+        handle = function_handle(SOURCE,
+                                 kernel_defines(self.sf_mode, tuning, "expand_zero_padding_rows"),
+                                 self.device, "expand_zero_padding_rows")
         constants = EXPAND_ARGS.constants(**{**fields, "rows_per_zero_block": rows,
                                              "zero_row_blocks": row_blocks})
         return ExpandLaunch("expand_zero_padding_rows", handle, (row_blocks + pass_blocks, 1, 1),

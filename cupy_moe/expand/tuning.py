@@ -96,12 +96,6 @@ class ExpandTuning:
     64 MB: the small-batch plans of 90-340 MB of padding gained 2-4% (Kimi-K2,
     Qwen3, Kimi-K2 fp8), the 19-47 MB ones (EP8, Qwen3 fp8) lost.
 
-    ``zero_kernel_runs`` (0 or 1): expand_zero_padding_rows zeroes each run
-    of consecutive rows of a block as one flat range over all its threads
-    (``zero_fill_runs``' path, EXPAND_ZERO_KERNEL_RUNS), not row by row (a
-    6 KiB row is 1.5 stores of a 256-thread block). Not yet measured as a
-    default: 0 until it is.
-
     ``compiled_row`` (0, 1 or 2): the register kernel is compiled for the
     call's row, its bytes and accesses a thread (EXPAND_ROW_BYTES,
     EXPAND_VECS_PER_THREAD: a module per row length), so that its unrolled
@@ -210,7 +204,6 @@ class ExpandTuning:
     bulk_zero_rows_plain: int = 1
     zero_kernel_from_bytes: float = 64e6
     zero_kernel_beside_registers: int = 0
-    zero_kernel_runs: int = 0
     # scale factors
     sf_by_position: int = 1
     sf_pass_beside_zero_kernel: int = 1
@@ -243,7 +236,7 @@ class ExpandTuning:
                 raise ValueError(f"ExpandTuning.{name} must be in 1 .. 32; "
                                  f"got {getattr(self, name)}")
         for name in ("padding_zero_whole_rows", "bulk_zero_rows_plain",
-                     "zero_kernel_beside_registers", "zero_kernel_runs", "sf_by_position",
+                     "zero_kernel_beside_registers", "sf_by_position",
                      "sf_pass_beside_zero_kernel"):
             if getattr(self, name) not in (0, 1):
                 raise ValueError(f"ExpandTuning.{name} must be 0 or 1; "
