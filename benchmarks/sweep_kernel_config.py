@@ -95,10 +95,9 @@ CONFIGS: list[tuple[str, ExpandTuning]] = [
     ("zero-fill by runs, unrolled", _tuned(zero_fill_runs=2)),
     ("zero-fill by runs, rows of one access a thread compiled",
      _tuned(zero_fill_runs=1, compiled_row=2)),
-    # the bulk kernel's plain zero-fill blocks of two or four warps
-    # (forty-fifth session, issue 13: the small EP8 plans' one-warp blocks)
-    *((f"bulk zero-fill blocks of {warps} warps", _tuned(bulk_zero_warps=warps))
-      for warps in (2, 4)),
+    # the bulk kernel's plain zero-fill blocks of two warps (forty-fifth
+    # session, issue 13: the small EP8 plans' one-warp blocks)
+    ("bulk zero-fill blocks of 2 warps", _tuned(bulk_zero_warps=2)),
     # the register kernels bounded to 8 blocks of 256 threads an SM (32
     # registers: without SF they take 37, 6 blocks an SM)
     ("register kernel: 8 blocks an SM", _tuned(register_min_blocks=8)),
