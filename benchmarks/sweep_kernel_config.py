@@ -95,9 +95,6 @@ CONFIGS: list[tuple[str, ExpandTuning]] = [
     ("zero-fill by runs, unrolled", _tuned(zero_fill_runs=2)),
     ("zero-fill by runs, rows of one access a thread compiled",
      _tuned(zero_fill_runs=1, compiled_row=2)),
-    # the bulk kernel's plain zero-fill blocks of two warps (forty-fifth
-    # session, issue 13: the small EP8 plans' one-warp blocks)
-    ("bulk zero-fill blocks of 2 warps", _tuned(bulk_zero_warps=2)),
     # the register kernels bounded to 8 blocks of 256 threads an SM (32
     # registers: without SF they take 37, 6 blocks an SM)
     ("register kernel: 8 blocks an SM", _tuned(register_min_blocks=8)),
@@ -159,9 +156,6 @@ CONFIGS: list[tuple[str, ExpandTuning]] = [
     # copies (expand_zero_padding_rows; default: beside the bulk kernel, from
     # 64 MB of padding rows)
     ("no zero kernel", _tuned(zero_kernel_from_bytes=math.inf)),
-    # the zero kernel's rows by runs (flat ranges; forty-fifth session, issue
-    # 13: the Qwen3 small plans, 6 KiB rows of 1.5 stores a 256-thread block)
-    ("zero kernel by runs", _tuned(zero_kernel_runs=1)),
     ("padding: zero kernel", _tuned(zero_kernel_from_bytes=0)),
     ("padding: zero kernel beside the register kernel too",
      _tuned(zero_kernel_from_bytes=0, zero_kernel_beside_registers=1)),

@@ -111,13 +111,6 @@ static_assert(EXPAND_VECS_PER_THREAD >= 0 && EXPAND_VECS_PER_THREAD <= EXPAND_UN
 #ifndef EXPAND_ZERO_RUNS
 #define EXPAND_ZERO_RUNS 0
 #endif
-// expand_zero_padding_rows by runs too (ExpandTuning.zero_kernel_runs): each
-// run of consecutive rows one flat range over the block's threads, not row
-// by row (a 6 KiB row is 1.5 stores of a 256-thread block: a quarter of the
-// lanes idle, row after row).
-#ifndef EXPAND_ZERO_KERNEL_RUNS
-#define EXPAND_ZERO_KERNEL_RUNS 0
-#endif
 
 // The argument block, passed by value. The host packs it field for field
 // (cupy_moe/expand/plan.py, EXPAND_ARGS), in this order.
@@ -458,18 +451,6 @@ DEFINE_EXPAND_KERNEL(1)
 
 #define BULK_THREADS 32
 
-// Warps a block of the plain zero-fill kernel (*_bulk_zero_rows_plain;
-// ExpandTuning.bulk_zero_warps): its zero-fill blocks store each row with all
-// of them, its token blocks copy with the first warp alone (the others end at
-// once). The SM's 32-resident-block cap then holds that many times more
-// zero-fill warps in flight, the copies' stages per block unchanged.
-#ifndef EXPAND_BULK_ZERO_WARPS
-#define EXPAND_BULK_ZERO_WARPS 1
-#endif
-static_assert(EXPAND_BULK_ZERO_WARPS >= 1 && EXPAND_BULK_ZERO_WARPS <= 4,
-              "1 to 4 warps a plain zero-fill block");
-#define BULK_PLAIN_THREADS (BULK_THREADS * EXPAND_BULK_ZERO_WARPS)
-
 // Zero-fill blocks of the bulk kernel, two layouts (the host picks one by row
 // length; benchmarks/NOTES.md has the measurements):
 //   ZERO_CHUNKS  as in the register kernel: a block zeroes its column chunk of
@@ -499,10 +480,6 @@ __device__ __forceinline__ void expand_to_fused_bulk_body(const ExpandArgs& a) {
     if (!copy_or_zero_block(a, block)) return;
 
     if (block < a.num_tokens) {
-        // a token's chunk is one warp's (the plain kernel's other warps: none)
-        if (ZERO_FILL == ZERO_ROWS_PLAIN && BULK_PLAIN_THREADS > BULK_THREADS &&
-            threadIdx.x >= BULK_THREADS)
-            return;
         const i64 t = block;
         const unsigned stage_at = shared_address(stage);
         const unsigned loaded_at = shared_address(&loaded);
@@ -559,8 +536,7 @@ __device__ __forceinline__ void expand_to_fused_bulk_body(const ExpandArgs& a) {
     if (ZERO_FILL == ZERO_ROWS_PLAIN) {
         for (unsigned mask = data_rows; mask != 0; mask &= mask - 1) {
             uint4* row = reinterpret_cast<uint4*>(a.out) + (rows.first_row + __ffs(mask) - 1) * n_vec;
-            for (i64 i = static_cast<int>(threadIdx.x); i < n_vec; i += BULK_PLAIN_THREADS)
-                store_once(row + i, make_uint4(0, 0, 0, 0));
+            for (i64 i = lane; i < n_vec; i += BULK_THREADS) store_once(row + i, make_uint4(0, 0, 0, 0));
         }
     } else if (data_rows != 0) {
         // The whole dynamic stage, which the host may make larger than a copy
@@ -579,7 +555,7 @@ __device__ __forceinline__ void expand_to_fused_bulk_body(const ExpandArgs& a) {
             bulk_stores_done_reading();
         }
     }
-    zero_sf_rows(a, rows, ZERO_FILL == ZERO_ROWS_PLAIN ? BULK_PLAIN_THREADS : BULK_THREADS);
+    zero_sf_rows(a, rows, BULK_THREADS);
 #else
     __trap();  // the host launches these kernels on sm_90 and newer only
 #endif
@@ -599,7 +575,7 @@ expand_to_fused_bulk_zero_rows(const ExpandArgs a) {
 #endif
 
 #if EXPAND_KERNELS & (1 << 8)
-extern "C" __global__ void __launch_bounds__(BULK_PLAIN_THREADS)
+extern "C" __global__ void __launch_bounds__(BULK_THREADS)
 expand_to_fused_bulk_zero_rows_plain(const ExpandArgs a) {
     expand_to_fused_bulk_body<ZERO_ROWS_PLAIN>(a);
 }
@@ -641,11 +617,6 @@ expand_zero_padding_rows(const ExpandArgs a) {
     }
     const ZeroRows rows = rows_to_zero(a, blockIdx.x);  // each warp: the same ballot
     const i64 n_vec = a.row_bytes / 16;
-#if EXPAND_ZERO_KERNEL_RUNS
-    zero_row_runs<16>(a, rows, n_vec);  // and their scale factors
-    if (blockIdx.x == gridDim.x - 1) wait_for_previous_kernel();
-    return;
-#endif
     uint4* out = reinterpret_cast<uint4*>(a.out);
     for (unsigned mask = rows.mask; mask != 0; mask &= mask - 1) {
         const i64 p = rows.first_row + __ffs(mask) - 1;

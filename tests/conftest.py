@@ -52,19 +52,10 @@ KERNEL_PATHS = {
                                     medium_padding_share_registers=math.inf,
                                     bulk_whole_row_zero_from=0, bulk_min_chunk_bytes=512,
                                     bulk_zero_rows_plain=1),
-    # ... by blocks of two warps (the token blocks' second warp ends at once)
-    "bulk-zero-plain-2-warps": ExpandTuning(bulk_min_blocks=0.0, padding_share_registers=math.inf,
-                                            medium_padding_share_registers=math.inf,
-                                            bulk_whole_row_zero_from=0, bulk_min_chunk_bytes=512,
-                                            bulk_zero_rows_plain=1, bulk_zero_warps=2),
     # every call with tokens padding-heavy, its padding rows zeroed by
     # expand_zero_padding_rows beside the copy kernel (16-byte rows, sm_90+)
     "zero-kernel": ExpandTuning(padding_share_registers=0.0, zero_kernel_from_bytes=0,
                                 zero_kernel_beside_registers=1, sf_pass_beside_zero_kernel=0),
-    # ... the zero kernel zeroing runs of rows as flat ranges
-    "zero-kernel-runs": ExpandTuning(padding_share_registers=0.0, zero_kernel_from_bytes=0,
-                                     zero_kernel_beside_registers=1, sf_pass_beside_zero_kernel=0,
-                                     zero_kernel_runs=1),
     # column-major scale factors (16-byte rows, sm_90+): by default the copy
     # kernel's SF pass blocks zero them (every one where the call passes
     # pos_to_token: "given-tokens"), beside the zero kernel as its last blocks

@@ -23,7 +23,7 @@ from cupy_moe.runtime import launch as launch_module  # noqa: E402
 from cupy_moe.runtime.arrays import describe  # noqa: E402
 from cupy_moe.runtime.fast_path import TorchFastPath  # noqa: E402
 from cupy_moe.runtime.launch import DeviceTraits  # noqa: E402
-from cupy_moe.runtime.sizes import align_up, ceil_div  # noqa: E402
+from cupy_moe.runtime.sizes import align_up  # noqa: E402
 
 
 def test_argument_blocks_match_the_kernel_structs():
@@ -522,9 +522,6 @@ def test_plain_op_fast_path_keys_pos_to_token(expand_fast_paths):
     ({"bulk_zero_rows_plain": 3}, r"bulk_zero_rows_plain must be 0 or 1; got 3"),
     ({"zero_kernel_beside_registers": 2}, r"zero_kernel_beside_registers must be 0 or 1; got 2"),
     ({"compiled_row": 3}, r"compiled_row must be 0, 1 or 2; got 3"),
-    ({"bulk_zero_warps": 3}, r"bulk_zero_warps must be 1, 2 or 4; got 3"),
-    ({"bulk_zero_warps": 0}, r"bulk_zero_warps must be 1, 2 or 4; got 0"),
-    ({"zero_kernel_runs": 2}, r"zero_kernel_runs must be 0 or 1; got 2"),
     ({"zero_fill_runs": 3}, r"zero_fill_runs must be 0, 1 or 2; got 3"),
     ({"register_min_blocks": 9}, r"register_min_blocks must leave blocks of 256 threads room "
                                  r"on an SM \(at most 8\); got 9"),
@@ -598,25 +595,6 @@ def test_the_zero_kernel_by_default(fake_h200, num_tokens, hidden, num_expanded,
     assert launch.name == ("expand_to_fused_bulk_overlapped" if zero_kernel else
                            "expand_to_fused_v16" if num_tokens == 512 else
                            "expand_to_fused_bulk_zero_rows_plain")
-
-
-def test_zero_kernel_runs_is_the_zero_kernels_define_alone(fake_h200, monkeypatch):
-    """zero_kernel_runs: EXPAND_ZERO_KERNEL_RUNS in expand_zero_padding_rows'
-    module only; the launches themselves unchanged; off by default."""
-    modules = _record_modules(monkeypatch)
-    problem = ExpandProblem(32, 3072, 8, 14848, "bfloat16")
-    plain = ExpandPlan(problem, 2, 0, DEFAULT_TUNING).kernel(16)
-    assert plain.zero_launch is not None and DEFAULT_TUNING.zero_kernel_runs == 0
-    assert "EXPAND_ZERO_KERNEL_RUNS" not in dict(modules["expand_zero_padding_rows"])
-    modules.clear()
-    tuning = dataclasses.replace(DEFAULT_TUNING, zero_kernel_runs=1)
-    runs = ExpandPlan(problem, 2, 0, tuning).kernel(16)
-    assert dict(modules["expand_zero_padding_rows"])["EXPAND_ZERO_KERNEL_RUNS"] == 1
-    assert all("EXPAND_ZERO_KERNEL_RUNS" not in dict(d) for name, d in modules.items()
-               if name != "expand_zero_padding_rows")
-    for a, b in ((plain, runs), (plain.zero_launch, runs.zero_launch)):
-        assert (a.name, a.grid, a.threads, a.shared_bytes, bytes(a.args.buffer)) == (
-            b.name, b.grid, b.threads, b.shared_bytes, bytes(b.args.buffer))
 
 
 @pytest.mark.parametrize(("num_tokens", "hidden", "item_bytes", "num_expanded", "rows", "sf"), [
@@ -961,50 +939,6 @@ def test_compiled_row_2_takes_rows_of_one_access_a_thread(fake_h200, monkeypatch
     launch = _launch_for(num_tokens, hidden, item_bytes=item_bytes, tuning=tuning)
     assert launch.handle == "expand_to_fused_v16"
     assert ("EXPAND_ROW_BYTES" in dict(modules["expand_to_fused_v16"])) == compiled
-
-
-@pytest.mark.parametrize("warps", [2, 4])
-@pytest.mark.parametrize(("hidden", "item_bytes", "sf"), [
-    (7168, 2, {}),
-    (3072, 1, {"sf_columns": 6, "sf_dtype": "int32", "num_per_channels": 128,
-               "sf_col_major": True}),   # column-major SF: the SF pass blocks
-])
-def test_plain_zero_fill_blocks_of_several_warps(fake_h200, monkeypatch, warps, hidden,
-                                                 item_bytes, sf):
-    """bulk_zero_warps: the plain zero-fill kernel's blocks are that many warps
-    (its module's EXPAND_BULK_ZERO_WARPS); chunks, shared memory and the copy
-    and zero-fill grid stay one warp's, the SF pass covers a row a thread of
-    the larger blocks. Off by default; no other kernel takes it."""
-    modules = _record_modules(monkeypatch)
-    x = 4096 * 8 + 1000  # padding rows (by shapes: the SF pass's zeros)
-
-    def launch_for(tuning=DEFAULT_TUNING):
-        problem = ExpandProblem(4096, hidden, 8, x,
-                                "bfloat16" if item_bytes == 2 else "float8_e4m3fn", **sf)
-        return ExpandPlan(problem, item_bytes, 0, tuning).kernel(16)
-
-    one = launch_for()
-    assert one.handle == "expand_to_fused_bulk_zero_rows_plain" and one.threads == 32
-    assert "EXPAND_BULK_ZERO_WARPS" not in dict(modules[one.handle])
-    assert ExpandTuning().bulk_zero_warps == 1
-    modules.clear()
-    tuning = ExpandTuning(bulk_zero_warps=warps)
-    several = launch_for(tuning)
-    assert several.handle == one.handle and several.threads == 32 * warps
-    assert dict(modules[one.handle])["EXPAND_BULK_ZERO_WARPS"] == warps
-    assert (several.shared_bytes, several.grid[1:]) == (one.shared_bytes, one.grid[1:])
-    pass_blocks = one.constant("sf_pass_blocks")
-    assert several.grid[0] - several.constant("sf_pass_blocks") == one.grid[0] - pass_blocks
-    if sf:
-        x = align_up(x, 4)
-        assert (pass_blocks, several.constant("sf_pass_blocks")) == (
-            ceil_div(x, 32), ceil_div(x, 32 * warps))
-    for other in (dataclasses.replace(tuning, bulk_zero_rows_plain=0),     # staged
-                  dataclasses.replace(tuning, bulk_min_blocks=math.inf),   # registers
-                  dataclasses.replace(tuning, bulk_whole_row_zero_from=math.inf)):  # chunks
-        modules.clear()
-        assert launch_for(other).handle != one.handle
-        assert all("EXPAND_BULK_ZERO_WARPS" not in dict(d) for d in modules.values())
 
 
 def test_zero_fill_runs_is_a_define_of_every_module_only_where_set(fake_h200, monkeypatch):

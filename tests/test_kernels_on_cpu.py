@@ -11,7 +11,6 @@ blocks). Kernels not yet run on a GPU are covered here first.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import re
 
@@ -380,19 +379,6 @@ ROW_BY_ROW = ExpandTuning(bulk_min_blocks=float("inf"), zero_fill_runs=0)
 BULK = ExpandTuning(bulk_min_blocks=0.0, padding_share_registers=float("inf"),
                     medium_padding_share_registers=float("inf"),
                     bulk_whole_row_zero_from=float("inf"))
-# the bulk kernel's zero-fill of whole rows by 16-byte stores, by blocks of
-# two and four warps (the token blocks' copies by the first warp alone)
-BULK_ZERO_2_WARPS = ExpandTuning(bulk_min_blocks=0.0, padding_share_registers=float("inf"),
-                                 medium_padding_share_registers=float("inf"), bulk_zero_warps=2)
-BULK_ZERO_4_WARPS = dataclasses.replace(BULK_ZERO_2_WARPS, bulk_zero_warps=4)
-# every call padding-heavy, its padding rows zeroed by expand_zero_padding_rows
-# by runs of rows (flat ranges over the block's threads); its scale factors
-# by the zero kernel's row blocks or by the SF pass
-ZERO_KERNEL_RUNS = ExpandTuning(padding_share_registers=0.0, zero_kernel_from_bytes=0,
-                                zero_kernel_beside_registers=1, zero_kernel_runs=1,
-                                sf_pass_beside_zero_kernel=0)
-ZERO_KERNEL_RUNS_SF_PASS = ExpandTuning(padding_share_registers=0.0, zero_kernel_from_bytes=0,
-                                        zero_kernel_beside_registers=1, zero_kernel_runs=1)
 
 
 @pytest.mark.parametrize("zero_padding", [True, False])
@@ -409,10 +395,6 @@ ZERO_KERNEL_RUNS_SF_PASS = ExpandTuning(padding_share_registers=0.0, zero_kernel
     (1536, 2, ROW_BY_ROW),               # zero_fill_runs 0: row by row
     (1536, 2, ZERO_RUNS_UNROLLED),
     (7168, 2, BULK),                     # Hopper's bulk copies (cp.async.bulk)
-    (7168, 2, BULK_ZERO_2_WARPS),        # ... zero-fill blocks of two warps
-    (1544, 2, BULK_ZERO_4_WARPS),        # ... four, rows not of whole blocks' vectors
-    (3072, 2, ZERO_KERNEL_RUNS),         # the zero kernel by runs: 6 KiB rows, 2 a block
-    (1544, 2, ZERO_KERNEL_RUNS),         # ... rows not of whole blocks' vectors
 ])
 def test_expand_matches_the_oracle(monkeypatch, rng, zero_padding, hidden, item, tuning):
     """expand_to_fused on a padded plan, given pos_to_token: rows as the
@@ -450,11 +432,6 @@ def test_expand_matches_the_oracle(monkeypatch, rng, zero_padding, hidden, item,
     ("row-f32", 3072, ROW_BY_ROW),
     ("row-f32", 3072, ZERO_RUNS_UNROLLED),
     ("col-ue8m0", 3072, GATHER),
-    ("col-ue8m0", 3072, BULK_ZERO_2_WARPS),  # the SF pass: a row a thread of 64
-    ("row-f32", 3072, BULK_ZERO_4_WARPS),   # padding rows' SF by 128 threads
-    ("row-f32", 3072, ZERO_KERNEL_RUNS),     # a run's scale factors as one range of words
-    ("col-f32", 3072, ZERO_KERNEL_RUNS),     # ... column-major: row by row, pad columns too
-    ("col-ue8m0", 1536, ZERO_KERNEL_RUNS_SF_PASS),  # the SF pass as the zero kernel's last blocks
 ])
 def test_expand_with_sf_matches_the_oracle(monkeypatch, rng, layout, hidden, tuning):
     """expand_to_fused_with_sf on a padded plan: fp8 rows and their scale

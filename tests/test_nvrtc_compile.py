@@ -286,41 +286,6 @@ def test_the_row_by_row_zero_fill_compiles(sf_mode):
 
 
 @pytest.mark.parametrize("sf_mode", [0, 1, 2])
-@pytest.mark.parametrize("warps", [2, 4])
-def test_plain_zero_fill_blocks_of_several_warps_compile(sf_mode, warps):
-    """ExpandTuning.bulk_zero_warps (EXPAND_BULK_ZERO_WARPS: the plain
-    zero-fill kernel's blocks of several warps); more than 4 is refused at
-    compile time."""
-    nvrtc_or_skip()
-    from cupy_moe.expand.plan import kernel_defines
-    from cupy_moe.expand.tuning import ExpandTuning
-
-    defines = kernel_defines(sf_mode, ExpandTuning(), "expand_to_fused_bulk_zero_rows_plain")
-    cubin = compile_for_arch("expand.cu", defines + (("EXPAND_BULK_ZERO_WARPS", warps),),
-                             "sm_90")
-    assert b"expand_to_fused_bulk_zero_rows_plain" in cubin
-    with pytest.raises(KernelCompileError, match="1 to 4 warps a plain zero-fill block"):
-        compile_for_arch("expand.cu", defines + (("EXPAND_BULK_ZERO_WARPS", 8),), "sm_90")
-
-
-@pytest.mark.parametrize("sf_mode", [0, 1, 2])
-def test_the_zero_kernel_by_runs_compiles(sf_mode):
-    """ExpandTuning.zero_kernel_runs (EXPAND_ZERO_KERNEL_RUNS: the zero
-    kernel's runs of rows as flat ranges), with and without EXPAND_ZERO_RUNS
-    (the register kernel's; the runs' loop unrolled by 4 with 2)."""
-    nvrtc_or_skip()
-    from cupy_moe.expand.plan import kernel_defines
-    from cupy_moe.expand.tuning import ExpandTuning
-
-    for runs in (0, 1, 2):
-        defines = kernel_defines(sf_mode, ExpandTuning(zero_fill_runs=runs),
-                                 "expand_zero_padding_rows")
-        cubin = compile_for_arch("expand.cu", defines + (("EXPAND_ZERO_KERNEL_RUNS", 1),),
-                                 "sm_90")
-        assert b"expand_zero_padding_rows" in cubin
-
-
-@pytest.mark.parametrize("sf_mode", [0, 1, 2])
 def test_the_unrolled_runs_compile(sf_mode):
     """ExpandTuning.zero_fill_runs=2 (EXPAND_ZERO_RUNS 2: each run's store
     loop unrolled by 4)."""

@@ -300,12 +300,6 @@ class ExpandPlan:
             # EXPAND_ROW_BYTES): its module serves this launch only
             defines += (("EXPAND_ROW_BYTES", self.row_bytes),
                         ("EXPAND_VECS_PER_THREAD", int(vecs_per_thread)))
-        # the plain zero-fill kernel's blocks may be several warps
-        # (ExpandTuning.bulk_zero_warps); chunks stay one warp's
-        block_threads = threads
-        if kernel == "expand_to_fused_bulk_zero_rows_plain" and self.tuning.bulk_zero_warps > 1:
-            block_threads = threads * int(self.tuning.bulk_zero_warps)
-            defines += (("EXPAND_BULK_ZERO_WARPS", int(self.tuning.bulk_zero_warps)),)
         handle = function_handle(SOURCE, defines, self.device, kernel)
         # zero-fill blocks are numbered across the z planes (the kernel's
         # rows_to_zero); whole-row ones across the y planes too
@@ -314,7 +308,7 @@ class ExpandPlan:
                                                      rows_per_zero_block)
         spread = planes * chunks if zero_whole_rows else planes
         sf_pass_blocks = (0 if sf_pass == SF_PASS_NONE or zero_kernel
-                          else ceil_div(problem.sf_leading_dim, block_threads))
+                          else ceil_div(problem.sf_leading_dim, threads))
         grid = (sf_pass_blocks + problem.num_tokens + ceil_div(zero_blocks, spread), chunks,
                 planes)
         fields = self._fields(
@@ -322,7 +316,7 @@ class ExpandPlan:
             slots_per_block=int(slots_per_block), first_zero_row=self.first_zero_row,
             sf_pass=sf_pass, sf_pass_blocks=sf_pass_blocks)
         zero_launch = self._zero_launch(fields, zero_rows_end) if zero_kernel else None
-        return ExpandLaunch(kernel, handle, grid, block_threads, shared_bytes,
+        return ExpandLaunch(kernel, handle, grid, threads, shared_bytes,
                             ArgBlock(EXPAND_ARGS, EXPAND_ARGS.constants(**fields),
                                      bind_context=True), zero_launch)
 
@@ -364,10 +358,9 @@ class ExpandPlan:
         row_blocks = ceil_div(zero_rows_end - self.first_zero_row, rows)
         pass_blocks = (0 if fields["sf_pass"] == SF_PASS_NONE
                        else ceil_div(self.problem.sf_leading_dim, int(tuning.threads)))
-        defines = kernel_defines(self.sf_mode, tuning, "expand_zero_padding_rows")
-        if tuning.zero_kernel_runs:  # runs of rows as flat ranges (its module only)
-            defines += (("EXPAND_ZERO_KERNEL_RUNS", 1),)
-        handle = function_handle(SOURCE, defines, self.device, "expand_zero_padding_rows")
+        handle = function_handle(SOURCE,
+                                 kernel_defines(self.sf_mode, tuning, "expand_zero_padding_rows"),
+                                 self.device, "expand_zero_padding_rows")
         constants = EXPAND_ARGS.constants(**{**fields, "rows_per_zero_block": rows,
                                              "zero_row_blocks": row_blocks})
         return ExpandLaunch("expand_zero_padding_rows", handle, (row_blocks + pass_blocks, 1, 1),

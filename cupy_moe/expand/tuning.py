@@ -85,14 +85,6 @@ class ExpandTuning:
     nowhere by more than the run-to-run spread (benchmarks/NOTES.md, tenth
     session).
 
-    ``bulk_zero_warps`` (1, 2 or 4): warps a block of that plain zero-fill
-    kernel; its zero-fill blocks store each row with all of them, its token
-    blocks copy with the first warp (the others end at once), so the SM's
-    cap of 32 resident blocks holds that many times more zero-fill warps
-    (ncu on the small EP8 plans: 23% achieved occupancy, one-warp blocks,
-    against the seed's 43% with 64-thread blocks). Not yet measured as a
-    default: 1 until it is.
-
     ``zero_kernel_from_bytes``: padding-heavy calls with at least this many
     bytes of padding rows (16-byte rows, sm_90+, T > 0) zero them by a second
     kernel of ``threads``-thread blocks (whole rows, about
@@ -103,12 +95,6 @@ class ExpandTuning:
     copies (medium batches), its own zero-fill blocks did as well or better.
     64 MB: the small-batch plans of 90-340 MB of padding gained 2-4% (Kimi-K2,
     Qwen3, Kimi-K2 fp8), the 19-47 MB ones (EP8, Qwen3 fp8) lost.
-
-    ``zero_kernel_runs`` (0 or 1): expand_zero_padding_rows zeroes each run
-    of consecutive rows of a block as one flat range over all its threads
-    (``zero_fill_runs``' path, EXPAND_ZERO_KERNEL_RUNS), not row by row (a
-    6 KiB row is 1.5 stores of a 256-thread block). Not yet measured as a
-    default: 0 until it is.
 
     ``compiled_row`` (0, 1 or 2): the register kernel is compiled for the
     call's row, its bytes and accesses a thread (EXPAND_ROW_BYTES,
@@ -216,10 +202,8 @@ class ExpandTuning:
     padding_zero_stage_bytes: int = 16 * 1024
     padding_zero_rows_bulk_whole: int = 1
     bulk_zero_rows_plain: int = 1
-    bulk_zero_warps: int = 1
     zero_kernel_from_bytes: float = 64e6
     zero_kernel_beside_registers: int = 0
-    zero_kernel_runs: int = 0
     # scale factors
     sf_by_position: int = 1
     sf_pass_beside_zero_kernel: int = 1
@@ -252,7 +236,7 @@ class ExpandTuning:
                 raise ValueError(f"ExpandTuning.{name} must be in 1 .. 32; "
                                  f"got {getattr(self, name)}")
         for name in ("padding_zero_whole_rows", "bulk_zero_rows_plain",
-                     "zero_kernel_beside_registers", "zero_kernel_runs", "sf_by_position",
+                     "zero_kernel_beside_registers", "sf_by_position",
                      "sf_pass_beside_zero_kernel"):
             if getattr(self, name) not in (0, 1):
                 raise ValueError(f"ExpandTuning.{name} must be 0 or 1; "
@@ -269,9 +253,6 @@ class ExpandTuning:
         if self.zero_fill_runs not in (0, 1, 2):
             raise ValueError(f"ExpandTuning.zero_fill_runs must be 0, 1 or 2; "
                              f"got {self.zero_fill_runs!r}")
-        if self.bulk_zero_warps not in (1, 2, 4):
-            raise ValueError(f"ExpandTuning.bulk_zero_warps must be 1, 2 or 4; "
-                             f"got {self.bulk_zero_warps!r}")
         if self.compiled_row not in (0, 1, 2):
             raise ValueError(f"ExpandTuning.compiled_row must be 0, 1 or 2; "
                              f"got {self.compiled_row!r}")
