@@ -161,6 +161,13 @@ CONFIGS: list[tuple[str, ExpandTuning]] = [
      _tuned(zero_kernel_from_bytes=0, zero_kernel_beside_registers=1)),
     ("padding: zero kernel, 64 threads a row",
      _tuned(zero_kernel_from_bytes=0, threads=64, unroll=16, zero_block_bytes_registers=0)),
+    # the zero kernel's blocks longer (default ~16 KiB: 2 of Qwen3's 6 KiB
+    # rows): ncu (forty-seventh session, H200, qwen3-30b-small-e128) counted
+    # 168 instructions a warp for its 3 stores, against the seed's 29 for 6;
+    # more rows a block spread the ballot and the loop set-up over more
+    # stores (elsewhere this field sizes the register kernel's zero-fill blocks)
+    *((f"zero kernel: blocks of ~{kib} KiB", _tuned(zero_block_bytes_registers=kib * 1024))
+      for kib in (32, 64, 128)),
     # every plan padding-heavy (EP plans are, with their slots dropped, though
     # their shapes do not say so): the zero kernel beside the copies
     ("every plan: zero kernel", _tuned(zero_kernel_from_bytes=0, padding_share_registers=0.0,
