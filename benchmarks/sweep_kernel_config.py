@@ -103,6 +103,8 @@ CONFIGS: list[tuple[str, ExpandTuning]] = [
     # with loads by the read-only path)
     ("loads .nc", _tuned(load_hint=3)),
     ("loads plain", _tuned(load_hint=1)),
+    # the seed's kernel stores plainly (STG.E.128; ours .cs: ncu, forty-seventh session)
+    ("stores plain", _tuned(store_hint=1)),
     ("loads .nc, stores plain", _tuned(load_hint=3, store_hint=1)),
     ("loads .cg, stores .cg", _tuned(load_hint=2, store_hint=2)),
     # blocks that fit the row: 3 KiB fp8 rows are 192 16-byte accesses (a
