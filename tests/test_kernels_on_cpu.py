@@ -379,6 +379,13 @@ ROW_BY_ROW = ExpandTuning(bulk_min_blocks=float("inf"), zero_fill_runs=0)
 BULK = ExpandTuning(bulk_min_blocks=0.0, padding_share_registers=float("inf"),
                     medium_padding_share_registers=float("inf"),
                     bulk_whole_row_zero_from=float("inf"))
+# every call padding-heavy, its padding rows zeroed by expand_zero_padding_rows
+# beside the copy kernel (scale factors by its row blocks, or by the SF pass
+# as its last blocks)
+ZERO_KERNEL = ExpandTuning(padding_share_registers=0.0, zero_kernel_from_bytes=0,
+                           zero_kernel_beside_registers=1, sf_pass_beside_zero_kernel=0)
+ZERO_KERNEL_SF_PASS = ExpandTuning(padding_share_registers=0.0, zero_kernel_from_bytes=0,
+                                   zero_kernel_beside_registers=1)
 
 
 @pytest.mark.parametrize("zero_padding", [True, False])
@@ -395,6 +402,8 @@ BULK = ExpandTuning(bulk_min_blocks=0.0, padding_share_registers=float("inf"),
     (1536, 2, ROW_BY_ROW),               # zero_fill_runs 0: row by row
     (1536, 2, ZERO_RUNS_UNROLLED),
     (7168, 2, BULK),                     # Hopper's bulk copies (cp.async.bulk)
+    (3072, 2, ZERO_KERNEL),              # padding rows by the zero kernel: 6 KiB, 2 a block
+    (1544, 2, ZERO_KERNEL),              # ... rows not of whole blocks' accesses
 ])
 def test_expand_matches_the_oracle(monkeypatch, rng, zero_padding, hidden, item, tuning):
     """expand_to_fused on a padded plan, given pos_to_token: rows as the
@@ -432,6 +441,9 @@ def test_expand_matches_the_oracle(monkeypatch, rng, zero_padding, hidden, item,
     ("row-f32", 3072, ROW_BY_ROW),
     ("row-f32", 3072, ZERO_RUNS_UNROLLED),
     ("col-ue8m0", 3072, GATHER),
+    ("row-f32", 3072, ZERO_KERNEL),          # the zero kernel: SF by its row blocks
+    ("col-f32", 3072, ZERO_KERNEL),          # ... column-major, the pad columns too
+    ("col-ue8m0", 1536, ZERO_KERNEL_SF_PASS),  # ... the SF pass as its last blocks
 ])
 def test_expand_with_sf_matches_the_oracle(monkeypatch, rng, layout, hidden, tuning):
     """expand_to_fused_with_sf on a padded plan: fp8 rows and their scale
