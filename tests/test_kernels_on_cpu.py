@@ -18,6 +18,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
+from conftest import KERNEL_PATHS
 from cuda_on_cpu import build
 from cuda_on_cpu.device import POISON, emulated_gpu, fenced
 
@@ -381,11 +382,9 @@ BULK = ExpandTuning(bulk_min_blocks=0.0, padding_share_registers=float("inf"),
                     bulk_whole_row_zero_from=float("inf"))
 # every call padding-heavy, its padding rows zeroed by expand_zero_padding_rows
 # beside the copy kernel (scale factors by its row blocks, or by the SF pass
-# as its last blocks)
-ZERO_KERNEL = ExpandTuning(padding_share_registers=0.0, zero_kernel_from_bytes=0,
-                           zero_kernel_beside_registers=1, sf_pass_beside_zero_kernel=0)
-ZERO_KERNEL_SF_PASS = ExpandTuning(padding_share_registers=0.0, zero_kernel_from_bytes=0,
-                                   zero_kernel_beside_registers=1)
+# as its last blocks): the GPU tests' kernel paths of those names
+ZERO_KERNEL = KERNEL_PATHS["zero-kernel"]
+ZERO_KERNEL_SF_PASS = KERNEL_PATHS["zero-kernel-sf-pass"]
 
 
 @pytest.mark.parametrize("zero_padding", [True, False])
