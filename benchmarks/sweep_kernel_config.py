@@ -170,10 +170,6 @@ CONFIGS: list[tuple[str, ExpandTuning]] = [
     # stores (elsewhere this field sizes the register kernel's zero-fill blocks)
     *((f"zero kernel: blocks of ~{kib} KiB", _tuned(zero_block_bytes_registers=kib * 1024))
       for kib in (32, 64, 128)),
-    # ... or each warp its own whole rows (ExpandTuning.zero_kernel_warp_rows):
-    # a lane's 12 stores of a 6 KiB row in one loop, no lane idle
-    *((f"zero kernel: {n} row{'s' * (n > 1)} a warp", _tuned(zero_kernel_warp_rows=n))
-      for n in (1, 2, 4)),
     # every plan padding-heavy (EP plans are, with their slots dropped, though
     # their shapes do not say so): the zero kernel beside the copies
     ("every plan: zero kernel", _tuned(zero_kernel_from_bytes=0, padding_share_registers=0.0,

@@ -111,12 +111,6 @@ static_assert(EXPAND_VECS_PER_THREAD >= 0 && EXPAND_VECS_PER_THREAD <= EXPAND_UN
 #ifndef EXPAND_ZERO_RUNS
 #define EXPAND_ZERO_RUNS 0
 #endif
-// expand_zero_padding_rows a warp a row (ExpandTuning.zero_kernel_warp_rows;
-// 0: each row by the whole block, row after row). The host then gives each
-// block EXPAND_THREADS / 32 * that many rows.
-#ifndef EXPAND_ZERO_KERNEL_WARP_ROWS
-#define EXPAND_ZERO_KERNEL_WARP_ROWS 0
-#endif
 
 // The argument block, passed by value. The host packs it field for field
 // (cupy_moe/expand/plan.py, EXPAND_ARGS), in this order.
@@ -624,21 +618,6 @@ expand_zero_padding_rows(const ExpandArgs a) {
     const ZeroRows rows = rows_to_zero(a, blockIdx.x);  // each warp: the same ballot
     const i64 n_vec = a.row_bytes / 16;
     uint4* out = reinterpret_cast<uint4*>(a.out);
-#if EXPAND_ZERO_KERNEL_WARP_ROWS
-    // Warp w zeroes the block's rows w, w + warps, ...: no lane idle on a row
-    // that is not a whole number of the block's accesses (6 KiB: 1.5 a thread
-    // of 256), and each row's loop set up once for all of a lane's stores
-    // (row by row, ncu counted 168 instructions a warp for 3 stores).
-    const int lane = threadIdx.x & 31;
-    const int row_vecs = static_cast<int>(n_vec);  // rows < 1 GiB (plan.py: MAX_GRID_Y)
-    for (int r = threadIdx.x >> 5; r < 32; r += EXPAND_THREADS / 32) {
-        if (!((rows.mask >> r) & 1u)) continue;
-        const i64 p = rows.first_row + r;
-        if (p >= a.num_expanded) break;  // the SF pad columns come last: no data row
-        uint4* row = out + p * n_vec;
-        for (int i = lane; i < row_vecs; i += 32) store_once(row + i, make_uint4(0, 0, 0, 0));
-    }
-#else
     for (unsigned mask = rows.mask; mask != 0; mask &= mask - 1) {
         const i64 p = rows.first_row + __ffs(mask) - 1;
         if (p >= a.num_expanded) break;  // the SF pad columns come last: no data row
@@ -646,7 +625,6 @@ expand_zero_padding_rows(const ExpandArgs a) {
         for (i64 i = threadIdx.x; i < n_vec; i += EXPAND_THREADS)
             store_once(row + i, make_uint4(0, 0, 0, 0));
     }
-#endif
     zero_sf_rows(a, rows, EXPAND_THREADS);
     if (blockIdx.x == gridDim.x - 1) wait_for_previous_kernel();
 }

@@ -56,10 +56,6 @@ KERNEL_PATHS = {
     # expand_zero_padding_rows beside the copy kernel (16-byte rows, sm_90+)
     "zero-kernel": ExpandTuning(padding_share_registers=0.0, zero_kernel_from_bytes=0,
                                 zero_kernel_beside_registers=1, sf_pass_beside_zero_kernel=0),
-    # ... each warp of the zero kernel its own rows (2 a warp: 16 a block)
-    "zero-kernel-warp-rows": ExpandTuning(padding_share_registers=0.0, zero_kernel_from_bytes=0,
-                                          zero_kernel_beside_registers=1,
-                                          sf_pass_beside_zero_kernel=0, zero_kernel_warp_rows=2),
     # column-major scale factors (16-byte rows, sm_90+): by default the copy
     # kernel's SF pass blocks zero them (every one where the call passes
     # pos_to_token: "given-tokens"), beside the zero kernel as its last blocks

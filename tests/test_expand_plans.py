@@ -543,12 +543,6 @@ def test_plain_op_fast_path_keys_pos_to_token(expand_fast_paths):
     ({"gather_x_bytes_below": -1}, r"gather_x_bytes_below must be a number >= 0; got -1"),
     ({"load_hint": 4}, r"load_hint must be 0, 1, 2 or 3; got 4"),
     ({"store_hint": 3}, r"store_hint must be 0, 1 or 2; got 3"),
-    ({"zero_kernel_warp_rows": 5}, r"zero_kernel_warp_rows must give a block of 256 threads "
-                                   r"at most 32 rows \(at most 4\); got 5"),
-    ({"zero_kernel_warp_rows": 2, "threads": 1024}, r"of 1024 threads at most 32 rows \(at "
-                                                    r"most 1\); got 2"),
-    ({"zero_kernel_warp_rows": 1.5}, r"zero_kernel_warp_rows must be a whole number of rows; "
-                                     r"got 1\.5"),
 ])
 def test_tuning_rejects_values_the_kernels_cannot_take(change, message):
     with pytest.raises(ValueError, match=message):
@@ -635,30 +629,6 @@ def test_padding_heavy_calls_may_zero_by_a_second_kernel(fake_h200, num_tokens, 
                              else num_expanded)
     for field in ("num_tokens", "num_expanded", "first_zero_row", "zero_padding", "sf_ld"):
         assert zero.constant(field) == copy.constant(field)
-
-
-@pytest.mark.parametrize(("threads", "warp_rows", "rows"), [(256, 1, 8), (256, 4, 32), (128, 2, 8)])
-def test_the_zero_kernel_a_warp_a_row(fake_h200, monkeypatch, threads, warp_rows, rows):
-    """ExpandTuning.zero_kernel_warp_rows: blocks of threads / 32 * n rows, the
-    define in the zero kernel's module alone; the copy kernel's launch and
-    module are the default's."""
-    modules = _record_modules(monkeypatch)
-    problem = ExpandProblem(32, 3072, 8, 14850, "bfloat16")  # qwen3-30b-small, 2 extra rows
-    base = dataclasses.replace(ZERO_KERNEL, threads=threads)
-    default_copy = ExpandPlan(problem, 2, 0, base).kernel(16)
-    default_modules = dict(modules)
-    modules.clear()
-    copy = ExpandPlan(problem, 2, 0, dataclasses.replace(base, zero_kernel_warp_rows=warp_rows)
-                      ).kernel(16)
-    zero = copy.zero_launch
-    assert zero.threads == threads and zero.constant("rows_per_zero_block") == rows
-    assert zero.grid == (-(-14850 // rows), 1, 1)
-    assert zero.constant("zero_row_blocks") == zero.grid_x
-    assert modules["expand_zero_padding_rows"] == (
-        *default_modules["expand_zero_padding_rows"], ("EXPAND_ZERO_KERNEL_WARP_ROWS", warp_rows))
-    assert modules[copy.handle] == default_modules[copy.handle]
-    assert (copy.handle, copy.grid, copy.threads) == (default_copy.handle, default_copy.grid,
-                                                      default_copy.threads)
 
 
 @pytest.mark.parametrize(("change", "why"), [

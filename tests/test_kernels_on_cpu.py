@@ -11,7 +11,6 @@ blocks). Kernels not yet run on a GPU are covered here first.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import re
 
@@ -386,11 +385,6 @@ BULK = ExpandTuning(bulk_min_blocks=0.0, padding_share_registers=float("inf"),
 # as its last blocks): the GPU tests' kernel paths of those names
 ZERO_KERNEL = KERNEL_PATHS["zero-kernel"]
 ZERO_KERNEL_SF_PASS = KERNEL_PATHS["zero-kernel-sf-pass"]
-# ... each warp its own rows (zero_kernel_warp_rows: 2 rows a warp, 16 a
-# block of 256 threads; 4 a warp, 32 a block; 1 a warp with the SF pass)
-ZERO_KERNEL_WARP_ROWS = KERNEL_PATHS["zero-kernel-warp-rows"]
-ZERO_KERNEL_WARP_ROWS_4 = dataclasses.replace(ZERO_KERNEL_WARP_ROWS, zero_kernel_warp_rows=4)
-ZERO_KERNEL_WARP_ROWS_SF_PASS = dataclasses.replace(ZERO_KERNEL_SF_PASS, zero_kernel_warp_rows=1)
 
 
 @pytest.mark.parametrize("zero_padding", [True, False])
@@ -409,8 +403,6 @@ ZERO_KERNEL_WARP_ROWS_SF_PASS = dataclasses.replace(ZERO_KERNEL_SF_PASS, zero_ke
     (7168, 2, BULK),                     # Hopper's bulk copies (cp.async.bulk)
     (3072, 2, ZERO_KERNEL),              # padding rows by the zero kernel: 6 KiB, 2 a block
     (1544, 2, ZERO_KERNEL),              # ... rows not of whole blocks' accesses
-    (3072, 2, ZERO_KERNEL_WARP_ROWS),    # ... 2 rows a warp: 6 KiB, 12 accesses a lane a row
-    (1544, 2, ZERO_KERNEL_WARP_ROWS_4),  # ... 4 rows a warp, rows not of whole warps' accesses
 ])
 def test_expand_matches_the_oracle(monkeypatch, rng, zero_padding, hidden, item, tuning):
     """expand_to_fused on a padded plan, given pos_to_token: rows as the
@@ -451,9 +443,6 @@ def test_expand_matches_the_oracle(monkeypatch, rng, zero_padding, hidden, item,
     ("row-f32", 3072, ZERO_KERNEL),          # the zero kernel: SF by its row blocks
     ("col-f32", 3072, ZERO_KERNEL),          # ... column-major, the pad columns too
     ("col-ue8m0", 1536, ZERO_KERNEL_SF_PASS),  # ... the SF pass as its last blocks
-    ("row-f32", 3072, ZERO_KERNEL_WARP_ROWS),   # the zero kernel a warp a row: SF by its blocks
-    ("col-f32", 3072, ZERO_KERNEL_WARP_ROWS_4),  # ... column-major, the pad columns' rows too
-    ("col-ue8m0", 1536, ZERO_KERNEL_WARP_ROWS_SF_PASS),  # ... the SF pass as its last blocks
 ])
 def test_expand_with_sf_matches_the_oracle(monkeypatch, rng, layout, hidden, tuning):
     """expand_to_fused_with_sf on a padded plan: fp8 rows and their scale

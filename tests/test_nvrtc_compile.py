@@ -269,27 +269,6 @@ def test_a_package_without_its_kernel_sources_says_so(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("sf_mode", [0, 1, 2])
-def test_the_zero_kernel_a_warp_a_row_compiles(sf_mode):
-    """ExpandTuning.zero_kernel_warp_rows (EXPAND_ZERO_KERNEL_WARP_ROWS: each
-    warp of the zero kernel its own whole rows), with 256 and 1024 threads;
-    off (0) is the define's absence, machine code and all."""
-    nvrtc_or_skip()
-    from cupy_moe.expand.plan import kernel_defines
-    from cupy_moe.expand.tuning import ExpandTuning
-
-    for threads, warp_rows in ((256, 1), (256, 4), (1024, 1)):
-        defines = kernel_defines(sf_mode, ExpandTuning(threads=threads),
-                                 "expand_zero_padding_rows")
-        cubin = compile_for_arch(
-            "expand.cu", defines + (("EXPAND_ZERO_KERNEL_WARP_ROWS", warp_rows),), "sm_90")
-        assert b"expand_zero_padding_rows" in cubin
-    default = cubin_code(compile_for_arch("expand.cu", defines, "sm_90"))
-    off = cubin_code(compile_for_arch(
-        "expand.cu", defines + (("EXPAND_ZERO_KERNEL_WARP_ROWS", 0),), "sm_90"))
-    assert off["expand_zero_padding_rows"] == default["expand_zero_padding_rows"]
-
-
-@pytest.mark.parametrize("sf_mode", [0, 1, 2])
 def test_the_row_by_row_zero_fill_compiles(sf_mode):
     """ExpandTuning.zero_fill_runs=0 (no EXPAND_ZERO_RUNS: zero-fill row by
     row), alone and with the register kernel compiled for a 3 KiB row (one

@@ -350,22 +350,17 @@ class ExpandPlan:
 
     def _zero_launch(self, fields: dict[str, int], zero_rows_end: int) -> ExpandLaunch:
         """expand_zero_padding_rows: blocks of ``tuning.threads`` threads, each
-        whole rows of about ``zero_block_bytes_registers`` (1 .. 32 rows), or
-        ``zero_kernel_warp_rows`` rows a warp;
+        whole rows of about ``zero_block_bytes_registers`` (1 .. 32 rows);
         then, with an SF pass (``fields["sf_pass"]``), the pass blocks, a
         thread a row."""
         tuning = self.tuning
-        warp_rows = int(tuning.zero_kernel_warp_rows)
-        defines = kernel_defines(self.sf_mode, tuning, "expand_zero_padding_rows")
-        if warp_rows:  # each warp its rows (ExpandTuning.zero_kernel_warp_rows)
-            rows = int(tuning.threads) // 32 * warp_rows
-            defines += (("EXPAND_ZERO_KERNEL_WARP_ROWS", warp_rows),)
-        else:
-            rows = min(32, max(1, int(tuning.zero_block_bytes_registers) // self.row_bytes))
+        rows = min(32, max(1, int(tuning.zero_block_bytes_registers) // self.row_bytes))
         row_blocks = ceil_div(zero_rows_end - self.first_zero_row, rows)
         pass_blocks = (0 if fields["sf_pass"] == SF_PASS_NONE
                        else ceil_div(self.problem.sf_leading_dim, int(tuning.threads)))
-        handle = function_handle(SOURCE, defines, self.device, "expand_zero_padding_rows")
+        handle = function_handle(SOURCE,
+                                 kernel_defines(self.sf_mode, tuning, "expand_zero_padding_rows"),
+                                 self.device, "expand_zero_padding_rows")
         constants = EXPAND_ARGS.constants(**{**fields, "rows_per_zero_block": rows,
                                              "zero_row_blocks": row_blocks})
         return ExpandLaunch("expand_zero_padding_rows", handle, (row_blocks + pass_blocks, 1, 1),

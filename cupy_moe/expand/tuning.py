@@ -96,15 +96,6 @@ class ExpandTuning:
     64 MB: the small-batch plans of 90-340 MB of padding gained 2-4% (Kimi-K2,
     Qwen3, Kimi-K2 fp8), the 19-47 MB ones (EP8, Qwen3 fp8) lost.
 
-    ``zero_kernel_warp_rows``: 0, the zero kernel stores each row with the
-    whole block, row after row; n >= 1, each warp stores n whole rows of its
-    block (EXPAND_ZERO_KERNEL_WARP_ROWS, the zero kernel's module only), a
-    block ``threads / 32 * n`` rows (at most 32). ncu on an H200
-    (forty-seventh session, qwen3-30b-small-e128-plan: 6 KiB rows, 2 a
-    block) counted 168 instructions a warp for its 3 stores, the seed's
-    kernel 29 for 6, and the zero kernel alone took 23.5 us to the seed's
-    whole op's 22.2. Not yet measured as a lever: 0 until it is.
-
     ``compiled_row`` (0, 1 or 2): the register kernel is compiled for the
     call's row, its bytes and accesses a thread (EXPAND_ROW_BYTES,
     EXPAND_VECS_PER_THREAD: a module per row length), so that its unrolled
@@ -213,7 +204,6 @@ class ExpandTuning:
     bulk_zero_rows_plain: int = 1
     zero_kernel_from_bytes: float = 64e6
     zero_kernel_beside_registers: int = 0
-    zero_kernel_warp_rows: int = 0
     # scale factors
     sf_by_position: int = 1
     sf_pass_beside_zero_kernel: int = 1
@@ -263,13 +253,6 @@ class ExpandTuning:
         if self.zero_fill_runs not in (0, 1, 2):
             raise ValueError(f"ExpandTuning.zero_fill_runs must be 0, 1 or 2; "
                              f"got {self.zero_fill_runs!r}")
-        if self.zero_kernel_warp_rows * (self.threads // 32) > 32:  # one ballot a block
-            raise ValueError(f"ExpandTuning.zero_kernel_warp_rows must give a block of "
-                             f"{self.threads} threads at most 32 rows (at most "
-                             f"{32 // (self.threads // 32)}); got {self.zero_kernel_warp_rows}")
-        if self.zero_kernel_warp_rows != int(self.zero_kernel_warp_rows):
-            raise ValueError(f"ExpandTuning.zero_kernel_warp_rows must be a whole number of "
-                             f"rows; got {self.zero_kernel_warp_rows!r}")
         if self.compiled_row not in (0, 1, 2):
             raise ValueError(f"ExpandTuning.compiled_row must be 0, 1 or 2; "
                              f"got {self.compiled_row!r}")
