@@ -63,6 +63,7 @@ BULK_ZERO_PLAIN = dataclasses.replace(BULK_ALWAYS, bulk_whole_row_zero_from=0,
                                       bulk_zero_rows_plain=1)
 # every call with tokens padding-heavy, its padding rows by expand_zero_padding_rows
 ZERO_KERNEL = dataclasses.replace(DEFAULT_TUNING, padding_share_registers=0.0,
+                                  padding_whole_chunks_from=math.inf,
                                   zero_kernel_from_bytes=0, sf_pass_beside_zero_kernel=0)
 # beside it, column-major scale factors by SF pass blocks at the end of its grid
 ZERO_KERNEL_SF_PASS = dataclasses.replace(ZERO_KERNEL, sf_pass_beside_zero_kernel=1)

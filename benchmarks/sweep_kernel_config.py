@@ -170,6 +170,27 @@ CONFIGS: list[tuple[str, ExpandTuning]] = [
     # stores (elsewhere this field sizes the register kernel's zero-fill blocks)
     *((f"zero kernel: blocks of ~{kib} KiB", _tuned(zero_block_bytes_registers=kib * 1024))
       for kib in (32, 64, 128)),
+    # benchmarks/zero_map_probe.py (forty-eighth session, H100): after the
+    # map, plain stores ran at 97.8% of memset on Qwen3's 90 MB of padding
+    # rows against .cs's 95.4% (EP8's 19 MB: 96.4 against 92.5), a 256-thread
+    # block a row at 98.4%; the map itself cost ~0.5 us. And one kernel, not
+    # two: no dependent launch between the copies and the zeros
+    ("zero kernel: plain, 1 row a block", _tuned(store_hint=1, zero_block_bytes_registers=0,
+                                                  zero_rows_registers=1)),
+    *((f"one kernel: {threads} threads, no shrink, {rows} row{'s' * (rows > 1)} a zero-fill "
+       "block, plain",
+       _tuned(threads=threads, unroll=16 if threads < 128 else 4, shrink_chunks_below=0.0,
+              split_slots_below=0.0, zero_rows_registers=rows, zero_block_bytes_registers=0,
+              store_hint=1))
+      for threads, rows in ((256, 1), (256, 2), (128, 1), (32, 1))),
+    # ... the same restricted to padding-heavy plans of 16 token chunks and
+    # more (ExpandTuning.padding_whole_chunks_from; the default since the
+    # forty-eighth session), on decode too, and never (the bulk kernel's
+    # copies, and the zero kernel beside them from 64 MB of padding)
+    ("padding: whole chunks from 1 token chunk", _tuned(padding_whole_chunks_from=1.0)),
+    ("padding: no whole chunks", _tuned(padding_whole_chunks_from=math.inf)),
+    ("padding: whole chunks, 2 rows a zero-fill block", _tuned(zero_block_bytes_registers=0)),
+    ("padding: whole chunks, plain", _tuned(store_hint=1)),
     # every plan padding-heavy (EP plans are, with their slots dropped, though
     # their shapes do not say so): the zero kernel beside the copies
     ("every plan: zero kernel", _tuned(zero_kernel_from_bytes=0, padding_share_registers=0.0,

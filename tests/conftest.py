@@ -43,6 +43,7 @@ KERNEL_PATHS = {
     # zero-fill blocks of whole rows in 2 KiB bulk stores of a stage larger
     # than the 512-byte copy chunks
     "bulk-zero-stage": ExpandTuning(bulk_min_blocks=0.0, padding_share_registers=0.0,
+                                    padding_whole_chunks_from=math.inf,
                                     shrink_chunks_below=math.inf,
                                     padding_bulk_min_chunk_bytes=512, padding_zero_whole_rows=1,
                                     padding_zero_stage_bytes=2048, bulk_zero_rows_plain=0),
@@ -53,9 +54,12 @@ KERNEL_PATHS = {
                                     bulk_whole_row_zero_from=0, bulk_min_chunk_bytes=512,
                                     bulk_zero_rows_plain=1),
     # every call with tokens padding-heavy, its padding rows zeroed by
-    # expand_zero_padding_rows beside the copy kernel (16-byte rows, sm_90+)
-    "zero-kernel": ExpandTuning(padding_share_registers=0.0, zero_kernel_from_bytes=0,
-                                zero_kernel_beside_registers=1, sf_pass_beside_zero_kernel=0),
+    # expand_zero_padding_rows beside the copy kernel (16-byte rows, sm_90+;
+    # chunks as before padding_whole_chunks_from: small batches' copies by
+    # the bulk kernel)
+    "zero-kernel": ExpandTuning(padding_share_registers=0.0, padding_whole_chunks_from=math.inf,
+                                zero_kernel_from_bytes=0, zero_kernel_beside_registers=1,
+                                sf_pass_beside_zero_kernel=0),
     # column-major scale factors (16-byte rows, sm_90+): by default the copy
     # kernel's SF pass blocks zero them (every one where the call passes
     # pos_to_token: "given-tokens"), beside the zero kernel as its last blocks
@@ -64,11 +68,11 @@ KERNEL_PATHS = {
     "sf-in-line": ExpandTuning(sf_by_position=0),
     "given-tokens": GivenPosToToken(ExpandTuning()),
     "zero-kernel-sf-pass": ExpandTuning(
-        padding_share_registers=0.0, zero_kernel_from_bytes=0, zero_kernel_beside_registers=1,
-        sf_pass_beside_zero_kernel=1),
+        padding_share_registers=0.0, padding_whole_chunks_from=math.inf, zero_kernel_from_bytes=0,
+        zero_kernel_beside_registers=1, sf_pass_beside_zero_kernel=1),
     "zero-kernel-sf-pass-given-tokens": GivenPosToToken(ExpandTuning(
-        padding_share_registers=0.0, zero_kernel_from_bytes=0, zero_kernel_beside_registers=1,
-        sf_pass_beside_zero_kernel=1)),
+        padding_share_registers=0.0, padding_whole_chunks_from=math.inf, zero_kernel_from_bytes=0,
+        zero_kernel_beside_registers=1, sf_pass_beside_zero_kernel=1)),
     # rows by position (expand_to_fused_gather) on every call given pos_to_token
     # with 16-byte rows and bases; 40 rows a block: 5 a warp, a short last block
     "gather": GivenPosToToken(ExpandTuning(gather_x_bytes_below=math.inf, gather_rows=40)),

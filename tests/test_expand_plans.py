@@ -58,7 +58,11 @@ def fake_h200(monkeypatch):
 # 8 KiB and more, column chunks below, no zero kernel (what the tests of those
 # mechanisms pin; the defaults moved to 16-byte stores of whole rows)
 STAGED = dataclasses.replace(DEFAULT_TUNING, bulk_whole_row_zero_from=8192,
-                             bulk_zero_rows_plain=0, zero_kernel_from_bytes=math.inf)
+                             bulk_zero_rows_plain=0, zero_kernel_from_bytes=math.inf,
+                             padding_whole_chunks_from=math.inf)
+# small padding-heavy batches' copies by the bulk kernel, as before the
+# forty-eighth session's whole register chunks
+BULK_SMALL_BATCHES = dataclasses.replace(DEFAULT_TUNING, padding_whole_chunks_from=math.inf)
 
 
 def _launch_for(num_tokens, hidden, item_bytes=2, vec_bytes=16, top_k=8,
@@ -143,11 +147,9 @@ def test_the_zero_stage_kernel_path_reaches_small_batches(fake_h200):
     (512, 7168, 4096, "expand_to_fused_bulk_zero_rows_plain", 4, 2),
     # qwen3-30b-medium, 384 experts (92% padding): register, 6 KiB rows
     (512, 3072, 49152, "expand_to_fused_v16", 1, 3),
-    # qwen3-30b-small, 128 experts: too few tokens for unshrunk register
-    # chunks, so the bulk kernel with chunks down to 1 KiB (192 blocks >= 132;
-    # with 2 KiB, 96 blocks, it would be the register kernel), its 90 MB of
-    # padding rows by the zero kernel beside it
-    (32, 3072, 14848, "expand_to_fused_bulk_overlapped", 6, 2),
+    # qwen3-30b-small, 128 experts: 32 token chunks (>= 16) kept whole, all
+    # K slots a block, zero-fill blocks of 3 rows (~16 KiB): one launch
+    (32, 3072, 14848, "expand_to_fused_v16", 1, 3),
     # kimi-k2-prefill on a 384-expert plan: 33% padding, the bulk kernel
     (4096, 7168, 49152, "expand_to_fused_bulk_zero_rows_plain", 1, 2),
     # kimi-k2-medium on an EP8 plan (48 local experts, X = 6144): 33%
@@ -192,18 +194,19 @@ def test_padding_heavy_zero_fill_stage(fake_h200, num_tokens, hidden, num_expand
 
 
 def test_padding_heavy_fp8_rows_take_shorter_chunks_before_the_register_kernel(fake_h200):
+    # (small batches on the bulk kernel, as before padding_whole_chunks_from)
     # qwen3-30b-small's fp8 rows (3 KiB) on a 128-expert plan: 1 KiB chunks
     # make 96 copy blocks, too few for the bulk kernel; 512-byte ones 192
     problem = ExpandProblem(32, 3072, 8, 14848, "float8_e4m3fn")
-    launch = ExpandPlan(problem, 1, 0, DEFAULT_TUNING).kernel(16)
+    launch = ExpandPlan(problem, 1, 0, BULK_SMALL_BATCHES).kernel(16)
     assert (launch.handle, launch.grid[1], launch.shared_bytes) == (
         "expand_to_fused_bulk_zero_rows_plain", 6, 512)
     # without the shorter chunks: the register kernel
-    tuning = dataclasses.replace(DEFAULT_TUNING, padding_bulk_least_chunk_bytes=1024)
+    tuning = dataclasses.replace(BULK_SMALL_BATCHES, padding_bulk_least_chunk_bytes=1024)
     assert ExpandPlan(problem, 1, 0, tuning).kernel(16).handle == "expand_to_fused_v16"
     # where 1 KiB chunks make enough blocks they stay (kimi-k2-small's 14 KiB rows)
     problem = ExpandProblem(32, 7168, 8, 14848, "bfloat16")
-    assert ExpandPlan(problem, 2, 0, DEFAULT_TUNING).kernel(16).grid[1] == 14
+    assert ExpandPlan(problem, 2, 0, BULK_SMALL_BATCHES).kernel(16).grid[1] == 14
 
 
 def test_plain_store_zero_rows_keep_the_copy_chunks_stage(fake_h200):
@@ -532,6 +535,8 @@ def test_plain_op_fast_path_keys_pos_to_token(expand_fast_paths):
     ({"compiled_row": True}, r"compiled_row must be a number >= 0; got True"),
     ({"padding_zero_rows_bulk_whole": 0}, r"padding_zero_rows_bulk_whole must be in 1 \.\. 32"),
     ({"zero_kernel_from_bytes": -1.0}, r"zero_kernel_from_bytes must be a number >= 0; got -1\.0"),
+    ({"padding_whole_chunks_from": -1.0},
+     r"padding_whole_chunks_from must be a number >= 0; got -1\.0"),
     ({"medium_padding_share_registers": -0.3},
      r"medium_padding_share_registers must be a number >= 0; got -0\.3"),
     ({"medium_copy_bytes": "128e6"}, r"medium_copy_bytes must be a number >= 0; got '128e6'"),
@@ -582,19 +587,54 @@ def test_the_zero_kernel_path_reaches_the_gpu_tests_shapes(fake_h200):
     assert _launch_for(0, 2048, tuning=tuning).zero_launch is None
 
 
-@pytest.mark.parametrize(("num_tokens", "hidden", "num_expanded", "zero_kernel"), [
-    (32, 7168, 14848, True),   # kimi-k2-small-e128: 209 MB of padding, bulk copies
-    (32, 3072, 14848, True),   # qwen3-30b-small-e128: 90 MB
-    (32, 3072, 3072, False),   # qwen3-30b-small EP8: 17 MB, below 64 MB
-    (512, 7168, 16384, False),  # kimi-k2-medium-e128: the register kernel copies
+@pytest.mark.parametrize(("num_tokens", "hidden", "num_expanded", "name"), [
+    # small batches (32 token chunks) keep whole register chunks: no zero kernel
+    (32, 7168, 14848, "expand_to_fused_v16"),   # kimi-k2-small-e128: 209 MB of padding
+    (32, 3072, 14848, "expand_to_fused_v16"),   # qwen3-30b-small-e128: 90 MB
+    (32, 3072, 3072, "expand_to_fused_v16"),    # qwen3-30b-small EP8: 17 MB
+    (512, 7168, 16384, "expand_to_fused_v16"),  # kimi-k2-medium-e128: whole chunks anyway
+    # fewer token chunks shrink them: the zero kernel from 64 MB of padding
+    # beside the bulk kernel's copies (15 tokens: 180 blocks of 512 bytes) or
+    # the shrunk register kernel's (decode: 117 MB of padding)
+    (15, 3072, 14848, "expand_to_fused_bulk_overlapped"),
+    (1, 7168, 8192, "expand_to_fused_v16_overlapped"),
+    (8, 7168, 4096, "expand_to_fused_bulk_zero_rows_plain"),  # 58 MB: no zero kernel
 ])
-def test_the_zero_kernel_by_default(fake_h200, num_tokens, hidden, num_expanded, zero_kernel):
+def test_the_zero_kernel_by_default(fake_h200, num_tokens, hidden, num_expanded, name):
     problem = ExpandProblem(num_tokens, hidden, 8, num_expanded, "bfloat16")
     launch = ExpandPlan(problem, 2, 0, DEFAULT_TUNING).kernel(16)
-    assert (launch.zero_launch is not None) == zero_kernel
-    assert launch.name == ("expand_to_fused_bulk_overlapped" if zero_kernel else
-                           "expand_to_fused_v16" if num_tokens == 512 else
-                           "expand_to_fused_bulk_zero_rows_plain")
+    assert launch.name == name
+    assert (launch.zero_launch is not None) == name.endswith("_overlapped")
+
+
+@pytest.mark.parametrize(("num_tokens", "hidden", "item_bytes", "whole"), [
+    (32, 3072, 2, True),   # qwen3-30b-small: 32 token chunks
+    (32, 3072, 1, True),   # ... its fp8 rows
+    (16, 3072, 2, True),   # 16 token chunks: the threshold
+    (15, 3072, 2, False),  # 15: chunks shrink (the bulk kernel's copies)
+    (8, 7168, 2, False),
+])
+def test_padding_heavy_small_batches_keep_whole_chunks(fake_h200, num_tokens, hidden,
+                                                       item_bytes, whole):
+    problem = ExpandProblem(num_tokens, hidden, 8, 14848,
+                            "bfloat16" if item_bytes == 2 else "float8_e4m3fn")
+    launch = ExpandPlan(problem, item_bytes, 0, DEFAULT_TUNING).kernel(16)
+    # whole chunks: the register kernel, one chunk a row (rows <= 16 KiB), all
+    # K slots a block, its own zero-fill blocks (no second kernel)
+    assert (launch.name == "expand_to_fused_v16" and launch.grid[1:] == (1, 1)
+            and launch.constant("slots_per_block") == 8
+            and launch.constant("vecs_per_thread") == DEFAULT_TUNING.unroll
+            and launch.zero_launch is None) == whole
+    # never (inf): the bulk kernel's copies, as before
+    launch = ExpandPlan(problem, item_bytes, 0, BULK_SMALL_BATCHES).kernel(16)
+    assert launch.name.startswith("expand_to_fused_bulk")
+    # not padding-heavy (tightly packed): chunks shrink whatever the field says
+    problem = ExpandProblem(num_tokens, hidden, 8, num_tokens * 8,
+                            "bfloat16" if item_bytes == 2 else "float8_e4m3fn")
+    launches = [ExpandPlan(problem, item_bytes, 0, tuning).kernel(16)
+                for tuning in (DEFAULT_TUNING, BULK_SMALL_BATCHES)]
+    assert launches[0].grid == launches[1].grid and launches[0].name == launches[1].name
+    assert launches[0].grid[1:] != (1, 1)
 
 
 @pytest.mark.parametrize(("num_tokens", "hidden", "item_bytes", "num_expanded", "rows", "sf"), [

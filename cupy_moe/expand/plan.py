@@ -194,7 +194,8 @@ class ExpandPlan:
         the tokens' chunks are too few to fill the chip, chunks shrink to one
         access per thread and then each block takes one slot. Padding-heavy
         shapes (ExpandTuning says which) take the register kernel unless its
-        chunks would shrink. Calls that pass ``pos_to_token`` with a small
+        chunks would shrink, and from ``padding_whole_chunks_from`` token
+        chunks keep them whole (one launch). Calls that pass ``pos_to_token`` with a small
         ``x`` may instead write the output by position (``gathers``).
         """
         if self.gathers(vec_bytes):
@@ -208,7 +209,6 @@ class ExpandPlan:
         # few to fill the chip
         threads, vecs_per_thread = tuning.threads, tuning.unroll
         chunks = ceil_div(n_vec, threads * vecs_per_thread)
-        shrink = num_tokens * chunks < tuning.shrink_chunks_below * multiprocessors
         # padding rows, at least (slots may be dropped): X - T*K of X
         padding_share = (1 - problem.num_tokens * problem.top_k / problem.num_expanded
                          if problem.num_expanded else 0.0)
@@ -216,6 +216,12 @@ class ExpandPlan:
         padding_heavy = padding_share >= (
             tuning.padding_share_registers if routed_bytes >= tuning.medium_copy_bytes
             else min(tuning.padding_share_registers, tuning.medium_padding_share_registers))
+        # padding-heavy plans of enough token chunks keep them whole, all K
+        # slots a block (ExpandTuning.padding_whole_chunks_from): one
+        # register-kernel launch
+        whole_chunks = padding_heavy and num_tokens * chunks >= tuning.padding_whole_chunks_from
+        shrink = (not whole_chunks
+                  and num_tokens * chunks < tuning.shrink_chunks_below * multiprocessors)
         # padding rows by a kernel of their own beside the copies (16-byte rows
         # and output, sm_90+, a copy kernel to overlap: expand.cu's
         # expand_zero_padding_rows)
@@ -263,7 +269,8 @@ class ExpandPlan:
         if shrink:
             vecs_per_thread = 1
             chunks = ceil_div(n_vec, threads)
-        split = num_tokens * chunks < tuning.split_slots_below * multiprocessors
+        split = (not whole_chunks
+                 and num_tokens * chunks < tuning.split_slots_below * multiprocessors)
         # a zero-fill block zeroes its rows' column chunk: rows enough for
         # about zero_block_bytes_registers
         chunk_bytes = min(self.row_bytes, threads * vecs_per_thread * vec_bytes)

@@ -94,7 +94,25 @@ class ExpandTuning:
     unless ``zero_kernel_beside_registers`` is 1: where the register kernel
     copies (medium batches), its own zero-fill blocks did as well or better.
     64 MB: the small-batch plans of 90-340 MB of padding gained 2-4% (Kimi-K2,
-    Qwen3, Kimi-K2 fp8), the 19-47 MB ones (EP8, Qwen3 fp8) lost.
+    Qwen3, Kimi-K2 fp8), the 19-47 MB ones (EP8, Qwen3 fp8) lost. Since
+    ``padding_whole_chunks_from`` those small batches keep whole register
+    chunks, so by default the zero kernel comes only with fewer token
+    chunks (decode-sized batches over 64 MB of padding rows).
+
+    ``padding_whole_chunks_from``: padding-heavy calls whose tokens make at
+    least this many register-kernel chunks (T x chunks, whole chunks) keep
+    them whole, all K slots a block, where chunks would shrink (small
+    batches): one launch of token blocks and zero-fill blocks instead of the
+    bulk kernel's copies (and beside them, from ``zero_kernel_from_bytes``,
+    the zero kernel). inf: never. Measured on the H100 beside the seed's
+    kernel (forty-eighth session, results/expand_seed_whole_chunks_h100.md,
+    the bench's timing; inf as a variant): Qwen3 small e128 31.8 -> 30.8 us
+    (seed 30.3), e256 / e384 2% faster, Kimi-K2 small and its fp8 plans
+    level to 6% faster (packed SF e256 52.1 -> 49.1), the EP8 small plans
+    within +-3%. With the host's time hidden (the GPU spinning first) the
+    Qwen3 gain is 0.6%: most of it is the launch saved. Decode (T = 1: one
+    token block would store all K rows) lost 10% on Kimi-K2 with whole
+    chunks, hence 16: the small batches' 32 token chunks, not decode's 1.
 
     ``compiled_row`` (0, 1 or 2): the register kernel is compiled for the
     call's row, its bytes and accesses a thread (EXPAND_ROW_BYTES,
@@ -204,6 +222,7 @@ class ExpandTuning:
     bulk_zero_rows_plain: int = 1
     zero_kernel_from_bytes: float = 64e6
     zero_kernel_beside_registers: int = 0
+    padding_whole_chunks_from: float = 16.0
     # scale factors
     sf_by_position: int = 1
     sf_pass_beside_zero_kernel: int = 1
