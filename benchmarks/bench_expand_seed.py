@@ -26,7 +26,10 @@ the workload's seeded plan):
   bandwidth (``GpuTimer.copy_tbps``).
 Every figure is ``GpuTimer.median_us`` (CUDA events, L2 flushed before each
 run; ``--hide-host`` also spins the GPU ~50 us first, so that host work of a
-call is not in its figure). Before anything is timed, both ops' results are
+call is not in its figure), or with ``--graph`` both ops' time per call in
+replays of a CUDA graph of 100 calls (``WarmTimer``: no host time, no flush,
+so a call finds in L2 what the last one left; the floor keeps the flushed
+events). Before anything is timed, both ops' results are
 checked bit for bit against the NumPy reference, on outputs filled with 0xFF
 bytes first, so that a padding row left unwritten shows. The seed allocates
 its own outputs: its first call's outputs are poisoned and freed, and the
@@ -430,10 +433,13 @@ class SeedRunner:
 
 
 def bench_workload(w, seeds: SeedRunner, timer, iters: int, copy_tbps: float, rng,
-                   hide_host: bool, variants: Sequence[str] = ()) -> dict[str, Any]:
+                   hide_host: bool, variants: Sequence[str] = (),
+                   floor_timer=None) -> dict[str, Any]:
     """One workload's record: both ops checked, then timed, beside the copy
-    + memset floor of the same run; ``variants``: sweep_kernel_config.py's
-    configs (by name) of our op, each checked and timed alike."""
+    + memset floor of the same run (by ``floor_timer``, default ``timer``);
+    ``variants``: sweep_kernel_config.py's configs (by name) of our op, each
+    checked and timed alike."""
+    floor_timer = floor_timer or timer
     from cupy_moe.harness import runner
     from cupy_moe.harness.inputs import workload_inputs
 
@@ -467,8 +473,8 @@ def bench_workload(w, seeds: SeedRunner, timer, iters: int, copy_tbps: float, rn
         record["seed_us"] = timer.median_us(seed, iters, hide_host=hide_host)
     copy_bytes, zero_bytes = (int(n) for n in runner.split_bytes(w, host))
     record.update(copy_bytes=copy_bytes, zero_bytes=zero_bytes,
-                  copy_routed_us=timer.copy_us(copy_bytes // 2, iters),
-                  memset_zero_us=timer.memset_us(zero_bytes, iters) if zero_bytes else 0.0)
+                  copy_routed_us=floor_timer.copy_us(copy_bytes // 2, iters),
+                  memset_zero_us=floor_timer.memset_us(zero_bytes, iters) if zero_bytes else 0.0)
     fill_ratios(record, copy_tbps)
     record["status"] = status_text(record)
     return record
@@ -537,7 +543,7 @@ def git_commit() -> str:
 
 
 def run_info(device: str, copy_tbps: float, iters: int, hide_host: bool,
-             diff_path: Path) -> dict[str, Any]:
+             diff_path: Path, graph: bool = False) -> dict[str, Any]:
     """What every record carries about its run: device, date, versions,
     commit, copy bandwidth, timing settings, the seed text's digest."""
     from cupy_moe.harness import runner
@@ -547,14 +553,16 @@ def run_info(device: str, copy_tbps: float, iters: int, hide_host: bool,
         versions[name] = getattr(module, "__version__", "?") if module else "not loaded"
     return {"device": device, "date": datetime.datetime.now().isoformat(timespec="seconds"),
             "commit": git_commit(), "versions": versions, "copy_tbps": copy_tbps,
-            "iters": iters, "hide_host": hide_host, "l2_flushed": True,
+            "iters": iters, "hide_host": hide_host, "graph": graph, "l2_flushed": not graph,
             "seed_text_sha256": file_digest(diff_path)}
 
 
 def header_line(info: dict[str, Any]) -> str:
     """One line naming the run (device, date, versions, commit, copy bandwidth)."""
     versions = ", ".join(f"{k} {v}" for k, v in info["versions"].items())
-    timing = "L2 flushed" + (", host hidden (spin)" if info["hide_host"] else "")
+    timing = ("per call in a CUDA graph of 100 calls, L2 not flushed (the floor: L2 flushed)"
+              if info.get("graph") else
+              "L2 flushed" + (", host hidden (spin)" if info["hide_host"] else ""))
     return (f"expand to fused, ours vs the seed's TileLang kernel: {info['device']}, "
             f"{info['date']}, commit {info['commit']}, seed text {info['seed_text_sha256']}; "
             f"{versions}; copy {info['copy_tbps']:.2f} TB/s; median of {info['iters']}, "
@@ -655,8 +663,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                              "(by its name; repeatable)")
     parser.add_argument("--max-seconds", type=float, default=240.0,
                         help="skip the workloads left after this many seconds")
-    parser.add_argument("--hide-host", action="store_true",
+    timing = parser.add_mutually_exclusive_group()
+    timing.add_argument("--hide-host", action="store_true",
                         help="spin the GPU before each timed run (GPU time alone)")
+    timing.add_argument("--graph", action="store_true",
+                        help="time both ops per call in replays of a CUDA graph of 100 calls "
+                             "(no host time, no L2 flush: each call finds in L2 what the "
+                             "last left); the copy + memset floor stays L2-flushed")
     parser.add_argument("--out", metavar="JSON", help="JSON list of records")
     parser.add_argument("--md", metavar="MD", help="Markdown table")
     parser.add_argument("--diff", default=str(DEFAULT_DIFF), help="the seed's PR text")
@@ -688,15 +701,19 @@ def run(args: argparse.Namespace, diff_path: Path, seed_classes: tuple[type, typ
 
     from sweep_kernel_config import CONFIGS
 
-    from cupy_moe.harness.timing import GpuTimer
+    from cupy_moe.harness.timing import GpuTimer, WarmTimer
 
     unknown = sorted(set(args.variant) - {name for name, _ in CONFIGS})
     if unknown:
         raise SystemExit(f"--variant: no sweep_kernel_config.py config named {unknown}")
     workloads = plan_workloads(args.label)
-    timer = GpuTimer()
-    copy_tbps = timer.copy_tbps()
-    info = run_info(timer.device_name, copy_tbps, args.iters, args.hide_host, diff_path)
+    # (the floor's copy and memset run on CuPy's stream, which a torch graph
+    # capture cannot take: they keep the flushed events in --graph)
+    floor_timer = GpuTimer()
+    timer = WarmTimer() if args.graph else floor_timer
+    copy_tbps = floor_timer.copy_tbps()
+    info = run_info(timer.device_name, copy_tbps, args.iters, args.hide_host, diff_path,
+                    graph=args.graph)
     header = header_line(info)
     print(header, flush=True)
     seeds = SeedRunner(seed_classes)
@@ -713,7 +730,7 @@ def run(args: argparse.Namespace, diff_path: Path, seed_classes: tuple[type, typ
         print(f"[{index}/{len(workloads)}] {w.label} ({elapsed:.1f} s)", flush=True)
         try:
             record = bench_workload(w, seeds, timer, args.iters, copy_tbps, rng,
-                                    args.hide_host, args.variant)
+                                    args.hide_host, args.variant, floor_timer)
         except Exception as exc:  # noqa: BLE001 - one workload's failure ends only it
             record = new_record(w)
             record["status"] = f"error: {error_text(exc)}"
