@@ -190,6 +190,12 @@ CONFIGS: list[tuple[str, ExpandTuning]] = [
     ("padding: whole chunks from 1 token chunk", _tuned(padding_whole_chunks_from=1.0)),
     ("padding: no whole chunks", _tuned(padding_whole_chunks_from=math.inf)),
     ("padding: whole chunks, 2 rows a zero-fill block", _tuned(zero_block_bytes_registers=0)),
+    # EP plans look tightly packed by their shapes (X = T * K) though the
+    # mask drops most slots: every plan padding-heavy, so whole chunks in one
+    # launch (the medium EP8 plans took the bulk kernel's one-warp blocks)
+    ("every plan padding-heavy", _tuned(padding_share_registers=0.0)),
+    ("every plan padding-heavy, 1 row a zero-fill block",
+     _tuned(padding_share_registers=0.0, zero_block_bytes_registers=0, zero_rows_registers=1)),
     ("padding: whole chunks, plain", _tuned(store_hint=1)),
     # every plan padding-heavy (EP plans are, with their slots dropped, though
     # their shapes do not say so): the zero kernel beside the copies
