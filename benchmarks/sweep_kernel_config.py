@@ -186,17 +186,19 @@ CONFIGS: list[tuple[str, ExpandTuning]] = [
     # ... the same restricted to padding-heavy plans of 16 token chunks and
     # more (ExpandTuning.padding_whole_chunks_from; the default since the
     # forty-eighth session), on decode too, and never (the bulk kernel's
-    # copies, and the zero kernel beside them from 64 MB of padding)
+    # copies, and the zero kernel beside them from 64 MB of padding). With
+    # whole chunks, 2 rows a zero-fill block is "register zero-fill blocks by
+    # rows only", plain stores "stores plain". The "padding: whole chunks*"
+    # columns of results/expand_seed_one_kernel_h100.md ran before the
+    # threshold: whole chunks on every padding-heavy plan, decode too
     ("padding: whole chunks from 1 token chunk", _tuned(padding_whole_chunks_from=1.0)),
     ("padding: no whole chunks", _tuned(padding_whole_chunks_from=math.inf)),
-    ("padding: whole chunks, 2 rows a zero-fill block", _tuned(zero_block_bytes_registers=0)),
     # EP plans look tightly packed by their shapes (X = T * K) though the
     # mask drops most slots: every plan padding-heavy, so whole chunks in one
     # launch (the medium EP8 plans took the bulk kernel's one-warp blocks)
     ("every plan padding-heavy", _tuned(padding_share_registers=0.0)),
     ("every plan padding-heavy, 1 row a zero-fill block",
      _tuned(padding_share_registers=0.0, zero_block_bytes_registers=0, zero_rows_registers=1)),
-    ("padding: whole chunks, plain", _tuned(store_hint=1)),
     # every plan padding-heavy (EP plans are, with their slots dropped, though
     # their shapes do not say so): the zero kernel beside the copies
     ("every plan: zero kernel", _tuned(zero_kernel_from_bytes=0, padding_share_registers=0.0,

@@ -41,8 +41,9 @@ SHAPES = [
 ]
 
 
-def variants(sms: int) -> list[tuple[str, str, str, int | None]]:
-    """(name, template, grid kind, rows) for each kernel launch to time."""
+def variants() -> list[tuple[str, str, str, int | None]]:
+    """(name, template, grid kind, blocks an SM of a persistent grid or None)
+    for each kernel launch to time."""
     out = []
     for mapped in ("true", "false"):
         tag = "" if mapped == "true" else ", no map"
@@ -83,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     timer = GpuTimer()
     props = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.runtime.getDevice())
     sms = int(props["multiProcessorCount"])
-    names = [template for _, template, _, _ in variants(sms)]
+    names = [template for _, template, _, _ in variants()]
     module = cupy.RawModule(code=SOURCE.read_text(), options=("-std=c++17",),
                             name_expressions=names)
     stream = cupy.cuda.get_current_stream().ptr
@@ -105,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
         record = {"shape": label, "row_bytes": row_bytes, "x_rows": x_rows,
                   "padding_rows": int(padding.sum()), "zero_bytes": zero_bytes,
                   "memset_us": memset_us, "variants": {}}
-        for name, template, kind, per_sm in variants(sms):
+        for name, template, kind, per_sm in variants():
             kernel = module.get_function(template)
             threads = int(template.split("<")[1].split(",")[0]) if kind != "persist" else 256
             common = (out, map_gpu, np.int32(data_rows), np.int32(x_rows), np.int32(n_vec))
