@@ -211,6 +211,15 @@ CONFIGS: list[tuple[str, ExpandTuning]] = [
        _tuned(threads=threads, unroll=unroll, shrink_chunks_below=0.0, split_slots_below=0.0,
               zero_rows_registers=rows, zero_block_bytes_registers=0))
       for threads, unroll, rows in ((64, 16, 1), (128, 8, 1), (32, 16, 1), (64, 16, 2))),
+    # the geometry of benchmarks/row_block_probe.cu's lean kernel, which ties
+    # the seed on the EP8 plans in a CUDA graph (token blocks of whole rows,
+    # then a zero-fill block a row, plain stores), on the register kernel;
+    # "every plan" also for the EP plans that look tight by their shapes
+    *((f"lean: {threads} threads, 1 row a zero-fill block, plain{suffix}",
+       _tuned(threads=threads, unroll=unroll, zero_rows_registers=1,
+              zero_block_bytes_registers=0, store_hint=1, **extra))
+      for threads, unroll in ((128, 8), (256, 4))
+      for suffix, extra in (("", {}), (", every plan", {"padding_share_registers": 0.0}))),
     # column-major scale factors: by the token and zero-fill blocks (before
     # the twentieth session), or every one by the SF pass blocks where the call
     # passes pos_to_token (default: the pass writes the zeros only)

@@ -10,12 +10,15 @@ benchmarks/zero_map_probe.cu: the zero kernel's pattern, the seed's (a
 block a row), and persistent ones that load the next row's word before
 this row's stores; each with the map read and with the answer known (no
 load), beside a memset of the padding bytes. GPU time: CUDA events, L2
-flushed, the host hidden (the GPU spins first), median of ``--iters``.
+flushed, the host hidden (the GPU spins first), median of ``--iters``; or
+with ``--graph`` per call in replays of a CUDA graph of 100 calls (torch's
+capture, L2 not flushed: bench_expand_seed.py's ``--graph``; needs torch).
 
 Every kernel is checked first on a poisoned buffer: padding rows zero,
 data rows untouched.
 
-    PYTHONPATH=. python3 benchmarks/zero_map_probe.py --md OUT.md --json OUT.json
+    PYTHONPATH=. python3 benchmarks/zero_map_probe.py [--graph] [--shape LABEL ...]
+        --md OUT.md --json OUT.json
 """
 
 from __future__ import annotations
@@ -32,11 +35,13 @@ SEGMENT = 128  # the plans' alignment: each expert's rows padded to 128
 
 # (label, 16-byte vectors a row, segments, data rows a segment): the plan
 # workloads' row sizes and padding shares (Qwen3-30B bf16 6 KiB rows,
-# Kimi-K2 14 KiB; T = 32, K = 8 over 116 or 186 experts, an EP8 rank's 24)
+# Kimi-K2 14 KiB; T = 32, K = 8 over 116 or 186 experts, an EP8 rank's 24;
+# T = 512 on an EP8 rank: 516 slots over 32 experts)
 SHAPES = [
     ("qwen3-like e128", 384, 116, 2),
     ("qwen3-like e384", 384, 186, 1),
     ("qwen3-like ep8", 384, 24, 1),
+    ("qwen3-like ep8 medium", 384, 32, 16),
     ("kimi-k2-like e128", 896, 116, 2),
 ]
 
@@ -70,26 +75,45 @@ def variants() -> list[tuple[str, str, str, int | None]]:
     return out
 
 
+def stream_of_the_timer(graph: bool):
+    """``wrap(fn)``: a call of ``fn(stream)`` on the stream the timer times:
+    torch's current stream (the capture's) with ``graph``, else CuPy's."""
+    import cupy
+
+    if graph:
+        import torch
+        return lambda fn: (lambda: fn(torch.cuda.current_stream().cuda_stream))
+    return lambda fn: (lambda: fn(cupy.cuda.get_current_stream().ptr))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--iters", type=int, default=50)
     parser.add_argument("--md", type=pathlib.Path)
     parser.add_argument("--json", type=pathlib.Path)
+    parser.add_argument("--graph", action="store_true",
+                        help="time per call in replays of a CUDA graph of 100 calls")
+    parser.add_argument("--shape", action="append", default=[],
+                        help="only the shape of this label (repeatable)")
     args = parser.parse_args(argv)
+    unknown = set(args.shape) - {label for label, *_ in SHAPES}
+    if unknown:
+        parser.error(f"unknown shapes {sorted(unknown)}; known: {[s[0] for s in SHAPES]}")
+    shapes = [s for s in SHAPES if not args.shape or s[0] in args.shape]
 
     import cupy
 
-    from cupy_moe.harness.timing import GpuTimer
+    from cupy_moe.harness.timing import GpuTimer, WarmTimer
 
-    timer = GpuTimer()
+    timer = WarmTimer() if args.graph else GpuTimer()
     props = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.runtime.getDevice())
     sms = int(props["multiProcessorCount"])
     names = [template for _, template, _, _ in variants()]
     module = cupy.RawModule(code=SOURCE.read_text(), options=("-std=c++17",),
                             name_expressions=names)
-    stream = cupy.cuda.get_current_stream().ptr
+    on_stream = stream_of_the_timer(args.graph)
     records = []
-    for label, n_vec, segments, data_rows in SHAPES:
+    for label, n_vec, segments, data_rows in shapes:
         x_rows = segments * SEGMENT
         row_bytes = n_vec * 16
         in_segment = np.arange(x_rows) % SEGMENT
@@ -100,7 +124,8 @@ def main(argv: list[str] | None = None) -> int:
         out = cupy.empty((x_rows, row_bytes), dtype=cupy.uint8)
         scratch = cupy.empty(zero_bytes, dtype=cupy.uint8)
         memset_us = timer.median_us(
-            lambda: cupy.cuda.runtime.memsetAsync(scratch.data.ptr, 0, zero_bytes, stream),
+            on_stream(lambda stream: cupy.cuda.runtime.memsetAsync(scratch.data.ptr, 0,
+                                                                   zero_bytes, stream)),
             args.iters, hide_host=True)
         rows_a_block = max(1, 16384 // row_bytes)  # the zero kernel's ~16 KiB blocks
         record = {"shape": label, "row_bytes": row_bytes, "x_rows": x_rows,
@@ -120,8 +145,12 @@ def main(argv: list[str] | None = None) -> int:
                 grid = sms * per_sm
                 launch_args = (*common, np.int32(SEGMENT))
 
-            def run(kernel=kernel, grid=grid, threads=threads, launch_args=launch_args):
-                kernel((grid,), (threads,), launch_args)
+            def launch(stream, kernel=kernel, grid=grid, threads=threads,
+                       launch_args=launch_args):
+                with cupy.cuda.ExternalStream(stream) if stream else cupy.cuda.Stream.null:
+                    kernel((grid,), (threads,), launch_args)
+
+            run = on_stream(launch)
 
             out.fill(0xFF)
             run()
@@ -132,8 +161,11 @@ def main(argv: list[str] | None = None) -> int:
         records.append(record)
         print(f"{label}: memset {memset_us:.2f} us", file=sys.stderr)
 
+    timing = ("per call in replays of a CUDA graph of 100 calls, L2 not flushed"
+              if args.graph else
+              f"CUDA events, L2 flushed, host hidden, median of {args.iters}")
     lines = [f"# Zero-fill after the map, against memset ({timer.device_name})", "",
-             f"CUDA events, L2 flushed, host hidden, median of {args.iters}. "
+             f"{timing}. "
              "% memset: the memset's time of the padding bytes over the variant's "
              "(100 = memset speed). Segments of 128 rows, each starting with its data "
              "rows; every variant checked on a poisoned buffer first.", ""]
@@ -154,8 +186,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.md:
         args.md.write_text(text)
     if args.json:
-        args.json.write_text(json.dumps({"device": timer.device_name, "records": records},
-                                        indent=1))
+        args.json.write_text(json.dumps({"device": timer.device_name, "graph": args.graph,
+                                         "records": records}, indent=1))
     return 0 if all(v["ok"] for r in records for v in r["variants"].values()) else 1
 
 

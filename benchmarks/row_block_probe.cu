@@ -1,0 +1,76 @@
+// The seed's algorithm for expand_to_fused, written lean (issue 13): blocks
+// of THREADS threads, each one output row's zero-fill and/or one token's
+// scatter, on 16-byte vectors of bf16 rows (no scale factors). Timed by
+// benchmarks/row_block_probe.py on the real-plan workloads beside a memset
+// of the padding bytes; the question is whether this structure, with none
+// of the library kernels' generality, runs at or below the seed's figure on
+// the Qwen3 EP8 plans, where every library kernel trails the seed by 4-10%
+// in a CUDA graph.
+//
+// Compiled by NVRTC (cupy.RawModule); templates by name expressions.
+
+typedef long long i64;
+
+// Token t's row, VPT vectors a thread, to each of its K slots' rows (a
+// negative position is a dropped slot).
+template <int THREADS, int VPT>
+__device__ __forceinline__ void scatter_token(const uint4* x, const int* token_topk_to_pos,
+                                              uint4* out, int t, int top_k, int n_vec) {
+    uint4 row[VPT];
+    const uint4* src = x + static_cast<i64>(t) * n_vec;
+#pragma unroll
+    for (int u = 0; u < VPT; ++u) {
+        const int i = threadIdx.x + u * THREADS;
+        if (i < n_vec) row[u] = __ldg(src + i);
+    }
+    for (int k = 0; k < top_k; ++k) {
+        const int p = __ldg(token_topk_to_pos + static_cast<i64>(t) * top_k + k);
+        if (p < 0) continue;
+        uint4* dst = out + static_cast<i64>(p) * n_vec;
+#pragma unroll
+        for (int u = 0; u < VPT; ++u) {
+            const int i = threadIdx.x + u * THREADS;
+            if (i < n_vec) dst[i] = row[u];
+        }
+    }
+}
+
+template <int THREADS>
+__device__ __forceinline__ void zero_row(uint4* out, int p, int n_vec) {
+    uint4* dst = out + static_cast<i64>(p) * n_vec;
+    const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
+    for (int i = threadIdx.x; i < n_vec; i += THREADS) dst[i] = zero;
+}
+
+// The seed's grid: max(T, X) blocks; block b zeroes row b if it is padding,
+// then (b < T) scatters token b.
+template <int THREADS, int VPT>
+__global__ void __launch_bounds__(THREADS)
+seed_grid(const uint4* x, const int* token_topk_to_pos, const int* pos_to_expert, uint4* out,
+          int num_tokens, int top_k, int num_expanded, int n_vec) {
+    const int b = blockIdx.x;
+    if (b < num_expanded && __ldg(pos_to_expert + b) < 0) zero_row<THREADS>(out, b, n_vec);
+    if (b < num_tokens)
+        scatter_token<THREADS, VPT>(x, token_topk_to_pos, out, b, top_k, n_vec);
+}
+
+// Roles apart: T token blocks first (scheduled first), then X row blocks of
+// ROWS rows each that zero their padding rows.
+template <int THREADS, int VPT, int ROWS>
+__global__ void __launch_bounds__(THREADS)
+split_roles(const uint4* x, const int* token_topk_to_pos, const int* pos_to_expert, uint4* out,
+            int num_tokens, int top_k, int num_expanded, int n_vec) {
+    const int b = blockIdx.x;
+    if (b < num_tokens) {
+        scatter_token<THREADS, VPT>(x, token_topk_to_pos, out, b, top_k, n_vec);
+        return;
+    }
+    const int first = (b - num_tokens) * ROWS;
+    bool pad[ROWS];
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r)
+        pad[r] = first + r < num_expanded && __ldg(pos_to_expert + first + r) < 0;
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r)
+        if (pad[r]) zero_row<THREADS>(out, first + r, n_vec);
+}

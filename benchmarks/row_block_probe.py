@@ -1,0 +1,153 @@
+"""The seed's algorithm, written lean, on the real plans (issue 13; GPU only).
+
+In a CUDA graph every library kernel trails the seed's TileLang kernel by
+4-10% on the Qwen3 EP8 plans (results/expand_seed_ep8_graph_h100.md), while
+a bare zero-fill of a block a row reaches memset speed there
+(results/zero_map_probe_graph_h100.md). This probe times, on the
+manifest's plan workloads (bf16, no scale factors), the kernels of
+benchmarks/row_block_probe.cu: the seed's grid (max(T, X) blocks, each a
+row's zero-fill and a token's scatter) and the roles apart (T token blocks,
+then blocks of 1-2 rows), at 64-256 threads, beside a memset of the padding
+bytes. The seed and the library are timed by bench_expand_seed.py in the
+same device call. Every kernel's output is checked bit for bit against the
+NumPy reference on a poisoned buffer first.
+
+    PYTHONPATH=. python3 benchmarks/row_block_probe.py [--cold] [--label L ...]
+        --md OUT.md --json OUT.json
+
+Timing: per call in replays of a CUDA graph of 100 calls (torch's capture, L2
+not flushed), or with ``--cold`` CUDA events with the L2 flushed and the
+host hidden.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import sys
+
+import numpy as np
+
+SOURCE = pathlib.Path(__file__).with_name("row_block_probe.cu")
+DEFAULT_LABELS = ["qwen3-30b-small-e48-ep8-plan", "qwen3-30b-small-e32-ep8-plan",
+                  "qwen3-30b-medium-e48-ep8-plan", "qwen3-30b-medium-e32-ep8-plan",
+                  "kimi-k2-medium-e32-ep8-plan", "qwen3-30b-small-e128-plan"]
+
+
+def variants(n_vec: int) -> list[tuple[str, str, str, int]]:
+    """(name, template, grid kind, rows a block) for rows of ``n_vec`` 16-byte vectors."""
+    out = []
+    for threads in (64, 128):
+        vpt = -(-n_vec // threads)
+        out.append((f"seed's grid: {threads} thr", f"seed_grid<{threads}, {vpt}>", "seed", 1))
+    for threads, rows in ((64, 1), (64, 2), (128, 1), (256, 1)):
+        vpt = -(-n_vec // threads)
+        out.append((f"roles apart: {threads} thr, {rows} row(s) a block",
+                    f"split_roles<{threads}, {vpt}, {rows}>", "split", rows))
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--label", action="append", default=[])
+    parser.add_argument("--cold", action="store_true",
+                        help="CUDA events, L2 flushed, host hidden (default: a CUDA graph)")
+    parser.add_argument("--iters", type=int, default=50)
+    parser.add_argument("--md", type=pathlib.Path)
+    parser.add_argument("--json", type=pathlib.Path)
+    args = parser.parse_args(argv)
+
+    import cupy
+    import torch
+
+    from cupy_moe.harness import runner
+    from cupy_moe.harness.inputs import workload_inputs
+    from cupy_moe.harness.manifest import load_workloads
+    from cupy_moe.harness.timing import GpuTimer, WarmTimer
+
+    timer = GpuTimer() if args.cold else WarmTimer()
+    labels = args.label or DEFAULT_LABELS
+    workloads = {w.label: w for w in load_workloads("expand_to_fused")}
+    unknown = [label for label in labels if label not in workloads]
+    if unknown:
+        parser.error(f"not expand_to_fused workloads: {unknown}")
+
+    def on_timer_stream(launch):
+        if args.cold:
+            return lambda: launch(cupy.cuda.get_current_stream())
+        # the capture's stream: torch's current one
+        return lambda: launch(cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream))
+
+    records = []
+    for label in labels:
+        w = workloads[label]
+        host = workload_inputs(w, np.random.default_rng(0))
+        expected = runner.reference_outputs(w, host)[0].view(np.uint8)
+        num_tokens, top_k = host["token_topk_to_pos"].shape
+        num_expanded = host["pos_to_expert"].shape[0]
+        row_bytes = expected.shape[1]
+        n_vec = row_bytes // 16
+        x = cupy.asarray(host["x"].view(np.uint8))
+        ttp = cupy.asarray(host["token_topk_to_pos"])
+        p2e = cupy.asarray(host["pos_to_expert"])
+        out = cupy.empty((num_expanded, row_bytes), dtype=cupy.uint8)
+        padding_rows = int((host["pos_to_expert"] < 0).sum())
+        zero_bytes = padding_rows * row_bytes
+        scratch = cupy.empty(max(zero_bytes, 1), dtype=cupy.uint8)
+        memset_us = timer.median_us(on_timer_stream(
+            lambda s: cupy.cuda.runtime.memsetAsync(scratch.data.ptr, 0, zero_bytes, s.ptr)),
+            args.iters, hide_host=True)
+        names = [template for _, template, _, _ in variants(n_vec)]
+        module = cupy.RawModule(code=SOURCE.read_text(), options=("-std=c++17",),
+                                name_expressions=names)
+        record = {"label": label, "T": num_tokens, "K": top_k, "X": num_expanded,
+                  "row_bytes": row_bytes, "padding_rows": padding_rows,
+                  "zero_bytes": zero_bytes, "memset_us": memset_us, "variants": {}}
+        for name, template, kind, rows in variants(n_vec):
+            kernel = module.get_function(template)
+            threads = int(template.split("<")[1].split(",")[0])
+            grid = (max(num_tokens, num_expanded) if kind == "seed"
+                    else num_tokens + -(-num_expanded // rows))
+            kernel_args = (x, ttp, p2e, out, np.int32(num_tokens), np.int32(top_k),
+                           np.int32(num_expanded), np.int32(n_vec))
+
+            def launch(stream, kernel=kernel, grid=grid, threads=threads, kernel_args=kernel_args):
+                with stream:
+                    kernel((grid,), (threads,), kernel_args)
+
+            run = on_timer_stream(launch)
+            out.fill(0xFF)
+            run()
+            torch.cuda.synchronize()
+            ok = bool(np.array_equal(cupy.asnumpy(out), expected))
+            us = timer.median_us(run, args.iters, hide_host=True) if ok else float("nan")
+            record["variants"][name] = {"us": us, "grid": grid, "threads": threads, "ok": ok}
+        records.append(record)
+        print(f"{label}: memset {memset_us:.2f} us", file=sys.stderr)
+
+    timing = (f"CUDA events, L2 flushed, host hidden, median of {args.iters}" if args.cold
+              else "per call in replays of a CUDA graph of 100 calls, L2 not flushed")
+    lines = [f"# The seed's algorithm written lean, on the plans ({timer.device_name})", "",
+             f"{timing}. Every kernel checked bit for bit on a poisoned output first. "
+             "memset: of the padding rows' bytes alone.", ""]
+    lines += ["| variant | " + " | ".join(r["label"] for r in records) + " |",
+              "|---|" + "---|" * len(records)]
+    lines.append("| memset of the padding bytes | " + " | ".join(
+        f"{r['memset_us']:.2f} µs ({r['zero_bytes'] / 1e6:.1f} MB)" for r in records) + " |")
+    for name in records[0]["variants"]:
+        lines.append(f"| {name} | " + " | ".join(
+            "WRONG" if not r["variants"][name]["ok"] else f"{r['variants'][name]['us']:.2f} µs"
+            for r in records) + " |")
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if args.md:
+        args.md.write_text(text)
+    if args.json:
+        args.json.write_text(json.dumps({"device": timer.device_name, "cold": args.cold,
+                                         "records": records}, indent=1))
+    return 0 if all(v["ok"] for r in records for v in r["variants"].values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
