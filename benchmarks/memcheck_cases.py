@@ -139,6 +139,16 @@ def run_case(rng, tuning: ExpandTuning, num_tokens, hidden, top_k, num_expanded,
     assert np.array_equal(bits(cupy.asnumpy(got_sf)), bits(want_sf))
 
 
+def rows_tunings(base: ExpandTuning) -> tuple[ExpandTuning, ExpandTuning]:
+    """``base`` with the lean rows kernel on every call it can take (no SF,
+    16-byte rows of at most 16 KiB): token blocks of all K slots, and of one
+    slot at 64 threads. (Under initcheck ``base`` is REGISTERS_ONLY: the
+    calls it cannot take fall back to kernels whose stores initcheck sees.)"""
+    rows = dataclasses.replace(base, rows_kernel_tokens_below=math.inf)
+    return rows, dataclasses.replace(rows, rows_kernel_slot_blocks_below=math.inf,
+                                     rows_kernel_threads=64)
+
+
 def run_cases(rng, tuning: ExpandTuning, hiddens, sizes, *,
               layouts=("none", "row", "col-f32", "col-ue8m0"), given_tokens=False) -> int:
     """Every layout, row length and (T, K, X) of ``sizes``, with a well-formed
@@ -438,6 +448,11 @@ def main() -> int:
     # X == 0 and T == 0 too, then a hint that disagrees with the map
     cases += run_cases(rng, GATHER, (16, 2064, 7168), (*sizes, (4, 2, 0)), given_tokens=True)
     cases += run_wrong_hint_cases(rng)
+    # the lean rows kernel (plain stores: initcheck sees them); 16400-byte
+    # rows are past its 16 KiB, so they check the fallback's choice
+    for tuning in rows_tunings(REGISTERS_ONLY if registers_only else DEFAULT_TUNING):
+        cases += run_cases(rng, tuning, (16, 2064, 7168, 16400), (*sizes, (4, 2, 0), (1, 8, 40)),
+                           layouts=("none",))
     # validate=True: the routing kernels, on a good map and on a bad one
     x = cupy.zeros((3, 64), dtype=cupy.uint16)
     good = cupy.asarray(np.array([[0, 1], [2, -1], [3, 4]], dtype=np.int32))

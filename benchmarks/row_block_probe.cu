@@ -42,6 +42,20 @@ __device__ __forceinline__ void zero_row(uint4* out, int p, int n_vec) {
     for (int i = threadIdx.x; i < n_vec; i += THREADS) dst[i] = zero;
 }
 
+// Rows first .. first + ROWS - 1 zeroed where they are padding: every map
+// load before any store.
+template <int THREADS, int ROWS>
+__device__ __forceinline__ void zero_padding_rows(const int* pos_to_expert, uint4* out, int first,
+                                                  int num_expanded, int n_vec) {
+    bool pad[ROWS];
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r)
+        pad[r] = first + r < num_expanded && __ldg(pos_to_expert + first + r) < 0;
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r)
+        if (pad[r]) zero_row<THREADS>(out, first + r, n_vec);
+}
+
 // The seed's grid: max(T, X) blocks; block b zeroes row b if it is padding,
 // then (b < T) scatters token b.
 template <int THREADS, int VPT>
@@ -66,11 +80,37 @@ split_roles(const uint4* x, const int* token_topk_to_pos, const int* pos_to_expe
         return;
     }
     const int first = (b - num_tokens) * ROWS;
-    bool pad[ROWS];
+    zero_padding_rows<THREADS, ROWS>(pos_to_expert, out, first, num_expanded, n_vec);
+}
+
+// Slots apart: T * K slot blocks first, block t * K + k copying token t's
+// row to slot k's row (a dropped slot's block ends after one load), then
+// row blocks of ROWS rows each that zero their padding rows. Decode (T = 1)
+// gets K blocks for its K rows, where a token block stores them one by one.
+template <int THREADS, int VPT, int ROWS>
+__global__ void __launch_bounds__(THREADS)
+split_slots(const uint4* x, const int* token_topk_to_pos, const int* pos_to_expert, uint4* out,
+            int num_tokens, int top_k, int num_expanded, int n_vec) {
+    const int b = blockIdx.x;
+    const int num_slots = num_tokens * top_k;
+    if (b < num_slots) {
+        const int p = __ldg(token_topk_to_pos + b);
+        if (p < 0) return;
+        const uint4* src = x + static_cast<i64>(b / top_k) * n_vec;
+        uint4* dst = out + static_cast<i64>(p) * n_vec;
+        uint4 row[VPT];
 #pragma unroll
-    for (int r = 0; r < ROWS; ++r)
-        pad[r] = first + r < num_expanded && __ldg(pos_to_expert + first + r) < 0;
+        for (int u = 0; u < VPT; ++u) {
+            const int i = threadIdx.x + u * THREADS;
+            if (i < n_vec) row[u] = __ldg(src + i);
+        }
 #pragma unroll
-    for (int r = 0; r < ROWS; ++r)
-        if (pad[r]) zero_row<THREADS>(out, first + r, n_vec);
+        for (int u = 0; u < VPT; ++u) {
+            const int i = threadIdx.x + u * THREADS;
+            if (i < n_vec) dst[i] = row[u];
+        }
+        return;
+    }
+    const int first = (b - num_slots) * ROWS;
+    zero_padding_rows<THREADS, ROWS>(pos_to_expert, out, first, num_expanded, n_vec);
 }

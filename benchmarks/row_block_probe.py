@@ -1,13 +1,14 @@
 """The seed's algorithm, written lean, on the real plans (issue 13; GPU only).
 
 In a CUDA graph every library kernel trails the seed's TileLang kernel by
-4-10% on the Qwen3 EP8 plans (results/expand_seed_ep8_graph_h100.md), while
+4-10% on the Qwen3 EP8 plans (results/expand_seed_ep8_graph_variants_h100.md), while
 a bare zero-fill of a block a row reaches memset speed there
 (results/zero_map_probe_graph_h100.md). This probe times, on the
 manifest's plan workloads (bf16, no scale factors), the kernels of
 benchmarks/row_block_probe.cu: the seed's grid (max(T, X) blocks, each a
 row's zero-fill and a token's scatter) and the roles apart (T token blocks,
-then blocks of 1-2 rows), at 64-256 threads, beside a memset of the padding
+then blocks of 1-2 rows) and the slots apart (T x K slot blocks, then
+the rows), at 64-256 threads, beside a memset of the padding
 bytes. The seed and the library are timed by bench_expand_seed.py in the
 same device call. Every kernel's output is checked bit for bit against the
 NumPy reference on a poisoned buffer first.
@@ -45,6 +46,10 @@ def variants(n_vec: int) -> list[tuple[str, str, str, int]]:
         vpt = -(-n_vec // threads)
         out.append((f"roles apart: {threads} thr, {rows} row(s) a block",
                     f"split_roles<{threads}, {vpt}, {rows}>", "split", rows))
+    for threads, rows in ((64, 1), (128, 1), (256, 1)):
+        vpt = -(-n_vec // threads)
+        out.append((f"slots apart: {threads} thr, {rows} row(s) a block",
+                    f"split_slots<{threads}, {vpt}, {rows}>", "slots", rows))
     return out
 
 
@@ -107,8 +112,9 @@ def main(argv: list[str] | None = None) -> int:
         for name, template, kind, rows in variants(n_vec):
             kernel = module.get_function(template)
             threads = int(template.split("<")[1].split(",")[0])
-            grid = (max(num_tokens, num_expanded) if kind == "seed"
-                    else num_tokens + -(-num_expanded // rows))
+            grid = (max(num_tokens, num_expanded) if kind == "seed" else
+                    (num_tokens * top_k if kind == "slots" else num_tokens)
+                    + -(-num_expanded // rows))
             kernel_args = (x, ttp, p2e, out, np.int32(num_tokens), np.int32(top_k),
                            np.int32(num_expanded), np.int32(n_vec))
 

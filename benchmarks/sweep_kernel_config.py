@@ -220,6 +220,12 @@ CONFIGS: list[tuple[str, ExpandTuning]] = [
               zero_block_bytes_registers=0, store_hint=1, **extra))
       for threads, unroll in ((128, 8), (256, 4))
       for suffix, extra in (("", {}), (", every plan", {"padding_share_registers": 0.0}))),
+    # the lean rows kernel itself (expand.cu's expand_to_fused_rows: no SF)
+    ("rows kernel: T < 1024", _tuned(rows_kernel_tokens_below=1024)),
+    ("rows kernel: T < 1024, 128 threads",
+     _tuned(rows_kernel_tokens_below=1024, rows_kernel_threads=128)),
+    ("rows kernel: T < 1024, a slot a token block below 64 tokens",
+     _tuned(rows_kernel_tokens_below=1024, rows_kernel_slot_blocks_below=64)),
     # column-major scale factors: by the token and zero-fill blocks (before
     # the twentieth session), or every one by the SF pass blocks where the call
     # passes pos_to_token (default: the pass writes the zeros only)

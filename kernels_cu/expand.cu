@@ -50,11 +50,11 @@
 // KERNEL_BITS: 0 *_v16, 1 *_v8, 2 *_v16_overlapped, 3 *_v4, 4 *_v2, 5 *_v1,
 // 6 *_bulk, 7 *_bulk_zero_rows, 8 *_bulk_zero_rows_plain, 9
 // *_bulk_overlapped, 10 expand_zero_padding_rows, 11 *_gather, 12 the two
-// routing_* checks). A launch asks for its own kernel alone, so that a first
+// routing_* checks, 13 *_rows). A launch asks for its own kernel alone, so that a first
 // call in a fresh kernel cache compiles the one or two it launches; default
 // all (the compile tests).
 #ifndef EXPAND_KERNELS
-#define EXPAND_KERNELS 0x1FFF
+#define EXPAND_KERNELS 0x3FFF
 #endif
 
 #define SF_NONE 0
@@ -139,6 +139,7 @@ struct ExpandArgs {
     int zero_row_blocks;              // expand_zero_padding_rows: blocks [0, this) zero
                                       // rows, the rest are the SF pass
     int rows_per_gather_block;        // expand_to_fused_gather: 1 .. EXPAND_THREADS
+    int token_blocks;                 // expand_to_fused_rows: blocks [0, this) move tokens
 };
 
 // Scale factors by position (column-major SF only; ExpandTuning.sf_by_position):
@@ -718,6 +719,78 @@ expand_to_fused_gather(const ExpandArgs a) {
             sf_dst[s] = source == GATHER_ZEROS ? 0u : __ldg(sf_src + s);
 #endif
     }
+}
+#endif
+
+// ---------------------------------------------------------------------------
+// The lean rows kernel (ExpandTuning.rows_kernel_*; no scale factors, 16-byte
+// rows and bases, calls with tokens): the seed's algorithm with none of the
+// register kernel's generality. Blocks [0, token_blocks = T * G) are token
+// blocks, block (t, g) moving token t's whole row, held in registers, to the rows of its
+// slots g * slots_per_block .. (g + 1) * slots_per_block - 1 (G groups a
+// token; a dropped slot, or a position >= X, is skipped, and a group with no
+// slot left reads nothing); then a block a row from first_zero_row, zeroing
+// it where pos_to_expert < 0 (no such blocks with zero_padding 0). Rows are
+// at most EXPAND_ROWS_THREADS * EXPAND_ROWS_UNROLL vectors (the host checks).
+// A zero-fill block is one map load and a row's stores, a token block one
+// row's load and its slots' stores: on the padding-heavy plans of small and
+// medium batches, where the other kernels trail the seed by 4-12% in a CUDA
+// graph, it comes within 3% of the seed or passes it; on tightly packed
+// calls of the same shapes it loses (few token blocks, each storing K rows
+// one after another), so it is off by default (ExpandTuning says more).
+#ifndef EXPAND_ROWS_THREADS
+#define EXPAND_ROWS_THREADS 256
+#endif
+// vectors a thread holds: rows of up to 16 KiB (Kimi-K2's bf16 rows are 14)
+#define EXPAND_ROWS_UNROLL (1024 / EXPAND_ROWS_THREADS > 0 ? 1024 / EXPAND_ROWS_THREADS : 1)
+
+#if EXPAND_KERNELS & (1 << 13)
+extern "C" __global__ void __launch_bounds__(EXPAND_ROWS_THREADS)
+expand_to_fused_rows(const ExpandArgs a) {
+#if CUPY_MOE_SF_MODE == SF_NONE
+    const int n_vec = static_cast<int>(a.row_bytes / 16);
+    const int block = blockIdx.x;
+    if (block >= a.token_blocks) {
+        // A zero-fill block: nothing computed before its map load (these
+        // blocks are short: their start-up is a share of the launch's time).
+        const i64 p = static_cast<i64>(a.first_zero_row) + (block - a.token_blocks);
+        if (p >= a.num_expanded || __ldg(a.pos_to_expert + p) >= 0) return;
+        uint4* dst = reinterpret_cast<uint4*>(a.out) + p * n_vec;
+        for (int i = threadIdx.x; i < n_vec; i += EXPAND_ROWS_THREADS)
+            dst[i] = make_uint4(0, 0, 0, 0);
+        return;
+    }
+    const int groups = a.token_blocks / a.num_tokens;  // slot groups a token
+    const int t = block / groups;
+    const int k_begin = (block - t * groups) * a.slots_per_block;
+    const int k_end = min(a.top_k, k_begin + a.slots_per_block);
+    const int* slots = a.token_topk_to_pos + static_cast<i64>(t) * a.top_k;
+    bool any = false;
+    for (int k = k_begin; k < k_end; ++k) {
+        const int p = __ldg(slots + k);
+        any |= p >= 0 && p < a.num_expanded;
+    }
+    if (!any) return;  // every slot dropped (expert parallelism: remote experts)
+    const uint4* src = reinterpret_cast<const uint4*>(a.x) + static_cast<i64>(t) * n_vec;
+    uint4 row[EXPAND_ROWS_UNROLL];
+#pragma unroll
+    for (int u = 0; u < EXPAND_ROWS_UNROLL; ++u) {
+        const int i = threadIdx.x + u * EXPAND_ROWS_THREADS;
+        if (i < n_vec) row[u] = __ldg(src + i);
+    }
+    for (int k = k_begin; k < k_end; ++k) {
+        const int p = __ldg(slots + k);
+        if (p < 0 || p >= a.num_expanded) continue;  // dropped, or malformed
+        uint4* dst = reinterpret_cast<uint4*>(a.out) + static_cast<i64>(p) * n_vec;
+#pragma unroll
+        for (int u = 0; u < EXPAND_ROWS_UNROLL; ++u) {
+            const int i = threadIdx.x + u * EXPAND_ROWS_THREADS;
+            if (i < n_vec) dst[i] = row[u];
+        }
+    }
+#else
+    __trap();  // the host launches it without scale factors only
+#endif
 }
 #endif
 

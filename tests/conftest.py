@@ -76,6 +76,12 @@ KERNEL_PATHS = {
     # rows by position (expand_to_fused_gather) on every call given pos_to_token
     # with 16-byte rows and bases; 40 rows a block: 5 a warp, a short last block
     "gather": GivenPosToToken(ExpandTuning(gather_x_bytes_below=math.inf, gather_rows=40)),
+    # the lean rows kernel (expand_to_fused_rows) on every call without scale
+    # factors, 16-byte rows and bases and tokens: token blocks of all K slots;
+    # and of one slot each at 64 threads (16 vectors a thread)
+    "rows": ExpandTuning(rows_kernel_tokens_below=math.inf),
+    "rows-by-slot": ExpandTuning(rows_kernel_tokens_below=math.inf,
+                                 rows_kernel_slot_blocks_below=math.inf, rows_kernel_threads=64),
 }
 
 

@@ -27,12 +27,12 @@ from cupy_moe.runtime.sizes import align_up  # noqa: E402
 
 
 def test_argument_blocks_match_the_kernel_structs():
-    # struct ExpandArgs: 7 pointers, an int64, 14 int32; RoutingArgs: 5
-    # pointers, an int64, two int32.
-    assert EXPAND_ARGS.size == 7 * 8 + 8 + 14 * 4
-    assert EXPAND_ARGS.names[-6:] == ("zero_padding", "first_zero_row", "sf_pass",
+    # struct ExpandArgs: 7 pointers, an int64, 15 int32 (padded to 8 bytes);
+    # RoutingArgs: 5 pointers, an int64, two int32.
+    assert EXPAND_ARGS.size == 7 * 8 + 8 + 15 * 4 + 4
+    assert EXPAND_ARGS.names[-7:] == ("zero_padding", "first_zero_row", "sf_pass",
                                       "sf_pass_blocks", "zero_row_blocks",
-                                      "rows_per_gather_block")
+                                      "rows_per_gather_block", "token_blocks")
     assert EXPAND_ARGS.pointer_count == 7
     assert ROUTING_ARGS.size == 5 * 8 + 8 + 2 * 4
 
@@ -1019,3 +1019,88 @@ def test_cache_hints_reach_the_defines_only_where_not_streaming():
     assert tuned.defines()[-2:] == (("VECTOR_LOAD_HINT", 3), ("VECTOR_STORE_HINT", 1))
     assert dataclasses.replace(DEFAULT_TUNING, store_hint=2).defines()[-1] == (
         "VECTOR_STORE_HINT", 2)
+
+
+# the lean rows kernel (expand_to_fused_rows)
+ROWS = dataclasses.replace(DEFAULT_TUNING, rows_kernel_tokens_below=1024)
+
+
+def _rows_plan(num_tokens=32, hidden=3072, num_expanded=3072, tuning=ROWS, sf=None,
+               dtype="bfloat16", **options):
+    # qwen3-30b-small-e48-ep8-plan's shape (bf16 rows of 6 KiB)
+    problem = ExpandProblem(num_tokens, hidden, 8, num_expanded, dtype, **(sf or {}))
+    return ExpandPlan(problem, 1 if dtype == "float8_e4m3fn" else 2, 0, tuning, **options)
+
+
+@pytest.mark.parametrize("zero_padding", [True, False])
+def test_rows_kernel_blocks(fake_h200, zero_padding):
+    plan = _rows_plan(zero_padding=zero_padding)
+    launch = plan.kernel(16)
+    assert plan.takes_rows_kernel(16)
+    assert launch.name == launch.handle == "expand_to_fused_rows"
+    assert (launch.threads, launch.shared_bytes, launch.zero_launch) == (256, 0, None)
+    # 32 token blocks of all 8 slots, then a block a row (none without zero_padding)
+    assert launch.constant("token_blocks") == 32
+    assert launch.constant("slots_per_block") == 8
+    assert launch.constant("first_zero_row") == (0 if zero_padding else 3072)
+    assert launch.grid == (32 + (3072 if zero_padding else 0), 1, 1)
+    for name in ("rows_per_zero_block", "vecs_per_thread", "sf_pass", "sf_pass_blocks",
+                 "zero_row_blocks", "rows_per_gather_block"):
+        assert launch.constant(name) == 0, name
+
+
+def test_rows_kernel_decode_takes_a_block_a_slot(fake_h200):
+    # below rows_kernel_slot_blocks_below tokens (default 2: decode), each
+    # token block one slot: K blocks store a token's K rows at once
+    launch = _rows_plan(num_tokens=1, num_expanded=1024).kernel(16)
+    assert (launch.constant("token_blocks"), launch.constant("slots_per_block")) == (8, 1)
+    assert launch.grid == (8 + 1024, 1, 1)
+    two = _rows_plan(num_tokens=2, num_expanded=1024).kernel(16)
+    assert (two.constant("token_blocks"), two.constant("slots_per_block")) == (2, 8)
+    tuning = dataclasses.replace(ROWS, rows_kernel_slot_blocks_below=3, rows_kernel_threads=128)
+    three = _rows_plan(num_tokens=2, num_expanded=1024, tuning=tuning).kernel(16)
+    assert (three.constant("token_blocks"), three.constant("slots_per_block")) == (16, 1)
+    assert three.threads == 128
+
+
+@pytest.mark.parametrize(("change", "why"), [
+    ({"tuning": DEFAULT_TUNING}, "off by default"),
+    ({"num_tokens": 1024}, "1024 tokens are not below 1024"),
+    ({"num_tokens": 0, "num_expanded": 1024}, "no tokens: every row zeroed, expert rows too"),
+    ({"sf": QWEN3_FP8_ROW_SF, "dtype": "float8_e4m3fn"}, "scale factors"),
+    ({"hidden": 8200}, "rows of 16,400 bytes: past the 16 KiB a block holds"),
+    ({"with_pos_to_token": True, "tuning": dataclasses.replace(ROWS, gather_x_bytes_below=1e9)},
+     "the gather kernel comes first"),
+])
+def test_no_rows_kernel(fake_h200, change, why):
+    plan = _rows_plan(**change)
+    assert not plan.takes_rows_kernel(16), why
+    assert plan.kernel(16).name != "expand_to_fused_rows", why
+    assert plan.kernel(16).constant("token_blocks") == 0, why
+
+
+def test_rows_kernel_takes_16_byte_accesses_only(fake_h200):
+    plan = _rows_plan()
+    assert plan.kernel(16).name == "expand_to_fused_rows"
+    assert not plan.takes_rows_kernel(8)
+    assert plan.kernel(8).name == "expand_to_fused_v8"
+
+
+def test_rows_kernel_rows_of_16_kib_at_most(fake_h200):
+    assert _rows_plan(hidden=8192).takes_rows_kernel(16)  # 16,384 bytes
+    assert not _rows_plan(hidden=8200).takes_rows_kernel(16)
+
+
+def test_rows_kernel_grid_fits_a_launch(fake_h200):
+    # T * K token blocks plus X row blocks past 2^31 - 1: the other kernels
+    plan = _rows_plan(num_tokens=1000, num_expanded=2**31 - 1000,
+                      tuning=dataclasses.replace(ROWS, rows_kernel_slot_blocks_below=math.inf))
+    assert not plan.takes_rows_kernel(16)
+
+
+def test_rows_kernel_threads_must_be_whole_warps():
+    with pytest.raises(ValueError, match=r"rows_kernel_threads must be whole warps in 32 "
+                                         r"\.\. 1024; got 48"):
+        ExpandTuning(rows_kernel_threads=48)
+    with pytest.raises(ValueError, match=r"rows_kernel_threads must be whole warps.*got 2048"):
+        ExpandTuning(rows_kernel_threads=2048)

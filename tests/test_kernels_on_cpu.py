@@ -385,6 +385,9 @@ BULK = ExpandTuning(bulk_min_blocks=0.0, padding_share_registers=float("inf"),
 # as its last blocks): the GPU tests' kernel paths of those names
 ZERO_KERNEL = KERNEL_PATHS["zero-kernel"]
 ZERO_KERNEL_SF_PASS = KERNEL_PATHS["zero-kernel-sf-pass"]
+# the lean rows kernel: token blocks of all K slots; of one slot at 64 threads
+ROWS = KERNEL_PATHS["rows"]
+ROWS_BY_SLOT = KERNEL_PATHS["rows-by-slot"]
 
 
 @pytest.mark.parametrize("zero_padding", [True, False])
@@ -403,6 +406,11 @@ ZERO_KERNEL_SF_PASS = KERNEL_PATHS["zero-kernel-sf-pass"]
     (7168, 2, BULK),                     # Hopper's bulk copies (cp.async.bulk)
     (3072, 2, ZERO_KERNEL),              # padding rows by the zero kernel: 6 KiB, 2 a block
     (1544, 2, ZERO_KERNEL),              # ... rows not of whole blocks' accesses
+    (3072, 2, ROWS),                     # the lean rows kernel: 6 KiB rows
+    (7168, 2, ROWS),                     # ... 14 KiB rows (every vector a thread holds)
+    (8200, 2, ROWS),                     # ... 16,400-byte rows: past it, another kernel
+    (1004, 2, ROWS),                     # ... rows not of 16-byte chunks: another kernel
+    (3072, 2, ROWS_BY_SLOT),             # ... a slot a token block, 64 threads
 ])
 def test_expand_matches_the_oracle(monkeypatch, rng, zero_padding, hidden, item, tuning):
     """expand_to_fused on a padded plan, given pos_to_token: rows as the
@@ -420,6 +428,9 @@ def test_expand_matches_the_oracle(monkeypatch, rng, zero_padding, hidden, item,
     gpu.check_canaries()
     assert ("expand_to_fused_gather" in gpu.launches) == (tuning.gather_x_bytes_below > 0
                                                          and hidden * item % 16 == 0)
+    assert ("expand_to_fused_rows" in gpu.launches) == (tuning.rows_kernel_tokens_below > 29
+                                                       and hidden * item % 16 == 0
+                                                       and hidden * item <= 16384)
     padding = plan.pos_to_expert < 0
     np.testing.assert_array_equal(got[~padding], want[~padding])
     if zero_padding:

@@ -42,14 +42,15 @@ def test_kernel_variant_compiles(source, sf_mode, arch):
     assert b"expand_zero_padding_rows" in cubin and b"expand_to_fused_gather" in cubin
     assert b"expand_to_fused_v16_overlapped" in cubin and b"expand_to_fused_bulk_overlapped" in cubin
     assert b"routing_first_slots" in cubin and b"routing_repeats_and_gaps" in cubin
+    assert b"expand_to_fused_rows" in cubin
 
 
 EXPAND_KERNELS = ("expand_to_fused_v16", "expand_to_fused_v8", "expand_to_fused_v16_overlapped",
                   "expand_to_fused_v4", "expand_to_fused_v2", "expand_to_fused_v1",
                   "expand_to_fused_bulk", "expand_to_fused_bulk_zero_rows",
                   "expand_to_fused_bulk_zero_rows_plain", "expand_to_fused_bulk_overlapped",
-                  "expand_zero_padding_rows", "expand_to_fused_gather", "routing_first_slots",
-                  "routing_repeats_and_gaps")
+                  "expand_zero_padding_rows", "expand_to_fused_gather", "expand_to_fused_rows",
+                  "routing_first_slots", "routing_repeats_and_gaps")
 
 
 @pytest.mark.parametrize("sf_mode", [0, 2])

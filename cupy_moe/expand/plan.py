@@ -36,11 +36,13 @@ EXPAND_ARGS = ArgStruct(
     ("top_k", "i32"), ("num_expanded", "i32"), ("sf_columns", "i32"), ("sf_ld", "i32"),
     ("rows_per_zero_block", "i32"), ("vecs_per_thread", "i32"), ("slots_per_block", "i32"),
     ("zero_padding", "i32"), ("first_zero_row", "i32"), ("sf_pass", "i32"),
-    ("sf_pass_blocks", "i32"), ("zero_row_blocks", "i32"), ("rows_per_gather_block", "i32"))
+    ("sf_pass_blocks", "i32"), ("zero_row_blocks", "i32"), ("rows_per_gather_block", "i32"),
+    ("token_blocks", "i32"))
 
 # the fields that differ between launches (ExpandPlan._fields: the rest are the problem's)
 _LAUNCH_FIELDS = ("rows_per_zero_block", "vecs_per_thread", "slots_per_block", "first_zero_row",
-                  "sf_pass", "sf_pass_blocks", "zero_row_blocks", "rows_per_gather_block")
+                  "sf_pass", "sf_pass_blocks", "zero_row_blocks", "rows_per_gather_block",
+                  "token_blocks")
 
 # packs a launch's seven pointers into its argument block (the hot path's only packing)
 _pack_pointers = EXPAND_ARGS.pointer_packer.pack_into
@@ -57,7 +59,13 @@ KERNEL_BITS = {
     "expand_to_fused_v4": 3, "expand_to_fused_v2": 4, "expand_to_fused_v1": 5,
     "expand_to_fused_bulk": 6, "expand_to_fused_bulk_zero_rows": 7,
     "expand_to_fused_bulk_zero_rows_plain": 8, "expand_to_fused_bulk_overlapped": 9,
-    "expand_zero_padding_rows": 10, "expand_to_fused_gather": 11, "routing": 12}
+    "expand_zero_padding_rows": 10, "expand_to_fused_gather": 11, "routing": 12,
+    "expand_to_fused_rows": 13}
+
+# the longest row expand_to_fused_rows holds in registers (expand.cu's
+# EXPAND_ROWS_THREADS x EXPAND_ROWS_UNROLL 16-byte vectors)
+ROWS_KERNEL_MAX_ROW_BYTES = 16 * 1024
+MAX_GRID_X = 2**31 - 1
 
 
 def kernel_defines(sf_mode: int, tuning: ExpandTuning,
@@ -170,6 +178,40 @@ class ExpandPlan:
         return (self.with_pos_to_token and vec_bytes == 16
                 and self.problem.num_tokens * self.row_bytes < self.tuning.gather_x_bytes_below)
 
+    def takes_rows_kernel(self, vec_bytes: int) -> bool:
+        """Whether the call takes the lean rows kernel (expand_to_fused_rows):
+        no scale factors, 16-byte accesses, rows of at most 16 KiB, ``1 <= T
+        < tuning.rows_kernel_tokens_below``, a grid of at most 2^31 - 1 blocks;
+        not where the call gathers (``gathers``)."""
+        problem, tuning = self.problem, self.tuning
+        if not (self.sf_mode == SF_NONE and vec_bytes == 16 and not self.gathers(vec_bytes)
+                and self.row_bytes <= ROWS_KERNEL_MAX_ROW_BYTES
+                and 1 <= problem.num_tokens < tuning.rows_kernel_tokens_below):
+            return False
+        return self._rows_grid()[0] <= MAX_GRID_X
+
+    def _rows_grid(self) -> tuple[int, int, int]:
+        """(blocks, token blocks, slots a token block) of expand_to_fused_rows."""
+        problem = self.problem
+        slots = (1 if problem.num_tokens < self.tuning.rows_kernel_slot_blocks_below
+                 else problem.top_k)
+        token_blocks = problem.num_tokens * ceil_div(problem.top_k, slots)
+        return token_blocks + problem.num_expanded - self.first_zero_row, token_blocks, slots
+
+    def _rows_launch(self) -> ExpandLaunch:
+        """expand_to_fused_rows: token blocks of ``_rows_grid``'s slots, then a
+        block a row from ``first_zero_row``."""
+        blocks, token_blocks, slots = self._rows_grid()
+        threads = int(self.tuning.rows_kernel_threads)
+        defines = (*kernel_defines(self.sf_mode, self.tuning, "expand_to_fused_rows"),
+                   ("EXPAND_ROWS_THREADS", threads))
+        handle = function_handle(SOURCE, defines, self.device, "expand_to_fused_rows")
+        fields = self._fields(slots_per_block=slots, first_zero_row=self.first_zero_row,
+                              token_blocks=token_blocks)
+        return ExpandLaunch("expand_to_fused_rows", handle, (blocks, 1, 1), threads, 0,
+                            ArgBlock(EXPAND_ARGS, EXPAND_ARGS.constants(**fields),
+                                     bind_context=True))
+
     def zero_rows_end(self, sf_pass: int) -> int:
         """End of the rows the zero-fill blocks walk: the X data rows, then the
         column-major SF's pad columns X .. align(X, 4) (unless the SF pass
@@ -196,10 +238,14 @@ class ExpandPlan:
         shapes (ExpandTuning says which) take the register kernel unless its
         chunks would shrink, and from ``padding_whole_chunks_from`` token
         chunks keep them whole (one launch). Calls that pass ``pos_to_token`` with a small
-        ``x`` may instead write the output by position (``gathers``).
+        ``x`` may instead write the output by position (``gathers``), and calls
+        of few tokens without scale factors take the lean rows kernel
+        (``takes_rows_kernel``).
         """
         if self.gathers(vec_bytes):
             return self._gather_launch()
+        if self.takes_rows_kernel(vec_bytes):
+            return self._rows_launch()
         tuning, problem = self.tuning, self.problem
         n_vec = self.row_bytes // vec_bytes
         num_tokens = problem.num_tokens

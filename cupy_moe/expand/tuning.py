@@ -190,6 +190,25 @@ class ExpandTuning:
     past L2); ahead only on the packed-SF plans, where the SF pass given
     ``pos_to_token`` gains as much without it. Off; more rows a block lost
     more.
+
+    ``rows_kernel_tokens_below``: calls without scale factors (16-byte rows
+    of at most 16 KiB and bases, ``zero_padding`` either way) with
+    ``1 <= T < this`` tokens take expand.cu's lean rows kernel, the seed's
+    algorithm without the register kernel's generality: token blocks of
+    whole rows, then a block of ``rows_kernel_threads`` a padding row. A
+    token block takes all K slots, or one where ``T <
+    rows_kernel_slot_blocks_below`` (decode: K blocks store the K rows at
+    once). 0: never (the default). Measured on the H100 (forty-ninth
+    session, results/expand_rows_kernel_h100.md, seed / ours, T < 1024 at
+    128 threads against the default): in a CUDA graph it lifts the plans
+    that trail the seed (Qwen3 EP8 small 0.94 -> 0.97, medium 0.88 -> 0.97,
+    Kimi-K2 medium EP8 0.97 -> 1.06, decode plans 1.03-1.21 -> 1.15-1.24)
+    and costs some that lead (Qwen3 medium EP8 e48 1.03 -> 0.97, Kimi-K2
+    small EP8 1.02 -> 0.98); but on tightly packed calls of the same shapes
+    (X = T*K, every slot routed) it loses 5-65% (Kimi-K2 T = 512 93.4 ->
+    84.9% of the copy, T = 32 2.64 -> 4.39 µs), and shapes alone cannot tell
+    those from expert-parallel plans whose slots are mostly dropped. So off.
+    ``rows_kernel_threads``: threads a block (whole warps, 32 .. 1024).
     """
 
     # register kernel
@@ -229,6 +248,10 @@ class ExpandTuning:
     # rows by position (calls that pass pos_to_token)
     gather_x_bytes_below: float = 0.0
     gather_rows: int = 16
+    # the lean rows kernel (calls without scale factors)
+    rows_kernel_tokens_below: float = 0.0
+    rows_kernel_slot_blocks_below: float = 2.0
+    rows_kernel_threads: int = 256
     # cache hints of the register kernels' accesses: indices into
     # runtime.cache_hints' LOAD_HINTS (.cs, plain, .cg, .nc) / STORE_HINTS
     # (.cs, plain, .cg); 0, .cs, adds no define
@@ -247,6 +270,9 @@ class ExpandTuning:
         if not 1 <= self.gather_rows <= self.threads:  # a lane looks up each of a warp's rows
             raise ValueError(f"ExpandTuning.gather_rows must be in 1 .. threads "
                              f"({self.threads}); got {self.gather_rows}")
+        if self.rows_kernel_threads % 32 or not 32 <= self.rows_kernel_threads <= 1024:
+            raise ValueError(f"ExpandTuning.rows_kernel_threads must be whole warps in 32 .. "
+                             f"1024; got {self.rows_kernel_threads}")
         if not 1 <= self.unroll <= 16:
             raise ValueError(f"ExpandTuning.unroll must be in 1 .. 16; got {self.unroll}")
         for name in ("zero_rows_registers", "zero_rows_bulk", "zero_rows_bulk_whole",
