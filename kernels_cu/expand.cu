@@ -741,8 +741,9 @@ expand_to_fused_gather(const ExpandArgs a) {
 #ifndef EXPAND_ROWS_THREADS
 #define EXPAND_ROWS_THREADS 256
 #endif
-// vectors a thread holds: rows of up to 16 KiB (Kimi-K2's bf16 rows are 14)
-#define EXPAND_ROWS_UNROLL (1024 / EXPAND_ROWS_THREADS > 0 ? 1024 / EXPAND_ROWS_THREADS : 1)
+// vectors a thread holds: rows of up to 16 KiB, 1,024 vectors (Kimi-K2's
+// bf16 rows are 14 KiB), whatever the block size divides
+#define EXPAND_ROWS_UNROLL ((1024 + EXPAND_ROWS_THREADS - 1) / EXPAND_ROWS_THREADS)
 
 #if EXPAND_KERNELS & (1 << 13)
 extern "C" __global__ void __launch_bounds__(EXPAND_ROWS_THREADS)

@@ -388,6 +388,8 @@ ZERO_KERNEL_SF_PASS = KERNEL_PATHS["zero-kernel-sf-pass"]
 # the lean rows kernel: token blocks of all K slots; of one slot at 64 threads
 ROWS = KERNEL_PATHS["rows"]
 ROWS_BY_SLOT = KERNEL_PATHS["rows-by-slot"]
+# ... at a block size that does not divide 1,024 vectors (96: 11 a thread)
+ROWS_96 = ExpandTuning(rows_kernel_tokens_below=float("inf"), rows_kernel_threads=96)
 
 
 @pytest.mark.parametrize("zero_padding", [True, False])
@@ -411,6 +413,7 @@ ROWS_BY_SLOT = KERNEL_PATHS["rows-by-slot"]
     (8200, 2, ROWS),                     # ... 16,400-byte rows: past it, another kernel
     (1004, 2, ROWS),                     # ... rows not of 16-byte chunks: another kernel
     (3072, 2, ROWS_BY_SLOT),             # ... a slot a token block, 64 threads
+    (8192, 2, ROWS_96),                  # ... 16 KiB rows at 96 threads
 ])
 def test_expand_matches_the_oracle(monkeypatch, rng, zero_padding, hidden, item, tuning):
     """expand_to_fused on a padded plan, given pos_to_token: rows as the
