@@ -24,11 +24,11 @@ host hidden.
 from __future__ import annotations
 
 import argparse
-import json
 import pathlib
 import sys
 
 import numpy as np
+from probe_report import cupy_stream, finish, stream_of_the_timer
 
 SOURCE = pathlib.Path(__file__).with_name("row_block_probe.cu")
 DEFAULT_LABELS = ["qwen3-30b-small-e48-ep8-plan", "qwen3-30b-small-e32-ep8-plan",
@@ -78,11 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"not expand_to_fused workloads: {unknown}")
 
-    def on_timer_stream(launch):
-        if args.cold:
-            return lambda: launch(cupy.cuda.get_current_stream())
-        # the capture's stream: torch's current one
-        return lambda: launch(cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream))
+    on_timer_stream = stream_of_the_timer(not args.cold)
 
     records = []
     for label in labels:
@@ -101,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
         zero_bytes = padding_rows * row_bytes
         scratch = cupy.empty(max(zero_bytes, 1), dtype=cupy.uint8)
         memset_us = timer.median_us(on_timer_stream(
-            lambda s: cupy.cuda.runtime.memsetAsync(scratch.data.ptr, 0, zero_bytes, s.ptr)),
+            lambda s: cupy.cuda.runtime.memsetAsync(scratch.data.ptr, 0, zero_bytes, s)),
             args.iters, hide_host=True)
         names = [template for _, template, _, _ in variants(n_vec)]
         module = cupy.RawModule(code=SOURCE.read_text(), options=("-std=c++17",),
@@ -119,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
                            np.int32(num_expanded), np.int32(n_vec))
 
             def launch(stream, kernel=kernel, grid=grid, threads=threads, kernel_args=kernel_args):
-                with stream:
+                with cupy_stream(stream):
                     kernel((grid,), (threads,), kernel_args)
 
             run = on_timer_stream(launch)
@@ -145,14 +141,8 @@ def main(argv: list[str] | None = None) -> int:
         lines.append(f"| {name} | " + " | ".join(
             "WRONG" if not r["variants"][name]["ok"] else f"{r['variants'][name]['us']:.2f} µs"
             for r in records) + " |")
-    text = "\n".join(lines) + "\n"
-    print(text)
-    if args.md:
-        args.md.write_text(text)
-    if args.json:
-        args.json.write_text(json.dumps({"device": timer.device_name, "cold": args.cold,
-                                         "records": records}, indent=1))
-    return 0 if all(v["ok"] for r in records for v in r["variants"].values()) else 1
+    return finish("\n".join(lines) + "\n", args.md, args.json,
+                  {"device": timer.device_name, "cold": args.cold, "records": records})
 
 
 if __name__ == "__main__":

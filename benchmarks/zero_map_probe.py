@@ -24,11 +24,11 @@ data rows untouched.
 from __future__ import annotations
 
 import argparse
-import json
 import pathlib
 import sys
 
 import numpy as np
+from probe_report import cupy_stream, finish, stream_of_the_timer
 
 SOURCE = pathlib.Path(__file__).with_name("zero_map_probe.cu")
 SEGMENT = 128  # the plans' alignment: each expert's rows padded to 128
@@ -73,17 +73,6 @@ def variants() -> list[tuple[str, str, str, int | None]]:
          "rows_by_block_pipelined<0, true>", "persist", 4),
     ]
     return out
-
-
-def stream_of_the_timer(graph: bool):
-    """``wrap(fn)``: a call of ``fn(stream)`` on the stream the timer times:
-    torch's current stream (the capture's) with ``graph``, else CuPy's."""
-    import cupy
-
-    if graph:
-        import torch
-        return lambda fn: (lambda: fn(torch.cuda.current_stream().cuda_stream))
-    return lambda fn: (lambda: fn(cupy.cuda.get_current_stream().ptr))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -147,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
 
             def launch(stream, kernel=kernel, grid=grid, threads=threads,
                        launch_args=launch_args):
-                with cupy.cuda.ExternalStream(stream) if stream else cupy.cuda.Stream.null:
+                with cupy_stream(stream):
                     kernel((grid,), (threads,), launch_args)
 
             run = on_stream(launch)
@@ -181,14 +170,8 @@ def main(argv: list[str] | None = None) -> int:
             cells.append("WRONG" if not v["ok"] else
                          f"{v['us']:.2f} µs, {100 * r['memset_us'] / v['us']:.1f}%")
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
-    text = "\n".join(lines) + "\n"
-    print(text)
-    if args.md:
-        args.md.write_text(text)
-    if args.json:
-        args.json.write_text(json.dumps({"device": timer.device_name, "graph": args.graph,
-                                         "records": records}, indent=1))
-    return 0 if all(v["ok"] for r in records for v in r["variants"].values()) else 1
+    return finish("\n".join(lines) + "\n", args.md, args.json,
+                  {"device": timer.device_name, "graph": args.graph, "records": records})
 
 
 if __name__ == "__main__":

@@ -268,7 +268,6 @@ def test_a_package_without_its_kernel_sources_says_so(tmp_path, monkeypatch):
         loader.kernel_dir.cache_clear()  # the real one again for the other tests
 
 
-
 @pytest.mark.parametrize("sf_mode", [0, 1, 2])
 def test_the_row_by_row_zero_fill_compiles(sf_mode):
     """ExpandTuning.zero_fill_runs=0 (no EXPAND_ZERO_RUNS: zero-fill row by

@@ -49,6 +49,7 @@ _pack_pointers = EXPAND_ARGS.pointer_packer.pack_into
 
 BULK_SHARED_LIMIT = 16384  # the most dynamic shared memory the bulk kernel asks for
 BULK_THREADS = 32  # one warp: a lane per slot (so K <= 32 for the bulk kernel)
+MAX_GRID_X = 2**31 - 1
 MAX_GRID_Y = 65535
 
 
@@ -65,7 +66,6 @@ KERNEL_BITS = {
 # the longest row expand_to_fused_rows holds in registers (expand.cu's
 # EXPAND_ROWS_THREADS x EXPAND_ROWS_UNROLL 16-byte vectors)
 ROWS_KERNEL_MAX_ROW_BYTES = 16 * 1024
-MAX_GRID_X = 2**31 - 1
 
 
 def kernel_defines(sf_mode: int, tuning: ExpandTuning,
