@@ -205,6 +205,8 @@ class ExpandPlan:
         threads = int(self.tuning.rows_kernel_threads)
         defines = (*kernel_defines(self.sf_mode, self.tuning, "expand_to_fused_rows"),
                    ("EXPAND_ROWS_THREADS", threads))
+        if self.tuning.rows_kernel_compiled_row:
+            defines += (("EXPAND_ROWS_VECS", self.row_bytes // 16),)
         handle = function_handle(SOURCE, defines, self.device, "expand_to_fused_rows")
         fields = self._fields(slots_per_block=slots, first_zero_row=self.first_zero_row,
                               token_blocks=token_blocks)

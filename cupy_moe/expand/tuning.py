@@ -215,6 +215,10 @@ class ExpandTuning:
     ``rows_kernel_threads``: threads a block (whole warps, 32 .. 1024); 256
     by default, as the GPU tests ran it, though 128 measured 1-5% faster on
     the EP8 plans (the figures above).
+    ``rows_kernel_compiled_row`` (0 or 1): compile the kernel for the call's row
+    length (one NVRTC build a row length): a thread holds just the vectors
+    the row needs, unguarded where every thread has one (not yet run on a
+    GPU).
     """
 
     # register kernel
@@ -259,6 +263,7 @@ class ExpandTuning:
     rows_kernel_slot_blocks_below: float = 2.0
     rows_kernel_slot_group: int = 0
     rows_kernel_threads: int = 256
+    rows_kernel_compiled_row: int = 0
     # cache hints of the register kernels' accesses: indices into
     # runtime.cache_hints' LOAD_HINTS (.cs, plain, .cg, .nc) / STORE_HINTS
     # (.cs, plain, .cg); 0, .cs, adds no define
@@ -292,7 +297,7 @@ class ExpandTuning:
                                  f"got {getattr(self, name)}")
         for name in ("padding_zero_whole_rows", "bulk_zero_rows_plain",
                      "zero_kernel_beside_registers", "sf_by_position",
-                     "sf_pass_beside_zero_kernel"):
+                     "sf_pass_beside_zero_kernel", "rows_kernel_compiled_row"):
             if getattr(self, name) not in (0, 1):
                 raise ValueError(f"ExpandTuning.{name} must be 0 or 1; "
                                  f"got {getattr(self, name)!r}")
