@@ -742,25 +742,14 @@ expand_to_fused_gather(const ExpandArgs a) {
 #define EXPAND_ROWS_THREADS 256
 #endif
 // vectors a thread holds: rows of up to 16 KiB, 1,024 vectors (Kimi-K2's
-// bf16 rows are 14 KiB), whatever the block size divides; or, with the row's
-// vector count compiled in (EXPAND_ROWS_VECS: ExpandTuning.
-// rows_kernel_compiled_row), just enough for it, the guards of the vectors
-// every thread has folded away (the seed's kernels are compiled per row too)
-#ifdef EXPAND_ROWS_VECS
-#define EXPAND_ROWS_UNROLL ((EXPAND_ROWS_VECS + EXPAND_ROWS_THREADS - 1) / EXPAND_ROWS_THREADS)
-#else
+// bf16 rows are 14 KiB), whatever the block size divides
 #define EXPAND_ROWS_UNROLL ((1024 + EXPAND_ROWS_THREADS - 1) / EXPAND_ROWS_THREADS)
-#endif
 
 #if EXPAND_KERNELS & (1 << 13)
 extern "C" __global__ void __launch_bounds__(EXPAND_ROWS_THREADS)
 expand_to_fused_rows(const ExpandArgs a) {
 #if CUPY_MOE_SF_MODE == SF_NONE
-#ifdef EXPAND_ROWS_VECS
-    constexpr int n_vec = EXPAND_ROWS_VECS;
-#else
     const int n_vec = static_cast<int>(a.row_bytes / 16);
-#endif
     const int block = blockIdx.x;
     if (block >= a.token_blocks) {
         // A zero-fill block: nothing computed before its map load (these

@@ -525,7 +525,6 @@ def test_plain_op_fast_path_keys_pos_to_token(expand_fast_paths):
     ({"bulk_zero_rows_plain": 3}, r"bulk_zero_rows_plain must be 0 or 1; got 3"),
     ({"zero_kernel_beside_registers": 2}, r"zero_kernel_beside_registers must be 0 or 1; got 2"),
     ({"compiled_row": 3}, r"compiled_row must be 0, 1 or 2; got 3"),
-    ({"rows_kernel_compiled_row": 2}, r"rows_kernel_compiled_row must be 0 or 1; got 2"),
     ({"zero_fill_runs": 3}, r"zero_fill_runs must be 0, 1 or 2; got 3"),
     ({"register_min_blocks": 9}, r"register_min_blocks must leave blocks of 256 threads room "
                                  r"on an SM \(at most 8\); got 9"),
@@ -1105,34 +1104,3 @@ def test_rows_kernel_threads_must_be_whole_warps():
         ExpandTuning(rows_kernel_threads=48)
     with pytest.raises(ValueError, match=r"rows_kernel_threads must be whole warps.*got 2048"):
         ExpandTuning(rows_kernel_threads=2048)
-
-
-@pytest.mark.parametrize(("group", "token_blocks", "slots"), [
-    (0, 32, 8), (3, 32 * 3, 3), (4, 32 * 2, 4), (8, 32, 8), (20, 32, 8)])
-def test_rows_kernel_slot_groups(fake_h200, group, token_blocks, slots):
-    launch = _rows_plan(tuning=dataclasses.replace(ROWS, rows_kernel_slot_group=group)).kernel(16)
-    assert (launch.constant("token_blocks"), launch.constant("slots_per_block")) == (
-        token_blocks, slots)
-    assert launch.grid == (token_blocks + 3072, 1, 1)
-
-
-def test_rows_kernel_slot_group_must_be_whole():
-    with pytest.raises(ValueError, match=r"rows_kernel_slot_group must be a whole number of "
-                                         r"slots; got 2\.5"):
-        ExpandTuning(rows_kernel_slot_group=2.5)
-
-
-@pytest.mark.parametrize(("hidden", "item_bytes", "vecs"), [(3072, 2, 384), (7168, 2, 896),
-                                                          (2048, 1, 128)])
-def test_rows_kernel_compiled_row_is_a_module_of_its_own(fake_h200, monkeypatch, hidden,
-                                                         item_bytes, vecs):
-    """rows_kernel_compiled_row: the rows kernel's module is compiled for the
-    row's vector count; off, the plain one (rows up to 16 KiB)."""
-    modules = _record_modules(monkeypatch)
-    dtype = "float8_e4m3fn" if item_bytes == 1 else "bfloat16"
-    compiled = dataclasses.replace(ROWS, rows_kernel_compiled_row=1)
-    assert _rows_plan(hidden=hidden, dtype=dtype, tuning=compiled).kernel(16).handle == (
-        "expand_to_fused_rows")
-    assert dict(modules.pop("expand_to_fused_rows"))["EXPAND_ROWS_VECS"] == vecs
-    _rows_plan(hidden=hidden, dtype=dtype).kernel(16)
-    assert "EXPAND_ROWS_VECS" not in dict(modules["expand_to_fused_rows"])

@@ -192,9 +192,9 @@ class ExpandPlan:
 
     def _rows_grid(self) -> tuple[int, int, int]:
         """(blocks, token blocks, slots a token block) of expand_to_fused_rows."""
-        problem, tuning = self.problem, self.tuning
-        slots = (1 if problem.num_tokens < tuning.rows_kernel_slot_blocks_below
-                 else min(problem.top_k, int(tuning.rows_kernel_slot_group) or problem.top_k))
+        problem = self.problem
+        slots = (1 if problem.num_tokens < self.tuning.rows_kernel_slot_blocks_below
+                 else problem.top_k)
         token_blocks = problem.num_tokens * ceil_div(problem.top_k, slots)
         return token_blocks + problem.num_expanded - self.first_zero_row, token_blocks, slots
 
@@ -205,8 +205,6 @@ class ExpandPlan:
         threads = int(self.tuning.rows_kernel_threads)
         defines = (*kernel_defines(self.sf_mode, self.tuning, "expand_to_fused_rows"),
                    ("EXPAND_ROWS_THREADS", threads))
-        if self.tuning.rows_kernel_compiled_row:
-            defines += (("EXPAND_ROWS_VECS", self.row_bytes // 16),)
         handle = function_handle(SOURCE, defines, self.device, "expand_to_fused_rows")
         fields = self._fields(slots_per_block=slots, first_zero_row=self.first_zero_row,
                               token_blocks=token_blocks)
