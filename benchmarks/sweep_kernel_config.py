@@ -226,6 +226,10 @@ CONFIGS: list[tuple[str, ExpandTuning]] = [
      _tuned(rows_kernel_tokens_below=1024, rows_kernel_threads=128)),
     ("rows kernel: T < 1024, a slot a token block below 64 tokens",
      _tuned(rows_kernel_tokens_below=1024, rows_kernel_slot_blocks_below=64)),
+    *((f"rows kernel: T < 1024, 128 threads, {group} slots a token block",
+       _tuned(rows_kernel_tokens_below=1024, rows_kernel_threads=128,
+              rows_kernel_slot_group=group))
+      for group in (2, 4)),
     # column-major scale factors: by the token and zero-fill blocks (before
     # the twentieth session), or every one by the SF pass blocks where the call
     # passes pos_to_token (default: the pass writes the zeros only)

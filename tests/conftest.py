@@ -82,6 +82,8 @@ KERNEL_PATHS = {
     "rows": ExpandTuning(rows_kernel_tokens_below=math.inf),
     "rows-by-slot": ExpandTuning(rows_kernel_tokens_below=math.inf,
                                  rows_kernel_slot_blocks_below=math.inf, rows_kernel_threads=64),
+    # ... token blocks of 3 slots (the last group of a token shorter)
+    "rows-groups-of-3": ExpandTuning(rows_kernel_tokens_below=math.inf, rows_kernel_slot_group=3),
 }
 
 

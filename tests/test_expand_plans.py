@@ -1104,3 +1104,18 @@ def test_rows_kernel_threads_must_be_whole_warps():
         ExpandTuning(rows_kernel_threads=48)
     with pytest.raises(ValueError, match=r"rows_kernel_threads must be whole warps.*got 2048"):
         ExpandTuning(rows_kernel_threads=2048)
+
+
+@pytest.mark.parametrize(("group", "token_blocks", "slots"), [
+    (0, 32, 8), (3, 32 * 3, 3), (4, 32 * 2, 4), (8, 32, 8), (20, 32, 8)])
+def test_rows_kernel_slot_groups(fake_h200, group, token_blocks, slots):
+    launch = _rows_plan(tuning=dataclasses.replace(ROWS, rows_kernel_slot_group=group)).kernel(16)
+    assert (launch.constant("token_blocks"), launch.constant("slots_per_block")) == (
+        token_blocks, slots)
+    assert launch.grid == (token_blocks + 3072, 1, 1)
+
+
+def test_rows_kernel_slot_group_must_be_whole():
+    with pytest.raises(ValueError, match=r"rows_kernel_slot_group must be a whole number of "
+                                         r"slots; got 2\.5"):
+        ExpandTuning(rows_kernel_slot_group=2.5)

@@ -390,6 +390,8 @@ ROWS = KERNEL_PATHS["rows"]
 ROWS_BY_SLOT = KERNEL_PATHS["rows-by-slot"]
 # ... at a block size that does not divide 1,024 vectors (96: 11 a thread)
 ROWS_96 = ExpandTuning(rows_kernel_tokens_below=float("inf"), rows_kernel_threads=96)
+# ... token blocks of 3 slots (K = 8: groups of 3, 3 and 2)
+ROWS_GROUPS_OF_3 = ExpandTuning(rows_kernel_tokens_below=float("inf"), rows_kernel_slot_group=3)
 
 
 @pytest.mark.parametrize("zero_padding", [True, False])
@@ -414,6 +416,7 @@ ROWS_96 = ExpandTuning(rows_kernel_tokens_below=float("inf"), rows_kernel_thread
     (1004, 2, ROWS),                     # ... rows not of 16-byte chunks: another kernel
     (3072, 2, ROWS_BY_SLOT),             # ... a slot a token block, 64 threads
     (8192, 2, ROWS_96),                  # ... 16 KiB rows at 96 threads
+    (3072, 2, ROWS_GROUPS_OF_3),         # ... token blocks of 3 slots, the last of 2
 ])
 def test_expand_matches_the_oracle(monkeypatch, rng, zero_padding, hidden, item, tuning):
     """expand_to_fused on a padded plan, given pos_to_token: rows as the

@@ -192,9 +192,9 @@ class ExpandPlan:
 
     def _rows_grid(self) -> tuple[int, int, int]:
         """(blocks, token blocks, slots a token block) of expand_to_fused_rows."""
-        problem = self.problem
-        slots = (1 if problem.num_tokens < self.tuning.rows_kernel_slot_blocks_below
-                 else problem.top_k)
+        problem, tuning = self.problem, self.tuning
+        slots = (1 if problem.num_tokens < tuning.rows_kernel_slot_blocks_below
+                 else min(problem.top_k, int(tuning.rows_kernel_slot_group) or problem.top_k))
         token_blocks = problem.num_tokens * ceil_div(problem.top_k, slots)
         return token_blocks + problem.num_expanded - self.first_zero_row, token_blocks, slots
 

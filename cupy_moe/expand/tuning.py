@@ -208,6 +208,10 @@ class ExpandTuning:
     (X = T*K, every slot routed) it loses 5-65% (Kimi-K2 T = 512 93.4 ->
     84.9% of the copy, T = 32 2.64 -> 4.39 µs), and shapes alone cannot tell
     those from expert-parallel plans whose slots are mostly dropped. So off.
+    ``rows_kernel_slot_group``: from ``rows_kernel_slot_blocks_below`` tokens
+    on, a token block takes this many slots (the last group of a token may
+    be shorter); 0: all K. More token blocks for tightly packed calls, where
+    a block of all K slots stores K rows in turn (not yet run on a GPU).
     ``rows_kernel_threads``: threads a block (whole warps, 32 .. 1024); 256
     by default, as the GPU tests ran it, though 128 measured 1-5% faster on
     the EP8 plans (the figures above).
@@ -253,6 +257,7 @@ class ExpandTuning:
     # the lean rows kernel (calls without scale factors)
     rows_kernel_tokens_below: float = 0.0
     rows_kernel_slot_blocks_below: float = 2.0
+    rows_kernel_slot_group: int = 0
     rows_kernel_threads: int = 256
     # cache hints of the register kernels' accesses: indices into
     # runtime.cache_hints' LOAD_HINTS (.cs, plain, .cg, .nc) / STORE_HINTS
@@ -275,6 +280,9 @@ class ExpandTuning:
         if self.rows_kernel_threads % 32 or not 32 <= self.rows_kernel_threads <= 1024:
             raise ValueError(f"ExpandTuning.rows_kernel_threads must be whole warps in 32 .. "
                              f"1024; got {self.rows_kernel_threads}")
+        if self.rows_kernel_slot_group != int(self.rows_kernel_slot_group):
+            raise ValueError(f"ExpandTuning.rows_kernel_slot_group must be a whole number of "
+                             f"slots; got {self.rows_kernel_slot_group!r}")
         if not 1 <= self.unroll <= 16:
             raise ValueError(f"ExpandTuning.unroll must be in 1 .. 16; got {self.unroll}")
         for name in ("zero_rows_registers", "zero_rows_bulk", "zero_rows_bulk_whole",
