@@ -211,7 +211,13 @@ class ExpandTuning:
     ``rows_kernel_slot_group``: from ``rows_kernel_slot_blocks_below`` tokens
     on, a token block takes this many slots (the last group of a token may
     be shorter); 0: all K. More token blocks for tightly packed calls, where
-    a block of all K slots stores K rows in turn (not yet run on a GPU).
+    a block of all K slots stores K rows in turn. Measured on the H100
+    (fiftieth session, results/expand_rows_groups_h100.md, 128 threads) it
+    does not rescue them: 4 slots bring Kimi-K2 T = 512 back to the default
+    (92.2 against 91.8% of the copy; all K: 83.9) but Kimi-K2 T = 32 stays
+    behind (3.37 against 2.45 µs) and Qwen3 T = 512 too (72.3 against 76.1),
+    while the EP8 plans' gain shrinks (Qwen3 medium e32 EP8 in a graph, seed
+    / ours: 0.97 with all K, 0.92 with 4, 0.88 with 2).
     ``rows_kernel_threads``: threads a block (whole warps, 32 .. 1024); 256
     by default, as the GPU tests ran it, though 128 measured 1-5% faster on
     the EP8 plans (the figures above).
