@@ -1115,7 +1115,14 @@ def test_rows_kernel_slot_groups(fake_h200, group, token_blocks, slots):
     assert launch.grid == (token_blocks + 3072, 1, 1)
 
 
-def test_rows_kernel_slot_group_must_be_whole():
+@pytest.mark.parametrize(("value", "shown"), [(2.5, r"2\.5"), (math.inf, "inf"), (math.nan, "nan")])
+def test_rows_kernel_slot_group_must_be_whole(value, shown):
     with pytest.raises(ValueError, match=r"rows_kernel_slot_group must be a whole number of "
-                                         r"slots; got 2\.5"):
-        ExpandTuning(rows_kernel_slot_group=2.5)
+                                         rf"slots; got {shown}"):
+        ExpandTuning(rows_kernel_slot_group=value)
+
+
+def test_register_min_blocks_infinite_is_not_a_whole_number():
+    with pytest.raises(ValueError, match=r"register_min_blocks must be a whole number of "
+                                         r"blocks; got inf"):
+        ExpandTuning(register_min_blocks=math.inf)

@@ -286,7 +286,7 @@ class ExpandTuning:
         if self.rows_kernel_threads % 32 or not 32 <= self.rows_kernel_threads <= 1024:
             raise ValueError(f"ExpandTuning.rows_kernel_threads must be whole warps in 32 .. "
                              f"1024; got {self.rows_kernel_threads}")
-        if self.rows_kernel_slot_group != int(self.rows_kernel_slot_group):
+        if not float(self.rows_kernel_slot_group).is_integer():  # NaN and inf too
             raise ValueError(f"ExpandTuning.rows_kernel_slot_group must be a whole number of "
                              f"slots; got {self.rows_kernel_slot_group!r}")
         if not 1 <= self.unroll <= 16:
@@ -302,7 +302,7 @@ class ExpandTuning:
             if getattr(self, name) not in (0, 1):
                 raise ValueError(f"ExpandTuning.{name} must be 0 or 1; "
                                  f"got {getattr(self, name)!r}")
-        if self.register_min_blocks != int(self.register_min_blocks):
+        if not float(self.register_min_blocks).is_integer():
             raise ValueError(f"ExpandTuning.register_min_blocks must be a whole number of "
                              f"blocks; got {self.register_min_blocks!r}")
         if self.register_min_blocks * self.threads > 2048:  # an SM holds 2,048 threads
