@@ -344,19 +344,23 @@ def check_ours(w, targs: dict[str, Any], expected_dev: tuple) -> tuple[Callable,
 def time_variant(w, name: str, targs: dict[str, Any], expected_dev: tuple, timer, iters: int,
                  hide_host: bool) -> float | str:
     """GPU µs of our op under the sweep config ``name`` (into outputs poisoned
-    and checked first), or the mismatch text."""
-    from sweep_kernel_config import CONFIGS, _run
+    and checked first), or the mismatch text. Configs that read
+    ``pos_to_token`` (sweep_kernel_config's WITH_POS_TO_TOKEN) are given the
+    plan's."""
+    from sweep_kernel_config import CONFIGS, WITH_POS_TO_TOKEN, _run
 
     from cupy_moe.harness import runner
 
     tuning = dict(CONFIGS)[name]
-    outs = _run(w, tuning, targs)
+    given = name in WITH_POS_TO_TOKEN and "pos_to_token" in targs
+    outs = _run(w, tuning, targs, (), given)
     poison(outs)
-    problem = device_mismatch(as_tuple(_run(w, tuning, targs, outs)), expected_dev,
+    problem = device_mismatch(as_tuple(_run(w, tuning, targs, outs, given)), expected_dev,
                               runner.output_names(w))
     if problem:
         return f"mismatch: {problem}"
-    return timer.median_us(lambda: _run(w, tuning, targs, outs), iters, hide_host=hide_host)
+    return timer.median_us(lambda: _run(w, tuning, targs, outs, given), iters,
+                           hide_host=hide_host)
 
 
 def check_seed(op, w, args: tuple, expected_dev: tuple) -> tuple[Callable, str | None, bool]:

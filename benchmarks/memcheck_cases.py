@@ -139,14 +139,22 @@ def run_case(rng, tuning: ExpandTuning, num_tokens, hidden, top_k, num_expanded,
     assert np.array_equal(bits(cupy.asnumpy(got_sf)), bits(want_sf))
 
 
-def rows_tunings(base: ExpandTuning) -> tuple[ExpandTuning, ExpandTuning]:
+def rows_tunings(base: ExpandTuning) -> tuple[ExpandTuning, ...]:
     """``base`` with the lean rows kernel on every call it can take (no SF,
-    16-byte rows of at most 16 KiB): token blocks of all K slots, and of one
-    slot at 64 threads. (Under initcheck ``base`` is REGISTERS_ONLY: the
-    calls it cannot take fall back to kernels whose stores initcheck sees.)"""
+    16-byte rows of at most 16 KiB): token blocks of all K slots, of one
+    slot at 64 threads, and of 3 slots. (Under initcheck ``base`` is
+    REGISTERS_ONLY: the calls it cannot take fall back to kernels whose
+    stores initcheck sees.)"""
     rows = dataclasses.replace(base, rows_kernel_tokens_below=math.inf)
-    return rows, dataclasses.replace(rows, rows_kernel_slot_blocks_below=math.inf,
-                                     rows_kernel_threads=64)
+    return (rows, dataclasses.replace(rows, rows_kernel_slot_blocks_below=math.inf,
+                                      rows_kernel_threads=64),
+            dataclasses.replace(rows, rows_kernel_slot_group=3))
+
+
+def rows_by_position(base: ExpandTuning) -> ExpandTuning:
+    """``base`` with the rows kernel writing by position on every call it can
+    take that passes pos_to_token."""
+    return dataclasses.replace(base, rows_kernel_tokens_below=math.inf, rows_kernel_by_position=1)
 
 
 def run_cases(rng, tuning: ExpandTuning, hiddens, sizes, *,
@@ -164,13 +172,14 @@ def run_cases(rng, tuning: ExpandTuning, hiddens, sizes, *,
     return cases
 
 
-def run_wrong_hint_cases(rng) -> int:
-    """The gather kernel given a pos_to_token that disagrees with the map:
-    tokens past T, negative, huge. Each expert row must hold x[pos_to_token[p]]
-    where that is a token, else zeros (the kernel's documented choice); the
-    sanitizer looks for reads outside x and x_sf."""
+def run_wrong_hint_cases(rng, tuning: ExpandTuning, layouts=("none", "row", "col-f32")) -> int:
+    """Rows by position (the gather kernel; the rows kernel by position)
+    given a pos_to_token that disagrees with the map: tokens past T,
+    negative, huge. Each expert row must hold x[pos_to_token[p]] where that
+    is a token, else zeros (the kernels' documented choice); the sanitizer
+    looks for reads outside x and x_sf."""
     cases = 0
-    for layout in ("none", "row", "col-f32"):
+    for layout in layouts:
         for num_tokens, top_k, num_expanded in ((5, 3, 17), (33, 9, 301)):
             x = rng.integers(0, 256, (num_tokens, 64), dtype=np.uint8)
             pos_to_expert = rng.integers(-1, 2, num_expanded).astype(np.int32)
@@ -185,7 +194,7 @@ def run_wrong_hint_cases(rng) -> int:
                               use_tma_aligned_col_major_sf=layout == "col-f32")
             # the plain op takes 2-byte rows: the same bytes as uint16
             payload = x.view(np.uint16) if layout == "none" else x
-            got, got_sf = run_with_tuning(GATHER, cupy.asarray(payload), *args, **kwargs)
+            got, got_sf = run_with_tuning(tuning, cupy.asarray(payload), *args, **kwargs)
             has_token = (pos_to_expert >= 0) & (pos_to_token >= 0) & (pos_to_token < num_tokens)
             sources = np.where(has_token, pos_to_token, 0)
             want = np.where(has_token[:, None], x[sources], 0)
@@ -447,12 +456,17 @@ def main() -> int:
     # rows by position, given pos_to_token (plain stores only: initcheck sees them);
     # X == 0 and T == 0 too, then a hint that disagrees with the map
     cases += run_cases(rng, GATHER, (16, 2064, 7168), (*sizes, (4, 2, 0)), given_tokens=True)
-    cases += run_wrong_hint_cases(rng)
+    cases += run_wrong_hint_cases(rng, GATHER)
     # the lean rows kernel (plain stores: initcheck sees them); 16400-byte
-    # rows are past its 16 KiB, so they check the fallback's choice
-    for tuning in rows_tunings(REGISTERS_ONLY if registers_only else DEFAULT_TUNING):
+    # rows are past its 16 KiB, so they check the fallback's choice; by
+    # position given pos_to_token, and given one that disagrees with the map
+    rows_base = REGISTERS_ONLY if registers_only else DEFAULT_TUNING
+    for tuning in rows_tunings(rows_base):
         cases += run_cases(rng, tuning, (16, 2064, 7168, 16400), (*sizes, (4, 2, 0), (1, 8, 40)),
                            layouts=("none",))
+    cases += run_cases(rng, rows_by_position(rows_base), (16, 2064, 7168, 16400),
+                       (*sizes, (4, 2, 0), (1, 8, 40)), layouts=("none",), given_tokens=True)
+    cases += run_wrong_hint_cases(rng, rows_by_position(rows_base), layouts=("none",))
     # validate=True: the routing kernels, on a good map and on a bad one
     x = cupy.zeros((3, 64), dtype=cupy.uint16)
     good = cupy.asarray(np.array([[0, 1], [2, -1], [3, 4]], dtype=np.int32))

@@ -114,3 +114,35 @@ split_slots(const uint4* x, const int* token_topk_to_pos, const int* pos_to_expe
     const int first = (b - num_slots) * ROWS;
     zero_padding_rows<THREADS, ROWS>(pos_to_expert, out, first, num_expanded, n_vec);
 }
+
+// Rows by position (the gather): X blocks, block p writing output row p
+// alone: zeros where pos_to_expert[p] < 0, else token pos_to_token[p]'s row
+// (zeros for a token outside 0 .. T-1). Both map words are loaded at once;
+// a routed row's load of x waits on its token. Every block one row whatever
+// the routing: tightly packed calls get X row copies (no token block storing
+// K rows in turn), padding-heavy ones X - routed zero-fills.
+template <int THREADS, int VPT>
+__global__ void __launch_bounds__(THREADS)
+gather_rows(const uint4* x, const int* pos_to_token, const int* pos_to_expert, uint4* out,
+            int num_tokens, int top_k, int num_expanded, int n_vec) {
+    const int p = blockIdx.x;
+    const int expert = __ldg(pos_to_expert + p);
+    const int token = __ldg(pos_to_token + p);
+    if (expert < 0 || token < 0 || token >= num_tokens) {
+        zero_row<THREADS>(out, p, n_vec);
+        return;
+    }
+    const uint4* src = x + static_cast<i64>(token) * n_vec;
+    uint4* dst = out + static_cast<i64>(p) * n_vec;
+    uint4 row[VPT];
+#pragma unroll
+    for (int u = 0; u < VPT; ++u) {
+        const int i = threadIdx.x + u * THREADS;
+        if (i < n_vec) row[u] = __ldg(src + i);
+    }
+#pragma unroll
+    for (int u = 0; u < VPT; ++u) {
+        const int i = threadIdx.x + u * THREADS;
+        if (i < n_vec) dst[i] = row[u];
+    }
+}

@@ -8,13 +8,18 @@ manifest's plan workloads (bf16, no scale factors), the kernels of
 benchmarks/row_block_probe.cu: the seed's grid (max(T, X) blocks, each a
 row's zero-fill and a token's scatter) and the roles apart (T token blocks,
 then blocks of 1-2 rows) and the slots apart (T x K slot blocks, then
-the rows), at 64-256 threads, beside a memset of the padding
-bytes. The seed and the library are timed by bench_expand_seed.py in the
-same device call. Every kernel's output is checked bit for bit against the
-NumPy reference on a poisoned buffer first.
+the rows) and the rows by position (X blocks, block p writing row p from
+``pos_to_token``: the gather a block a row), at 64-256 threads, beside a
+memset of the padding bytes, and the library's own launch under
+sweep_kernel_config.py configs (``--library NAME``, repeatable; by default
+the default and the rows kernel at 128 threads) in the same process. The
+seed is timed by bench_expand_seed.py in the same device call. Any expand
+workload of the manifest can be named: the tightly packed ones get the
+``pos_to_token`` their map implies. Every kernel's output is checked bit for
+bit against the NumPy reference on a poisoned buffer first.
 
     PYTHONPATH=. python3 benchmarks/row_block_probe.py [--cold] [--label L ...]
-        --md OUT.md --json OUT.json
+        [--library NAME ...] --md OUT.md --json OUT.json
 
 Timing: per call in replays of a CUDA graph of 100 calls (torch's capture, L2
 not flushed), or with ``--cold`` CUDA events with the L2 flushed and the
@@ -50,7 +55,21 @@ def variants(n_vec: int) -> list[tuple[str, str, str, int]]:
         vpt = -(-n_vec // threads)
         out.append((f"slots apart: {threads} thr, {rows} row(s) a block",
                     f"split_slots<{threads}, {vpt}, {rows}>", "slots", rows))
+    for threads in (64, 128, 256):
+        vpt = -(-n_vec // threads)
+        out.append((f"rows by position: {threads} thr", f"gather_rows<{threads}, {vpt}>",
+                    "gather", 1))
     return out
+
+
+def pos_to_token_of(token_topk_to_pos: np.ndarray, num_expanded: int) -> np.ndarray:
+    """[X] int32: the token of each row the map names, -1 elsewhere."""
+    rows = np.full(num_expanded, -1, dtype=np.int32)
+    tokens = np.broadcast_to(np.arange(token_topk_to_pos.shape[0], dtype=np.int32)[:, None],
+                             token_topk_to_pos.shape)
+    live = (token_topk_to_pos >= 0) & (token_topk_to_pos < num_expanded)
+    rows[token_topk_to_pos[live]] = tokens[live]
+    return rows
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -59,6 +78,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cold", action="store_true",
                         help="CUDA events, L2 flushed, host hidden (default: a CUDA graph)")
     parser.add_argument("--iters", type=int, default=50)
+    parser.add_argument("--library", action="append", default=[], metavar="NAME",
+                        help="a sweep_kernel_config.py config of the library to time too "
+                             "(repeatable; default: the default and the rows kernel at 128 threads)")
     parser.add_argument("--md", type=pathlib.Path)
     parser.add_argument("--json", type=pathlib.Path)
     args = parser.parse_args(argv)
@@ -71,12 +93,19 @@ def main(argv: list[str] | None = None) -> int:
     from cupy_moe.harness.manifest import load_workloads
     from cupy_moe.harness.timing import GpuTimer, WarmTimer
 
+    import sweep_kernel_config as sweep
+
     timer = GpuTimer() if args.cold else WarmTimer()
     labels = args.label or DEFAULT_LABELS
     workloads = {w.label: w for w in load_workloads("expand_to_fused")}
     unknown = [label for label in labels if label not in workloads]
     if unknown:
         parser.error(f"not expand_to_fused workloads: {unknown}")
+    configs = dict(sweep.CONFIGS)
+    library = args.library or ["default", "rows kernel: T < 1024, 128 threads"]
+    unknown = [name for name in library if name not in configs]
+    if unknown:
+        parser.error(f"not sweep_kernel_config.py configs: {unknown}")
 
     on_timer_stream = stream_of_the_timer(not args.cold)
 
@@ -92,6 +121,10 @@ def main(argv: list[str] | None = None) -> int:
         x = cupy.asarray(host["x"].view(np.uint8))
         ttp = cupy.asarray(host["token_topk_to_pos"])
         p2e = cupy.asarray(host["pos_to_expert"])
+        host_p2t = host.get("pos_to_token")
+        if host_p2t is None:
+            host_p2t = pos_to_token_of(host["token_topk_to_pos"], num_expanded)
+        p2t = cupy.asarray(host_p2t)
         out = cupy.empty((num_expanded, row_bytes), dtype=cupy.uint8)
         padding_rows = int((host["pos_to_expert"] < 0).sum())
         zero_bytes = padding_rows * row_bytes
@@ -109,10 +142,11 @@ def main(argv: list[str] | None = None) -> int:
             kernel = module.get_function(template)
             threads = int(template.split("<")[1].split(",")[0])
             grid = (max(num_tokens, num_expanded) if kind == "seed" else
+                    num_expanded if kind == "gather" else
                     (num_tokens * top_k if kind == "slots" else num_tokens)
                     + -(-num_expanded // rows))
-            kernel_args = (x, ttp, p2e, out, np.int32(num_tokens), np.int32(top_k),
-                           np.int32(num_expanded), np.int32(n_vec))
+            kernel_args = (x, p2t if kind == "gather" else ttp, p2e, out, np.int32(num_tokens),
+                           np.int32(top_k), np.int32(num_expanded), np.int32(n_vec))
 
             def launch(stream, kernel=kernel, grid=grid, threads=threads, kernel_args=kernel_args):
                 with cupy_stream(stream):
@@ -125,6 +159,8 @@ def main(argv: list[str] | None = None) -> int:
             ok = bool(np.array_equal(cupy.asnumpy(out), expected))
             us = timer.median_us(run, args.iters, hide_host=True) if ok else float("nan")
             record["variants"][name] = {"us": us, "grid": grid, "threads": threads, "ok": ok}
+        record["variants"].update(library_variants(w, host, host_p2t, library, configs,
+                                                   timer, on_timer_stream, args.iters))
         records.append(record)
         print(f"{label}: memset {memset_us:.2f} us", file=sys.stderr)
 
@@ -143,6 +179,39 @@ def main(argv: list[str] | None = None) -> int:
             for r in records) + " |")
     return finish("\n".join(lines) + "\n", args.md, args.json,
                   {"device": timer.device_name, "cold": args.cold, "records": records})
+
+
+def library_variants(w, host: dict, host_p2t: np.ndarray, names: list[str], configs: dict,
+                     timer, on_timer_stream, iters: int) -> dict[str, dict]:
+    """The library's plan launch under each named config (pos_to_token given
+    where the config reads it), checked first through ``run_with_tuning`` on
+    a poisoned output, as sweep_kernel_config.py does."""
+    import sweep_kernel_config as sweep
+    import torch
+
+    from cupy_moe.expand.tuning import DEFAULT_TUNING
+    from cupy_moe.harness.runner import reference_outputs
+
+    inputs = {name: sweep._to_torch(a) for name, a in host.items()}
+    inputs["pos_to_token"] = sweep._to_torch(host_p2t)
+    expected = tuple(sweep._to_torch(e) for e in reference_outputs(w, host))
+    outs = sweep._run(w, DEFAULT_TUNING, inputs)
+    pointers = sweep._pointers(inputs, outs)
+    found = {}
+    for name in names:
+        tuning = configs[name]
+        given = name in sweep.WITH_POS_TO_TOKEN
+        problem = sweep._check(w, tuning, inputs, expected, outs, given)
+        torch.cuda.synchronize()
+        us = float("nan")
+        if problem is None:
+            plan = sweep._plan(w, inputs, tuning, given)
+            extra = inputs["pos_to_token"].data_ptr() if given else 0
+            run = on_timer_stream(lambda stream, plan=plan, extra=extra:
+                                  plan.launch(stream, *pointers, extra))
+            us = timer.median_us(run, iters, hide_host=True)
+        found[f"library: {name}"] = {"us": us, "ok": problem is None, "problem": problem}
+    return found
 
 
 if __name__ == "__main__":

@@ -230,6 +230,11 @@ CONFIGS: list[tuple[str, ExpandTuning]] = [
        _tuned(rows_kernel_tokens_below=1024, rows_kernel_threads=128,
               rows_kernel_slot_group=group))
       for group in (2, 4)),
+    # ... writing by position, a block a row, given pos_to_token
+    *((f"rows kernel by position: T < 1024, {threads} threads",
+       _tuned(rows_kernel_tokens_below=1024, rows_kernel_threads=threads,
+              rows_kernel_by_position=1))
+      for threads in (128, 256)),
     # column-major scale factors: by the token and zero-fill blocks (before
     # the twentieth session), or every one by the SF pass blocks where the call
     # passes pos_to_token (default: the pass writes the zeros only)
@@ -256,7 +261,8 @@ CONFIGS: list[tuple[str, ExpandTuning]] = [
 # have one, the plan workloads: elsewhere they run as the default does)
 WITH_POS_TO_TOKEN = {"SF by position: all, given pos_to_token",
                      "no SF pass beside the zero kernel, given pos_to_token",
-                     *(name for name, _ in CONFIGS if name.startswith("gather: "))}
+                     *(name for name, _ in CONFIGS
+                       if name.startswith(("gather: ", "rows kernel by position: ")))}
 assert len({name for name, _ in CONFIGS}) == len(CONFIGS), "config names must differ"
 
 _stream = raw_torch_stream_getter()

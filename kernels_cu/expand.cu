@@ -738,12 +738,45 @@ expand_to_fused_gather(const ExpandArgs a) {
 // graph, it comes within 3% of the seed or passes it; on tightly packed
 // calls of the same shapes it loses (few token blocks, each storing K rows
 // one after another), so it is off by default (ExpandTuning says more).
+// EXPAND_ROWS_BY_POSITION 1 (calls that pass pos_to_token): no token blocks;
+// block p writes row p alone, from both map words loaded at once: zeros for
+// a padding row (nothing with zero_padding 0), x[pos_to_token[p]] for an
+// expert row, zeros where that token is outside 0 .. T-1 (as the gather
+// kernel). Every block is one row whatever the routing, so a tightly packed
+// call gets X row copies where the token blocks would each store K rows.
 #ifndef EXPAND_ROWS_THREADS
 #define EXPAND_ROWS_THREADS 256
+#endif
+#ifndef EXPAND_ROWS_BY_POSITION
+#define EXPAND_ROWS_BY_POSITION 0
 #endif
 // vectors a thread holds: rows of up to 16 KiB, 1,024 vectors (Kimi-K2's
 // bf16 rows are 14 KiB), whatever the block size divides
 #define EXPAND_ROWS_UNROLL ((1024 + EXPAND_ROWS_THREADS - 1) / EXPAND_ROWS_THREADS)
+
+// A row of n_vec 16-byte vectors, held in registers EXPAND_ROWS_UNROLL a thread.
+struct RowsHeld {
+    uint4 v[EXPAND_ROWS_UNROLL];
+    __device__ __forceinline__ void load(const uint4* src, int n_vec) {
+#pragma unroll
+        for (int u = 0; u < EXPAND_ROWS_UNROLL; ++u) {
+            const int i = threadIdx.x + u * EXPAND_ROWS_THREADS;
+            if (i < n_vec) v[u] = __ldg(src + i);
+        }
+    }
+    __device__ __forceinline__ void store(uint4* dst, int n_vec) const {
+#pragma unroll
+        for (int u = 0; u < EXPAND_ROWS_UNROLL; ++u) {
+            const int i = threadIdx.x + u * EXPAND_ROWS_THREADS;
+            if (i < n_vec) dst[i] = v[u];
+        }
+    }
+};
+
+__device__ __forceinline__ void zero_rows_row(uint4* dst, int n_vec) {
+    for (int i = threadIdx.x; i < n_vec; i += EXPAND_ROWS_THREADS)
+        dst[i] = make_uint4(0, 0, 0, 0);
+}
 
 #if EXPAND_KERNELS & (1 << 13)
 extern "C" __global__ void __launch_bounds__(EXPAND_ROWS_THREADS)
@@ -751,14 +784,29 @@ expand_to_fused_rows(const ExpandArgs a) {
 #if CUPY_MOE_SF_MODE == SF_NONE
     const int n_vec = static_cast<int>(a.row_bytes / 16);
     const int block = blockIdx.x;
+#if EXPAND_ROWS_BY_POSITION
+    {
+        const i64 p = block;  // the grid is X blocks
+        const int expert = load_issued_here(a.pos_to_expert + p);
+        const int token = load_issued_here(a.pos_to_token + p);
+        uint4* dst = reinterpret_cast<uint4*>(a.out) + p * n_vec;
+        if (expert < 0 && !a.zero_padding) return;
+        if (expert < 0 || token < 0 || token >= a.num_tokens) {
+            zero_rows_row(dst, n_vec);
+            return;
+        }
+        RowsHeld row;
+        row.load(reinterpret_cast<const uint4*>(a.x) + static_cast<i64>(token) * n_vec, n_vec);
+        row.store(dst, n_vec);
+        return;
+    }
+#endif
     if (block >= a.token_blocks) {
         // A zero-fill block: nothing computed before its map load (these
         // blocks are short: their start-up is a share of the launch's time).
         const i64 p = static_cast<i64>(a.first_zero_row) + (block - a.token_blocks);
         if (p >= a.num_expanded || __ldg(a.pos_to_expert + p) >= 0) return;
-        uint4* dst = reinterpret_cast<uint4*>(a.out) + p * n_vec;
-        for (int i = threadIdx.x; i < n_vec; i += EXPAND_ROWS_THREADS)
-            dst[i] = make_uint4(0, 0, 0, 0);
+        zero_rows_row(reinterpret_cast<uint4*>(a.out) + p * n_vec, n_vec);
         return;
     }
     const int groups = a.token_blocks / a.num_tokens;  // slot groups a token
@@ -772,22 +820,12 @@ expand_to_fused_rows(const ExpandArgs a) {
         any |= p >= 0 && p < a.num_expanded;
     }
     if (!any) return;  // every slot dropped (expert parallelism: remote experts)
-    const uint4* src = reinterpret_cast<const uint4*>(a.x) + static_cast<i64>(t) * n_vec;
-    uint4 row[EXPAND_ROWS_UNROLL];
-#pragma unroll
-    for (int u = 0; u < EXPAND_ROWS_UNROLL; ++u) {
-        const int i = threadIdx.x + u * EXPAND_ROWS_THREADS;
-        if (i < n_vec) row[u] = __ldg(src + i);
-    }
+    RowsHeld row;
+    row.load(reinterpret_cast<const uint4*>(a.x) + static_cast<i64>(t) * n_vec, n_vec);
     for (int k = k_begin; k < k_end; ++k) {
         const int p = __ldg(slots + k);
         if (p < 0 || p >= a.num_expanded) continue;  // dropped, or malformed
-        uint4* dst = reinterpret_cast<uint4*>(a.out) + static_cast<i64>(p) * n_vec;
-#pragma unroll
-        for (int u = 0; u < EXPAND_ROWS_UNROLL; ++u) {
-            const int i = threadIdx.x + u * EXPAND_ROWS_THREADS;
-            if (i < n_vec) dst[i] = row[u];
-        }
+        row.store(reinterpret_cast<uint4*>(a.out) + static_cast<i64>(p) * n_vec, n_vec);
     }
 #else
     __trap();  // the host launches it without scale factors only

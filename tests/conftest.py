@@ -84,6 +84,9 @@ KERNEL_PATHS = {
                                  rows_kernel_slot_blocks_below=math.inf, rows_kernel_threads=64),
     # ... token blocks of 3 slots (the last group of a token shorter)
     "rows-groups-of-3": ExpandTuning(rows_kernel_tokens_below=math.inf, rows_kernel_slot_group=3),
+    # ... by position on every call given pos_to_token: a block a row
+    "rows-by-position": GivenPosToToken(ExpandTuning(rows_kernel_tokens_below=math.inf,
+                                                     rows_kernel_by_position=1)),
 }
 
 

@@ -1122,6 +1122,53 @@ def test_rows_kernel_slot_group_must_be_whole(value, shown):
         ExpandTuning(rows_kernel_slot_group=value)
 
 
+BY_POSITION = dataclasses.replace(ROWS, rows_kernel_by_position=1)
+
+
+@pytest.mark.parametrize("zero_padding", [True, False])
+def test_rows_kernel_by_position_blocks(fake_h200, zero_padding):
+    # given pos_to_token: a block a row, padding rows too (they return at
+    # once without zero_padding), no token blocks
+    plan = _rows_plan(tuning=BY_POSITION, with_pos_to_token=True, zero_padding=zero_padding)
+    launch = plan.kernel(16)
+    assert plan.rows_by_position(16) and plan.takes_rows_kernel(16)
+    assert launch.name == "expand_to_fused_rows"
+    assert launch.grid == (3072, 1, 1)
+    for name in ("token_blocks", "first_zero_row"):
+        assert launch.constant(name) == 0, name
+
+
+def test_rows_kernel_by_position_needs_pos_to_token(fake_h200):
+    plan = _rows_plan(tuning=BY_POSITION)
+    assert not plan.rows_by_position(16)
+    assert plan.kernel(16).constant("token_blocks") == 32
+
+
+def test_rows_kernel_by_position_comes_before_the_gather(fake_h200):
+    tuning = dataclasses.replace(BY_POSITION, gather_x_bytes_below=1e9)
+    plan = _rows_plan(tuning=tuning, with_pos_to_token=True)
+    assert not plan.gathers(16)
+    assert plan.kernel(16).name == "expand_to_fused_rows"
+    # rows past 16 KiB: no rows kernel, so the gather
+    wide = _rows_plan(hidden=8200, tuning=tuning, with_pos_to_token=True)
+    assert wide.gathers(16) and wide.kernel(16).name == "expand_to_fused_gather"
+
+
+def test_rows_kernel_by_position_grid_is_the_rows(fake_h200):
+    # 1000 tokens' K slot blocks would overflow the grid; by position, X blocks fit
+    tuning = dataclasses.replace(BY_POSITION, rows_kernel_slot_blocks_below=math.inf)
+    plan = _rows_plan(num_tokens=1000, num_expanded=2**31 - 1000, tuning=tuning,
+                      with_pos_to_token=True)
+    assert plan.takes_rows_kernel(16)
+    assert plan.kernel(16).grid == (2**31 - 1000, 1, 1)
+
+
+@pytest.mark.parametrize("value", [2, 0.5])
+def test_rows_kernel_by_position_is_0_or_1(value):
+    with pytest.raises(ValueError, match=rf"rows_kernel_by_position must be 0 or 1; got {value}"):
+        ExpandTuning(rows_kernel_by_position=value)
+
+
 def test_register_min_blocks_infinite_is_not_a_whole_number():
     with pytest.raises(ValueError, match=r"register_min_blocks must be a whole number of "
                                          r"blocks; got inf"):

@@ -392,6 +392,14 @@ ROWS_BY_SLOT = KERNEL_PATHS["rows-by-slot"]
 ROWS_96 = ExpandTuning(rows_kernel_tokens_below=float("inf"), rows_kernel_threads=96)
 # ... token blocks of 3 slots (K = 8: groups of 3, 3 and 2)
 ROWS_GROUPS_OF_3 = ExpandTuning(rows_kernel_tokens_below=float("inf"), rows_kernel_slot_group=3)
+# ... by position, a block a row (the call passes pos_to_token); before the
+# warp-a-row gather where both are asked; at 96 threads (11 vectors a thread)
+ROWS_BY_POSITION = KERNEL_PATHS["rows-by-position"].tuning
+ROWS_BY_POSITION_OVER_GATHER = ExpandTuning(rows_kernel_tokens_below=float("inf"),
+                                            rows_kernel_by_position=1,
+                                            gather_x_bytes_below=float("inf"))
+ROWS_BY_POSITION_96 = ExpandTuning(rows_kernel_tokens_below=float("inf"),
+                                   rows_kernel_by_position=1, rows_kernel_threads=96)
 
 
 @pytest.mark.parametrize("zero_padding", [True, False])
@@ -417,6 +425,11 @@ ROWS_GROUPS_OF_3 = ExpandTuning(rows_kernel_tokens_below=float("inf"), rows_kern
     (3072, 2, ROWS_BY_SLOT),             # ... a slot a token block, 64 threads
     (8192, 2, ROWS_96),                  # ... 16 KiB rows at 96 threads
     (3072, 2, ROWS_GROUPS_OF_3),         # ... token blocks of 3 slots, the last of 2
+    (3072, 2, ROWS_BY_POSITION),         # ... by position: a block a row
+    (8192, 2, ROWS_BY_POSITION_96),      # ... 16 KiB rows at 96 threads
+    (7168, 2, ROWS_BY_POSITION_OVER_GATHER),  # ... before the warp-a-row gather
+    (8200, 2, ROWS_BY_POSITION_OVER_GATHER),  # ... past 16 KiB: the gather
+    (1004, 2, ROWS_BY_POSITION),         # ... rows not of 16-byte chunks: another kernel
 ])
 def test_expand_matches_the_oracle(monkeypatch, rng, zero_padding, hidden, item, tuning):
     """expand_to_fused on a padded plan, given pos_to_token: rows as the
@@ -432,11 +445,13 @@ def test_expand_matches_the_oracle(monkeypatch, rng, zero_padding, hidden, item,
                                 fenced(plan.pos_to_expert, side), zero_padding=zero_padding,
                                 pos_to_token=fenced(plan.pos_to_token, side))
     gpu.check_canaries()
-    assert ("expand_to_fused_gather" in gpu.launches) == (tuning.gather_x_bytes_below > 0
-                                                         and hidden * item % 16 == 0)
-    assert ("expand_to_fused_rows" in gpu.launches) == (tuning.rows_kernel_tokens_below > 29
-                                                       and hidden * item % 16 == 0
-                                                       and hidden * item <= 16384)
+    whole_vectors = hidden * item % 16 == 0
+    fits_rows = (tuning.rows_kernel_tokens_below > 29 and whole_vectors
+                 and hidden * item <= 16384)
+    gathers = (tuning.gather_x_bytes_below > 0 and whole_vectors
+               and not (tuning.rows_kernel_by_position and fits_rows))
+    assert ("expand_to_fused_gather" in gpu.launches) == gathers
+    assert ("expand_to_fused_rows" in gpu.launches) == (fits_rows and not gathers)
     padding = plan.pos_to_expert < 0
     np.testing.assert_array_equal(got[~padding], want[~padding])
     if zero_padding:

@@ -23,11 +23,16 @@ pytestmark = pytest.mark.skipif(not build.compiler_available(),
                                 reason=f"no C++ compiler ({build.CXX}) to build the kernels with")
 
 
-def test_gather_a_hint_naming_token_t_gives_zeros(monkeypatch, rng):
-    """expand_to_fused_gather: an expert row whose pos_to_token hint is T
-    (one past the last token) is a row of zeros, as any hint outside [0, T):
-    x[T] is never read. x is a view of a longer array, so a read of row T
-    finds data, not a fault."""
+ROWS_BY_POSITION = ExpandTuning(rows_kernel_tokens_below=float("inf"), rows_kernel_by_position=1)
+
+
+@pytest.mark.parametrize(("tuning", "kernel"), [(GATHER, "expand_to_fused_gather"),
+                                                (ROWS_BY_POSITION, "expand_to_fused_rows")])
+def test_gather_a_hint_naming_token_t_gives_zeros(monkeypatch, rng, tuning, kernel):
+    """Rows by position (the gather kernel, the rows kernel by position): an
+    expert row whose pos_to_token hint is T (one past the last token) is a
+    row of zeros, as any hint outside [0, T): x[T] is never read. x is a view
+    of a longer array, so a read of row T finds data, not a fault."""
     num_tokens = 29
     plan, _ = _plan(rng, num_tokens, 8, 32, 24, 16)
     longer = rng.integers(1, 2**16, (num_tokens + 1, 3072), dtype=np.uint16)
@@ -38,10 +43,10 @@ def test_gather_a_hint_naming_token_t_gives_zeros(monkeypatch, rng):
     hint[rows] = num_tokens
     want[rows] = 0
     gpu = emulated_gpu(monkeypatch, seed=int(rng.integers(1, 2**62)))
-    got, _ = expand_with_tuning(GATHER, x, plan.token_topk_to_pos, plan.pos_to_expert,
+    got, _ = expand_with_tuning(tuning, x, plan.token_topk_to_pos, plan.pos_to_expert,
                                 pos_to_token=hint)
     gpu.check_canaries()
-    assert "expand_to_fused_gather" in gpu.launches
+    assert kernel in gpu.launches
     np.testing.assert_array_equal(got, want)
 
 

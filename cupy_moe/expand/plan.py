@@ -174,25 +174,42 @@ class ExpandPlan:
     def gathers(self, vec_bytes: int) -> bool:
         """Whether the output is written by position (expand_to_fused_gather):
         calls that pass ``pos_to_token``, 16-byte accesses, ``x`` smaller than
-        ``tuning.gather_x_bytes_below``."""
+        ``tuning.gather_x_bytes_below``; not where the rows kernel writes by
+        position (``rows_by_position``)."""
         return (self.with_pos_to_token and vec_bytes == 16
-                and self.problem.num_tokens * self.row_bytes < self.tuning.gather_x_bytes_below)
+                and self.problem.num_tokens * self.row_bytes < self.tuning.gather_x_bytes_below
+                and not self.rows_by_position(vec_bytes))
+
+    def _fits_rows_kernel(self, vec_bytes: int) -> bool:
+        """No scale factors, 16-byte accesses, rows of at most 16 KiB and
+        ``1 <= T < tuning.rows_kernel_tokens_below``."""
+        return (self.sf_mode == SF_NONE and vec_bytes == 16
+                and self.row_bytes <= ROWS_KERNEL_MAX_ROW_BYTES
+                and 1 <= self.problem.num_tokens < self.tuning.rows_kernel_tokens_below)
+
+    def _rows_by_position_asked(self) -> bool:
+        """``tuning.rows_kernel_by_position``, on a call that passes ``pos_to_token``."""
+        return self.with_pos_to_token and self.tuning.rows_kernel_by_position == 1
+
+    def rows_by_position(self, vec_bytes: int) -> bool:
+        """Whether the rows kernel writes the call by position, a block a row."""
+        return self._rows_by_position_asked() and self._fits_rows_kernel(vec_bytes)
 
     def takes_rows_kernel(self, vec_bytes: int) -> bool:
         """Whether the call takes the lean rows kernel (expand_to_fused_rows):
         no scale factors, 16-byte accesses, rows of at most 16 KiB, ``1 <= T
         < tuning.rows_kernel_tokens_below``, a grid of at most 2^31 - 1 blocks;
         not where the call gathers (``gathers``)."""
-        problem, tuning = self.problem, self.tuning
-        if not (self.sf_mode == SF_NONE and vec_bytes == 16 and not self.gathers(vec_bytes)
-                and self.row_bytes <= ROWS_KERNEL_MAX_ROW_BYTES
-                and 1 <= problem.num_tokens < tuning.rows_kernel_tokens_below):
+        if not self._fits_rows_kernel(vec_bytes) or self.gathers(vec_bytes):
             return False
         return self._rows_grid()[0] <= MAX_GRID_X
 
     def _rows_grid(self) -> tuple[int, int, int]:
-        """(blocks, token blocks, slots a token block) of expand_to_fused_rows."""
+        """(blocks, token blocks, slots a token block) of expand_to_fused_rows:
+        by position, X blocks and no token blocks."""
         problem, tuning = self.problem, self.tuning
+        if self._rows_by_position_asked():
+            return problem.num_expanded, 0, 0
         slots = (1 if problem.num_tokens < tuning.rows_kernel_slot_blocks_below
                  else min(problem.top_k, int(tuning.rows_kernel_slot_group) or problem.top_k))
         token_blocks = problem.num_tokens * ceil_div(problem.top_k, slots)
@@ -200,13 +217,16 @@ class ExpandPlan:
 
     def _rows_launch(self) -> ExpandLaunch:
         """expand_to_fused_rows: token blocks of ``_rows_grid``'s slots, then a
-        block a row from ``first_zero_row``."""
+        block a row from ``first_zero_row``; or by position, a block a row."""
         blocks, token_blocks, slots = self._rows_grid()
         threads = int(self.tuning.rows_kernel_threads)
+        by_position = self._rows_by_position_asked()
         defines = (*kernel_defines(self.sf_mode, self.tuning, "expand_to_fused_rows"),
-                   ("EXPAND_ROWS_THREADS", threads))
+                   ("EXPAND_ROWS_THREADS", threads),
+                   *((("EXPAND_ROWS_BY_POSITION", 1),) if by_position else ()))
         handle = function_handle(SOURCE, defines, self.device, "expand_to_fused_rows")
-        fields = self._fields(slots_per_block=slots, first_zero_row=self.first_zero_row,
+        fields = self._fields(slots_per_block=slots,
+                              first_zero_row=0 if by_position else self.first_zero_row,
                               token_blocks=token_blocks)
         return ExpandLaunch("expand_to_fused_rows", handle, (blocks, 1, 1), threads, 0,
                             ArgBlock(EXPAND_ARGS, EXPAND_ARGS.constants(**fields),
