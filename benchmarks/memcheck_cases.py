@@ -154,7 +154,7 @@ def rows_tunings(base: ExpandTuning) -> tuple[ExpandTuning, ...]:
 def rows_by_position(base: ExpandTuning) -> ExpandTuning:
     """``base`` with the rows kernel writing by position on every call it can
     take that passes pos_to_token."""
-    return dataclasses.replace(base, rows_kernel_tokens_below=math.inf, rows_kernel_by_position=1)
+    return dataclasses.replace(base, rows_by_position_tokens_below=math.inf)
 
 
 def run_cases(rng, tuning: ExpandTuning, hiddens, sizes, *,

@@ -232,8 +232,7 @@ CONFIGS: list[tuple[str, ExpandTuning]] = [
       for group in (2, 4)),
     # ... writing by position, a block a row, given pos_to_token
     *((f"rows kernel by position: T < 1024, {threads} threads",
-       _tuned(rows_kernel_tokens_below=1024, rows_kernel_threads=threads,
-              rows_kernel_by_position=1))
+       _tuned(rows_by_position_tokens_below=1024, rows_kernel_threads=threads))
       for threads in (128, 256)),
     # column-major scale factors: by the token and zero-fill blocks (before
     # the twentieth session), or every one by the SF pass blocks where the call

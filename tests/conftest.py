@@ -85,8 +85,7 @@ KERNEL_PATHS = {
     # ... token blocks of 3 slots (the last group of a token shorter)
     "rows-groups-of-3": ExpandTuning(rows_kernel_tokens_below=math.inf, rows_kernel_slot_group=3),
     # ... by position on every call given pos_to_token: a block a row
-    "rows-by-position": GivenPosToToken(ExpandTuning(rows_kernel_tokens_below=math.inf,
-                                                     rows_kernel_by_position=1)),
+    "rows-by-position": GivenPosToToken(ExpandTuning(rows_by_position_tokens_below=math.inf)),
 }
 
 

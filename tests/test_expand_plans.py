@@ -1122,7 +1122,7 @@ def test_rows_kernel_slot_group_must_be_whole(value, shown):
         ExpandTuning(rows_kernel_slot_group=value)
 
 
-BY_POSITION = dataclasses.replace(ROWS, rows_kernel_by_position=1)
+BY_POSITION = dataclasses.replace(DEFAULT_TUNING, rows_by_position_tokens_below=1024)
 
 
 @pytest.mark.parametrize("zero_padding", [True, False])
@@ -1140,8 +1140,23 @@ def test_rows_kernel_by_position_blocks(fake_h200, zero_padding):
 
 def test_rows_kernel_by_position_needs_pos_to_token(fake_h200):
     plan = _rows_plan(tuning=BY_POSITION)
-    assert not plan.rows_by_position(16)
-    assert plan.kernel(16).constant("token_blocks") == 32
+    assert not plan.rows_by_position(16) and not plan.takes_rows_kernel(16)
+    assert plan.kernel(16).name != "expand_to_fused_rows"
+    # the token-block rows kernel is its own switch
+    both = _rows_plan(tuning=dataclasses.replace(BY_POSITION, rows_kernel_tokens_below=1024))
+    assert both.kernel(16).constant("token_blocks") == 32
+
+
+@pytest.mark.parametrize(("change", "why"), [
+    ({"num_tokens": 1024}, "1024 tokens are not below 1024"),
+    ({"num_tokens": 0, "num_expanded": 1024}, "no tokens"),
+    ({"sf": QWEN3_FP8_ROW_SF, "dtype": "float8_e4m3fn"}, "scale factors"),
+    ({"hidden": 8200}, "rows of 16,400 bytes: past the 16 KiB a block holds"),
+])
+def test_no_rows_by_position(fake_h200, change, why):
+    plan = _rows_plan(tuning=BY_POSITION, with_pos_to_token=True, **change)
+    assert not plan.rows_by_position(16), why
+    assert plan.kernel(16).name != "expand_to_fused_rows", why
 
 
 def test_rows_kernel_by_position_comes_before_the_gather(fake_h200):
@@ -1156,17 +1171,12 @@ def test_rows_kernel_by_position_comes_before_the_gather(fake_h200):
 
 def test_rows_kernel_by_position_grid_is_the_rows(fake_h200):
     # 1000 tokens' K slot blocks would overflow the grid; by position, X blocks fit
-    tuning = dataclasses.replace(BY_POSITION, rows_kernel_slot_blocks_below=math.inf)
+    tuning = dataclasses.replace(BY_POSITION, rows_kernel_tokens_below=1024,
+                                 rows_kernel_slot_blocks_below=math.inf)
     plan = _rows_plan(num_tokens=1000, num_expanded=2**31 - 1000, tuning=tuning,
                       with_pos_to_token=True)
     assert plan.takes_rows_kernel(16)
     assert plan.kernel(16).grid == (2**31 - 1000, 1, 1)
-
-
-@pytest.mark.parametrize("value", [2, 0.5])
-def test_rows_kernel_by_position_is_0_or_1(value):
-    with pytest.raises(ValueError, match=rf"rows_kernel_by_position must be 0 or 1; got {value}"):
-        ExpandTuning(rows_kernel_by_position=value)
 
 
 def test_register_min_blocks_infinite_is_not_a_whole_number():

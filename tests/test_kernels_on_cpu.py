@@ -395,11 +395,10 @@ ROWS_GROUPS_OF_3 = ExpandTuning(rows_kernel_tokens_below=float("inf"), rows_kern
 # ... by position, a block a row (the call passes pos_to_token); before the
 # warp-a-row gather where both are asked; at 96 threads (11 vectors a thread)
 ROWS_BY_POSITION = KERNEL_PATHS["rows-by-position"].tuning
-ROWS_BY_POSITION_OVER_GATHER = ExpandTuning(rows_kernel_tokens_below=float("inf"),
-                                            rows_kernel_by_position=1,
+ROWS_BY_POSITION_OVER_GATHER = ExpandTuning(rows_by_position_tokens_below=float("inf"),
                                             gather_x_bytes_below=float("inf"))
-ROWS_BY_POSITION_96 = ExpandTuning(rows_kernel_tokens_below=float("inf"),
-                                   rows_kernel_by_position=1, rows_kernel_threads=96)
+ROWS_BY_POSITION_96 = ExpandTuning(rows_by_position_tokens_below=float("inf"),
+                                   rows_kernel_threads=96)
 
 
 @pytest.mark.parametrize("zero_padding", [True, False])
@@ -446,12 +445,12 @@ def test_expand_matches_the_oracle(monkeypatch, rng, zero_padding, hidden, item,
                                 pos_to_token=fenced(plan.pos_to_token, side))
     gpu.check_canaries()
     whole_vectors = hidden * item % 16 == 0
-    fits_rows = (tuning.rows_kernel_tokens_below > 29 and whole_vectors
-                 and hidden * item <= 16384)
-    gathers = (tuning.gather_x_bytes_below > 0 and whole_vectors
-               and not (tuning.rows_kernel_by_position and fits_rows))
+    fits_rows = whole_vectors and hidden * item <= 16384
+    by_position = fits_rows and tuning.rows_by_position_tokens_below > 29
+    gathers = tuning.gather_x_bytes_below > 0 and whole_vectors and not by_position
     assert ("expand_to_fused_gather" in gpu.launches) == gathers
-    assert ("expand_to_fused_rows" in gpu.launches) == (fits_rows and not gathers)
+    assert ("expand_to_fused_rows" in gpu.launches) == (
+        by_position or (fits_rows and tuning.rows_kernel_tokens_below > 29 and not gathers))
     padding = plan.pos_to_expert < 0
     np.testing.assert_array_equal(got[~padding], want[~padding])
     if zero_padding:

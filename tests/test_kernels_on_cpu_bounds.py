@@ -23,7 +23,7 @@ pytestmark = pytest.mark.skipif(not build.compiler_available(),
                                 reason=f"no C++ compiler ({build.CXX}) to build the kernels with")
 
 
-ROWS_BY_POSITION = ExpandTuning(rows_kernel_tokens_below=float("inf"), rows_kernel_by_position=1)
+ROWS_BY_POSITION = ExpandTuning(rows_by_position_tokens_below=float("inf"))
 
 
 @pytest.mark.parametrize(("tuning", "kernel"), [(GATHER, "expand_to_fused_gather"),

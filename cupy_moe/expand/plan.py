@@ -180,47 +180,48 @@ class ExpandPlan:
                 and self.problem.num_tokens * self.row_bytes < self.tuning.gather_x_bytes_below
                 and not self.rows_by_position(vec_bytes))
 
-    def _fits_rows_kernel(self, vec_bytes: int) -> bool:
+    def _fits_rows_kernel(self, vec_bytes: int, tokens_below: float) -> bool:
         """No scale factors, 16-byte accesses, rows of at most 16 KiB and
-        ``1 <= T < tuning.rows_kernel_tokens_below``."""
+        ``1 <= T < tokens_below``."""
         return (self.sf_mode == SF_NONE and vec_bytes == 16
                 and self.row_bytes <= ROWS_KERNEL_MAX_ROW_BYTES
-                and 1 <= self.problem.num_tokens < self.tuning.rows_kernel_tokens_below)
-
-    def _rows_by_position_asked(self) -> bool:
-        """``tuning.rows_kernel_by_position``, on a call that passes ``pos_to_token``."""
-        return self.with_pos_to_token and self.tuning.rows_kernel_by_position == 1
+                and 1 <= self.problem.num_tokens < tokens_below)
 
     def rows_by_position(self, vec_bytes: int) -> bool:
-        """Whether the rows kernel writes the call by position, a block a row."""
-        return self._rows_by_position_asked() and self._fits_rows_kernel(vec_bytes)
+        """Whether the rows kernel writes the call by position, a block a row:
+        calls that pass ``pos_to_token`` and fit the rows kernel with ``T <
+        tuning.rows_by_position_tokens_below``."""
+        return self.with_pos_to_token and self._fits_rows_kernel(
+            vec_bytes, self.tuning.rows_by_position_tokens_below)
 
     def takes_rows_kernel(self, vec_bytes: int) -> bool:
         """Whether the call takes the lean rows kernel (expand_to_fused_rows):
-        no scale factors, 16-byte accesses, rows of at most 16 KiB, ``1 <= T
-        < tuning.rows_kernel_tokens_below``, a grid of at most 2^31 - 1 blocks;
-        not where the call gathers (``gathers``)."""
-        if not self._fits_rows_kernel(vec_bytes) or self.gathers(vec_bytes):
+        by position (``rows_by_position``), or with token blocks: no scale
+        factors, 16-byte accesses, rows of at most 16 KiB, ``1 <= T <
+        tuning.rows_kernel_tokens_below``, not where the call gathers
+        (``gathers``); a grid of at most 2^31 - 1 blocks either way."""
+        if not (self.rows_by_position(vec_bytes) or (
+                self._fits_rows_kernel(vec_bytes, self.tuning.rows_kernel_tokens_below)
+                and not self.gathers(vec_bytes))):
             return False
-        return self._rows_grid()[0] <= MAX_GRID_X
+        return self._rows_grid(self.rows_by_position(vec_bytes))[0] <= MAX_GRID_X
 
-    def _rows_grid(self) -> tuple[int, int, int]:
+    def _rows_grid(self, by_position: bool) -> tuple[int, int, int]:
         """(blocks, token blocks, slots a token block) of expand_to_fused_rows:
         by position, X blocks and no token blocks."""
         problem, tuning = self.problem, self.tuning
-        if self._rows_by_position_asked():
+        if by_position:
             return problem.num_expanded, 0, 0
         slots = (1 if problem.num_tokens < tuning.rows_kernel_slot_blocks_below
                  else min(problem.top_k, int(tuning.rows_kernel_slot_group) or problem.top_k))
         token_blocks = problem.num_tokens * ceil_div(problem.top_k, slots)
         return token_blocks + problem.num_expanded - self.first_zero_row, token_blocks, slots
 
-    def _rows_launch(self) -> ExpandLaunch:
+    def _rows_launch(self, by_position: bool) -> ExpandLaunch:
         """expand_to_fused_rows: token blocks of ``_rows_grid``'s slots, then a
         block a row from ``first_zero_row``; or by position, a block a row."""
-        blocks, token_blocks, slots = self._rows_grid()
+        blocks, token_blocks, slots = self._rows_grid(by_position)
         threads = int(self.tuning.rows_kernel_threads)
-        by_position = self._rows_by_position_asked()
         defines = (*kernel_defines(self.sf_mode, self.tuning, "expand_to_fused_rows"),
                    ("EXPAND_ROWS_THREADS", threads),
                    *((("EXPAND_ROWS_BY_POSITION", 1),) if by_position else ()))
@@ -265,7 +266,7 @@ class ExpandPlan:
         if self.gathers(vec_bytes):
             return self._gather_launch()
         if self.takes_rows_kernel(vec_bytes):
-            return self._rows_launch()
+            return self._rows_launch(self.rows_by_position(vec_bytes))
         tuning, problem = self.tuning, self.problem
         n_vec = self.row_bytes // vec_bytes
         num_tokens = problem.num_tokens

@@ -221,12 +221,14 @@ class ExpandTuning:
     ``rows_kernel_threads``: threads a block (whole warps, 32 .. 1024); 256
     by default, as the GPU tests ran it, though 128 measured 1-5% faster on
     the EP8 plans (the figures above).
-    ``rows_kernel_by_position`` (0 or 1): calls that take the rows kernel
-    and pass ``pos_to_token`` get no token blocks; block p writes row p
-    alone, from its two map words (x's row of its token, or zeros). Every
-    block is one row whatever the routing, so tightly packed calls get X
-    row copies instead of T blocks storing K rows each. Takes precedence
-    over ``gather_x_bytes_below``'s warp-a-row gather. 0: off.
+    ``rows_by_position_tokens_below``: calls that pass ``pos_to_token``,
+    without scale factors (16-byte rows of at most 16 KiB and bases), with
+    ``1 <= T < this`` tokens take the rows kernel by position: no token
+    blocks, block p writes row p alone from its two map words (x's row of
+    its token, or zeros). Every block is one row whatever the routing, so a
+    tightly packed call gets X row copies where token blocks would each
+    store K rows. Before ``gather_x_bytes_below``'s warp-a-row gather and
+    the token-block rows kernel. 0: never.
     """
 
     # register kernel
@@ -271,7 +273,7 @@ class ExpandTuning:
     rows_kernel_slot_blocks_below: float = 2.0
     rows_kernel_slot_group: int = 0
     rows_kernel_threads: int = 256
-    rows_kernel_by_position: int = 0
+    rows_by_position_tokens_below: float = 0.0
     # cache hints of the register kernels' accesses: indices into
     # runtime.cache_hints' LOAD_HINTS (.cs, plain, .cg, .nc) / STORE_HINTS
     # (.cs, plain, .cg); 0, .cs, adds no define
@@ -305,7 +307,7 @@ class ExpandTuning:
                                  f"got {getattr(self, name)}")
         for name in ("padding_zero_whole_rows", "bulk_zero_rows_plain",
                      "zero_kernel_beside_registers", "sf_by_position",
-                     "sf_pass_beside_zero_kernel", "rows_kernel_by_position"):
+                     "sf_pass_beside_zero_kernel"):
             if getattr(self, name) not in (0, 1):
                 raise ValueError(f"ExpandTuning.{name} must be 0 or 1; "
                                  f"got {getattr(self, name)!r}")
