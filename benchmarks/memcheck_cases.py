@@ -9,11 +9,13 @@ swiglu_quantize_fp8 (by slot too, with a hint that disagrees); each result is
 also checked bit-exact against the NumPy reference. Run it under the
 sanitizer from benchmarks/gpu_check.sh.
 
-    python benchmarks/memcheck_cases.py [--registers-only] [--mapping-only | --combine-only]
+    python benchmarks/memcheck_cases.py [--registers-only]
+                                        [--mapping-only | --combine-only | --rows-only]
 
 --mapping-only and --combine-only run only fused_mapping's calls, or only
 those of reduce_fused, quantize_fp8 and swiglu_quantize_fp8 (a quick check
-of one op family, in a device call that has other work).
+of one op family, in a device call that has other work); --rows-only only
+the lean rows kernel's calls (token blocks and by position).
 
 --registers-only keeps every call on the register kernel (a tuning whose
 bulk_min_blocks is infinite): initcheck does not
@@ -204,6 +206,20 @@ def run_wrong_hint_cases(rng, tuning: ExpandTuning, layouts=("none", "row", "col
                 assert np.array_equal(bits(cupy.asnumpy(got_sf)), want_sf)
             cases += 1
     return cases
+
+
+def run_rows_cases(rng, base: ExpandTuning) -> int:
+    """The lean rows kernel (plain stores: initcheck sees them) over ``base``;
+    16400-byte rows are past its 16 KiB, so they check the fallback's
+    choice; by position given pos_to_token, and given one that disagrees
+    with the map."""
+    cases = 0
+    sizes = ((5, 3, 17), (0, 8, 6), (33, 9, 301), (4, 2, 0), (1, 8, 40))
+    for tuning in rows_tunings(base):
+        cases += run_cases(rng, tuning, (16, 2064, 7168, 16400), sizes, layouts=("none",))
+    cases += run_cases(rng, rows_by_position(base), (16, 2064, 7168, 16400), sizes,
+                       layouts=("none",), given_tokens=True)
+    return cases + run_wrong_hint_cases(rng, rows_by_position(base), layouts=("none",))
 
 
 def run_mapping_cases(rng) -> int:
@@ -408,11 +424,15 @@ def main() -> int:
                       help="only the fused_mapping calls")
     only.add_argument("--combine-only", action="store_true",
                       help="only the reduce_fused, quantize_fp8 and swiglu_quantize_fp8 calls")
+    only.add_argument("--rows-only", action="store_true",
+                      help="only the lean rows kernel's calls")
     args = parser.parse_args()
     registers_only = args.registers_only
     rng = np.random.default_rng(7)
-    if args.mapping_only or args.combine_only:
+    if args.mapping_only or args.combine_only or args.rows_only:
         cases = (run_mapping_cases(rng) if args.mapping_only
+                 else run_rows_cases(rng, REGISTERS_ONLY if registers_only else DEFAULT_TUNING)
+                 if args.rows_only
                  else run_combine_quantize_cases(rng) + run_slot_cases(rng))
         cupy.cuda.Device().synchronize()
         print(f"memcheck cases: {cases} calls, all bit-exact")
@@ -457,16 +477,7 @@ def main() -> int:
     # X == 0 and T == 0 too, then a hint that disagrees with the map
     cases += run_cases(rng, GATHER, (16, 2064, 7168), (*sizes, (4, 2, 0)), given_tokens=True)
     cases += run_wrong_hint_cases(rng, GATHER)
-    # the lean rows kernel (plain stores: initcheck sees them); 16400-byte
-    # rows are past its 16 KiB, so they check the fallback's choice; by
-    # position given pos_to_token, and given one that disagrees with the map
-    rows_base = REGISTERS_ONLY if registers_only else DEFAULT_TUNING
-    for tuning in rows_tunings(rows_base):
-        cases += run_cases(rng, tuning, (16, 2064, 7168, 16400), (*sizes, (4, 2, 0), (1, 8, 40)),
-                           layouts=("none",))
-    cases += run_cases(rng, rows_by_position(rows_base), (16, 2064, 7168, 16400),
-                       (*sizes, (4, 2, 0), (1, 8, 40)), layouts=("none",), given_tokens=True)
-    cases += run_wrong_hint_cases(rng, rows_by_position(rows_base), layouts=("none",))
+    cases += run_rows_cases(rng, REGISTERS_ONLY if registers_only else DEFAULT_TUNING)
     # validate=True: the routing kernels, on a good map and on a bad one
     x = cupy.zeros((3, 64), dtype=cupy.uint16)
     good = cupy.asarray(np.array([[0, 1], [2, -1], [3, 4]], dtype=np.int32))
