@@ -71,7 +71,8 @@ ZERO_KERNEL = dataclasses.replace(DEFAULT_TUNING, padding_share_registers=0.0,
 ZERO_KERNEL_SF_PASS = dataclasses.replace(ZERO_KERNEL, sf_pass_beside_zero_kernel=1)
 # rows by position (expand_to_fused_gather) on every call that passes
 # pos_to_token; 40 rows a block: 5 a warp, the last block short
-GATHER = dataclasses.replace(DEFAULT_TUNING, gather_x_bytes_below=math.inf, gather_rows=40)
+GATHER = dataclasses.replace(DEFAULT_TUNING, gather_x_bytes_below=math.inf, gather_rows=40,
+                             rows_by_position_tokens_below=0)
 
 # swiglu_quantize_fp8's *_block_rows with up to 32 rows a block
 FEW_ROW_BLOCKS = QuantizeTuning(block_rows_from_bytes=0, block_rows_blocks_per_sm=0.01)
@@ -156,7 +157,8 @@ def rows_tunings(base: ExpandTuning) -> tuple[ExpandTuning, ...]:
 def rows_by_position(base: ExpandTuning) -> ExpandTuning:
     """``base`` with the rows kernel writing by position on every call it can
     take that passes pos_to_token."""
-    return dataclasses.replace(base, rows_by_position_tokens_below=math.inf)
+    return dataclasses.replace(base, rows_by_position_tokens_below=math.inf,
+                               rows_by_position_bytes_below=math.inf)
 
 
 def run_cases(rng, tuning: ExpandTuning, hiddens, sizes, *,

@@ -232,7 +232,8 @@ CONFIGS: list[tuple[str, ExpandTuning]] = [
       for group in (2, 4)),
     # ... writing by position, a block a row, given pos_to_token
     *((f"rows kernel by position: T < 1024, {threads} threads",
-       _tuned(rows_by_position_tokens_below=1024, rows_kernel_threads=threads))
+       _tuned(rows_by_position_tokens_below=1024, rows_by_position_bytes_below=math.inf,
+              rows_kernel_threads=threads))
       for threads in (128, 256)),
     # column-major scale factors: by the token and zero-fill blocks (before
     # the twentieth session), or every one by the SF pass blocks where the call
@@ -247,19 +248,25 @@ CONFIGS: list[tuple[str, ExpandTuning]] = [
     # rows by position (expand_to_fused_gather), given pos_to_token: where x is
     # below 16 MB (every plan but Kimi-K2's prefill ones), by rows a block; on
     # every call
+    # (rows by position off: it comes first where it is on)
     *((f"gather: x below 16 MB, {rows} rows a block",
-       _tuned(gather_x_bytes_below=16e6, gather_rows=rows)) for rows in (8, 16, 32, 64)),
-    ("gather: every call", _tuned(gather_x_bytes_below=math.inf)),
+       _tuned(gather_x_bytes_below=16e6, gather_rows=rows, rows_by_position_tokens_below=0))
+      for rows in (8, 16, 32, 64)),
+    ("gather: every call", _tuned(gather_x_bytes_below=math.inf, rows_by_position_tokens_below=0)),
     # a warp a row, fewer rows a block: smaller blocks (8 rows won over 16-64
     # in the twenty-fourth session; the seed's kernel takes a block a row)
     *((f"gather: x below 16 MB, {rows} rows a block of {threads} threads",
-       _tuned(gather_x_bytes_below=16e6, gather_rows=rows, threads=threads))
+       _tuned(gather_x_bytes_below=16e6, gather_rows=rows, threads=threads,
+              rows_by_position_tokens_below=0))
       for rows, threads in ((4, 128), (2, 64), (1, 32))),
+    # the default before rows by position (fifty-first session), given pos_to_token
+    ("no rows by position, given pos_to_token", _tuned(rows_by_position_tokens_below=0)),
 ]
 # configs whose calls pass pos_to_token (each row's token; the workloads that
 # have one, the plan workloads: elsewhere they run as the default does)
 WITH_POS_TO_TOKEN = {"SF by position: all, given pos_to_token",
                      "no SF pass beside the zero kernel, given pos_to_token",
+                     "no rows by position, given pos_to_token",
                      *(name for name, _ in CONFIGS
                        if name.startswith(("gather: ", "rows kernel by position: ")))}
 assert len({name for name, _ in CONFIGS}) == len(CONFIGS), "config names must differ"

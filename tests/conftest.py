@@ -72,10 +72,13 @@ KERNEL_PATHS = {
         zero_kernel_beside_registers=1, sf_pass_beside_zero_kernel=1),
     "zero-kernel-sf-pass-given-tokens": GivenPosToToken(ExpandTuning(
         padding_share_registers=0.0, padding_whole_chunks_from=math.inf, zero_kernel_from_bytes=0,
-        zero_kernel_beside_registers=1, sf_pass_beside_zero_kernel=1)),
+        zero_kernel_beside_registers=1, sf_pass_beside_zero_kernel=1,
+        rows_by_position_tokens_below=0)),
     # rows by position (expand_to_fused_gather) on every call given pos_to_token
     # with 16-byte rows and bases; 40 rows a block: 5 a warp, a short last block
-    "gather": GivenPosToToken(ExpandTuning(gather_x_bytes_below=math.inf, gather_rows=40)),
+    # (rows by position off: it comes first where it is on)
+    "gather": GivenPosToToken(ExpandTuning(gather_x_bytes_below=math.inf, gather_rows=40,
+                                           rows_by_position_tokens_below=0)),
     # the lean rows kernel (expand_to_fused_rows) on every call without scale
     # factors, 16-byte rows and bases and tokens: token blocks of all K slots;
     # and of one slot each at 64 threads (16 vectors a thread)
@@ -85,7 +88,8 @@ KERNEL_PATHS = {
     # ... token blocks of 3 slots (the last group of a token shorter)
     "rows-groups-of-3": ExpandTuning(rows_kernel_tokens_below=math.inf, rows_kernel_slot_group=3),
     # ... by position on every call given pos_to_token: a block a row
-    "rows-by-position": GivenPosToToken(ExpandTuning(rows_by_position_tokens_below=math.inf)),
+    "rows-by-position": GivenPosToToken(ExpandTuning(rows_by_position_tokens_below=math.inf,
+                                                     rows_by_position_bytes_below=math.inf)),
 }
 
 

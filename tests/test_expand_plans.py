@@ -1069,7 +1069,9 @@ def test_rows_kernel_decode_takes_a_block_a_slot(fake_h200):
     ({"num_tokens": 0, "num_expanded": 1024}, "no tokens: every row zeroed, expert rows too"),
     ({"sf": QWEN3_FP8_ROW_SF, "dtype": "float8_e4m3fn"}, "scale factors"),
     ({"hidden": 8200}, "rows of 16,400 bytes: past the 16 KiB a block holds"),
-    ({"with_pos_to_token": True, "tuning": dataclasses.replace(ROWS, gather_x_bytes_below=1e9)},
+    ({"with_pos_to_token": True,
+      "tuning": dataclasses.replace(ROWS, gather_x_bytes_below=1e9,
+                                    rows_by_position_tokens_below=0)},
      "the gather kernel comes first"),
 ])
 def test_no_rows_kernel(fake_h200, change, why):
@@ -1122,7 +1124,8 @@ def test_rows_kernel_slot_group_must_be_whole(value, shown):
         ExpandTuning(rows_kernel_slot_group=value)
 
 
-BY_POSITION = dataclasses.replace(DEFAULT_TUNING, rows_by_position_tokens_below=1024)
+BY_POSITION = dataclasses.replace(DEFAULT_TUNING, rows_by_position_tokens_below=1024,
+                                  rows_by_position_bytes_below=math.inf)
 
 
 @pytest.mark.parametrize("zero_padding", [True, False])
@@ -1157,6 +1160,24 @@ def test_no_rows_by_position(fake_h200, change, why):
     plan = _rows_plan(tuning=BY_POSITION, with_pos_to_token=True, **change)
     assert not plan.rows_by_position(16), why
     assert plan.kernel(16).name != "expand_to_fused_rows", why
+
+
+@pytest.mark.parametrize(("num_tokens", "num_expanded", "taken"), [
+    (32, 3072, True),    # qwen3-30b-small-e48-ep8-plan: 18.9 MB
+    (1, 1024, True),     # decode
+    (63, 3072, True),
+    (64, 3072, False),   # 64 tokens
+    (32, 5209, False),   # 32,004,096 bytes of output: not below 32e6
+    (32, 5208, True),    # 31,997,952 bytes
+])
+def test_default_rows_by_position(fake_h200, num_tokens, num_expanded, taken):
+    # the default: calls given pos_to_token with T < 64 and outputs below 32 MB
+    plan = _rows_plan(num_tokens=num_tokens, num_expanded=num_expanded, tuning=DEFAULT_TUNING,
+                      with_pos_to_token=True)
+    assert plan.rows_by_position(16) == taken
+    assert (plan.kernel(16).name == "expand_to_fused_rows") == taken
+    assert not _rows_plan(num_tokens=num_tokens, num_expanded=num_expanded,
+                          tuning=DEFAULT_TUNING).takes_rows_kernel(16)
 
 
 def test_rows_kernel_by_position_comes_before_the_gather(fake_h200):

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import re
+from dataclasses import replace
 
 import ml_dtypes
 import numpy as np
@@ -361,37 +362,44 @@ def test_quantize_packed_scale_factors(monkeypatch, rng, kernel, num_rows, hidde
     assert (_sf_pad_columns(sf) == 0).all()
 
 
-GATHER = ExpandTuning(gather_x_bytes_below=float("inf"))
+# The oracle cases pass pos_to_token to every tuning; the default writes small
+# calls given it by position (rows_by_position_tokens_below), so the tunings
+# of the other kernels turn that off to keep their kernels under test.
+BY_POSITION_OFF = {"rows_by_position_tokens_below": 0}
+GATHER = ExpandTuning(**BY_POSITION_OFF, gather_x_bytes_below=float("inf"))
 # a block a row of one warp (the seed's grid: a block an output row)
-GATHER_A_BLOCK_A_ROW = ExpandTuning(gather_x_bytes_below=float("inf"), gather_rows=1,
-                                    threads=32)
+GATHER_A_BLOCK_A_ROW = ExpandTuning(**BY_POSITION_OFF, gather_x_bytes_below=float("inf"),
+                                    gather_rows=1, threads=32)
 # the register kernel compiled for the call's row (EXPAND_ROW_BYTES)
-COMPILED_ROW = ExpandTuning(bulk_min_blocks=float("inf"), compiled_row=1)
+COMPILED_ROW = ExpandTuning(**BY_POSITION_OFF, bulk_min_blocks=float("inf"), compiled_row=1)
 # zero-fill blocks of 32 rows, by runs of rows where a row is one chunk (fp8
 # rows of 3 KiB: 192 accesses of 256 threads); the SF by the zero-fill blocks
-ZERO_RUNS = ExpandTuning(bulk_min_blocks=float("inf"), zero_fill_runs=1, zero_rows_registers=32)
-ZERO_RUNS_SF_IN_LINE = ExpandTuning(bulk_min_blocks=float("inf"), zero_fill_runs=1,
-                                    zero_rows_registers=32, sf_by_position=0)
+ZERO_RUNS = ExpandTuning(**BY_POSITION_OFF, bulk_min_blocks=float("inf"), zero_fill_runs=1,
+                         zero_rows_registers=32)
+ZERO_RUNS_SF_IN_LINE = ExpandTuning(**BY_POSITION_OFF, bulk_min_blocks=float("inf"),
+                                    zero_fill_runs=1, zero_rows_registers=32, sf_by_position=0)
 # ... the runs' loops unrolled by 4
-ZERO_RUNS_UNROLLED = ExpandTuning(bulk_min_blocks=float("inf"), zero_fill_runs=2,
-                                  zero_rows_registers=32)
+ZERO_RUNS_UNROLLED = ExpandTuning(**BY_POSITION_OFF, bulk_min_blocks=float("inf"),
+                                  zero_fill_runs=2, zero_rows_registers=32)
 # ... and row by row (zero_fill_runs 0, the default before the twenty-ninth session)
-ROW_BY_ROW = ExpandTuning(bulk_min_blocks=float("inf"), zero_fill_runs=0)
-BULK = ExpandTuning(bulk_min_blocks=0.0, padding_share_registers=float("inf"),
+ROW_BY_ROW = ExpandTuning(**BY_POSITION_OFF, bulk_min_blocks=float("inf"), zero_fill_runs=0)
+BULK = ExpandTuning(**BY_POSITION_OFF, bulk_min_blocks=0.0, padding_share_registers=float("inf"),
                     medium_padding_share_registers=float("inf"),
                     bulk_whole_row_zero_from=float("inf"))
 # every call padding-heavy, its padding rows zeroed by expand_zero_padding_rows
 # beside the copy kernel (scale factors by its row blocks, or by the SF pass
 # as its last blocks): the GPU tests' kernel paths of those names
-ZERO_KERNEL = KERNEL_PATHS["zero-kernel"]
-ZERO_KERNEL_SF_PASS = KERNEL_PATHS["zero-kernel-sf-pass"]
+ZERO_KERNEL = replace(KERNEL_PATHS["zero-kernel"], **BY_POSITION_OFF)
+ZERO_KERNEL_SF_PASS = replace(KERNEL_PATHS["zero-kernel-sf-pass"], **BY_POSITION_OFF)
 # the lean rows kernel: token blocks of all K slots; of one slot at 64 threads
-ROWS = KERNEL_PATHS["rows"]
-ROWS_BY_SLOT = KERNEL_PATHS["rows-by-slot"]
+ROWS = replace(KERNEL_PATHS["rows"], **BY_POSITION_OFF)
+ROWS_BY_SLOT = replace(KERNEL_PATHS["rows-by-slot"], **BY_POSITION_OFF)
 # ... at a block size that does not divide 1,024 vectors (96: 11 a thread)
-ROWS_96 = ExpandTuning(rows_kernel_tokens_below=float("inf"), rows_kernel_threads=96)
+ROWS_96 = ExpandTuning(**BY_POSITION_OFF, rows_kernel_tokens_below=float("inf"),
+                       rows_kernel_threads=96)
 # ... token blocks of 3 slots (K = 8: groups of 3, 3 and 2)
-ROWS_GROUPS_OF_3 = ExpandTuning(rows_kernel_tokens_below=float("inf"), rows_kernel_slot_group=3)
+ROWS_GROUPS_OF_3 = ExpandTuning(**BY_POSITION_OFF, rows_kernel_tokens_below=float("inf"),
+                                rows_kernel_slot_group=3)
 # ... by position, a block a row (the call passes pos_to_token); before the
 # warp-a-row gather where both are asked; at 96 threads (11 vectors a thread)
 ROWS_BY_POSITION = KERNEL_PATHS["rows-by-position"].tuning
@@ -407,7 +415,8 @@ ROWS_BY_POSITION_96 = ExpandTuning(rows_by_position_tokens_below=float("inf"),
     (3072, 2, GATHER_A_BLOCK_A_ROW),
     (7168, 2, GATHER),
     (1004, 2, GATHER),                   # rows not of 16-byte chunks: no gather
-    (3072, 2, ExpandTuning()),           # the default's kernels
+    (3072, 2, ExpandTuning()),           # the default: by position (T = 29, given pos_to_token)
+    (3072, 2, ExpandTuning(**BY_POSITION_OFF)),  # the default's other kernels
     (3072, 2, COMPILED_ROW),             # one access a thread of 192 threads' row
     (7172, 2, COMPILED_ROW),             # 8-byte rows: the v8 kernel, chunks and a short one
     (1536, 2, ZERO_RUNS),                # zero-fill by runs: 3 KiB rows of one chunk
@@ -446,7 +455,9 @@ def test_expand_matches_the_oracle(monkeypatch, rng, zero_padding, hidden, item,
     gpu.check_canaries()
     whole_vectors = hidden * item % 16 == 0
     fits_rows = whole_vectors and hidden * item <= 16384
-    by_position = fits_rows and tuning.rows_by_position_tokens_below > 29
+    by_position = (fits_rows and tuning.rows_by_position_tokens_below > 29
+                   and plan.pos_to_expert.shape[0] * hidden * item
+                   < tuning.rows_by_position_bytes_below)
     gathers = tuning.gather_x_bytes_below > 0 and whole_vectors and not by_position
     assert ("expand_to_fused_gather" in gpu.launches) == gathers
     assert ("expand_to_fused_rows" in gpu.launches) == (

@@ -82,10 +82,10 @@ def expand_to_fused(x: Any, token_topk_to_pos: Any, pos_to_expert: Any, *,
     pos_to_token : array [X], int32, optional
         The token of each output row (-1 on padding rows): ``fused_mapping``'s
         ``pos_to_token``. A hint, for speed only, that lets the GPU write the
-        output row by row instead of token by token where
-        ``ExpandTuning.gather_x_bytes_below`` says so (off by default: it lost
-        on the H200, benchmarks/results/sweep_gather_h200.md); the results are
-        the same. It must agree with the map:
+        output row by row instead of token by token: by default on calls of
+        fewer than 64 tokens whose output is below 32 MB
+        (``ExpandTuning.rows_by_position_*``: decode and small batches, 8-18%
+        faster on the H100); the results are the same. It must agree with the map:
         ``pos_to_token[token_topk_to_pos[t, k]] == t`` for every slot that is
         not dropped (``validate=True`` checks it, after the map's own faults).
         Where it does not, what such a row gets is unspecified; nothing

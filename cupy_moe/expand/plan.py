@@ -190,9 +190,12 @@ class ExpandPlan:
     def rows_by_position(self, vec_bytes: int) -> bool:
         """Whether the rows kernel writes the call by position, a block a row:
         calls that pass ``pos_to_token`` and fit the rows kernel with ``T <
-        tuning.rows_by_position_tokens_below``."""
-        return self.with_pos_to_token and self._fits_rows_kernel(
-            vec_bytes, self.tuning.rows_by_position_tokens_below)
+        tuning.rows_by_position_tokens_below`` and an output (X rows) of
+        fewer than ``tuning.rows_by_position_bytes_below`` bytes."""
+        return (self.with_pos_to_token
+                and self.problem.num_expanded * self.row_bytes
+                < self.tuning.rows_by_position_bytes_below
+                and self._fits_rows_kernel(vec_bytes, self.tuning.rows_by_position_tokens_below))
 
     def takes_rows_kernel(self, vec_bytes: int) -> bool:
         """Whether the call takes the lean rows kernel (expand_to_fused_rows):

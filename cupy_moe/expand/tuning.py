@@ -221,14 +221,26 @@ class ExpandTuning:
     ``rows_kernel_threads``: threads a block (whole warps, 32 .. 1024); 256
     by default, as the GPU tests ran it, though 128 measured 1-5% faster on
     the EP8 plans (the figures above).
-    ``rows_by_position_tokens_below``: calls that pass ``pos_to_token``,
-    without scale factors (16-byte rows of at most 16 KiB and bases), with
-    ``1 <= T < this`` tokens take the rows kernel by position: no token
-    blocks, block p writes row p alone from its two map words (x's row of
-    its token, or zeros). Every block is one row whatever the routing, so a
-    tightly packed call gets X row copies where token blocks would each
-    store K rows. Before ``gather_x_bytes_below``'s warp-a-row gather and
-    the token-block rows kernel. 0: never.
+    ``rows_by_position_tokens_below``, ``rows_by_position_bytes_below``:
+    calls that pass ``pos_to_token``, without scale factors (16-byte rows of
+    at most 16 KiB and bases), with ``1 <= T < the first`` tokens and an
+    output of fewer than ``the second`` bytes (X * row bytes) take the rows
+    kernel by position, blocks of ``rows_kernel_threads``: no token blocks,
+    block p writes row p alone from its two map words (x's row of its token,
+    or zeros). Every block is one row whatever the routing, so a tightly
+    packed call gets X row copies where token blocks would each store K
+    rows. Before ``gather_x_bytes_below``'s warp-a-row gather and the
+    token-block rows kernel. Measured on the H100 (fifty-first session,
+    results/expand_rows_by_position_h100.md, in a CUDA graph, 256 threads
+    against the default): decode and T = 32 calls given pos_to_token 8-18%
+    faster (Qwen3 T = 1 1.75 -> 1.48 µs, T = 32 2.40 -> 1.97; Kimi-K2 T = 1
+    1.76 -> 1.61, T = 32 2.73 -> 2.50), and beside the seed the decode
+    plans 0.90 -> 1.03 (Qwen3) and 1.00 -> 1.04 (Kimi-K2), the Qwen3 small
+    EP8 plans (19 MB) 0.94-0.95 -> 0.98-0.99; but outputs of 44 MB and more
+    lost (Kimi-K2 small EP8 1.02 -> 0.98, Qwen3 small E = 128 1.02 -> 0.98,
+    and at T = 512 every plan of 35 MB or more 7-15%), and tightly packed T
+    = 512 calls too (Qwen3 8.58 -> 8.91 µs). So: T < 64 and outputs below
+    32 MB.
     """
 
     # register kernel
@@ -273,7 +285,8 @@ class ExpandTuning:
     rows_kernel_slot_blocks_below: float = 2.0
     rows_kernel_slot_group: int = 0
     rows_kernel_threads: int = 256
-    rows_by_position_tokens_below: float = 0.0
+    rows_by_position_tokens_below: float = 64.0
+    rows_by_position_bytes_below: float = 32e6
     # cache hints of the register kernels' accesses: indices into
     # runtime.cache_hints' LOAD_HINTS (.cs, plain, .cg, .nc) / STORE_HINTS
     # (.cs, plain, .cg); 0, .cs, adds no define
