@@ -80,7 +80,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--iters", type=int, default=50)
     parser.add_argument("--library", action="append", default=[], metavar="NAME",
                         help="a sweep_kernel_config.py config of the library to time too "
-                             "(repeatable; default: the default and the rows kernel at 128 threads)")
+                             "(repeatable; default: the default and the rows kernel at 128 "
+                             "threads); given pos_to_token only where the config is in "
+                             "sweep_kernel_config.WITH_POS_TO_TOKEN (the default given it: "
+                             "'SF by position: all, given pos_to_token')")
     parser.add_argument("--md", type=pathlib.Path)
     parser.add_argument("--json", type=pathlib.Path)
     args = parser.parse_args(argv)

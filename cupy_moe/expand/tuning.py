@@ -231,16 +231,19 @@ class ExpandTuning:
     packed call gets X row copies where token blocks would each store K
     rows. Before ``gather_x_bytes_below``'s warp-a-row gather and the
     token-block rows kernel. Measured on the H100 (fifty-first session,
-    results/expand_rows_by_position_h100.md, in a CUDA graph, 256 threads
-    against the default): decode and T = 32 calls given pos_to_token 8-18%
-    faster (Qwen3 T = 1 1.75 -> 1.48 µs, T = 32 2.40 -> 1.97; Kimi-K2 T = 1
-    1.76 -> 1.61, T = 32 2.73 -> 2.50), and beside the seed the decode
-    plans 0.90 -> 1.03 (Qwen3) and 1.00 -> 1.04 (Kimi-K2), the Qwen3 small
-    EP8 plans (19 MB) 0.94-0.95 -> 0.98-0.99; but outputs of 44 MB and more
-    lost (Kimi-K2 small EP8 1.02 -> 0.98, Qwen3 small E = 128 1.02 -> 0.98,
-    and at T = 512 every plan of 35 MB or more 7-15%), and tightly packed T
-    = 512 calls too (Qwen3 8.58 -> 8.91 µs). So: T < 64 and outputs below
-    32 MB.
+    results/expand_rows_by_position_h100.md, in a CUDA graph, 256 threads):
+    first at every T < 1024 against the old default, decode and T = 32
+    calls given pos_to_token 8-18% faster (Qwen3 T = 32 2.40 -> 1.97 µs),
+    the decode plans and the Qwen3 small EP8 plans (19 MB) closer to the
+    seed or past it; but outputs of 44 MB and more lost (Kimi-K2 small EP8,
+    seed / ours 1.02 -> 0.98; Qwen3 small E = 128 1.02 -> 0.98; at T = 512
+    every plan of 35 MB or more 7-15%), and tightly packed T = 512 calls too
+    (Qwen3 8.58 -> 8.91 µs). So: T < 64 and outputs below 32 MB. As the
+    default (second call): Qwen3 / Kimi-K2 T = 1 1.67 -> 1.47 / 1.78 -> 1.62
+    µs, T = 32 2.31 -> 1.93 / 2.68 -> 2.43; seed / ours in a graph, Qwen3
+    decode plans 1.03-1.05 -> 1.20-1.24, Kimi-K2 1.18-1.23 -> 1.28-1.30,
+    Qwen3 small EP8 0.94-0.95 -> 0.98 (host hidden 0.94-0.99 -> 0.94-1.03);
+    the plans it does not take unchanged.
     """
 
     # register kernel
