@@ -743,7 +743,9 @@ expand_to_fused_gather(const ExpandArgs a) {
 // a padding row (nothing with zero_padding 0), x[pos_to_token[p]] for an
 // expert row, zeros where that token is outside 0 .. T-1 (as the gather
 // kernel). Every block is one row whatever the routing, so a tightly packed
-// call gets X row copies where the token blocks would each store K rows.
+// call gets X row copies where the token blocks would each store K rows. This
+// layout is the default for calls of few tokens and small outputs given
+// pos_to_token (ExpandTuning.rows_by_position_*).
 #ifndef EXPAND_ROWS_THREADS
 #define EXPAND_ROWS_THREADS 256
 #endif
