@@ -35,6 +35,22 @@ __device__ __forceinline__ void scatter_token(const uint4* x, const int* token_t
     }
 }
 
+// One row, VPT vectors a thread, loaded whole before any store.
+template <int THREADS, int VPT>
+__device__ __forceinline__ void copy_row(const uint4* src, uint4* dst, int n_vec) {
+    uint4 row[VPT];
+#pragma unroll
+    for (int u = 0; u < VPT; ++u) {
+        const int i = threadIdx.x + u * THREADS;
+        if (i < n_vec) row[u] = __ldg(src + i);
+    }
+#pragma unroll
+    for (int u = 0; u < VPT; ++u) {
+        const int i = threadIdx.x + u * THREADS;
+        if (i < n_vec) dst[i] = row[u];
+    }
+}
+
 template <int THREADS>
 __device__ __forceinline__ void zero_row(uint4* out, int p, int n_vec) {
     uint4* dst = out + static_cast<i64>(p) * n_vec;
@@ -96,19 +112,8 @@ split_slots(const uint4* x, const int* token_topk_to_pos, const int* pos_to_expe
     if (b < num_slots) {
         const int p = __ldg(token_topk_to_pos + b);
         if (p < 0) return;
-        const uint4* src = x + static_cast<i64>(b / top_k) * n_vec;
-        uint4* dst = out + static_cast<i64>(p) * n_vec;
-        uint4 row[VPT];
-#pragma unroll
-        for (int u = 0; u < VPT; ++u) {
-            const int i = threadIdx.x + u * THREADS;
-            if (i < n_vec) row[u] = __ldg(src + i);
-        }
-#pragma unroll
-        for (int u = 0; u < VPT; ++u) {
-            const int i = threadIdx.x + u * THREADS;
-            if (i < n_vec) dst[i] = row[u];
-        }
+        copy_row<THREADS, VPT>(x + static_cast<i64>(b / top_k) * n_vec,
+                               out + static_cast<i64>(p) * n_vec, n_vec);
         return;
     }
     const int first = (b - num_slots) * ROWS;
@@ -132,17 +137,6 @@ gather_rows(const uint4* x, const int* pos_to_token, const int* pos_to_expert, u
         zero_row<THREADS>(out, p, n_vec);
         return;
     }
-    const uint4* src = x + static_cast<i64>(token) * n_vec;
-    uint4* dst = out + static_cast<i64>(p) * n_vec;
-    uint4 row[VPT];
-#pragma unroll
-    for (int u = 0; u < VPT; ++u) {
-        const int i = threadIdx.x + u * THREADS;
-        if (i < n_vec) row[u] = __ldg(src + i);
-    }
-#pragma unroll
-    for (int u = 0; u < VPT; ++u) {
-        const int i = threadIdx.x + u * THREADS;
-        if (i < n_vec) dst[i] = row[u];
-    }
+    copy_row<THREADS, VPT>(x + static_cast<i64>(token) * n_vec, out + static_cast<i64>(p) * n_vec,
+                           n_vec);
 }
