@@ -5,7 +5,7 @@ The workloads: the manifest's real-plan expand workloads (labels ending in
 
     source benchmarks/peer_setup.sh
     PYTHONPATH=$PWD:$PYTHONPATH python3 benchmarks/bench_expand_seed.py \\
-        [--label L ...] [--iters 30] [--max-seconds 240] [--hide-host] \\
+        [--label L ...] [--iters 30] [--rounds 1] [--max-seconds 240] [--hide-host] \\
         [--out seed.json] [--md seed.md]
     python3 benchmarks/bench_expand_seed.py --extract-only DIR   # no GPU needed
 
@@ -29,7 +29,12 @@ run; ``--hide-host`` also spins the GPU ~50 us first, so that host work of a
 call is not in its figure), or with ``--graph`` both ops' time per call in
 replays of a CUDA graph of 100 calls (``WarmTimer``: no host time, no flush,
 so a call finds in L2 what the last one left; the floor keeps the flushed
-events). Before anything is timed, both ops' results are
+events). ``--rounds N`` times ours, the seed and the variants in turn N times
+(the order reversed every other round), each figure the median of its
+rounds and each ratio the median of the rounds' ratios, with their range;
+a workload where ours trails in every round is counted "slower", where it
+leads in every round "faster", else "within the spread" (the summary line
+under the table). Before anything is timed, both ops' results are
 checked bit for bit against the NumPy reference, on outputs filled with 0xFF
 bytes first, so that a padding row left unwritten shows. The seed allocates
 its own outputs: its first call's outputs are poisoned and freed, and the
@@ -64,6 +69,7 @@ import importlib.util
 import json
 import re
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -341,10 +347,9 @@ def check_ours(w, targs: dict[str, Any], expected_dev: tuple) -> tuple[Callable,
     return timed, problem
 
 
-def time_variant(w, name: str, targs: dict[str, Any], expected_dev: tuple, timer, iters: int,
-                 hide_host: bool) -> float | str:
-    """GPU µs of our op under the sweep config ``name`` (into outputs poisoned
-    and checked first), or the mismatch text. Configs that read
+def variant_call(w, name: str, targs: dict[str, Any], expected_dev: tuple) -> Callable | str:
+    """Our op under the sweep config ``name``, into outputs poisoned and
+    checked first: the call to time, or the mismatch text. Configs that read
     ``pos_to_token`` (sweep_kernel_config's WITH_POS_TO_TOKEN) are given the
     plan's."""
     from sweep_kernel_config import CONFIGS, WITH_POS_TO_TOKEN, _run
@@ -359,8 +364,27 @@ def time_variant(w, name: str, targs: dict[str, Any], expected_dev: tuple, timer
                               runner.output_names(w))
     if problem:
         return f"mismatch: {problem}"
-    return timer.median_us(lambda: _run(w, tuning, targs, outs, given), iters,
-                           hide_host=hide_host)
+    return lambda: _run(w, tuning, targs, outs, given)
+
+
+def time_rounds(calls: dict[str, Callable], rounds: int, timer, iters: int,
+                hide_host: bool) -> dict[str, list[float]]:
+    """Each call's median µs (``timer.median_us`` of ``iters`` runs), round
+    after round: every call once a round, in turn, the order reversed every
+    other round, so that a drift of the machine's speed (clocks, heat, a
+    neighbour) reaches both sides of a ratio alike and no side always runs
+    first."""
+    names = list(calls)
+    figures: dict[str, list[float]] = {name: [] for name in names}
+    for round_index in range(rounds):
+        for name in (names if round_index % 2 == 0 else names[::-1]):
+            figures[name].append(timer.median_us(calls[name], iters, hide_host=hide_host))
+    return figures
+
+
+def round_ratios(seed_us: Sequence[float], ours_us: Sequence[float]) -> list[float]:
+    """seed / ours of each round (the same round's figures)."""
+    return [s / o for s, o in zip(seed_us, ours_us, strict=True)]
 
 
 def check_seed(op, w, args: tuple, expected_dev: tuple) -> tuple[Callable, str | None, bool]:
@@ -438,11 +462,12 @@ class SeedRunner:
 
 def bench_workload(w, seeds: SeedRunner, timer, iters: int, copy_tbps: float, rng,
                    hide_host: bool, variants: Sequence[str] = (),
-                   floor_timer=None) -> dict[str, Any]:
-    """One workload's record: both ops checked, then timed, beside the copy
-    + memset floor of the same run (by ``floor_timer``, default ``timer``);
-    ``variants``: sweep_kernel_config.py's configs (by name) of our op, each
-    checked and timed alike."""
+                   floor_timer=None, rounds: int = 1) -> dict[str, Any]:
+    """One workload's record: both ops checked, then timed in ``rounds``
+    rounds (``time_rounds``), beside the copy + memset floor of the same run
+    (by ``floor_timer``, default ``timer``); ``variants``:
+    sweep_kernel_config.py's configs (by name) of our op, each checked and
+    timed alike, in the same rounds."""
     floor_timer = floor_timer or timer
     from cupy_moe.harness import runner
     from cupy_moe.harness.inputs import workload_inputs
@@ -469,12 +494,28 @@ def bench_workload(w, seeds: SeedRunner, timer, iters: int, copy_tbps: float, rn
         record["status"] = status_text(record)
         return record
 
+    calls = {f"variant {name}": variant_call(w, name, targs, expected_dev) for name in variants}
+    record["variants"] = {name: calls[f"variant {name}"] for name in variants
+                          if isinstance(calls[f"variant {name}"], str)}  # mismatches
+    calls = {key: call for key, call in calls.items() if not isinstance(call, str)}
     if ours is not None:
-        record["ours_us"] = timer.median_us(ours, iters, hide_host=hide_host)
-    record["variants"] = {name: time_variant(w, name, targs, expected_dev, timer, iters,
-                                             hide_host) for name in variants}
+        calls["ours"] = ours
     if seed is not None:
-        record["seed_us"] = timer.median_us(seed, iters, hide_host=hide_host)
+        calls["seed"] = seed
+    figures = time_rounds(calls, rounds, timer, iters, hide_host)
+    for key, us in figures.items():
+        if key.startswith("variant "):
+            name = key.removeprefix("variant ")
+            record["variants"][name] = statistics.median(us)
+            if "seed" in figures:
+                record["variant_ratios"][name] = round_ratios(figures["seed"], us)
+    record["variants"] = {name: record["variants"][name] for name in variants}  # their order
+    if "ours" in figures:
+        record["ours_rounds_us"] = figures["ours"]
+        record["ours_us"] = statistics.median(figures["ours"])
+    if "seed" in figures:
+        record["seed_rounds_us"] = figures["seed"]
+        record["seed_us"] = statistics.median(figures["seed"])
     copy_bytes, zero_bytes = (int(n) for n in runner.split_bytes(w, host))
     record.update(copy_bytes=copy_bytes, zero_bytes=zero_bytes,
                   copy_routed_us=floor_timer.copy_us(copy_bytes // 2, iters),
@@ -497,7 +538,8 @@ def new_record(w) -> dict[str, Any]:
             "ours_pct_copy_memset": None, "seed_pct_copy_memset": None,
             "ours_check": None, "ours_error": None, "seed_check": None, "seed_poisoned": None,
             "seed_first_call_s": None, "seed_error": None, "status": "not run",
-            "variants": {}}
+            "ours_rounds_us": [], "seed_rounds_us": [], "seed_over_ours_rounds": [],
+            "variants": {}, "variant_ratios": {}}
 
 
 def fill_ratios(record: dict[str, Any], copy_tbps: float) -> None:
@@ -505,7 +547,12 @@ def fill_ratios(record: dict[str, Any], copy_tbps: float) -> None:
     bandwidth and of the copy + memset floor."""
     ours, seed = record["ours_us"], record["seed_us"]
     record["floor_us"] = record["copy_routed_us"] + record["memset_zero_us"]
-    record["seed_over_ours"] = seed / ours if ours and seed else None
+    rounds = round_ratios(record["seed_rounds_us"], record["ours_rounds_us"]) if (
+        record["seed_rounds_us"] and record["ours_rounds_us"]) else []
+    record["seed_over_ours_rounds"] = rounds
+    # one round: the two medians' ratio; more: the median of the rounds' ratios
+    record["seed_over_ours"] = (statistics.median(rounds) if rounds else
+                                seed / ours if ours and seed else None)
     for name, us in (("ours", ours), ("seed", seed)):
         record[f"{name}_pct_copy"] = pct_of_copy(record["bytes"], us, copy_tbps)
         record[f"{name}_pct_copy_memset"] = pct_of_floor(record["floor_us"], us)
@@ -547,7 +594,7 @@ def git_commit() -> str:
 
 
 def run_info(device: str, copy_tbps: float, iters: int, hide_host: bool,
-             diff_path: Path, graph: bool = False) -> dict[str, Any]:
+             diff_path: Path, graph: bool = False, rounds: int = 1) -> dict[str, Any]:
     """What every record carries about its run: device, date, versions,
     commit, copy bandwidth, timing settings, the seed text's digest."""
     from cupy_moe.harness import runner
@@ -557,7 +604,8 @@ def run_info(device: str, copy_tbps: float, iters: int, hide_host: bool,
         versions[name] = getattr(module, "__version__", "?") if module else "not loaded"
     return {"device": device, "date": datetime.datetime.now().isoformat(timespec="seconds"),
             "commit": git_commit(), "versions": versions, "copy_tbps": copy_tbps,
-            "iters": iters, "hide_host": hide_host, "graph": graph, "l2_flushed": not graph,
+            "iters": iters, "rounds": rounds, "hide_host": hide_host, "graph": graph,
+            "l2_flushed": not graph,
             "seed_text_sha256": file_digest(diff_path)}
 
 
@@ -569,7 +617,8 @@ def header_line(info: dict[str, Any]) -> str:
               "L2 flushed" + (", host hidden (spin)" if info["hide_host"] else ""))
     return (f"expand to fused, ours vs the seed's TileLang kernel: {info['device']}, "
             f"{info['date']}, commit {info['commit']}, seed text {info['seed_text_sha256']}; "
-            f"{versions}; copy {info['copy_tbps']:.2f} TB/s; median of {info['iters']}, "
+            f"{versions}; copy {info['copy_tbps']:.2f} TB/s; median of {info['iters']}"
+            + (f" in each of {info['rounds']} rounds" if info.get("rounds", 1) > 1 else "") + ", "
             f"{timing}")
 
 
@@ -592,7 +641,8 @@ def table_lines(records: Sequence[dict[str, Any]]) -> list[str]:
     lines = ["| " + " | ".join(TABLE_HEADER) + " |", "|" + "---|" * len(TABLE_HEADER)]
     for r in records:
         cells = [r["label"], r["shapes"], f"{r['mb']:.1f}", _fmt(r["ours_us"], ".1f"),
-                 _fmt(r["seed_us"], ".1f"), _fmt(r["seed_over_ours"], ".2f"),
+                 _fmt(r["seed_us"], ".1f"), ratio_text(r["seed_over_ours"],
+                                                       r.get("seed_over_ours_rounds", [])),
                  _fmt(r["ours_pct_copy"], ".1f"), _fmt(r["seed_pct_copy"], ".1f"),
                  _fmt(r["floor_us"], ".1f"), _fmt(r["ours_pct_copy_memset"], ".1f"),
                  _fmt(r["seed_pct_copy_memset"], ".1f"), _short(r["status"])]
@@ -600,7 +650,41 @@ def table_lines(records: Sequence[dict[str, Any]]) -> list[str]:
     return lines
 
 
-LEGEND = ("seed/ours: seed µs / ours µs (above 1: ours faster). % copy: the roofline bytes "
+def ratio_text(ratio: float | None, rounds: Sequence[float]) -> str:
+    """A ratio, and with more than one round the rounds' lowest and highest."""
+    if ratio is None or len(rounds) < 2:
+        return _fmt(ratio, ".2f")
+    return f"{ratio:.2f} ({min(rounds):.2f}-{max(rounds):.2f})"
+
+
+def verdict(rounds: Sequence[float]) -> str:
+    """Of a workload's rounds: "faster" (ours ahead in every round),
+    "slower" (behind in every round), or "within the spread"."""
+    if min(rounds) > 1:
+        return "faster"
+    if max(rounds) < 1:
+        return "slower"
+    return "within the spread"
+
+
+def summary_lines(records: Sequence[dict[str, Any]]) -> list[str]:
+    """With rounds: how many workloads ours leads or trails in every round,
+    and those it trails by name."""
+    judged = [(r["label"], verdict(r["seed_over_ours_rounds"])) for r in records
+              if len(r.get("seed_over_ours_rounds", [])) > 1]
+    if not judged:
+        return []
+    counts = {v: sum(1 for _, verdict_of in judged if verdict_of == v)
+              for v in ("faster", "within the spread", "slower")}
+    behind = [label for label, v in judged if v == "slower"]
+    return ["", f"Over {len(judged)} workloads timed in rounds: ours faster in every round on "
+            f"{counts['faster']}, slower in every round on {counts['slower']}"
+            + (f" ({', '.join(behind)})" if behind else "")
+            + f", within the rounds' spread on {counts['within the spread']}."]
+
+
+LEGEND = ("seed/ours: seed µs / ours µs (above 1: ours faster); timed in rounds, the median "
+          "of the rounds' ratios, (lowest-highest) in brackets. % copy: the roofline bytes "
           "(MB) a second as a share of the same run's device-to-device copy bandwidth. "
           "copy+memset µs: a copy of the routed rows' bytes plus a memset of the padding "
           "rows' bytes, timed alike; % copy+memset: that floor's time as a share of the op's. "
@@ -617,17 +701,23 @@ def variant_lines(records: Sequence[dict[str, Any]]) -> list[str]:
              "| workload | default | " + " | ".join(names) + " |",
              "|" + "---|" * (len(names) + 2)]
     for r in records:
-        cells = [r["label"], _fmt(r["seed_over_ours"], ".2f")]
+        cells = [r["label"], ratio_text(r["seed_over_ours"], r.get("seed_over_ours_rounds", []))]
         for name in names:
             value = r.get("variants", {}).get(name)
-            cells.append(_short(value, 40) if isinstance(value, str) else
-                         _fmt(r["seed_us"] / value if value and r["seed_us"] else None, ".2f"))
+            rounds = r.get("variant_ratios", {}).get(name, [])
+            if isinstance(value, str):
+                cells.append(_short(value, 40))
+            elif rounds:
+                cells.append(ratio_text(statistics.median(rounds), rounds))
+            else:
+                cells.append(_fmt(r["seed_us"] / value if value and r["seed_us"] else None,
+                                  ".2f"))
         lines.append("| " + " | ".join(cells) + " |")
     return ["", *lines]
 
 
 def markdown_text(header: str, records: Sequence[dict[str, Any]]) -> str:
-    return "\n".join([header, "", *table_lines(records), "", LEGEND,
+    return "\n".join([header, "", *table_lines(records), *summary_lines(records), "", LEGEND,
                       *variant_lines(records)]) + "\n"
 
 
@@ -662,6 +752,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--label", action="append", help="a plan workload (repeatable)")
     parser.add_argument("--iters", type=int, default=30)
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="time ours, the seed and the variants in turn this many times, "
+                             "each a median of --iters, and report the median of the "
+                             "rounds' ratios with their range (default 1)")
     parser.add_argument("--variant", action="append", default=[], metavar="CONFIG",
                         help="also time our op under this sweep_kernel_config.py config "
                              "(by its name; repeatable)")
@@ -682,6 +776,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.iters < 1:
         parser.error(f"--iters must be >= 1, got {args.iters}")
+    if args.rounds < 1:
+        parser.error(f"--rounds must be >= 1, got {args.rounds}")
     return args
 
 
@@ -717,7 +813,7 @@ def run(args: argparse.Namespace, diff_path: Path, seed_classes: tuple[type, typ
     timer = WarmTimer() if args.graph else floor_timer
     copy_tbps = floor_timer.copy_tbps()
     info = run_info(timer.device_name, copy_tbps, args.iters, args.hide_host, diff_path,
-                    graph=args.graph)
+                    graph=args.graph, rounds=args.rounds)
     header = header_line(info)
     print(header, flush=True)
     seeds = SeedRunner(seed_classes)
@@ -734,7 +830,7 @@ def run(args: argparse.Namespace, diff_path: Path, seed_classes: tuple[type, typ
         print(f"[{index}/{len(workloads)}] {w.label} ({elapsed:.1f} s)", flush=True)
         try:
             record = bench_workload(w, seeds, timer, args.iters, copy_tbps, rng,
-                                    args.hide_host, args.variant, floor_timer)
+                                    args.hide_host, args.variant, floor_timer, args.rounds)
         except Exception as exc:  # noqa: BLE001 - one workload's failure ends only it
             record = new_record(w)
             record["status"] = f"error: {error_text(exc)}"
