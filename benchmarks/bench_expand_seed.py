@@ -29,8 +29,11 @@ run; ``--hide-host`` also spins the GPU ~50 us first, so that host work of a
 call is not in its figure), or with ``--graph`` both ops' time per call in
 replays of a CUDA graph of 100 calls (``WarmTimer``: no host time, no flush,
 so a call finds in L2 what the last one left; the floor keeps the flushed
-events). ``--rounds N`` times ours, the seed and the variants in turn N times
-(the order reversed every other round), each figure the median of its
+events). Ours, the seed and the variants are timed in turn, run by run
+(flushed events: each run follows another op's run; timed apart, a 6-15 µs
+op read 2-5% slower right after its own runs), or graph after graph.
+``--rounds N`` does that N times (the order reversed every other round),
+each figure the median of its
 rounds and each ratio the median of the rounds' ratios, with their range;
 a workload where ours trails in every round is counted "slower", where it
 leads in every round "faster", else "within the spread" (the summary line
@@ -369,16 +372,20 @@ def variant_call(w, name: str, targs: dict[str, Any], expected_dev: tuple) -> Ca
 
 def time_rounds(calls: dict[str, Callable], rounds: int, timer, iters: int,
                 hide_host: bool) -> dict[str, list[float]]:
-    """Each call's median µs (``timer.median_us`` of ``iters`` runs), round
-    after round: every call once a round, in turn, the order reversed every
-    other round, so that a drift of the machine's speed (clocks, heat, a
-    neighbour) reaches both sides of a ratio alike and no side always runs
-    first."""
+    """Each call's median µs over ``iters`` runs, round after round: in each
+    round the calls' runs taken in turn (``timer.medians_interleaved_us``:
+    flushed events interleave run by run, graph replays go one call after
+    the other), the order reversed every other round, so that a drift of the
+    machine's speed (clocks, heat, a neighbour) reaches both sides of a
+    ratio alike and no side always runs first."""
     names = list(calls)
     figures: dict[str, list[float]] = {name: [] for name in names}
     for round_index in range(rounds):
-        for name in (names if round_index % 2 == 0 else names[::-1]):
-            figures[name].append(timer.median_us(calls[name], iters, hide_host=hide_host))
+        order = names if round_index % 2 == 0 else names[::-1]
+        medians = timer.medians_interleaved_us([calls[name] for name in order], iters,
+                                               hide_host=hide_host)
+        for name, us in zip(order, medians, strict=True):
+            figures[name].append(us)
     return figures
 
 

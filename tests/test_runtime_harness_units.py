@@ -131,6 +131,47 @@ def test_copy_bandwidth_counts_the_bytes_read_and_written():
     assert timer.copy_tbps(10**6, 5) == pytest.approx(2 * 10**6 / 10.0 / 1e6)
 
 
+def test_interleaved_medians_take_the_runs_in_turn_each_flushed():
+    """medians_interleaved_us: a warm-up of each, then run i of every
+    function before run i + 1 of any, each run flushed and between its own
+    two events; each function's median of its own runs."""
+    from types import SimpleNamespace
+
+    from cupy_moe.harness.timing import GpuTimer
+
+    log, clock = [], [0.0]
+
+    class Event:
+        def record(self):
+            self.at = clock[0]
+            log.append("event")
+
+        def synchronize(self):
+            pass
+
+    def elapsed_ms(start, end):
+        return end.at - start.at
+
+    timer = GpuTimer.__new__(GpuTimer)  # no GPU: fake events and a fake clock
+    timer.cupy = SimpleNamespace(cuda=SimpleNamespace(Event=Event, get_elapsed_time=elapsed_ms))
+    timer.flush_l2 = lambda: log.append("flush")
+    timer.spin = lambda: log.append("spin")
+
+    def op(name, costs):
+        def run():
+            log.append(name)
+            clock[0] += costs.pop(0)
+        return run
+
+    # ms per run (the first is the warm-up); medians of the timed runs: 2 and 5
+    a = op("a", [100.0, 1.0, 2.0, 3.0])
+    b = op("b", [100.0, 5.0, 9.0, 4.0])
+    assert timer.medians_interleaved_us([a, b], 3, hide_host=True) == [2000.0, 5000.0]
+    run = ["flush", "spin", "event", None, "event"]
+    assert log == ["a", "b"] + [name if step is None else step
+                                for _ in range(3) for name in "ab" for step in run]
+
+
 def test_eager_us_is_the_time_per_call(monkeypatch):
     """Each call takes 2 us of a fake clock: 2 us a call, whatever the
     numbers of calls and rounds."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 __all__ = ["GRAPH_CALLS", "GpuTimer", "device_name", "eager_us", "torch_graph_us"]
@@ -85,6 +85,32 @@ class GpuTimer:
         ends[-1].synchronize()
         return statistics.median(cupy.cuda.get_elapsed_time(s, e) * 1e3
                                  for s, e in zip(starts, ends, strict=True))
+
+    def medians_interleaved_us(self, fns: Sequence[Callable[[], Any]], iters: int, *,
+                               hide_host: bool = False) -> list[float]:
+        """Median GPU time of each of ``fns`` in microseconds, the runs taken
+        in turn: ``iters`` times fns[0], fns[1], ... (each run flushed, and
+        with ``hide_host`` spun, as in :meth:`median_us`), after one warm-up
+        each. Every run of one follows a run of another, so each call meets
+        the machine in the same state: timed apart, a 6-15 µs op ran 2-5%
+        slower right after its own runs than after another op's (H100,
+        benchmarks/NOTES.md, fifty-second session), which favoured whichever
+        side a comparison timed second."""
+        cupy = self.cupy
+        for fn in fns:
+            fn()  # warm-up
+        events = [[(cupy.cuda.Event(), cupy.cuda.Event()) for _ in range(iters)] for _ in fns]
+        for i in range(iters):
+            for fn, runs in zip(fns, events, strict=True):
+                self.flush_l2()
+                if hide_host:
+                    self.spin()
+                runs[i][0].record()
+                fn()
+                runs[i][1].record()
+        events[-1][-1][1].synchronize()
+        return [statistics.median(cupy.cuda.get_elapsed_time(s, e) * 1e3 for s, e in runs)
+                for runs in events]
 
     def copy_us(self, nbytes: int, iters: int, *, hide_host: bool = False) -> float:
         """Median time of a device-to-device copy of ``nbytes`` (read, then
@@ -170,3 +196,9 @@ class WarmTimer(GpuTimer):
 
     def median_us(self, fn: Callable[[], Any], iters: int, **kwargs: Any) -> float:
         return torch_graph_us(fn, GRAPH_CALLS, replays=max(3, iters // 5))
+
+    def medians_interleaved_us(self, fns: Sequence[Callable[[], Any]], iters: int,
+                               **kwargs: Any) -> list[float]:
+        """:meth:`median_us` of each in turn (a graph's replays are timed
+        back to back by design; every call in it follows its own kind)."""
+        return [self.median_us(fn, iters) for fn in fns]
