@@ -213,15 +213,15 @@ def run_wrong_hint_cases(rng, tuning: ExpandTuning, layouts=("none", "row", "col
 def run_rows_cases(rng, base: ExpandTuning) -> int:
     """The lean rows kernel (plain stores: initcheck sees them) over ``base``;
     16400-byte rows are past its 16 KiB, so they check the fallback's
-    choice; by position given pos_to_token, and given one that disagrees
-    with the map."""
+    choice; by position given pos_to_token (without scale factors and with
+    row-major ones), and given one that disagrees with the map."""
     cases = 0
     sizes = ((5, 3, 17), (0, 8, 6), (33, 9, 301), (4, 2, 0), (1, 8, 40))
     for tuning in rows_tunings(base):
         cases += run_cases(rng, tuning, (16, 2064, 7168, 16400), sizes, layouts=("none",))
     cases += run_cases(rng, rows_by_position(base), (16, 2064, 7168, 16400), sizes,
-                       layouts=("none",), given_tokens=True)
-    return cases + run_wrong_hint_cases(rng, rows_by_position(base), layouts=("none",))
+                       layouts=("none", "row"), given_tokens=True)
+    return cases + run_wrong_hint_cases(rng, rows_by_position(base), layouts=("none", "row"))
 
 
 def run_mapping_cases(rng) -> int:

@@ -745,7 +745,9 @@ expand_to_fused_gather(const ExpandArgs a) {
 // kernel). Every block is one row whatever the routing, so a tightly packed
 // call gets X row copies where the token blocks would each store K rows. This
 // layout is the default for calls of few tokens and small outputs given
-// pos_to_token (ExpandTuning.rows_by_position_*).
+// pos_to_token (ExpandTuning.rows_by_position_*). By position, row-major scale
+// factors come along: block p also writes row p's S words (x_sf[token]'s,
+// or zeros where the row gets zeros); token blocks take no scale factors.
 #ifndef EXPAND_ROWS_THREADS
 #define EXPAND_ROWS_THREADS 256
 #endif
@@ -783,26 +785,39 @@ __device__ __forceinline__ void zero_rows_row(uint4* dst, int n_vec) {
 #if EXPAND_KERNELS & (1 << 13)
 extern "C" __global__ void __launch_bounds__(EXPAND_ROWS_THREADS)
 expand_to_fused_rows(const ExpandArgs a) {
-#if CUPY_MOE_SF_MODE == SF_NONE
-    const int n_vec = static_cast<int>(a.row_bytes / 16);
-    const int block = blockIdx.x;
-#if EXPAND_ROWS_BY_POSITION
+#if EXPAND_ROWS_BY_POSITION && (CUPY_MOE_SF_MODE == SF_NONE || CUPY_MOE_SF_MODE == SF_ROW_MAJOR)
     {
-        const i64 p = block;  // the grid is X blocks
+        const int n_vec = static_cast<int>(a.row_bytes / 16);
+        const i64 p = blockIdx.x;  // the grid is X blocks
         const int expert = load_issued_here(a.pos_to_expert + p);
         const int token = load_issued_here(a.pos_to_token + p);
         uint4* dst = reinterpret_cast<uint4*>(a.out) + p * n_vec;
+#if CUPY_MOE_SF_MODE == SF_ROW_MAJOR
+        // row p's S words sit together (row-major SF), stored with its data
+        unsigned int* sf_dst = a.out_sf + p * a.sf_columns;
+#endif
         if (expert < 0 && !a.zero_padding) return;
         if (expert < 0 || token < 0 || token >= a.num_tokens) {
             zero_rows_row(dst, n_vec);
+#if CUPY_MOE_SF_MODE == SF_ROW_MAJOR
+            for (int s = threadIdx.x; s < a.sf_columns; s += EXPAND_ROWS_THREADS) sf_dst[s] = 0u;
+#endif
             return;
         }
         RowsHeld row;
         row.load(reinterpret_cast<const uint4*>(a.x) + static_cast<i64>(token) * n_vec, n_vec);
+#if CUPY_MOE_SF_MODE == SF_ROW_MAJOR
+        // the words' loads wait while the row's are in flight
+        const unsigned int* sf_src = a.x_sf + static_cast<i64>(token) * a.sf_columns;
+        for (int s = threadIdx.x; s < a.sf_columns; s += EXPAND_ROWS_THREADS)
+            sf_dst[s] = __ldg(sf_src + s);
+#endif
         row.store(dst, n_vec);
         return;
     }
-#endif
+#elif CUPY_MOE_SF_MODE == SF_NONE
+    const int n_vec = static_cast<int>(a.row_bytes / 16);
+    const int block = blockIdx.x;
     if (block >= a.token_blocks) {
         // A zero-fill block: nothing computed before its map load (these
         // blocks are short: their start-up is a share of the launch's time).
@@ -830,7 +845,9 @@ expand_to_fused_rows(const ExpandArgs a) {
         row.store(reinterpret_cast<uint4*>(a.out) + static_cast<i64>(p) * n_vec, n_vec);
     }
 #else
-    __trap();  // the host launches it without scale factors only
+    // the host launches it without scale factors, or by position with
+    // row-major ones
+    __trap();
 #endif
 }
 #endif

@@ -15,6 +15,7 @@ from cupy_moe.expand.plan import (  # noqa: E402
     SF_PASS_ALL,
     SF_PASS_NONE,
     SF_PASS_ZEROS,
+    SF_ROW_MAJOR,
     ExpandPlan,
 )
 from cupy_moe.expand.rules import ExpandProblem  # noqa: E402
@@ -1153,13 +1154,33 @@ def test_rows_kernel_by_position_needs_pos_to_token(fake_h200):
 @pytest.mark.parametrize(("change", "why"), [
     ({"num_tokens": 1024}, "1024 tokens are not below 1024"),
     ({"num_tokens": 0, "num_expanded": 1024}, "no tokens"),
-    ({"sf": QWEN3_FP8_ROW_SF, "dtype": "float8_e4m3fn"}, "scale factors"),
+    ({"sf": PACKED_SF, "dtype": "float8_e4m3fn", "hidden": 7168},
+     "column-major scale factors (the SF pass writes them by position)"),
     ({"hidden": 8200}, "rows of 16,400 bytes: past the 16 KiB a block holds"),
 ])
 def test_no_rows_by_position(fake_h200, change, why):
     plan = _rows_plan(tuning=BY_POSITION, with_pos_to_token=True, **change)
     assert not plan.rows_by_position(16), why
     assert plan.kernel(16).name != "expand_to_fused_rows", why
+
+
+@pytest.mark.parametrize("zero_padding", [True, False])
+def test_rows_kernel_by_position_takes_row_major_scale_factors(fake_h200, zero_padding):
+    # kimi-k2-decode-e384-plan-sf-row-major given pos_to_token, by default: a
+    # block a row, its S words with it (the module compiled for row-major SF);
+    # token blocks still take none
+    plan = _rows_plan(num_tokens=1, hidden=7168, num_expanded=1024, tuning=DEFAULT_TUNING,
+                      sf={"sf_columns": 56, "sf_dtype": "float32", "num_per_channels": 128},
+                      dtype="float8_e4m3fn", with_pos_to_token=True, zero_padding=zero_padding)
+    assert plan.rows_by_position(16) and plan.sf_mode == SF_ROW_MAJOR
+    launch = plan.kernel(16)
+    assert (launch.name, launch.grid) == ("expand_to_fused_rows", (1024, 1, 1))
+    assert launch.constant("sf_columns") == 56
+    no_hint = _rows_plan(num_tokens=1, hidden=7168, num_expanded=1024,
+                         tuning=dataclasses.replace(DEFAULT_TUNING, rows_kernel_tokens_below=64),
+                         sf={"sf_columns": 56, "sf_dtype": "float32", "num_per_channels": 128},
+                         dtype="float8_e4m3fn")
+    assert not no_hint.takes_rows_kernel(16)
 
 
 @pytest.mark.parametrize(("num_tokens", "num_expanded", "taken"), [

@@ -475,7 +475,7 @@ def test_expand_matches_the_oracle(monkeypatch, rng, zero_padding, hidden, item,
 @pytest.mark.parametrize(("layout", "hidden", "tuning"), [
     ("col-f32", 7168, BULK),
     ("col-ue8m0", 7168, ExpandTuning()),
-    ("row-f32", 2048, ExpandTuning()),
+    ("row-f32", 2048, ExpandTuning(**BY_POSITION_OFF)),  # the default's register kernel
     ("row-f32", 3072, COMPILED_ROW),
     ("row-f32", 3072, ZERO_RUNS),       # a run's scale factors as one range of words
     ("col-f32", 3072, ZERO_RUNS_SF_IN_LINE),  # ... column-major: row by row, pad columns too
@@ -508,6 +508,41 @@ def test_expand_with_sf_matches_the_oracle(monkeypatch, rng, layout, hidden, tun
     np.testing.assert_array_equal(np.asarray(got[1]), np.asarray(want[1]))
     if col_major:
         assert (_sf_pad_columns(got[1]) == 0).all()
+
+
+@pytest.mark.parametrize("zero_padding", [True, False])
+@pytest.mark.parametrize(("hidden", "tuning", "by_position"), [
+    (2048, ExpandTuning(), True),          # the default given pos_to_token (T = 23): 16 words
+    (7168, ROWS_BY_POSITION, True),        # Kimi-K2's fp8 rows: 56 words a row
+    (16384, ROWS_BY_POSITION_96, True),    # 128 words on 96 threads: two rounds
+    (16400, ROWS_BY_POSITION, False),      # rows past 16 KiB: another kernel
+])
+def test_expand_with_row_major_sf_by_position(monkeypatch, rng, zero_padding, hidden, tuning,
+                                              by_position):
+    """The rows kernel by position with row-major scale factors: block p
+    writes row p's data and S words (x_sf[token]'s, zeros on padding rows; with
+    zero_padding off, neither on a padding row), nothing outside the inputs
+    read."""
+    plan, _ = _plan(rng, 23, 8, 32, 32, 16)
+    x = rng.integers(0, 256, (23, hidden), dtype=np.uint8).view(ml_dtypes.float8_e4m3fn)
+    x_sf = rng.random((23, -(-hidden // 128)), dtype=np.float32)
+    want = expand_to_fused_with_sf_numpy(x, x_sf, plan.token_topk_to_pos, plan.pos_to_expert,
+                                         col_major=False)
+    gpu = emulated_gpu(monkeypatch, seed=int(rng.integers(1, 2**62)))
+    got = expand_with_tuning(tuning, fenced(x, "after"), fenced(plan.token_topk_to_pos, "after"),
+                             fenced(plan.pos_to_expert, "after"), x_sf=fenced(x_sf, "after"),
+                             num_per_channels=128, zero_padding=zero_padding,
+                             pos_to_token=fenced(plan.pos_to_token, "after"))
+    gpu.check_canaries()
+    assert ("expand_to_fused_rows" in gpu.launches) == by_position
+    padding = plan.pos_to_expert < 0
+    for got_part, want_part in zip(got, want, strict=True):
+        got_bytes, want_bytes = np.asarray(got_part).view(np.uint8), want_part.view(np.uint8)
+        np.testing.assert_array_equal(got_bytes[~padding], want_bytes[~padding])
+        if zero_padding:
+            assert (got_bytes[padding] == 0).all()
+        else:
+            assert (got_bytes[padding] == POISON).all()
 
 
 @pytest.mark.parametrize(("num_tokens", "top_k", "num_experts", "alignment"), [

@@ -180,22 +180,26 @@ class ExpandPlan:
                 and self.problem.num_tokens * self.row_bytes < self.tuning.gather_x_bytes_below
                 and not self.rows_by_position(vec_bytes))
 
-    def _fits_rows_kernel(self, vec_bytes: int, tokens_below: float) -> bool:
-        """No scale factors, 16-byte accesses, rows of at most 16 KiB and
-        ``1 <= T < tokens_below``."""
-        return (self.sf_mode == SF_NONE and vec_bytes == 16
+    def _fits_rows_kernel(self, vec_bytes: int, tokens_below: float,
+                          sf_modes: tuple[int, ...] = (SF_NONE,)) -> bool:
+        """Scale factors of ``sf_modes`` (by default none), 16-byte accesses,
+        rows of at most 16 KiB and ``1 <= T < tokens_below``."""
+        return (self.sf_mode in sf_modes and vec_bytes == 16
                 and self.row_bytes <= ROWS_KERNEL_MAX_ROW_BYTES
                 and 1 <= self.problem.num_tokens < tokens_below)
 
     def rows_by_position(self, vec_bytes: int) -> bool:
-        """Whether the rows kernel writes the call by position, a block a row:
-        calls that pass ``pos_to_token`` and fit the rows kernel with ``T <
-        tuning.rows_by_position_tokens_below`` and an output (X rows) of
-        fewer than ``tuning.rows_by_position_bytes_below`` bytes."""
+        """Whether the rows kernel writes the call by position, a block a row
+        (with its row-major scale factors, if any): calls that pass
+        ``pos_to_token``, without scale factors or with row-major ones, that
+        fit the rows kernel with ``T < tuning.rows_by_position_tokens_below``
+        and an output (X rows of data) of fewer than
+        ``tuning.rows_by_position_bytes_below`` bytes."""
         return (self.with_pos_to_token
                 and self.problem.num_expanded * self.row_bytes
                 < self.tuning.rows_by_position_bytes_below
-                and self._fits_rows_kernel(vec_bytes, self.tuning.rows_by_position_tokens_below))
+                and self._fits_rows_kernel(vec_bytes, self.tuning.rows_by_position_tokens_below,
+                                           (SF_NONE, SF_ROW_MAJOR)))
 
     def takes_rows_kernel(self, vec_bytes: int) -> bool:
         """Whether the call takes the lean rows kernel (expand_to_fused_rows):
