@@ -677,13 +677,13 @@ def verdict(rounds: Sequence[float]) -> str:
 def summary_lines(records: Sequence[dict[str, Any]]) -> list[str]:
     """With rounds: how many workloads ours leads or trails in every round,
     and those it trails by name."""
-    judged = [(r["label"], verdict(r["seed_over_ours_rounds"])) for r in records
-              if len(r.get("seed_over_ours_rounds", [])) > 1]
+    judged = [(r["label"], verdict(r["seed_over_ours_rounds"]), r["seed_over_ours"])
+              for r in records if len(r.get("seed_over_ours_rounds", [])) > 1]
     if not judged:
         return []
-    counts = {v: sum(1 for _, verdict_of in judged if verdict_of == v)
+    counts = {v: sum(1 for _, verdict_of, _ in judged if verdict_of == v)
               for v in ("faster", "within the spread", "slower")}
-    behind = [label for label, v in judged if v == "slower"]
+    behind = [f"{label} {ratio:.3f}" for label, v, ratio in judged if v == "slower"]
     return ["", f"Over {len(judged)} workloads timed in rounds: ours faster in every round on "
             f"{counts['faster']}, slower in every round on {counts['slower']}"
             + (f" ({', '.join(behind)})" if behind else "")

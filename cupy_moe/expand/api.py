@@ -176,7 +176,11 @@ def expand_to_fused_with_sf(x: Any, x_sf: Any, token_topk_to_pos: Any, pos_to_ex
         ``pos_to_token``. A hint, for speed only: with the column-major layout
         on sm_90+ the GPU then writes the scale factors row by row, in whole
         32-byte sectors, instead of scattering each token's words to its K rows
-        (benchmarks/results/sweep_sf_by_position_h200.md); where
+        (benchmarks/results/sweep_sf_by_position_h200.md); with the row-major
+        layout, calls of fewer than 64 tokens whose output is below 32 MB
+        (``ExpandTuning.rows_by_position_*``: decode) are written a block an
+        output row, data and scale factors together (Kimi-K2's fp8 decode
+        plan 10% faster on the H100); where
         ``ExpandTuning.gather_x_bytes_below`` says so (off by default: it lost
         on the H200), the data rows too. The results are the same. It must agree
         with the map: ``pos_to_token[token_topk_to_pos[t, k]] == t`` for every

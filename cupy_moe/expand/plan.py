@@ -267,7 +267,8 @@ class ExpandPlan:
         chunks would shrink, and from ``padding_whole_chunks_from`` token
         chunks keep them whole (one launch). Calls that pass ``pos_to_token`` with a small
         ``x`` may instead write the output by position (``gathers``), and calls
-        of few tokens without scale factors take the lean rows kernel
+        of few tokens without scale factors (by position, with row-major
+        ones too) take the lean rows kernel
         (``takes_rows_kernel``).
         """
         if self.gathers(vec_bytes):

@@ -222,12 +222,13 @@ class ExpandTuning:
     by default, as the GPU tests ran it, though 128 measured 1-5% faster on
     the EP8 plans (the figures above).
     ``rows_by_position_tokens_below``, ``rows_by_position_bytes_below``:
-    calls that pass ``pos_to_token``, without scale factors (16-byte rows of
-    at most 16 KiB and bases), with ``1 <= T < the first`` tokens and an
-    output of fewer than ``the second`` bytes (X * row bytes) take the rows
-    kernel by position, blocks of ``rows_kernel_threads``: no token blocks,
-    block p writes row p alone from its two map words (x's row of its token,
-    or zeros). Every block is one row whatever the routing, so a tightly
+    calls that pass ``pos_to_token``, without scale factors or with row-major
+    ones (16-byte rows of at most 16 KiB and bases), with ``1 <= T < the
+    first`` tokens and an output of fewer than ``the second`` bytes (X * row
+    bytes) take the rows kernel by position, blocks of
+    ``rows_kernel_threads``: no token blocks, block p writes row p alone from
+    its two map words (x's row of its token and its S scale factors, or
+    zeros). Every block is one row whatever the routing, so a tightly
     packed call gets X row copies where token blocks would each store K
     rows. Before ``gather_x_bytes_below``'s warp-a-row gather and the
     token-block rows kernel. Measured on the H100 (fifty-first session,
@@ -243,7 +244,11 @@ class ExpandTuning:
     µs, T = 32 2.31 -> 1.93 / 2.68 -> 2.43; seed / ours in a graph, Qwen3
     decode plans 1.03-1.05 -> 1.20-1.24, Kimi-K2 1.18-1.23 -> 1.28-1.30,
     Qwen3 small EP8 0.94-0.95 -> 0.98 (host hidden 0.94-0.99 -> 0.94-1.03);
-    the plans it does not take unchanged.
+    the plans it does not take unchanged. Row-major scale factors came along
+    in the fifty-second session (results/expand_sf_by_position_h100.md, H100,
+    seed / ours in a CUDA graph): Kimi-K2's fp8 decode plan 0.99-1.03 ->
+    1.12-1.16 (3.90 -> 3.46 µs), 1.04-1.06 with the host hidden; no other SF
+    plan of the manifest is taken.
     """
 
     # register kernel
@@ -283,7 +288,7 @@ class ExpandTuning:
     # rows by position (calls that pass pos_to_token)
     gather_x_bytes_below: float = 0.0
     gather_rows: int = 16
-    # the lean rows kernel (calls without scale factors)
+    # the lean rows kernel (calls without scale factors; by position, row-major ones too)
     rows_kernel_tokens_below: float = 0.0
     rows_kernel_slot_blocks_below: float = 2.0
     rows_kernel_slot_group: int = 0
