@@ -170,6 +170,8 @@ def test_interleaved_medians_take_the_runs_in_turn_each_flushed():
     run = ["flush", "spin", "event", None, "event"]
     assert log == ["a", "b"] + [name if step is None else step
                                 for _ in range(3) for name in "ab" for step in run]
+    log.clear()
+    assert timer.medians_interleaved_us([], 3) == [] and log == []  # nothing to time
 
 
 def test_eager_us_is_the_time_per_call(monkeypatch):

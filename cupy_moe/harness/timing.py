@@ -96,6 +96,8 @@ class GpuTimer:
         slower right after its own runs than after another op's (H100,
         benchmarks/NOTES.md, fifty-second session), which favoured whichever
         side a comparison timed second."""
+        if not fns:  # (a bench whose ops all failed their checks has none to time)
+            return []
         cupy = self.cupy
         for fn in fns:
             fn()  # warm-up
