@@ -235,6 +235,16 @@ CONFIGS: list[tuple[str, ExpandTuning]] = [
        _tuned(rows_by_position_tokens_below=1024, rows_by_position_bytes_below=math.inf,
               rows_kernel_threads=threads))
       for threads in (128, 256)),
+    # ... its unroll: room for 16 KiB rows (one module for every row; the
+    # default before the fifty-third session), or the call's row (fitted)
+    *((f"rows kernel by position: T < 1024, {threads} threads, room for 16 KiB rows",
+       _tuned(rows_by_position_tokens_below=1024, rows_by_position_bytes_below=math.inf,
+              rows_kernel_threads=threads, rows_kernel_fitted_unroll=0))
+      for threads in (128, 256)),
+    # ... T < 1024 under the default's bytes bound (32 MB)
+    *((f"rows kernel by position: T < 1024 below 32 MB, {threads} threads",
+       _tuned(rows_by_position_tokens_below=1024, rows_kernel_threads=threads))
+      for threads in (128, 256)),
     # column-major scale factors: by the token and zero-fill blocks (before
     # the twentieth session), or every one by the SF pass blocks where the call
     # passes pos_to_token (default: the pass writes the zeros only)
@@ -261,12 +271,14 @@ CONFIGS: list[tuple[str, ExpandTuning]] = [
       for rows, threads in ((4, 128), (2, 64), (1, 32))),
     # the default before rows by position (fifty-first session), given pos_to_token
     ("no rows by position, given pos_to_token", _tuned(rows_by_position_tokens_below=0)),
+    ("room for 16 KiB rows, given pos_to_token", _tuned(rows_kernel_fitted_unroll=0)),
 ]
 # configs whose calls pass pos_to_token (each row's token; the workloads that
 # have one, the plan workloads: elsewhere they run as the default does)
 WITH_POS_TO_TOKEN = {"SF by position: all, given pos_to_token",
                      "no SF pass beside the zero kernel, given pos_to_token",
                      "no rows by position, given pos_to_token",
+                     "room for 16 KiB rows, given pos_to_token",
                      *(name for name, _ in CONFIGS
                        if name.startswith(("gather: ", "rows kernel by position: ")))}
 assert len({name for name, _ in CONFIGS}) == len(CONFIGS), "config names must differ"

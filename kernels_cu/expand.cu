@@ -754,9 +754,13 @@ expand_to_fused_gather(const ExpandArgs a) {
 #ifndef EXPAND_ROWS_BY_POSITION
 #define EXPAND_ROWS_BY_POSITION 0
 #endif
-// vectors a thread holds: rows of up to 16 KiB, 1,024 vectors (Kimi-K2's
-// bf16 rows are 14 KiB), whatever the block size divides
+// vectors a thread holds: the host compiles it for the call's row (ceil(row
+// vectors / threads): fewer registers, ExpandTuning.rows_kernel_fitted_unroll);
+// else room for rows of up to 16 KiB, 1,024 vectors (Kimi-K2's bf16 rows are
+// 14 KiB), whatever the block size divides
+#ifndef EXPAND_ROWS_UNROLL
 #define EXPAND_ROWS_UNROLL ((1024 + EXPAND_ROWS_THREADS - 1) / EXPAND_ROWS_THREADS)
+#endif
 
 // A row of n_vec 16-byte vectors, held in registers EXPAND_ROWS_UNROLL a thread.
 struct RowsHeld {

@@ -526,6 +526,7 @@ def test_plain_op_fast_path_keys_pos_to_token(expand_fast_paths):
     ({"bulk_zero_rows_plain": 3}, r"bulk_zero_rows_plain must be 0 or 1; got 3"),
     ({"zero_kernel_beside_registers": 2}, r"zero_kernel_beside_registers must be 0 or 1; got 2"),
     ({"compiled_row": 3}, r"compiled_row must be 0, 1 or 2; got 3"),
+    ({"rows_kernel_fitted_unroll": 2}, r"rows_kernel_fitted_unroll must be 0 or 1; got 2"),
     ({"zero_fill_runs": 3}, r"zero_fill_runs must be 0, 1 or 2; got 3"),
     ({"register_min_blocks": 9}, r"register_min_blocks must leave blocks of 256 threads room "
                                  r"on an SM \(at most 8\); got 9"),
@@ -1116,6 +1117,32 @@ def test_rows_kernel_slot_groups(fake_h200, group, token_blocks, slots):
     assert (launch.constant("token_blocks"), launch.constant("slots_per_block")) == (
         token_blocks, slots)
     assert launch.grid == (token_blocks + 3072, 1, 1)
+
+
+@pytest.mark.parametrize(("hidden", "threads", "by_position", "unroll"), [
+    (3072, 256, False, 2),    # Qwen3's 6 KiB rows: 384 vectors, 1.5 a thread
+    (3072, 128, True, 3),     # ... 3 a thread
+    (7168, 96, True, 10),     # Kimi-K2's 14 KiB rows: 896 vectors, 9.33 a thread
+    (8192, 256, False, 4),    # 16 KiB: as many as room for the longest row
+    (8, 256, True, 1),        # one vector
+])
+def test_rows_kernel_is_compiled_for_the_calls_row(fake_h200, monkeypatch, hidden, threads,
+                                                  by_position, unroll):
+    """rows_kernel_fitted_unroll (default 1): a thread holds ceil(row vectors
+    / threads) vectors, a module for each such count; 0: the kernel's own
+    room for 16 KiB rows (no define)."""
+    modules = _record_modules(monkeypatch)
+    tuning = dataclasses.replace(BY_POSITION if by_position else ROWS, rows_kernel_threads=threads)
+    plan = _rows_plan(hidden=hidden, tuning=tuning, with_pos_to_token=by_position)
+    assert plan.kernel(16).name == "expand_to_fused_rows"
+    assert plan.rows_by_position(16) == by_position
+    defines = dict(modules["expand_to_fused_rows"])
+    assert defines["EXPAND_ROWS_UNROLL"] == unroll
+    assert defines["EXPAND_ROWS_THREADS"] == threads
+    modules.clear()
+    _rows_plan(hidden=hidden, tuning=dataclasses.replace(tuning, rows_kernel_fitted_unroll=0),
+               with_pos_to_token=by_position).kernel(16)
+    assert "EXPAND_ROWS_UNROLL" not in dict(modules["expand_to_fused_rows"])
 
 
 @pytest.mark.parametrize(("value", "shown"), [(2.5, r"2\.5"), (math.inf, "inf"), (math.nan, "nan")])

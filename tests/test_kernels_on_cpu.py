@@ -407,6 +407,11 @@ ROWS_BY_POSITION_OVER_GATHER = ExpandTuning(rows_by_position_tokens_below=float(
                                             gather_x_bytes_below=float("inf"))
 ROWS_BY_POSITION_96 = ExpandTuning(rows_by_position_tokens_below=float("inf"),
                                    rows_kernel_threads=96)
+# ... with room for 16 KiB rows whatever the call's row (rows_kernel_fitted_unroll 0)
+ROWS_BY_POSITION_ROOM = ExpandTuning(rows_by_position_tokens_below=float("inf"),
+                                     rows_kernel_fitted_unroll=0)
+ROWS_96_ROOM = ExpandTuning(**BY_POSITION_OFF, rows_kernel_tokens_below=float("inf"),
+                            rows_kernel_threads=96, rows_kernel_fitted_unroll=0)
 
 
 @pytest.mark.parametrize("zero_padding", [True, False])
@@ -435,6 +440,9 @@ ROWS_BY_POSITION_96 = ExpandTuning(rows_by_position_tokens_below=float("inf"),
     (3072, 2, ROWS_GROUPS_OF_3),         # ... token blocks of 3 slots, the last of 2
     (3072, 2, ROWS_BY_POSITION),         # ... by position: a block a row
     (8192, 2, ROWS_BY_POSITION_96),      # ... 16 KiB rows at 96 threads
+    (3584, 2, ROWS_BY_POSITION_96),      # ... 448 vectors at 96 threads: 5 a thread, a short 5th
+    (3072, 2, ROWS_BY_POSITION_ROOM),    # ... room for 16 KiB rows (4 vectors a thread)
+    (3584, 2, ROWS_96_ROOM),             # ... token blocks, room for 16 KiB at 96 threads
     (7168, 2, ROWS_BY_POSITION_OVER_GATHER),  # ... before the warp-a-row gather
     (8200, 2, ROWS_BY_POSITION_OVER_GATHER),  # ... past 16 KiB: the gather
     (1004, 2, ROWS_BY_POSITION),         # ... rows not of 16-byte chunks: another kernel

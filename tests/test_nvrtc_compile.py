@@ -313,16 +313,18 @@ def test_the_bounded_register_kernels_compile(sf_mode):
     assert b"expand_to_fused_v16" in cubin and b"expand_to_fused_v16_overlapped" in cubin
 
 
+@pytest.mark.parametrize("unroll", [(), (("EXPAND_ROWS_UNROLL", 3),)])
 @pytest.mark.parametrize("sf_mode", [0, 1, 2])
-def test_the_rows_kernel_by_position_compiles(sf_mode):
+def test_the_rows_kernel_by_position_compiles(sf_mode, unroll):
     """EXPAND_ROWS_BY_POSITION 1 in every SF mode (the host launches it with
-    none or row-major scale factors; column-major ones compile to a trap)."""
+    none or row-major scale factors; column-major ones compile to a trap),
+    with room for 16 KiB rows or fitted to a row (3 vectors a thread)."""
     nvrtc_or_skip()
     from cupy_moe.expand.plan import kernel_defines
     from cupy_moe.expand.tuning import DEFAULT_TUNING
 
     defines = (*kernel_defines(sf_mode, DEFAULT_TUNING, "expand_to_fused_rows"),
-               ("EXPAND_ROWS_THREADS", 256), ("EXPAND_ROWS_BY_POSITION", 1))
+               ("EXPAND_ROWS_THREADS", 256), ("EXPAND_ROWS_BY_POSITION", 1), *unroll)
     assert b"expand_to_fused_rows" in compile_for_arch("expand.cu", defines, "sm_90")
 
 

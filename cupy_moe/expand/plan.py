@@ -229,8 +229,12 @@ class ExpandPlan:
         block a row from ``first_zero_row``; or by position, a block a row."""
         blocks, token_blocks, slots = self._rows_grid(by_position)
         threads = int(self.tuning.rows_kernel_threads)
+        # vectors a thread holds: the call's row (fitted), else room for the
+        # longest row (the kernel's own default)
+        unroll = ((("EXPAND_ROWS_UNROLL", ceil_div(self.row_bytes // 16, threads)),)
+                  if self.tuning.rows_kernel_fitted_unroll else ())
         defines = (*kernel_defines(self.sf_mode, self.tuning, "expand_to_fused_rows"),
-                   ("EXPAND_ROWS_THREADS", threads),
+                   ("EXPAND_ROWS_THREADS", threads), *unroll,
                    *((("EXPAND_ROWS_BY_POSITION", 1),) if by_position else ()))
         handle = function_handle(SOURCE, defines, self.device, "expand_to_fused_rows")
         fields = self._fields(slots_per_block=slots,

@@ -221,6 +221,13 @@ class ExpandTuning:
     ``rows_kernel_threads``: threads a block (whole warps, 32 .. 1024); 256
     by default, as the GPU tests ran it, though 128 measured 1-5% faster on
     the EP8 plans (the figures above).
+    ``rows_kernel_fitted_unroll``: 1 (the default): the rows kernel is
+    compiled for the call's row, a thread holding ceil(row vectors /
+    rows_kernel_threads) vectors (a module per such count); 0: one module for
+    every row, a thread holding room for 16 KiB rows (1,024 vectors). ptxas
+    (sm_90): the by-position kernel at 128 threads takes 48 registers with
+    room for 16 KiB and 32 for Qwen3's 6 KiB rows (3 vectors a thread), 24
+    at 256 threads (30 with room for 16 KiB).
     ``rows_by_position_tokens_below``, ``rows_by_position_bytes_below``:
     calls that pass ``pos_to_token``, without scale factors or with row-major
     ones (16-byte rows of at most 16 KiB and bases), with ``1 <= T < the
@@ -293,6 +300,7 @@ class ExpandTuning:
     rows_kernel_slot_blocks_below: float = 2.0
     rows_kernel_slot_group: int = 0
     rows_kernel_threads: int = 256
+    rows_kernel_fitted_unroll: int = 1
     rows_by_position_tokens_below: float = 64.0
     rows_by_position_bytes_below: float = 32e6
     # cache hints of the register kernels' accesses: indices into
@@ -328,7 +336,7 @@ class ExpandTuning:
                                  f"got {getattr(self, name)}")
         for name in ("padding_zero_whole_rows", "bulk_zero_rows_plain",
                      "zero_kernel_beside_registers", "sf_by_position",
-                     "sf_pass_beside_zero_kernel"):
+                     "sf_pass_beside_zero_kernel", "rows_kernel_fitted_unroll"):
             if getattr(self, name) not in (0, 1):
                 raise ValueError(f"ExpandTuning.{name} must be 0 or 1; "
                                  f"got {getattr(self, name)!r}")
