@@ -14,9 +14,12 @@ memset of the padding bytes, and the library's own launch under
 sweep_kernel_config.py configs (``--library NAME``, repeatable; by default
 the default and the rows kernel at 128 threads) in the same process. The
 seed is timed by bench_expand_seed.py in the same device call. Any expand
-workload of the manifest can be named: the tightly packed ones get the
-``pos_to_token`` their map implies. Every kernel's output is checked bit for
-bit against the NumPy reference on a poisoned buffer first.
+workload of the manifest can be named (the fp8 op's too: the probe's kernels
+move the rows alone, the library its scale factors as well): the tightly
+packed ones get the ``pos_to_token`` their map implies. The block-a-row
+gather is also timed on torch's buffers (as the library's timings get them)
+beside CuPy's. Every kernel's output is checked bit for bit against the
+NumPy reference on a poisoned buffer first.
 
     PYTHONPATH=. python3 benchmarks/row_block_probe.py [--cold] [--label L ...]
         [--library NAME ...] --md OUT.md --json OUT.json
@@ -100,7 +103,9 @@ def main(argv: list[str] | None = None) -> int:
 
     timer = GpuTimer() if args.cold else WarmTimer()
     labels = args.label or DEFAULT_LABELS
-    workloads = {w.label: w for w in load_workloads("expand_to_fused")}
+    # the fp8 op's workloads too: the probe's kernels move the rows alone
+    workloads = {w.label: w for op in ("expand_to_fused", "expand_to_fused_with_sf")
+                 for w in load_workloads(op)}
     unknown = [label for label in labels if label not in workloads]
     if unknown:
         parser.error(f"not expand_to_fused workloads: {unknown}")
@@ -162,6 +167,32 @@ def main(argv: list[str] | None = None) -> int:
             ok = bool(np.array_equal(cupy.asnumpy(out), expected))
             us = timer.median_us(run, args.iters, hide_host=True) if ok else float("nan")
             record["variants"][name] = {"us": us, "grid": grid, "threads": threads, "ok": ok}
+        # the block-a-row gather on torch's buffers (x, maps and out as the
+        # library's timings get them) instead of CuPy's: placement, not code
+        on_torch = [cupy.asarray(t) for t in (
+            torch.from_numpy(np.ascontiguousarray(host["x"].view(np.uint8))).cuda(),
+            torch.from_numpy(host_p2t).cuda(),
+            torch.from_numpy(np.ascontiguousarray(host["pos_to_expert"])).cuda(),
+            torch.empty((num_expanded, row_bytes), dtype=torch.uint8, device="cuda"))]
+        for threads in (128, 256):
+            template = f"gather_rows<{threads}, {-(-n_vec // threads)}>"
+            kernel = module.get_function(template)
+            t_x, t_p2t, t_p2e, t_out = on_torch
+            kernel_args = (t_x, t_p2t, t_p2e, t_out, np.int32(num_tokens), np.int32(top_k),
+                           np.int32(num_expanded), np.int32(n_vec))
+
+            def launch(stream, kernel=kernel, threads=threads, kernel_args=kernel_args):
+                with cupy_stream(stream):
+                    kernel((num_expanded,), (threads,), kernel_args)
+
+            run = on_timer_stream(launch)
+            t_out.fill(0xFF)
+            run()
+            torch.cuda.synchronize()
+            ok = bool(np.array_equal(cupy.asnumpy(t_out), expected))
+            us = timer.median_us(run, args.iters, hide_host=True) if ok else float("nan")
+            record["variants"][f"rows by position on torch's buffers: {threads} thr"] = {
+                "us": us, "grid": num_expanded, "threads": threads, "ok": ok}
         record["variants"].update(library_variants(w, host, host_p2t, library, configs,
                                                    timer, on_timer_stream, args.iters))
         records.append(record)

@@ -272,6 +272,9 @@ CONFIGS: list[tuple[str, ExpandTuning]] = [
     # the default before rows by position (fifty-first session), given pos_to_token
     ("no rows by position, given pos_to_token", _tuned(rows_by_position_tokens_below=0)),
     ("room for 16 KiB rows, given pos_to_token", _tuned(rows_kernel_fitted_unroll=0)),
+    # the default of the fifty-first and fifty-second sessions: by position below 64 tokens
+    ("rows by position below 64 tokens, given pos_to_token",
+     _tuned(rows_by_position_tokens_below=64)),
 ]
 # configs whose calls pass pos_to_token (each row's token; the workloads that
 # have one, the plan workloads: elsewhere they run as the default does)
@@ -279,6 +282,7 @@ WITH_POS_TO_TOKEN = {"SF by position: all, given pos_to_token",
                      "no SF pass beside the zero kernel, given pos_to_token",
                      "no rows by position, given pos_to_token",
                      "room for 16 KiB rows, given pos_to_token",
+                     "rows by position below 64 tokens, given pos_to_token",
                      *(name for name, _ in CONFIGS
                        if name.startswith(("gather: ", "rows kernel by position: ")))}
 assert len({name for name, _ in CONFIGS}) == len(CONFIGS), "config names must differ"

@@ -1213,13 +1213,14 @@ def test_rows_kernel_by_position_takes_row_major_scale_factors(fake_h200, zero_p
 @pytest.mark.parametrize(("num_tokens", "num_expanded", "taken"), [
     (32, 3072, True),    # qwen3-30b-small-e48-ep8-plan: 18.9 MB
     (1, 1024, True),     # decode
-    (63, 3072, True),
-    (64, 3072, False),   # 64 tokens
+    (512, 4096, True),   # qwen3-30b-medium-e32-ep8-plan: 25.2 MB
+    (1023, 3072, True),
+    (1024, 3072, False),  # 1024 tokens
     (32, 5209, False),   # 32,004,096 bytes of output: not below 32e6
     (32, 5208, True),    # 31,997,952 bytes
 ])
 def test_default_rows_by_position(fake_h200, num_tokens, num_expanded, taken):
-    # the default: calls given pos_to_token with T < 64 and outputs below 32 MB
+    # the default: calls given pos_to_token with T < 1024 and outputs below 32 MB
     plan = _rows_plan(num_tokens=num_tokens, num_expanded=num_expanded, tuning=DEFAULT_TUNING,
                       with_pos_to_token=True)
     assert plan.rows_by_position(16) == taken

@@ -301,7 +301,7 @@ class ExpandTuning:
     rows_kernel_slot_group: int = 0
     rows_kernel_threads: int = 256
     rows_kernel_fitted_unroll: int = 1
-    rows_by_position_tokens_below: float = 64.0
+    rows_by_position_tokens_below: float = 1024.0
     rows_by_position_bytes_below: float = 32e6
     # cache hints of the register kernels' accesses: indices into
     # runtime.cache_hints' LOAD_HINTS (.cs, plain, .cg, .nc) / STORE_HINTS
