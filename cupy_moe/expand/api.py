@@ -83,9 +83,10 @@ def expand_to_fused(x: Any, token_topk_to_pos: Any, pos_to_expert: Any, *,
         The token of each output row (-1 on padding rows): ``fused_mapping``'s
         ``pos_to_token``. A hint, for speed only, that lets the GPU write the
         output row by row instead of token by token: by default on calls of
-        fewer than 64 tokens whose output is below 32 MB
+        fewer than 1024 tokens whose output is below 32 MB
         (``ExpandTuning.rows_by_position_*``: decode and small batches, 8-18%
-        faster on the H100); the results are the same. It must agree with the map:
+        faster on the H100; medium expert-parallel batches); the results are
+        the same. It must agree with the map:
         ``pos_to_token[token_topk_to_pos[t, k]] == t`` for every slot that is
         not dropped (``validate=True`` checks it, after the map's own faults).
         Where it does not, what such a row gets is unspecified; nothing
@@ -177,7 +178,7 @@ def expand_to_fused_with_sf(x: Any, x_sf: Any, token_topk_to_pos: Any, pos_to_ex
         on sm_90+ the GPU then writes the scale factors row by row, in whole
         32-byte sectors, instead of scattering each token's words to its K rows
         (benchmarks/results/sweep_sf_by_position_h200.md); with the row-major
-        layout, calls of fewer than 64 tokens whose output is below 32 MB
+        layout, calls of fewer than 1024 tokens whose output is below 32 MB
         (``ExpandTuning.rows_by_position_*``: decode) are written a block an
         output row, data and scale factors together (Kimi-K2's fp8 decode
         plan 10% faster on the H100); where
