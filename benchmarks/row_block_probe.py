@@ -155,18 +155,8 @@ def main(argv: list[str] | None = None) -> int:
                     + -(-num_expanded // rows))
             kernel_args = (x, p2t if kind == "gather" else ttp, p2e, out, np.int32(num_tokens),
                            np.int32(top_k), np.int32(num_expanded), np.int32(n_vec))
-
-            def launch(stream, kernel=kernel, grid=grid, threads=threads, kernel_args=kernel_args):
-                with cupy_stream(stream):
-                    kernel((grid,), (threads,), kernel_args)
-
-            run = on_timer_stream(launch)
-            out.fill(0xFF)
-            run()
-            torch.cuda.synchronize()
-            ok = bool(np.array_equal(cupy.asnumpy(out), expected))
-            us = timer.median_us(run, args.iters, hide_host=True) if ok else float("nan")
-            record["variants"][name] = {"us": us, "grid": grid, "threads": threads, "ok": ok}
+            record["variants"][name] = checked_us(kernel, grid, threads, kernel_args, out,
+                                                  expected, timer, on_timer_stream, args.iters)
         # the block-a-row gather on torch's buffers (x, maps and out as the
         # library's timings get them) instead of CuPy's: placement, not code
         on_torch = [cupy.asarray(t) for t in (
@@ -180,19 +170,9 @@ def main(argv: list[str] | None = None) -> int:
             t_x, t_p2t, t_p2e, t_out = on_torch
             kernel_args = (t_x, t_p2t, t_p2e, t_out, np.int32(num_tokens), np.int32(top_k),
                            np.int32(num_expanded), np.int32(n_vec))
-
-            def launch(stream, kernel=kernel, threads=threads, kernel_args=kernel_args):
-                with cupy_stream(stream):
-                    kernel((num_expanded,), (threads,), kernel_args)
-
-            run = on_timer_stream(launch)
-            t_out.fill(0xFF)
-            run()
-            torch.cuda.synchronize()
-            ok = bool(np.array_equal(cupy.asnumpy(t_out), expected))
-            us = timer.median_us(run, args.iters, hide_host=True) if ok else float("nan")
-            record["variants"][f"rows by position on torch's buffers: {threads} thr"] = {
-                "us": us, "grid": num_expanded, "threads": threads, "ok": ok}
+            record["variants"][f"rows by position on torch's buffers: {threads} thr"] = (
+                checked_us(kernel, num_expanded, threads, kernel_args, t_out, expected, timer,
+                           on_timer_stream, args.iters))
         record["variants"].update(library_variants(w, host, host_p2t, library, configs,
                                                    timer, on_timer_stream, args.iters))
         records.append(record)
@@ -213,6 +193,27 @@ def main(argv: list[str] | None = None) -> int:
             for r in records) + " |")
     return finish("\n".join(lines) + "\n", args.md, args.json,
                   {"device": timer.device_name, "cold": args.cold, "records": records})
+
+
+def checked_us(kernel, grid: int, threads: int, kernel_args: tuple, out, expected: np.ndarray,
+               timer, on_timer_stream, iters: int) -> dict:
+    """One probe kernel on the timer's stream: ``out`` (a CuPy uint8 array)
+    poisoned, written, checked bit for bit against ``expected``, then timed
+    (NaN where wrong). Returns its record."""
+    import cupy
+    import torch
+
+    def launch(stream):
+        with cupy_stream(stream):
+            kernel((grid,), (threads,), kernel_args)
+
+    run = on_timer_stream(launch)
+    out.fill(0xFF)
+    run()
+    torch.cuda.synchronize()
+    ok = bool(np.array_equal(cupy.asnumpy(out), expected))
+    us = timer.median_us(run, iters, hide_host=True) if ok else float("nan")
+    return {"us": us, "grid": grid, "threads": threads, "ok": ok}
 
 
 def library_variants(w, host: dict, host_p2t: np.ndarray, names: list[str], configs: dict,

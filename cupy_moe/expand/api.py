@@ -179,7 +179,8 @@ def expand_to_fused_with_sf(x: Any, x_sf: Any, token_topk_to_pos: Any, pos_to_ex
         32-byte sectors, instead of scattering each token's words to its K rows
         (benchmarks/results/sweep_sf_by_position_h200.md); with the row-major
         layout, calls of fewer than 1024 tokens whose output is below 32 MB
-        (``ExpandTuning.rows_by_position_*``: decode) are written a block an
+        (``ExpandTuning.rows_by_position_*``: decode, small batches, medium
+        expert-parallel batches) are written a block an
         output row, data and scale factors together (Kimi-K2's fp8 decode
         plan 10% faster on the H100); where
         ``ExpandTuning.gather_x_bytes_below`` says so (off by default: it lost
