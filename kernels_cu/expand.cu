@@ -791,17 +791,20 @@ extern "C" __global__ void __launch_bounds__(EXPAND_ROWS_THREADS)
 expand_to_fused_rows(const ExpandArgs a) {
 #if EXPAND_ROWS_BY_POSITION && (CUPY_MOE_SF_MODE == SF_NONE || CUPY_MOE_SF_MODE == SF_ROW_MAJOR)
     {
-        const int n_vec = static_cast<int>(a.row_bytes / 16);
-        const i64 p = blockIdx.x;  // the grid is X blocks
+        // row_bytes >= 0: a shift, without a signed division's fix-ups (the
+        // routed path is ~50 instructions a warp; every one shows on a warm L2)
+        const int n_vec = static_cast<int>(a.row_bytes >> 4);
+        // the grid is X blocks; row p's offsets as one wide multiply each
+        const int p = static_cast<int>(blockIdx.x);
         const int expert = load_issued_here(a.pos_to_expert + p);
         const int token = load_issued_here(a.pos_to_token + p);
-        uint4* dst = reinterpret_cast<uint4*>(a.out) + p * n_vec;
+        uint4* dst = reinterpret_cast<uint4*>(a.out) + static_cast<i64>(p) * n_vec;
 #if CUPY_MOE_SF_MODE == SF_ROW_MAJOR
         // row p's S words sit together (row-major SF), stored with its data
-        unsigned int* sf_dst = a.out_sf + p * a.sf_columns;
+        unsigned int* sf_dst = a.out_sf + static_cast<i64>(p) * a.sf_columns;
 #endif
-        if (expert < 0 && !a.zero_padding) return;
         if (expert < 0 || token < 0 || token >= a.num_tokens) {
+            if (expert < 0 && !a.zero_padding) return;  // tested off the routed path
             zero_rows_row(dst, n_vec);
 #if CUPY_MOE_SF_MODE == SF_ROW_MAJOR
             for (int s = threadIdx.x; s < a.sf_columns; s += EXPAND_ROWS_THREADS) sf_dst[s] = 0u;
