@@ -791,8 +791,9 @@ extern "C" __global__ void __launch_bounds__(EXPAND_ROWS_THREADS)
 expand_to_fused_rows(const ExpandArgs a) {
 #if EXPAND_ROWS_BY_POSITION && (CUPY_MOE_SF_MODE == SF_NONE || CUPY_MOE_SF_MODE == SF_ROW_MAJOR)
     {
-        // row_bytes >= 0: a shift, without a signed division's fix-ups (the
-        // routed path is ~50 instructions a warp; every one shows on a warm L2)
+        // row_bytes >= 0: a shift, without a signed division's fix-ups (fewer
+        // instructions on the routed path; in time level with the division on
+        // the H100, results/expand_lean_by_position_h100.md)
         const int n_vec = static_cast<int>(a.row_bytes >> 4);
         // the grid is X blocks; row p's offsets as one wide multiply each
         const int p = static_cast<int>(blockIdx.x);
