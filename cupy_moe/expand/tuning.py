@@ -310,6 +310,8 @@ class ExpandTuning:
     rows_kernel_fitted_unroll: int = 1
     rows_by_position_tokens_below: float = 1024.0
     rows_by_position_bytes_below: float = 32e6
+    rows_by_position_narrow_threads: int = 64
+    rows_by_position_narrow_row_bytes: int = 8 * 1024
     # cache hints of the register kernels' accesses: indices into
     # runtime.cache_hints' LOAD_HINTS (.cs, plain, .cg, .nc) / STORE_HINTS
     # (.cs, plain, .cg); 0, .cs, adds no define
@@ -331,6 +333,10 @@ class ExpandTuning:
         if self.rows_kernel_threads % 32 or not 32 <= self.rows_kernel_threads <= 1024:
             raise ValueError(f"ExpandTuning.rows_kernel_threads must be whole warps in 32 .. "
                              f"1024; got {self.rows_kernel_threads}")
+        narrow = self.rows_by_position_narrow_threads
+        if narrow and (narrow % 32 or not 32 <= narrow <= 1024):
+            raise ValueError(f"ExpandTuning.rows_by_position_narrow_threads must be 0 or whole "
+                             f"warps in 32 .. 1024; got {narrow}")
         if not float(self.rows_kernel_slot_group).is_integer():  # NaN and inf too
             raise ValueError(f"ExpandTuning.rows_kernel_slot_group must be a whole number of "
                              f"slots; got {self.rows_kernel_slot_group!r}")
