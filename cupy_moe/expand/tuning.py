@@ -228,6 +228,16 @@ class ExpandTuning:
     (sm_90): the by-position kernel at 128 threads takes 48 registers with
     room for 16 KiB and 32 for Qwen3's 6 KiB rows (3 vectors a thread), 24
     at 256 threads (30 with room for 16 KiB).
+    ``rows_by_position_narrow_threads``, ``rows_by_position_narrow_row_bytes``:
+    by position, rows of at most the second (8 KiB) take blocks of the first
+    (64 threads: Qwen3's 6 KiB bf16 rows 6 vectors a thread, Kimi-K2's 7 KiB
+    fp8 rows 7); longer rows, and token blocks, take ``rows_kernel_threads``.
+    0 threads: every block ``rows_kernel_threads``. The probe's kernel of the
+    same layout (benchmarks/row_block_probe.py, CUDA graph) on Qwen3 small
+    EP8: 64 threads 5.98 µs against 6.17 at 256 on the H100 (fifty-fourth
+    session), 5.38 against 5.53 on the H200 (fifty-third); level on the
+    medium plans (7.98 against 8.01 µs), and Kimi-K2's 14 KiB bf16 rows lost
+    at 64 (decode 1.88 against 1.60 µs), hence the row bound.
     ``rows_by_position_tokens_below``, ``rows_by_position_bytes_below``:
     calls that pass ``pos_to_token``, without scale factors or with row-major
     ones (16-byte rows of at most 16 KiB and bases), with ``1 <= T < the
