@@ -3,8 +3,9 @@
 # probe with ExpandTuning.rows_by_position_narrow_threads at 0 (every block
 # rows_kernel_threads, main's behaviour) and 64 (the branch's default),
 # swapped in tuning.py by sed between runs (base, 64, then 64, base), so
-# that "ours" is always the default column; then the expand GPU tests and
-# memcheck at 64. ~190 s on an H100. Run from the repo root with .peers/
+# that "ours" is always the default column; then the probe's split by slot
+# count on the EP8 plans, the expand GPU tests and memcheck at 64. ~250 s on
+# an H100. Run from the repo root with .peers/
 # carried:  bash benchmarks/ab_narrow_threads.sh   (writes under $OUT)
 set -u
 export OUT PYTHONPATH=$PWD PYTHONUNBUFFERED=1
@@ -33,6 +34,13 @@ for r in 1 2; do
   done
 done
 cp /tmp/tuning_t64.py cupy_moe/expand/tuning.py
+# the probe's split by slot count on the plans that trail the seed, and on
+# the tight calls of the same shapes (where token blocks lose)
+Q="--label qwen3-30b-medium-e32-ep8-plan --label kimi-k2-medium-e32-ep8-plan --label qwen3-30b-small-e48-ep8-plan --label qwen3-30b-medium --label kimi-k2-medium"
+echo "=== probe EP8 $(date +%T)" >> $OUT/probe.log
+timeout 120 python3 benchmarks/row_block_probe.py $Q --library "$V" --md /tmp/probe_ep.md >> $OUT/probe.log 2>&1
+echo "rc $?" >> $OUT/probe.log
+{ echo "## probe: EP8 plans and tight calls, t64"; cat /tmp/probe_ep.md; echo; } >> $OUT/probe_tables.md
 echo "=== tests $(date +%T)" >> $OUT/checks.log
 timeout 140 python3 -m pytest -q -n 12 -p no:cacheprovider tests/test_expand_gpu_*.py -k "rows or public or given" >> $OUT/checks.log 2>&1
 echo "rc $?" >> $OUT/checks.log
@@ -41,5 +49,5 @@ timeout 60 compute-sanitizer --tool memcheck python3 benchmarks/memcheck_cases.p
 echo "rc $?" >> $OUT/checks.log; tail -3 /tmp/mc.log >> $OUT/checks.log
 grep -E "passed|failed|rc |ERROR SUMMARY|===" $OUT/checks.log >> $OUT/summary.txt
 grep -E "^## |^\| (qwen3|kimi)" $OUT/seed_tables.md | cut -d'|' -f2,5,6,7 >> $OUT/summary.txt
-grep -E "^## |^\| (variant|library|rows by position: (64|256) |seed's grid: 128)" $OUT/probe_tables.md >> $OUT/summary.txt
+grep -E "^## |^\| (variant|library|rows by position: (64|256) |seed's grid: 128|roles apart: 128|split by count)" $OUT/probe_tables.md >> $OUT/summary.txt
 cat $OUT/summary.txt
