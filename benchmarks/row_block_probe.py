@@ -10,7 +10,7 @@ row's zero-fill and a token's scatter) and the roles apart (T token blocks,
 then blocks of 1-2 rows) and the slots apart (T x K slot blocks, then
 the rows) and the rows by position (X blocks, block p writing row p from
 ``pos_to_token``: the gather a block a row) and the split by slot count
-(token blocks store the rows of tokens with at most 1-2 live slots, row
+(token blocks store the rows of tokens with at most 1 or 3 live slots, row
 blocks the rest: a device-side choice between the two), at 64-256 threads,
 beside a memset of the padding bytes, and the library's own launch under
 sweep_kernel_config.py configs (``--library NAME``, repeatable; by default
@@ -64,7 +64,7 @@ def variants(n_vec: int) -> list[tuple[str, str, str, int]]:
         vpt = -(-n_vec // threads)
         out.append((f"rows by position: {threads} thr", f"gather_rows<{threads}, {vpt}>",
                     "gather", 1))
-    for threads, most, spec in ((64, 2, True), (128, 2, True), (256, 2, True), (128, 2, False),
+    for threads, most, spec in ((64, 3, True), (128, 3, True), (256, 3, True), (128, 3, False),
                                 (128, 1, True)):
         vpt = -(-n_vec // threads)
         out.append((f"split by count: {threads} thr, tokens of <= {most} slots"
