@@ -212,3 +212,75 @@ split_by_count(const uint4* x, const int* token_topk_to_pos, const int* pos_to_e
         }
     }
 }
+
+// The same split on the seed's grid: max(T, X) blocks, block b both token
+// b's block (b < T) and row b's (b < X), its map words, token b's slots and
+// token b's row loaded in one round trip. As above, a token of at most C
+// live slots stores its rows itself; a routed row whose token has more is
+// stored by its row's block (the token's slots and row loaded beside each
+// other: a second round trip).
+template <int THREADS, int VPT, int C>
+__global__ void __launch_bounds__(THREADS)
+split_by_count_merged(const uint4* x, const int* token_topk_to_pos, const int* pos_to_expert,
+                      uint4* out, int num_tokens, int top_k, int num_expanded, int n_vec,
+                      const int* pos_to_token) {
+    const int b = blockIdx.x;
+    int expert = -1;
+    int t = -1;
+    if (b < num_expanded) {
+        expert = __ldg(pos_to_expert + b);
+        t = __ldg(pos_to_token + b);
+    }
+    if (b < num_tokens) {
+        uint4 row[VPT];
+        const uint4* src = x + static_cast<i64>(b) * n_vec;
+#pragma unroll
+        for (int u = 0; u < VPT; ++u) {
+            const int i = threadIdx.x + u * THREADS;
+            if (i < n_vec) row[u] = __ldg(src + i);
+        }
+        const int* slots = token_topk_to_pos + static_cast<i64>(b) * top_k;
+        int live = 0;
+        for (int k = 0; k < top_k; ++k) {
+            const int q = __ldg(slots + k);
+            live += q >= 0 && q < num_expanded;
+        }
+        if (live <= C) {
+            for (int k = 0; k < top_k; ++k) {
+                const int q = __ldg(slots + k);
+                if (q < 0 || q >= num_expanded) continue;
+                uint4* dst = out + static_cast<i64>(q) * n_vec;
+#pragma unroll
+                for (int u = 0; u < VPT; ++u) {
+                    const int i = threadIdx.x + u * THREADS;
+                    if (i < n_vec) dst[i] = row[u];
+                }
+            }
+        }
+    }
+    if (b >= num_expanded) return;
+    if (expert < 0 || t < 0 || t >= num_tokens) {
+        zero_row<THREADS>(out, b, n_vec);
+        return;
+    }
+    uint4 row[VPT];
+    const uint4* src = x + static_cast<i64>(t) * n_vec;
+#pragma unroll
+    for (int u = 0; u < VPT; ++u) {
+        const int i = threadIdx.x + u * THREADS;
+        if (i < n_vec) row[u] = __ldg(src + i);
+    }
+    const int* slots = token_topk_to_pos + static_cast<i64>(t) * top_k;
+    int live = 0;
+    for (int k = 0; k < top_k; ++k) {
+        const int q = __ldg(slots + k);
+        live += q >= 0 && q < num_expanded;
+    }
+    if (live <= C) return;  // token t's block stores it
+    uint4* dst = out + static_cast<i64>(b) * n_vec;
+#pragma unroll
+    for (int u = 0; u < VPT; ++u) {
+        const int i = threadIdx.x + u * THREADS;
+        if (i < n_vec) dst[i] = row[u];
+    }
+}
