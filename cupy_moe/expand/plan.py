@@ -226,11 +226,11 @@ class ExpandPlan:
 
     def rows_threads(self, by_position: bool) -> int:
         """Threads a block of expand_to_fused_rows: by position, rows of at
-        most ``tuning.rows_by_position_narrow_row_bytes`` take
-        ``tuning.rows_by_position_narrow_threads`` (unless 0); else
-        ``tuning.rows_kernel_threads``."""
+        most ``tuning.rows_by_position_narrow_row_bytes`` without scale
+        factors take ``tuning.rows_by_position_narrow_threads`` (unless 0);
+        else ``tuning.rows_kernel_threads``."""
         tuning = self.tuning
-        if (by_position and tuning.rows_by_position_narrow_threads
+        if (by_position and tuning.rows_by_position_narrow_threads and self.sf_mode == SF_NONE
                 and self.row_bytes <= tuning.rows_by_position_narrow_row_bytes):
             return int(tuning.rows_by_position_narrow_threads)
         return int(tuning.rows_kernel_threads)

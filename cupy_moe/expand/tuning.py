@@ -229,15 +229,18 @@ class ExpandTuning:
     room for 16 KiB and 32 for Qwen3's 6 KiB rows (3 vectors a thread), 24
     at 256 threads (30 with room for 16 KiB).
     ``rows_by_position_narrow_threads``, ``rows_by_position_narrow_row_bytes``:
-    by position, rows of at most the second (8 KiB) take blocks of the first
-    (64 threads: Qwen3's 6 KiB bf16 rows 6 vectors a thread, Kimi-K2's 7 KiB
-    fp8 rows 7); longer rows, and token blocks, take ``rows_kernel_threads``.
-    0 threads: every block ``rows_kernel_threads``. The probe's kernel of the
-    same layout (benchmarks/row_block_probe.py, CUDA graph) on Qwen3 small
-    EP8: 64 threads 5.98 µs against 6.17 at 256 on the H100 (fifty-fourth
-    session), 5.38 against 5.53 on the H200 (fifty-third); level on the
-    medium plans (7.98 against 8.01 µs), and Kimi-K2's 14 KiB bf16 rows lost
-    at 64 (decode 1.88 against 1.60 µs), hence the row bound.
+    by position, rows of at most the second (8 KiB) without scale factors
+    (the plain op: Qwen3's 6 KiB bf16 rows, 6 vectors a thread) take blocks
+    of the first (64 threads); longer rows, calls with scale factors and
+    token blocks take ``rows_kernel_threads``. 0 threads: every block
+    ``rows_kernel_threads``. Measured on the H100 (fifty-fifth session,
+    results/expand_narrow_threads_h100.md; seed / ours in a CUDA graph, the
+    default swapped between runs): Qwen3 small EP8 plans 0.97-0.98 -> 0.99-1.01
+    (6.2 -> 6.0-6.1 µs), Qwen3 T = 32 given pos_to_token 1.97 -> 1.90 µs,
+    the medium plans and calls level; Kimi-K2's fp8 rows with row-major
+    scale factors (7 KiB) lost at 64 threads (decode 1.49 -> 1.65 µs, T =
+    512 10.45 -> 10.91), hence no scale factors; Kimi-K2's 14 KiB bf16 rows
+    lost in the probe (decode 1.88 against 1.60 µs), hence the row bound.
     ``rows_by_position_tokens_below``, ``rows_by_position_bytes_below``:
     calls that pass ``pos_to_token``, without scale factors or with row-major
     ones (16-byte rows of at most 16 KiB and bases), with ``1 <= T < the
