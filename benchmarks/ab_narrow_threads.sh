@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # One device call for issue 13's narrow by-position blocks: the seed bench on
 # the EP8 and decode plans with ExpandTuning.rows_by_position_narrow_threads
-# at 0 (every block rows_kernel_threads) and 64 (the branch's default, rows
-# of at most 8 KiB without scale factors), swapped in tuning.py by sed
-# between runs (0, 64, 64, 0), so that "ours" is always the default column;
-# the probe's library rows under both on the tightly packed calls of those
-# shapes (and the default's own column, a control); then the expand GPU
-# tests and memcheck at the branch's default.
-# ~150 s on an H100. Run from the repo root with .peers/ carried:
+# at 0 (every block rows_kernel_threads) and 64 (the default since the
+# fifty-fifth session: rows of at most 8 KiB without scale factors), swapped
+# in tuning.py by sed between runs (0, 64, 64, 0), so that "ours" is always
+# the default column; the probe's library rows under both on the tightly
+# packed calls of those shapes (and the default's own column, a control);
+# then the expand GPU tests and memcheck at the default (64). ~150 s on an
+# H100. Run from the repo root with .peers/ carried:
 #   bash benchmarks/ab_narrow_threads.sh   (writes under $OUT)
 set -u
 export OUT PYTHONPATH=$PWD PYTHONUNBUFFERED=1

@@ -234,7 +234,7 @@ class ExpandTuning:
     of the first (64 threads); longer rows, calls with scale factors and
     token blocks take ``rows_kernel_threads``. 0 threads: every block
     ``rows_kernel_threads``. Measured on the H100 (fifty-fifth session,
-    results/expand_narrow_threads_h100.md; seed / ours in a CUDA graph, the
+    results/expand_split_by_count_h100.md; seed / ours in a CUDA graph, the
     default swapped between runs): Qwen3 small EP8 plans 0.97-0.98 -> 0.99-1.01
     (6.2 -> 6.0-6.1 µs), Qwen3 T = 32 given pos_to_token 1.97 -> 1.90 µs,
     the medium plans and calls level; Kimi-K2's fp8 rows with row-major
