@@ -140,3 +140,147 @@ gather_rows(const uint4* x, const int* pos_to_token, const int* pos_to_expert, u
     copy_row<THREADS, VPT>(x + static_cast<i64>(token) * n_vec, out + static_cast<i64>(p) * n_vec,
                            n_vec);
 }
+
+// Split by slot count (a device-side choice between the two layouts above):
+// T token blocks, then X row blocks. Token block t loads its row beside its
+// K slots (one round trip) and stores it to its live slots where it has at
+// most C of them (expert parallelism: on the EP8 plans 93% of the tokens
+// have 0-2 local slots, all but one of 512 0-3); a row block zeroes a
+// padding row and, for a routed row, loads its token's
+// slots (beside the row where SPEC: the token block has just read it, so
+// from L2) and stores the row only where the token has more than C live
+// slots (tightly packed calls). So every row is written once, by a block
+// that waited one round trip (EP: token blocks) or two (packed: row blocks).
+// The maps must agree (pos_to_token[p] == t for each live slot p of t).
+template <int THREADS, int VPT, int C, bool SPEC>
+__global__ void __launch_bounds__(THREADS)
+split_by_count(const uint4* x, const int* token_topk_to_pos, const int* pos_to_expert, uint4* out,
+               int num_tokens, int top_k, int num_expanded, int n_vec, const int* pos_to_token) {
+    const int b = blockIdx.x;
+    int t = b;
+    int p = -1;
+    if (b >= num_tokens) {
+        p = b - num_tokens;
+        const int expert = __ldg(pos_to_expert + p);
+        t = __ldg(pos_to_token + p);
+        if (expert < 0 || t < 0 || t >= num_tokens) {
+            zero_row<THREADS>(out, p, n_vec);
+            return;
+        }
+    }
+    const uint4* src = x + static_cast<i64>(t) * n_vec;
+    uint4 row[VPT];
+    if (SPEC || p < 0) {
+#pragma unroll
+        for (int u = 0; u < VPT; ++u) {
+            const int i = threadIdx.x + u * THREADS;
+            if (i < n_vec) row[u] = __ldg(src + i);
+        }
+    }
+    const int* slots = token_topk_to_pos + static_cast<i64>(t) * top_k;
+    int live = 0;
+    for (int k = 0; k < top_k; ++k) {
+        const int q = __ldg(slots + k);
+        live += q >= 0 && q < num_expanded;
+    }
+    if (p >= 0) {
+        if (live <= C) return;  // the token's block stores it
+        if (!SPEC) {
+#pragma unroll
+            for (int u = 0; u < VPT; ++u) {
+                const int i = threadIdx.x + u * THREADS;
+                if (i < n_vec) row[u] = __ldg(src + i);
+            }
+        }
+        uint4* dst = out + static_cast<i64>(p) * n_vec;
+#pragma unroll
+        for (int u = 0; u < VPT; ++u) {
+            const int i = threadIdx.x + u * THREADS;
+            if (i < n_vec) dst[i] = row[u];
+        }
+        return;
+    }
+    if (live > C) return;  // the rows' blocks store them
+    for (int k = 0; k < top_k; ++k) {
+        const int q = __ldg(slots + k);
+        if (q < 0 || q >= num_expanded) continue;
+        uint4* dst = out + static_cast<i64>(q) * n_vec;
+#pragma unroll
+        for (int u = 0; u < VPT; ++u) {
+            const int i = threadIdx.x + u * THREADS;
+            if (i < n_vec) dst[i] = row[u];
+        }
+    }
+}
+
+// The same split on the seed's grid: max(T, X) blocks, block b both token
+// b's block (b < T) and row b's (b < X), its map words, token b's slots and
+// token b's row loaded in one round trip. As above, a token of at most C
+// live slots stores its rows itself; a routed row whose token has more is
+// stored by its row's block (the token's slots and row loaded beside each
+// other: a second round trip).
+template <int THREADS, int VPT, int C>
+__global__ void __launch_bounds__(THREADS)
+split_by_count_merged(const uint4* x, const int* token_topk_to_pos, const int* pos_to_expert,
+                      uint4* out, int num_tokens, int top_k, int num_expanded, int n_vec,
+                      const int* pos_to_token) {
+    const int b = blockIdx.x;
+    int expert = -1;
+    int t = -1;
+    if (b < num_expanded) {
+        expert = __ldg(pos_to_expert + b);
+        t = __ldg(pos_to_token + b);
+    }
+    if (b < num_tokens) {
+        uint4 row[VPT];
+        const uint4* src = x + static_cast<i64>(b) * n_vec;
+#pragma unroll
+        for (int u = 0; u < VPT; ++u) {
+            const int i = threadIdx.x + u * THREADS;
+            if (i < n_vec) row[u] = __ldg(src + i);
+        }
+        const int* slots = token_topk_to_pos + static_cast<i64>(b) * top_k;
+        int live = 0;
+        for (int k = 0; k < top_k; ++k) {
+            const int q = __ldg(slots + k);
+            live += q >= 0 && q < num_expanded;
+        }
+        if (live <= C) {
+            for (int k = 0; k < top_k; ++k) {
+                const int q = __ldg(slots + k);
+                if (q < 0 || q >= num_expanded) continue;
+                uint4* dst = out + static_cast<i64>(q) * n_vec;
+#pragma unroll
+                for (int u = 0; u < VPT; ++u) {
+                    const int i = threadIdx.x + u * THREADS;
+                    if (i < n_vec) dst[i] = row[u];
+                }
+            }
+        }
+    }
+    if (b >= num_expanded) return;
+    if (expert < 0 || t < 0 || t >= num_tokens) {
+        zero_row<THREADS>(out, b, n_vec);
+        return;
+    }
+    uint4 row[VPT];
+    const uint4* src = x + static_cast<i64>(t) * n_vec;
+#pragma unroll
+    for (int u = 0; u < VPT; ++u) {
+        const int i = threadIdx.x + u * THREADS;
+        if (i < n_vec) row[u] = __ldg(src + i);
+    }
+    const int* slots = token_topk_to_pos + static_cast<i64>(t) * top_k;
+    int live = 0;
+    for (int k = 0; k < top_k; ++k) {
+        const int q = __ldg(slots + k);
+        live += q >= 0 && q < num_expanded;
+    }
+    if (live <= C) return;  // token t's block stores it
+    uint4* dst = out + static_cast<i64>(b) * n_vec;
+#pragma unroll
+    for (int u = 0; u < VPT; ++u) {
+        const int i = threadIdx.x + u * THREADS;
+        if (i < n_vec) dst[i] = row[u];
+    }
+}

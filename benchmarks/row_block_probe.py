@@ -9,8 +9,11 @@ benchmarks/row_block_probe.cu: the seed's grid (max(T, X) blocks, each a
 row's zero-fill and a token's scatter) and the roles apart (T token blocks,
 then blocks of 1-2 rows) and the slots apart (T x K slot blocks, then
 the rows) and the rows by position (X blocks, block p writing row p from
-``pos_to_token``: the gather a block a row), at 64-256 threads, beside a
-memset of the padding bytes, and the library's own launch under
+``pos_to_token``: the gather a block a row) and the split by slot count
+(token blocks store the rows of tokens with at most 1 or 3 live slots, row
+blocks the rest: a device-side choice between the two; T + X blocks, or
+the seed's max(T, X)), at 64-256 threads,
+beside a memset of the padding bytes, and the library's own launch under
 sweep_kernel_config.py configs (``--library NAME``, repeatable; by default
 the default and the rows kernel at 128 threads) in the same process. The
 seed is timed by bench_expand_seed.py in the same device call. Any expand
@@ -62,6 +65,17 @@ def variants(n_vec: int) -> list[tuple[str, str, str, int]]:
         vpt = -(-n_vec // threads)
         out.append((f"rows by position: {threads} thr", f"gather_rows<{threads}, {vpt}>",
                     "gather", 1))
+    for threads, most, spec in ((64, 3, True), (128, 3, True), (256, 3, True), (128, 3, False),
+                                (128, 1, True)):
+        vpt = -(-n_vec // threads)
+        out.append((f"split by count: {threads} thr, tokens of <= {most} slots"
+                    + ("" if spec else ", row loaded after the count"),
+                    f"split_by_count<{threads}, {vpt}, {most}, {'true' if spec else 'false'}>",
+                    "count", 1))
+    for threads in (64, 128):
+        vpt = -(-n_vec // threads)
+        out.append((f"split by count on the seed's grid: {threads} thr, tokens of <= 3 slots",
+                    f"split_by_count_merged<{threads}, {vpt}, 3>", "count merged", 1))
     return out
 
 
@@ -149,12 +163,14 @@ def main(argv: list[str] | None = None) -> int:
         for name, template, kind, rows in variants(n_vec):
             kernel = module.get_function(template)
             threads = int(template.split("<")[1].split(",")[0])
-            grid = (max(num_tokens, num_expanded) if kind == "seed" else
+            grid = (max(num_tokens, num_expanded) if kind in ("seed", "count merged") else
                     num_expanded if kind == "gather" else
                     (num_tokens * top_k if kind == "slots" else num_tokens)
                     + -(-num_expanded // rows))
             kernel_args = (x, p2t if kind == "gather" else ttp, p2e, out, np.int32(num_tokens),
                            np.int32(top_k), np.int32(num_expanded), np.int32(n_vec))
+            if kind.startswith("count"):  # both maps: the slots and pos_to_token
+                kernel_args += (p2t,)
             record["variants"][name] = checked_us(kernel, grid, threads, kernel_args, out,
                                                   expected, timer, on_timer_stream, args.iters)
         # the block-a-row gather on torch's buffers (x, maps and out as the

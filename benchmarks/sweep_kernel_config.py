@@ -275,6 +275,12 @@ CONFIGS: list[tuple[str, ExpandTuning]] = [
     # the default of the fifty-first and fifty-second sessions: by position below 64 tokens
     ("rows by position below 64 tokens, given pos_to_token",
      _tuned(rows_by_position_tokens_below=64)),
+    # by position: blocks of 64 threads for rows of at most 8 KiB without scale
+    # factors (the default since the fifty-fifth session) or not
+    ("by position, rows_kernel_threads, given pos_to_token",
+     _tuned(rows_by_position_narrow_threads=0)),
+    ("by position, 64 threads to 8 KiB rows, given pos_to_token",
+     _tuned(rows_by_position_narrow_threads=64)),
 ]
 # configs whose calls pass pos_to_token (each row's token; the workloads that
 # have one, the plan workloads: elsewhere they run as the default does)
@@ -284,7 +290,8 @@ WITH_POS_TO_TOKEN = {"SF by position: all, given pos_to_token",
                      "room for 16 KiB rows, given pos_to_token",
                      "rows by position below 64 tokens, given pos_to_token",
                      *(name for name, _ in CONFIGS
-                       if name.startswith(("gather: ", "rows kernel by position: ")))}
+                       if name.startswith(("gather: ", "rows kernel by position: ",
+                                           "by position, ")))}
 assert len({name for name, _ in CONFIGS}) == len(CONFIGS), "config names must differ"
 
 _stream = raw_torch_stream_getter()

@@ -1132,7 +1132,8 @@ def test_rows_kernel_is_compiled_for_the_calls_row(fake_h200, monkeypatch, hidde
     / threads) vectors, a module for each such count; 0: the kernel's own
     room for 16 KiB rows (no define)."""
     modules = _record_modules(monkeypatch)
-    tuning = dataclasses.replace(BY_POSITION if by_position else ROWS, rows_kernel_threads=threads)
+    tuning = dataclasses.replace(BY_POSITION if by_position else ROWS, rows_kernel_threads=threads,
+                                 rows_by_position_narrow_threads=0)
     plan = _rows_plan(hidden=hidden, tuning=tuning, with_pos_to_token=by_position)
     assert plan.kernel(16).name == "expand_to_fused_rows"
     assert plan.rows_by_position(16) == by_position
@@ -1143,6 +1144,43 @@ def test_rows_kernel_is_compiled_for_the_calls_row(fake_h200, monkeypatch, hidde
     _rows_plan(hidden=hidden, tuning=dataclasses.replace(tuning, rows_kernel_fitted_unroll=0),
                with_pos_to_token=by_position).kernel(16)
     assert "EXPAND_ROWS_UNROLL" not in dict(modules["expand_to_fused_rows"])
+
+
+@pytest.mark.parametrize(("hidden", "dtype", "sf", "by_position", "threads", "unroll"), [
+    (3072, "bfloat16", None, True, 64, 6),    # Qwen3's 6 KiB rows: narrow, 6 vectors a thread
+    (4096, "bfloat16", None, True, 64, 8),    # 8 KiB: the narrow bound, inclusive
+    (4104, "bfloat16", None, True, 256, 3),   # past it: rows_kernel_threads
+    (7168, "bfloat16", None, True, 256, 4),   # Kimi-K2's bf16 rows (14 KiB)
+    # Kimi-K2's fp8 rows (7 KiB) with row-major scale factors: never narrow
+    (7168, "float8_e4m3fn", {"sf_columns": 56, "sf_dtype": "float32", "num_per_channels": 128},
+     True, 256, 2),
+    (3072, "bfloat16", None, False, 256, 2),  # token blocks: never narrow
+])
+def test_rows_kernel_by_position_narrow_rows_take_narrow_blocks(fake_h200, monkeypatch, hidden,
+                                                               dtype, sf, by_position, threads,
+                                                               unroll):
+    """By position, rows of at most rows_by_position_narrow_row_bytes (8 KiB)
+    without scale factors take blocks of rows_by_position_narrow_threads
+    (64), compiled for them; 0 gives them rows_kernel_threads."""
+    modules = _record_modules(monkeypatch)
+    plan = _rows_plan(hidden=hidden, dtype=dtype, tuning=BY_POSITION if by_position else ROWS,
+                      with_pos_to_token=by_position, sf=sf)
+    launch = plan.kernel(16)
+    assert (launch.name, plan.rows_by_position(16)) == ("expand_to_fused_rows", by_position)
+    assert launch.threads == plan.rows_threads(by_position) == threads
+    defines = dict(modules["expand_to_fused_rows"])
+    assert (defines["EXPAND_ROWS_THREADS"], defines["EXPAND_ROWS_UNROLL"]) == (threads, unroll)
+    wide = _rows_plan(hidden=hidden, dtype=dtype, with_pos_to_token=by_position, sf=sf,
+                      tuning=dataclasses.replace(BY_POSITION if by_position else ROWS,
+                                                 rows_by_position_narrow_threads=0))
+    assert wide.kernel(16).threads == 256
+
+
+@pytest.mark.parametrize("value", [48, 16, 2048])
+def test_rows_by_position_narrow_threads_must_be_whole_warps(value):
+    with pytest.raises(ValueError, match=r"rows_by_position_narrow_threads must be 0 or whole "
+                                         rf"warps in 32 \.\. 1024; got {value}"):
+        ExpandTuning(rows_by_position_narrow_threads=value)
 
 
 @pytest.mark.parametrize(("value", "shown"), [(2.5, r"2\.5"), (math.inf, "inf"), (math.nan, "nan")])

@@ -224,11 +224,22 @@ class ExpandPlan:
         token_blocks = problem.num_tokens * ceil_div(problem.top_k, slots)
         return token_blocks + problem.num_expanded - self.first_zero_row, token_blocks, slots
 
+    def rows_threads(self, by_position: bool) -> int:
+        """Threads a block of expand_to_fused_rows: by position, rows of at
+        most ``tuning.rows_by_position_narrow_row_bytes`` without scale
+        factors take ``tuning.rows_by_position_narrow_threads`` (unless 0);
+        else ``tuning.rows_kernel_threads``."""
+        tuning = self.tuning
+        if (by_position and tuning.rows_by_position_narrow_threads and self.sf_mode == SF_NONE
+                and self.row_bytes <= tuning.rows_by_position_narrow_row_bytes):
+            return int(tuning.rows_by_position_narrow_threads)
+        return int(tuning.rows_kernel_threads)
+
     def _rows_launch(self, by_position: bool) -> ExpandLaunch:
         """expand_to_fused_rows: token blocks of ``_rows_grid``'s slots, then a
         block a row from ``first_zero_row``; or by position, a block a row."""
         blocks, token_blocks, slots = self._rows_grid(by_position)
-        threads = int(self.tuning.rows_kernel_threads)
+        threads = self.rows_threads(by_position)
         # vectors a thread holds: the call's row (fitted), else room for the
         # longest row (the kernel's own default)
         unroll = ((("EXPAND_ROWS_UNROLL", ceil_div(self.row_bytes // 16, threads)),)

@@ -228,6 +228,19 @@ class ExpandTuning:
     (sm_90): the by-position kernel at 128 threads takes 48 registers with
     room for 16 KiB and 32 for Qwen3's 6 KiB rows (3 vectors a thread), 24
     at 256 threads (30 with room for 16 KiB).
+    ``rows_by_position_narrow_threads``, ``rows_by_position_narrow_row_bytes``:
+    by position, rows of at most the second (8 KiB) without scale factors
+    (the plain op: Qwen3's 6 KiB bf16 rows, 6 vectors a thread) take blocks
+    of the first (64 threads); longer rows, calls with scale factors and
+    token blocks take ``rows_kernel_threads``. 0 threads: every block
+    ``rows_kernel_threads``. Measured on the H100 (fifty-fifth session,
+    results/expand_split_by_count_h100.md; seed / ours in a CUDA graph, the
+    default swapped between runs): Qwen3 small EP8 plans 0.97-0.98 -> 0.99-1.01
+    (6.2 -> 6.0-6.1 µs), Qwen3 T = 32 given pos_to_token 1.97 -> 1.90 µs,
+    the medium plans and calls level; Kimi-K2's fp8 rows with row-major
+    scale factors (7 KiB) lost at 64 threads (decode 1.49 -> 1.65 µs, T =
+    512 10.45 -> 10.91), hence no scale factors; Kimi-K2's 14 KiB bf16 rows
+    lost in the probe (decode 1.88 against 1.60 µs), hence the row bound.
     ``rows_by_position_tokens_below``, ``rows_by_position_bytes_below``:
     calls that pass ``pos_to_token``, without scale factors or with row-major
     ones (16-byte rows of at most 16 KiB and bases), with ``1 <= T < the
@@ -310,6 +323,8 @@ class ExpandTuning:
     rows_kernel_fitted_unroll: int = 1
     rows_by_position_tokens_below: float = 1024.0
     rows_by_position_bytes_below: float = 32e6
+    rows_by_position_narrow_threads: int = 64
+    rows_by_position_narrow_row_bytes: int = 8 * 1024
     # cache hints of the register kernels' accesses: indices into
     # runtime.cache_hints' LOAD_HINTS (.cs, plain, .cg, .nc) / STORE_HINTS
     # (.cs, plain, .cg); 0, .cs, adds no define
@@ -331,6 +346,10 @@ class ExpandTuning:
         if self.rows_kernel_threads % 32 or not 32 <= self.rows_kernel_threads <= 1024:
             raise ValueError(f"ExpandTuning.rows_kernel_threads must be whole warps in 32 .. "
                              f"1024; got {self.rows_kernel_threads}")
+        narrow = self.rows_by_position_narrow_threads
+        if narrow and (narrow % 32 or not 32 <= narrow <= 1024):
+            raise ValueError(f"ExpandTuning.rows_by_position_narrow_threads must be 0 or whole "
+                             f"warps in 32 .. 1024; got {narrow}")
         if not float(self.rows_kernel_slot_group).is_integer():  # NaN and inf too
             raise ValueError(f"ExpandTuning.rows_kernel_slot_group must be a whole number of "
                              f"slots; got {self.rows_kernel_slot_group!r}")
