@@ -41,6 +41,8 @@ import sys
 import numpy as np
 from probe_report import cupy_stream, finish, stream_of_the_timer
 
+from cupy_moe.runtime.sizes import ceil_div
+
 SOURCE = pathlib.Path(__file__).with_name("row_block_probe.cu")
 DEFAULT_LABELS = ["qwen3-30b-small-e48-ep8-plan", "qwen3-30b-small-e32-ep8-plan",
                   "qwen3-30b-medium-e48-ep8-plan", "qwen3-30b-medium-e32-ep8-plan",
@@ -51,29 +53,29 @@ def variants(n_vec: int) -> list[tuple[str, str, str, int]]:
     """(name, template, grid kind, rows a block) for rows of ``n_vec`` 16-byte vectors."""
     out = []
     for threads in (64, 128):
-        vpt = -(-n_vec // threads)
+        vpt = ceil_div(n_vec, threads)
         out.append((f"seed's grid: {threads} thr", f"seed_grid<{threads}, {vpt}>", "seed", 1))
     for threads, rows in ((64, 1), (64, 2), (128, 1), (256, 1)):
-        vpt = -(-n_vec // threads)
+        vpt = ceil_div(n_vec, threads)
         out.append((f"roles apart: {threads} thr, {rows} row(s) a block",
                     f"split_roles<{threads}, {vpt}, {rows}>", "split", rows))
     for threads, rows in ((64, 1), (128, 1), (256, 1)):
-        vpt = -(-n_vec // threads)
+        vpt = ceil_div(n_vec, threads)
         out.append((f"slots apart: {threads} thr, {rows} row(s) a block",
                     f"split_slots<{threads}, {vpt}, {rows}>", "slots", rows))
     for threads in (64, 128, 256):
-        vpt = -(-n_vec // threads)
+        vpt = ceil_div(n_vec, threads)
         out.append((f"rows by position: {threads} thr", f"gather_rows<{threads}, {vpt}>",
                     "gather", 1))
     for threads, most, spec in ((64, 3, True), (128, 3, True), (256, 3, True), (128, 3, False),
                                 (128, 1, True)):
-        vpt = -(-n_vec // threads)
+        vpt = ceil_div(n_vec, threads)
         out.append((f"split by count: {threads} thr, tokens of <= {most} slots"
                     + ("" if spec else ", row loaded after the count"),
                     f"split_by_count<{threads}, {vpt}, {most}, {'true' if spec else 'false'}>",
                     "count", 1))
     for threads in (64, 128):
-        vpt = -(-n_vec // threads)
+        vpt = ceil_div(n_vec, threads)
         out.append((f"split by count on the seed's grid: {threads} thr, tokens of <= 3 slots",
                     f"split_by_count_merged<{threads}, {vpt}, 3>", "count merged", 1))
     return out
@@ -166,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
             grid = (max(num_tokens, num_expanded) if kind in ("seed", "count merged") else
                     num_expanded if kind == "gather" else
                     (num_tokens * top_k if kind == "slots" else num_tokens)
-                    + -(-num_expanded // rows))
+                    + ceil_div(num_expanded, rows))
             kernel_args = (x, p2t if kind == "gather" else ttp, p2e, out, np.int32(num_tokens),
                            np.int32(top_k), np.int32(num_expanded), np.int32(n_vec))
             if kind.startswith("count"):  # both maps: the slots and pos_to_token
@@ -181,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
             torch.from_numpy(np.ascontiguousarray(host["pos_to_expert"])).cuda(),
             torch.empty((num_expanded, row_bytes), dtype=torch.uint8, device="cuda"))]
         for threads in (128, 256):
-            template = f"gather_rows<{threads}, {-(-n_vec // threads)}>"
+            template = f"gather_rows<{threads}, {ceil_div(n_vec, threads)}>"
             kernel = module.get_function(template)
             t_x, t_p2t, t_p2e, t_out = on_torch
             kernel_args = (t_x, t_p2t, t_p2e, t_out, np.int32(num_tokens), np.int32(top_k),
