@@ -141,6 +141,47 @@ gather_rows(const uint4* x, const int* pos_to_token, const int* pos_to_expert, u
                            n_vec);
 }
 
+// The split's pieces: a row of VPT vectors a thread into registers and out
+// again, the live slots of a token (0 <= position < X), and a token's row
+// stored to each of them.
+template <int THREADS, int VPT>
+__device__ __forceinline__ void load_row(const uint4* src, uint4 (&row)[VPT], int n_vec) {
+#pragma unroll
+    for (int u = 0; u < VPT; ++u) {
+        const int i = threadIdx.x + u * THREADS;
+        if (i < n_vec) row[u] = __ldg(src + i);
+    }
+}
+
+template <int THREADS, int VPT>
+__device__ __forceinline__ void store_row(uint4* dst, const uint4 (&row)[VPT], int n_vec) {
+#pragma unroll
+    for (int u = 0; u < VPT; ++u) {
+        const int i = threadIdx.x + u * THREADS;
+        if (i < n_vec) dst[i] = row[u];
+    }
+}
+
+__device__ __forceinline__ int live_slots(const int* slots, int top_k, int num_expanded) {
+    int live = 0;
+    for (int k = 0; k < top_k; ++k) {
+        const int q = __ldg(slots + k);
+        live += q >= 0 && q < num_expanded;
+    }
+    return live;
+}
+
+template <int THREADS, int VPT>
+__device__ __forceinline__ void store_to_slots(const int* slots, uint4* out,
+                                               const uint4 (&row)[VPT], int top_k,
+                                               int num_expanded, int n_vec) {
+    for (int k = 0; k < top_k; ++k) {
+        const int q = __ldg(slots + k);
+        if (q < 0 || q >= num_expanded) continue;
+        store_row<THREADS, VPT>(out + static_cast<i64>(q) * n_vec, row, n_vec);
+    }
+}
+
 // Split by slot count (a device-side choice between the two layouts above):
 // T token blocks, then X row blocks. Token block t loads its row beside its
 // K slots (one round trip) and stores it to its live slots where it has at
@@ -170,47 +211,17 @@ split_by_count(const uint4* x, const int* token_topk_to_pos, const int* pos_to_e
     }
     const uint4* src = x + static_cast<i64>(t) * n_vec;
     uint4 row[VPT];
-    if (SPEC || p < 0) {
-#pragma unroll
-        for (int u = 0; u < VPT; ++u) {
-            const int i = threadIdx.x + u * THREADS;
-            if (i < n_vec) row[u] = __ldg(src + i);
-        }
-    }
+    if (SPEC || p < 0) load_row<THREADS, VPT>(src, row, n_vec);
     const int* slots = token_topk_to_pos + static_cast<i64>(t) * top_k;
-    int live = 0;
-    for (int k = 0; k < top_k; ++k) {
-        const int q = __ldg(slots + k);
-        live += q >= 0 && q < num_expanded;
-    }
+    const int live = live_slots(slots, top_k, num_expanded);
     if (p >= 0) {
         if (live <= C) return;  // the token's block stores it
-        if (!SPEC) {
-#pragma unroll
-            for (int u = 0; u < VPT; ++u) {
-                const int i = threadIdx.x + u * THREADS;
-                if (i < n_vec) row[u] = __ldg(src + i);
-            }
-        }
-        uint4* dst = out + static_cast<i64>(p) * n_vec;
-#pragma unroll
-        for (int u = 0; u < VPT; ++u) {
-            const int i = threadIdx.x + u * THREADS;
-            if (i < n_vec) dst[i] = row[u];
-        }
+        if (!SPEC) load_row<THREADS, VPT>(src, row, n_vec);
+        store_row<THREADS, VPT>(out + static_cast<i64>(p) * n_vec, row, n_vec);
         return;
     }
     if (live > C) return;  // the rows' blocks store them
-    for (int k = 0; k < top_k; ++k) {
-        const int q = __ldg(slots + k);
-        if (q < 0 || q >= num_expanded) continue;
-        uint4* dst = out + static_cast<i64>(q) * n_vec;
-#pragma unroll
-        for (int u = 0; u < VPT; ++u) {
-            const int i = threadIdx.x + u * THREADS;
-            if (i < n_vec) dst[i] = row[u];
-        }
-    }
+    store_to_slots<THREADS, VPT>(slots, out, row, top_k, num_expanded, n_vec);
 }
 
 // The same split on the seed's grid: max(T, X) blocks, block b both token
@@ -233,30 +244,10 @@ split_by_count_merged(const uint4* x, const int* token_topk_to_pos, const int* p
     }
     if (b < num_tokens) {
         uint4 row[VPT];
-        const uint4* src = x + static_cast<i64>(b) * n_vec;
-#pragma unroll
-        for (int u = 0; u < VPT; ++u) {
-            const int i = threadIdx.x + u * THREADS;
-            if (i < n_vec) row[u] = __ldg(src + i);
-        }
+        load_row<THREADS, VPT>(x + static_cast<i64>(b) * n_vec, row, n_vec);
         const int* slots = token_topk_to_pos + static_cast<i64>(b) * top_k;
-        int live = 0;
-        for (int k = 0; k < top_k; ++k) {
-            const int q = __ldg(slots + k);
-            live += q >= 0 && q < num_expanded;
-        }
-        if (live <= C) {
-            for (int k = 0; k < top_k; ++k) {
-                const int q = __ldg(slots + k);
-                if (q < 0 || q >= num_expanded) continue;
-                uint4* dst = out + static_cast<i64>(q) * n_vec;
-#pragma unroll
-                for (int u = 0; u < VPT; ++u) {
-                    const int i = threadIdx.x + u * THREADS;
-                    if (i < n_vec) dst[i] = row[u];
-                }
-            }
-        }
+        if (live_slots(slots, top_k, num_expanded) <= C)
+            store_to_slots<THREADS, VPT>(slots, out, row, top_k, num_expanded, n_vec);
     }
     if (b >= num_expanded) return;
     if (expert < 0 || t < 0 || t >= num_tokens) {
@@ -264,23 +255,8 @@ split_by_count_merged(const uint4* x, const int* token_topk_to_pos, const int* p
         return;
     }
     uint4 row[VPT];
-    const uint4* src = x + static_cast<i64>(t) * n_vec;
-#pragma unroll
-    for (int u = 0; u < VPT; ++u) {
-        const int i = threadIdx.x + u * THREADS;
-        if (i < n_vec) row[u] = __ldg(src + i);
-    }
-    const int* slots = token_topk_to_pos + static_cast<i64>(t) * top_k;
-    int live = 0;
-    for (int k = 0; k < top_k; ++k) {
-        const int q = __ldg(slots + k);
-        live += q >= 0 && q < num_expanded;
-    }
-    if (live <= C) return;  // token t's block stores it
-    uint4* dst = out + static_cast<i64>(b) * n_vec;
-#pragma unroll
-    for (int u = 0; u < VPT; ++u) {
-        const int i = threadIdx.x + u * THREADS;
-        if (i < n_vec) dst[i] = row[u];
-    }
+    load_row<THREADS, VPT>(x + static_cast<i64>(t) * n_vec, row, n_vec);
+    if (live_slots(token_topk_to_pos + static_cast<i64>(t) * top_k, top_k, num_expanded) <= C)
+        return;  // token t's block stores it
+    store_row<THREADS, VPT>(out + static_cast<i64>(b) * n_vec, row, n_vec);
 }
