@@ -241,6 +241,25 @@ class ExpandTuning:
     scale factors (7 KiB) lost at 64 threads (decode 1.49 -> 1.65 µs, T =
     512 10.45 -> 10.91), hence no scale factors; Kimi-K2's 14 KiB bf16 rows
     lost in the probe (decode 1.88 against 1.60 µs), hence the row bound.
+    ``long_rows_tokens_from``, ``long_rows_tokens_below``,
+    ``long_rows_row_bytes_above``, ``long_rows_threads``,
+    ``long_rows_slot_group``: calls without scale factors whose rows are
+    longer than the third (8 KiB; Kimi-K2's 14 KiB bf16 rows) and that fit
+    the rows kernel, with ``from <= T < below`` tokens (512 .. 1023), and
+    that the rows kernel does not write by position, take it with token
+    blocks: blocks of ``long_rows_threads`` (128), a token block storing
+    ``long_rows_slot_group`` (4) of its token's slots. Medium batches alone:
+    at such T a tightly packed call (every slot routed) and an
+    expert-parallel plan whose slots are mostly dropped have the same
+    shapes, and this layout measured level or ahead on both, where at 32
+    tokens the tight call lost (Kimi-K2 T = 32 2.45 -> 3.37 µs) and rows of
+    at most 8 KiB lost at 512 (Qwen3 T = 512 76.1 -> 72.3% of the copy).
+    Measured on the H100 (fiftieth session, results/expand_rows_groups_h100.md,
+    as the sweep config "rows kernel: T < 1024, 128 threads, 4 slots a
+    token block"): Kimi-K2 medium e32 EP8 plan, seed / ours in a CUDA graph
+    0.98 -> 1.06 (1.03 -> 1.04 host hidden), e48 EP8 1.05 level; tightly
+    packed Kimi-K2 T = 512 91.8 -> 92.2% of the copy. ``long_rows_tokens_from``
+    at inf: off.
     ``rows_by_position_tokens_below``, ``rows_by_position_bytes_below``:
     calls that pass ``pos_to_token``, without scale factors or with row-major
     ones (16-byte rows of at most 16 KiB and bases), with ``1 <= T < the
@@ -325,6 +344,11 @@ class ExpandTuning:
     rows_by_position_bytes_below: float = 32e6
     rows_by_position_narrow_threads: int = 64
     rows_by_position_narrow_row_bytes: int = 8 * 1024
+    long_rows_tokens_from: float = 512.0
+    long_rows_tokens_below: float = 1024.0
+    long_rows_row_bytes_above: int = 8 * 1024
+    long_rows_threads: int = 128
+    long_rows_slot_group: int = 4
     # cache hints of the register kernels' accesses: indices into
     # runtime.cache_hints' LOAD_HINTS (.cs, plain, .cg, .nc) / STORE_HINTS
     # (.cs, plain, .cg); 0, .cs, adds no define
@@ -350,9 +374,13 @@ class ExpandTuning:
         if narrow and (narrow % 32 or not 32 <= narrow <= 1024):
             raise ValueError(f"ExpandTuning.rows_by_position_narrow_threads must be 0 or whole "
                              f"warps in 32 .. 1024; got {narrow}")
-        if not float(self.rows_kernel_slot_group).is_integer():  # NaN and inf too
-            raise ValueError(f"ExpandTuning.rows_kernel_slot_group must be a whole number of "
-                             f"slots; got {self.rows_kernel_slot_group!r}")
+        if self.long_rows_threads % 32 or not 32 <= self.long_rows_threads <= 1024:
+            raise ValueError(f"ExpandTuning.long_rows_threads must be whole warps in 32 .. "
+                             f"1024; got {self.long_rows_threads}")
+        for name in ("rows_kernel_slot_group", "long_rows_slot_group"):
+            if not float(getattr(self, name)).is_integer():  # NaN and inf too
+                raise ValueError(f"ExpandTuning.{name} must be a whole number of "
+                                 f"slots; got {getattr(self, name)!r}")
         if not 1 <= self.unroll <= 16:
             raise ValueError(f"ExpandTuning.unroll must be in 1 .. 16; got {self.unroll}")
         for name in ("zero_rows_registers", "zero_rows_bulk", "zero_rows_bulk_whole",
