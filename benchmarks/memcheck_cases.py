@@ -154,7 +154,7 @@ def rows_tunings(base: ExpandTuning) -> tuple[ExpandTuning, ...]:
                                       rows_kernel_threads=64),
             dataclasses.replace(rows, rows_kernel_slot_group=3),
             dataclasses.replace(base, long_rows_tokens_from=1, long_rows_tokens_below=math.inf,
-                                long_rows_row_bytes_above=0))
+                                long_rows_row_bytes_above=0, long_rows_bytes_below=math.inf))
 
 
 def rows_by_position(base: ExpandTuning) -> ExpandTuning:

@@ -285,6 +285,7 @@ CONFIGS: list[tuple[str, ExpandTuning]] = [
     # token blocks of 4 slots at 128 threads (the default since the
     # fifty-sixth session), or not, or laid out otherwise
     ("long rows: off, given pos_to_token", _tuned(long_rows_tokens_from=math.inf)),
+    ("long rows: any output, given pos_to_token", _tuned(long_rows_bytes_below=math.inf)),
     ("long rows: 256 threads, given pos_to_token", _tuned(long_rows_threads=256)),
     *((f"long rows: {group} slots a token block, given pos_to_token",
        _tuned(long_rows_slot_group=group)) for group in (2, 8)),

@@ -599,8 +599,7 @@ def test_the_zero_kernel_path_reaches_the_gpu_tests_shapes(fake_h200):
     (32, 7168, 14848, "expand_to_fused_v16"),   # kimi-k2-small-e128: 209 MB of padding
     (32, 3072, 14848, "expand_to_fused_v16"),   # qwen3-30b-small-e128: 90 MB
     (32, 3072, 3072, "expand_to_fused_v16"),    # qwen3-30b-small EP8: 17 MB
-    # kimi-k2-medium-e128: long rows (14 KiB at T = 512), the rows kernel
-    (512, 7168, 16384, "expand_to_fused_rows"),
+    (512, 7168, 16384, "expand_to_fused_v16"),  # kimi-k2-medium-e128: whole chunks anyway
     # fewer token chunks shrink them: the zero kernel from 64 MB of padding
     # beside the bulk kernel's copies (15 tokens: 180 blocks of 512 bytes) or
     # the shrunk register kernel's (decode: 117 MB of padding)
@@ -1203,8 +1202,8 @@ KIMI_MEDIUM = {"num_tokens": 512, "hidden": 7168, "num_expanded": 4096}
 @pytest.mark.parametrize("zero_padding", [True, False])
 def test_default_long_rows_take_token_blocks_of_4_slots(fake_h200, monkeypatch, zero_padding):
     """By default, calls without scale factors whose rows are longer than
-    8 KiB with 512 <= T < 1024 take the rows kernel: 128 threads, token
-    blocks of 4 slots, then a block a padding row."""
+    8 KiB, with 512 <= T < 1024 and outputs below 64 MB, take the rows
+    kernel: 128 threads, token blocks of 4 slots, then a block a padding row."""
     modules = _record_modules(monkeypatch)
     plan = _rows_plan(**KIMI_MEDIUM, tuning=DEFAULT_TUNING, zero_padding=zero_padding)
     launch = plan.kernel(16)
@@ -1218,12 +1217,16 @@ def test_default_long_rows_take_token_blocks_of_4_slots(fake_h200, monkeypatch, 
     # the same call given pos_to_token (58.7 MB: past the by-position bound)
     given = _rows_plan(**KIMI_MEDIUM, tuning=DEFAULT_TUNING, with_pos_to_token=True)
     assert given.long_rows(16) and given.kernel(16).constant("slots_per_block") == 4
+    # 63,995,904 bytes of output: below the bound
+    assert _rows_plan(**{**KIMI_MEDIUM, "num_expanded": 4464}, tuning=DEFAULT_TUNING).long_rows(16)
 
 
 @pytest.mark.parametrize(("change", "why"), [
     ({"num_tokens": 511}, "511 tokens: below 512"),
     ({"num_tokens": 1024, "num_expanded": 8192}, "1024 tokens are not below 1024"),
     ({"hidden": 4096}, "rows of 8 KiB: not longer than 8 KiB"),
+    ({"num_expanded": 6144}, "kimi-k2-medium-e48-ep8-plan: 88 MB of output"),
+    ({"num_expanded": 4465}, "64,010,240 bytes of output: not below 64e6"),
     ({"hidden": 8200}, "rows of 16,400 bytes: past the 16 KiB a block holds"),
     ({"hidden": 12288, "dtype": "float8_e4m3fn",
       "sf": {"sf_columns": 96, "sf_dtype": "float32", "num_per_channels": 128}},

@@ -476,6 +476,7 @@ def test_expand_matches_the_oracle(monkeypatch, rng, zero_padding, hidden, item,
         by_position or (fits_rows and not gathers and (
             tuning.rows_kernel_tokens_below > 29
             or (hidden * item > tuning.long_rows_row_bytes_above
+                and plan.pos_to_expert.shape[0] * hidden * item < tuning.long_rows_bytes_below
                 and tuning.long_rows_tokens_from <= 29 < tuning.long_rows_tokens_below))))
     padding = plan.pos_to_expert < 0
     np.testing.assert_array_equal(got[~padding], want[~padding])

@@ -204,13 +204,15 @@ class ExpandPlan:
     def long_rows(self, vec_bytes: int) -> bool:
         """Whether the call's long rows take the rows kernel with token blocks
         of their own layout: no scale factors, rows longer than
-        ``tuning.long_rows_row_bytes_above`` that fit the rows kernel,
-        ``tuning.long_rows_tokens_from <= T < tuning.long_rows_tokens_below``;
+        ``tuning.long_rows_row_bytes_above`` that fit the rows kernel, an
+        output (X rows of data) of fewer than ``tuning.long_rows_bytes_below``
+        bytes, ``tuning.long_rows_tokens_from <= T < tuning.long_rows_tokens_below``;
         not where the rows kernel writes by position (``rows_by_position``)
         or takes the call under ``tuning.rows_kernel_tokens_below``, which
         sets its own layout."""
         tuning = self.tuning
         return (self.row_bytes > tuning.long_rows_row_bytes_above
+                and self.problem.num_expanded * self.row_bytes < tuning.long_rows_bytes_below
                 and self.problem.num_tokens >= tuning.long_rows_tokens_from
                 and self._fits_rows_kernel(vec_bytes, tuning.long_rows_tokens_below)
                 and not self._fits_rows_kernel(vec_bytes, tuning.rows_kernel_tokens_below)

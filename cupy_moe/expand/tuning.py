@@ -347,6 +347,7 @@ class ExpandTuning:
     long_rows_tokens_from: float = 512.0
     long_rows_tokens_below: float = 1024.0
     long_rows_row_bytes_above: int = 8 * 1024
+    long_rows_bytes_below: float = 64e6
     long_rows_threads: int = 128
     long_rows_slot_group: int = 4
     # cache hints of the register kernels' accesses: indices into
