@@ -242,24 +242,26 @@ class ExpandTuning:
     512 10.45 -> 10.91), hence no scale factors; Kimi-K2's 14 KiB bf16 rows
     lost in the probe (decode 1.88 against 1.60 µs), hence the row bound.
     ``long_rows_tokens_from``, ``long_rows_tokens_below``,
-    ``long_rows_row_bytes_above``, ``long_rows_threads``,
-    ``long_rows_slot_group``: calls without scale factors whose rows are
-    longer than the third (8 KiB; Kimi-K2's 14 KiB bf16 rows) and that fit
-    the rows kernel, with ``from <= T < below`` tokens (512 .. 1023), and
-    that the rows kernel does not write by position, take it with token
-    blocks: blocks of ``long_rows_threads`` (128), a token block storing
-    ``long_rows_slot_group`` (4) of its token's slots. Medium batches alone:
-    at such T a tightly packed call (every slot routed) and an
-    expert-parallel plan whose slots are mostly dropped have the same
-    shapes, and this layout measured level or ahead on both, where at 32
-    tokens the tight call lost (Kimi-K2 T = 32 2.45 -> 3.37 µs) and rows of
-    at most 8 KiB lost at 512 (Qwen3 T = 512 76.1 -> 72.3% of the copy).
-    Measured on the H100 (fiftieth session, results/expand_rows_groups_h100.md,
-    as the sweep config "rows kernel: T < 1024, 128 threads, 4 slots a
-    token block"): Kimi-K2 medium e32 EP8 plan, seed / ours in a CUDA graph
-    0.98 -> 1.06 (1.03 -> 1.04 host hidden), e48 EP8 1.05 level; tightly
-    packed Kimi-K2 T = 512 91.8 -> 92.2% of the copy. ``long_rows_tokens_from``
-    at inf: off.
+    ``long_rows_row_bytes_above``, ``long_rows_bytes_below``,
+    ``long_rows_threads``, ``long_rows_slot_group``: calls without scale
+    factors whose rows are longer than ``long_rows_row_bytes_above`` (8 KiB;
+    Kimi-K2's 14 KiB bf16 rows) and fit the rows kernel, with ``from <= T <
+    below`` tokens (512 .. 1023) and an output (X rows of data) below
+    ``long_rows_bytes_below`` (64 MB), that the rows kernel does not write by
+    position, take it with token blocks: blocks of ``long_rows_threads``
+    (128), a token block storing ``long_rows_slot_group`` (4) of its token's
+    slots, then a block a padding row. ``rows_kernel_tokens_below``, where it
+    takes the call, sets its own layout instead. Measured on the H100
+    (fifty-sixth session, results/expand_long_rows_h100.md; seed / ours in a
+    CUDA graph, on any output): Kimi-K2 medium e32 EP8 plan 0.96 -> 1.05
+    (24.6 -> 22.4 µs, the seed 23.6), the plans of more output 1-2% slower
+    (e128 1.03 -> 1.01, e48 EP8 1.05 -> 1.04; hence the bytes bound); the
+    tightly packed Kimi-K2 T = 512 call of the same shapes 24.66 -> 24.36 µs
+    in a graph but 91.3 -> 89.0% of the copy with the L2 flushed. 256
+    threads and 2 or 8 slots measured worse. At 32 tokens the tight call lost
+    (fiftieth session: Kimi-K2 T = 32 2.45 -> 3.37 µs), and rows of at most
+    8 KiB lost at 512 (Qwen3 T = 512 76.1 -> 72.3% of the copy), hence the
+    bounds. ``long_rows_tokens_from`` at inf: off.
     ``rows_by_position_tokens_below``, ``rows_by_position_bytes_below``:
     calls that pass ``pos_to_token``, without scale factors or with row-major
     ones (16-byte rows of at most 16 KiB and bases), with ``1 <= T < the
