@@ -145,13 +145,16 @@ def run_case(rng, tuning: ExpandTuning, num_tokens, hidden, top_k, num_expanded,
 def rows_tunings(base: ExpandTuning) -> tuple[ExpandTuning, ...]:
     """``base`` with the lean rows kernel on every call it can take (no SF,
     16-byte rows of at most 16 KiB): token blocks of all K slots, of one
-    slot at 64 threads, and of 3 slots. (Under initcheck ``base`` is
-    REGISTERS_ONLY: the calls it cannot take fall back to kernels whose
-    stores initcheck sees.)"""
+    slot at 64 threads, and of 3 slots; and the long rows' layout
+    (``long_rows``: 128 threads, 4 slots) on every such call. (Under
+    initcheck ``base`` is REGISTERS_ONLY: the calls it cannot take fall back
+    to kernels whose stores initcheck sees.)"""
     rows = dataclasses.replace(base, rows_kernel_tokens_below=math.inf)
     return (rows, dataclasses.replace(rows, rows_kernel_slot_blocks_below=math.inf,
                                       rows_kernel_threads=64),
-            dataclasses.replace(rows, rows_kernel_slot_group=3))
+            dataclasses.replace(rows, rows_kernel_slot_group=3),
+            dataclasses.replace(base, long_rows_tokens_from=1, long_rows_tokens_below=math.inf,
+                                long_rows_row_bytes_above=0, long_rows_bytes_below=math.inf))
 
 
 def rows_by_position(base: ExpandTuning) -> ExpandTuning:

@@ -281,6 +281,14 @@ CONFIGS: list[tuple[str, ExpandTuning]] = [
      _tuned(rows_by_position_narrow_threads=0)),
     ("by position, 64 threads to 8 KiB rows, given pos_to_token",
      _tuned(rows_by_position_narrow_threads=64)),
+    # long rows (more than 8 KiB, no SF) at 512 <= T < 1024: the rows kernel's
+    # token blocks of 4 slots at 128 threads (the default since the
+    # fifty-sixth session), or not, or laid out otherwise
+    ("long rows: off, given pos_to_token", _tuned(long_rows_tokens_from=math.inf)),
+    ("long rows: any output, given pos_to_token", _tuned(long_rows_bytes_below=math.inf)),
+    ("long rows: 256 threads, given pos_to_token", _tuned(long_rows_threads=256)),
+    *((f"long rows: {group} slots a token block, given pos_to_token",
+       _tuned(long_rows_slot_group=group)) for group in (2, 8)),
 ]
 # configs whose calls pass pos_to_token (each row's token; the workloads that
 # have one, the plan workloads: elsewhere they run as the default does)
@@ -291,7 +299,7 @@ WITH_POS_TO_TOKEN = {"SF by position: all, given pos_to_token",
                      "rows by position below 64 tokens, given pos_to_token",
                      *(name for name, _ in CONFIGS
                        if name.startswith(("gather: ", "rows kernel by position: ",
-                                           "by position, ")))}
+                                           "by position, ", "long rows: ")))}
 assert len({name for name, _ in CONFIGS}) == len(CONFIGS), "config names must differ"
 
 _stream = raw_torch_stream_getter()

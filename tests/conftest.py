@@ -87,6 +87,10 @@ KERNEL_PATHS = {
                                  rows_kernel_slot_blocks_below=math.inf, rows_kernel_threads=64),
     # ... token blocks of 3 slots (the last group of a token shorter)
     "rows-groups-of-3": ExpandTuning(rows_kernel_tokens_below=math.inf, rows_kernel_slot_group=3),
+    # ... the long rows' layout (128 threads, token blocks of 4 slots) on every
+    # such call, whatever its rows, tokens and output
+    "rows-long": ExpandTuning(long_rows_tokens_from=1, long_rows_tokens_below=math.inf,
+                              long_rows_row_bytes_above=0, long_rows_bytes_below=math.inf),
     # ... by position on every call given pos_to_token: a block a row
     "rows-by-position": GivenPosToToken(ExpandTuning(rows_by_position_tokens_below=math.inf,
                                                      rows_by_position_bytes_below=math.inf)),

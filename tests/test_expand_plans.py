@@ -64,6 +64,10 @@ STAGED = dataclasses.replace(DEFAULT_TUNING, bulk_whole_row_zero_from=8192,
 # small padding-heavy batches' copies by the bulk kernel, as before the
 # forty-eighth session's whole register chunks
 BULK_SMALL_BATCHES = dataclasses.replace(DEFAULT_TUNING, padding_whole_chunks_from=math.inf)
+# the default without the long rows' rows kernel (rows of more than 8 KiB at
+# 512 <= T < 1024: test_default_long_rows_take_token_blocks_of_4_slots), for
+# the tests of the bulk and register kernels' layouts on Kimi-K2's T = 512 shapes
+NO_LONG_ROWS = dataclasses.replace(DEFAULT_TUNING, long_rows_tokens_from=math.inf)
 
 
 def _launch_for(num_tokens, hidden, item_bytes=2, vec_bytes=16, top_k=8,
@@ -83,7 +87,7 @@ def _launch_for(num_tokens, hidden, item_bytes=2, vec_bytes=16, top_k=8,
     (500, 7000, 3584, 4),     # 14000 bytes: 4 chunks of 7 vectors per lane, the last short
 ])
 def test_bulk_kernel_chunks_for_the_batch(fake_h200, num_tokens, hidden, chunk_bytes, chunks):
-    launch = _launch_for(num_tokens, hidden)
+    launch = _launch_for(num_tokens, hidden, tuning=NO_LONG_ROWS)
     # every row length: zero-fill blocks of whole rows, by 16-byte stores
     assert launch.handle == "expand_to_fused_bulk_zero_rows_plain"
     assert (launch.threads, launch.shared_bytes, launch.grid[1]) == (32, chunk_bytes, chunks)
@@ -166,8 +170,9 @@ def test_the_zero_stage_kernel_path_reaches_small_batches(fake_h200):
 ])
 def test_padding_heavy_plans(fake_h200, num_tokens, hidden, num_expanded, handle, chunks,
                              zero_rows):
+    # (long rows off: by default Kimi-K2's T = 512 rows take the rows kernel)
     problem = ExpandProblem(num_tokens, hidden, 8, num_expanded, "bfloat16")
-    launch = ExpandPlan(problem, 2, 0, DEFAULT_TUNING).kernel(16)
+    launch = ExpandPlan(problem, 2, 0, NO_LONG_ROWS).kernel(16)
     assert (launch.handle, launch.grid[1]) == (handle, chunks)
     assert launch.constant("rows_per_zero_block") == zero_rows
 
@@ -276,7 +281,7 @@ def test_zero_fill_blocks_span_the_slot_planes(fake_h200, num_tokens, hidden, nu
     problem = ExpandProblem(num_tokens, hidden, 8, num_expanded,
                             "float8_e4m3fn" if col_major else "bfloat16", **sf)
     # (no SF pass blocks: the zero-fill blocks walk the pad columns too)
-    tuning = dataclasses.replace(DEFAULT_TUNING, sf_by_position=0)
+    tuning = dataclasses.replace(NO_LONG_ROWS, sf_by_position=0)
     launch = ExpandPlan(problem, item_bytes, 0, tuning).kernel(16)
     assert launch.grid == grid
     rows = launch.constant("rows_per_zero_block")
@@ -1188,6 +1193,77 @@ def test_rows_kernel_slot_group_must_be_whole(value, shown):
     with pytest.raises(ValueError, match=r"rows_kernel_slot_group must be a whole number of "
                                          rf"slots; got {shown}"):
         ExpandTuning(rows_kernel_slot_group=value)
+
+
+# the long rows' layout: kimi-k2-medium's shape (T = 512, 14 KiB bf16 rows, X = 4096)
+KIMI_MEDIUM = {"num_tokens": 512, "hidden": 7168, "num_expanded": 4096}
+
+
+@pytest.mark.parametrize("zero_padding", [True, False])
+def test_default_long_rows_take_token_blocks_of_4_slots(fake_h200, monkeypatch, zero_padding):
+    """By default, calls without scale factors whose rows are longer than
+    8 KiB, with 512 <= T < 1024 and outputs below 64 MB, take the rows
+    kernel: 128 threads, token blocks of 4 slots, then a block a padding row."""
+    modules = _record_modules(monkeypatch)
+    plan = _rows_plan(**KIMI_MEDIUM, tuning=DEFAULT_TUNING, zero_padding=zero_padding)
+    launch = plan.kernel(16)
+    assert plan.long_rows(16) and plan.takes_rows_kernel(16) and not plan.rows_by_position(16)
+    assert (launch.name, launch.threads) == ("expand_to_fused_rows", 128)
+    assert (launch.constant("token_blocks"), launch.constant("slots_per_block")) == (1024, 4)
+    assert launch.grid == (1024 + (4096 if zero_padding else 0), 1, 1)
+    defines = dict(modules["expand_to_fused_rows"])
+    assert (defines["EXPAND_ROWS_THREADS"], defines["EXPAND_ROWS_UNROLL"]) == (128, 7)
+    assert "EXPAND_ROWS_BY_POSITION" not in defines
+    # the same call given pos_to_token (58.7 MB: past the by-position bound)
+    given = _rows_plan(**KIMI_MEDIUM, tuning=DEFAULT_TUNING, with_pos_to_token=True)
+    assert given.long_rows(16) and given.kernel(16).constant("slots_per_block") == 4
+    # 63,995,904 bytes of output: below the bound
+    assert _rows_plan(**{**KIMI_MEDIUM, "num_expanded": 4464}, tuning=DEFAULT_TUNING).long_rows(16)
+
+
+@pytest.mark.parametrize(("change", "why"), [
+    ({"num_tokens": 511}, "511 tokens: below 512"),
+    ({"num_tokens": 1024, "num_expanded": 8192}, "1024 tokens are not below 1024"),
+    ({"hidden": 4096}, "rows of 8 KiB: not longer than 8 KiB"),
+    ({"num_expanded": 6144}, "kimi-k2-medium-e48-ep8-plan: 88 MB of output"),
+    ({"num_expanded": 4465}, "64,010,240 bytes of output: not below 64e6"),
+    ({"hidden": 8200}, "rows of 16,400 bytes: past the 16 KiB a block holds"),
+    ({"hidden": 12288, "dtype": "float8_e4m3fn",
+      "sf": {"sf_columns": 96, "sf_dtype": "float32", "num_per_channels": 128}},
+     "12 KiB fp8 rows with scale factors"),
+    ({"tuning": dataclasses.replace(DEFAULT_TUNING, long_rows_tokens_from=math.inf)}, "off"),
+])
+def test_no_long_rows(fake_h200, change, why):
+    plan = _rows_plan(**{**KIMI_MEDIUM, "tuning": DEFAULT_TUNING, **change})
+    assert not plan.long_rows(16), why
+    assert not plan.takes_rows_kernel(16), why
+    assert plan.kernel(16).name != "expand_to_fused_rows", why
+
+
+def test_long_rows_yield_to_the_rows_kernels_other_switches(fake_h200):
+    # by position (an output below 32 MB, given pos_to_token): a block a row
+    small = _rows_plan(num_tokens=512, hidden=7168, num_expanded=2048, tuning=DEFAULT_TUNING,
+                       with_pos_to_token=True)
+    assert small.rows_by_position(16) and not small.long_rows(16)
+    assert small.kernel(16).constant("token_blocks") == 0
+    # rows_kernel_tokens_below sets its own layout (all K slots, rows_kernel_threads)
+    rows = _rows_plan(**KIMI_MEDIUM, tuning=ROWS)
+    assert not rows.long_rows(16)
+    assert (rows.kernel(16).threads, rows.kernel(16).constant("slots_per_block")) == (256, 8)
+
+
+@pytest.mark.parametrize("value", [48, 16, 2048])
+def test_long_rows_threads_must_be_whole_warps(value):
+    with pytest.raises(ValueError, match=r"long_rows_threads must be whole warps in 32 "
+                                         rf"\.\. 1024; got {value}"):
+        ExpandTuning(long_rows_threads=value)
+
+
+@pytest.mark.parametrize(("value", "shown"), [(2.5, r"2\.5"), (math.inf, "inf")])
+def test_long_rows_slot_group_must_be_whole(value, shown):
+    with pytest.raises(ValueError, match=r"long_rows_slot_group must be a whole number of "
+                                         rf"slots; got {shown}"):
+        ExpandTuning(long_rows_slot_group=value)
 
 
 BY_POSITION = dataclasses.replace(DEFAULT_TUNING, rows_by_position_tokens_below=1024,

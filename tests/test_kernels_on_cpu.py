@@ -400,6 +400,8 @@ ROWS_96 = ExpandTuning(**BY_POSITION_OFF, rows_kernel_tokens_below=float("inf"),
 # ... token blocks of 3 slots (K = 8: groups of 3, 3 and 2)
 ROWS_GROUPS_OF_3 = ExpandTuning(**BY_POSITION_OFF, rows_kernel_tokens_below=float("inf"),
                                 rows_kernel_slot_group=3)
+# ... the long rows' layout on every call it fits: 128 threads, token blocks of 4 slots
+ROWS_LONG = replace(KERNEL_PATHS["rows-long"], **BY_POSITION_OFF)
 # ... by position, a block a row (the call passes pos_to_token); before the
 # warp-a-row gather where both are asked; at 96 threads (11 vectors a thread)
 ROWS_BY_POSITION = KERNEL_PATHS["rows-by-position"].tuning
@@ -438,6 +440,8 @@ ROWS_96_ROOM = ExpandTuning(**BY_POSITION_OFF, rows_kernel_tokens_below=float("i
     (3072, 2, ROWS_BY_SLOT),             # ... a slot a token block, 64 threads
     (8192, 2, ROWS_96),                  # ... 16 KiB rows at 96 threads
     (3072, 2, ROWS_GROUPS_OF_3),         # ... token blocks of 3 slots, the last of 2
+    (7168, 2, ROWS_LONG),                # ... long rows: 14 KiB, 128 threads, 4 slots a block
+    (8200, 2, ROWS_LONG),                # ... past 16 KiB: another kernel
     (3072, 2, ROWS_BY_POSITION),         # ... by position: a block a row
     (8192, 2, ROWS_BY_POSITION_96),      # ... 16 KiB rows at 96 threads
     (3584, 2, ROWS_BY_POSITION_96),      # ... 448 vectors at 96 threads: 5 a thread, a short 5th
@@ -469,7 +473,11 @@ def test_expand_matches_the_oracle(monkeypatch, rng, zero_padding, hidden, item,
     gathers = tuning.gather_x_bytes_below > 0 and whole_vectors and not by_position
     assert ("expand_to_fused_gather" in gpu.launches) == gathers
     assert ("expand_to_fused_rows" in gpu.launches) == (
-        by_position or (fits_rows and tuning.rows_kernel_tokens_below > 29 and not gathers))
+        by_position or (fits_rows and not gathers and (
+            tuning.rows_kernel_tokens_below > 29
+            or (hidden * item > tuning.long_rows_row_bytes_above
+                and plan.pos_to_expert.shape[0] * hidden * item < tuning.long_rows_bytes_below
+                and tuning.long_rows_tokens_from <= 29 < tuning.long_rows_tokens_below))))
     padding = plan.pos_to_expert < 0
     np.testing.assert_array_equal(got[~padding], want[~padding])
     if zero_padding:

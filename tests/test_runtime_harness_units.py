@@ -222,3 +222,32 @@ def test_gpu_overlap_counts_the_pad_columns_written_past_the_view():
     check_no_overlap(ArrayKind.CUPY, {"out_sf": (out_sf, 0)}, {"x_sf": x_sf})
     with pytest.raises(ValueError, match="out_sf overlaps x_sf"):
         check_no_overlap(ArrayKind.CUPY, {"out_sf": (out_sf, 64)}, {"x_sf": x_sf})
+
+
+@pytest.mark.parametrize("label", ["qwen3-30b-decode", "kimi-k2-decode-sf-row-major"])
+def test_a_torch_peer_is_checked_by_the_ops_own_outputs(label):
+    """cupy-moe bench checks each torch peer bit for bit before timing it:
+    by the op's output names, one for the plain expand (a names tuple
+    longer than the results stopped the bench on every plain expand
+    workload), two with scale factors; a wrong element is named."""
+    from cupy_moe.harness import peers, runner
+    from cupy_moe.harness.inputs import workload_inputs
+    from cupy_moe.harness.manifest import load_workloads
+    from cupy_moe.runtime.arrays import numpy_to_torch
+
+    w = next(w for op in ("expand_to_fused", "expand_to_fused_with_sf")
+             for w in load_workloads(op) if w.label == label)
+    host = workload_inputs(w, np.random.default_rng(0))
+    expected = runner.reference_outputs(w, host)
+    args = {name: numpy_to_torch(array) for name, array in host.items()}
+    maps = (args["token_topk_to_pos"], args["pos_to_expert"])
+    result = (peers.torch_reference_expand(args["x"], *maps) if w.sf_columns is None else
+              peers.torch_reference_expand_with_sf(
+                  args["x"], args["x_sf"], *maps,
+                  use_tma_aligned_col_major_sf=w.use_tma_aligned_col_major_sf))
+    assert runner._peer_mismatch(w, result, expected) is None
+    first = result if w.sf_columns is None else result[0]
+    row = int(np.flatnonzero(host["pos_to_expert"] >= 0)[0])
+    first.view(torch.uint8)[row, 0] ^= 1
+    assert runner._peer_mismatch(w, result, expected).startswith(
+        f"expanded_x: 1 elements differ, first at ({row}, 0)")

@@ -201,45 +201,71 @@ class ExpandPlan:
                 and self._fits_rows_kernel(vec_bytes, self.tuning.rows_by_position_tokens_below,
                                            (SF_NONE, SF_ROW_MAJOR)))
 
+    def long_rows(self, vec_bytes: int) -> bool:
+        """Whether the call's long rows take the rows kernel with token blocks
+        of their own layout: no scale factors, rows longer than
+        ``tuning.long_rows_row_bytes_above`` that fit the rows kernel, an
+        output (X rows of data) of fewer than ``tuning.long_rows_bytes_below``
+        bytes, ``tuning.long_rows_tokens_from <= T < tuning.long_rows_tokens_below``;
+        not where the rows kernel writes by position (``rows_by_position``)
+        or takes the call under ``tuning.rows_kernel_tokens_below``, which
+        sets its own layout."""
+        tuning = self.tuning
+        return (self.row_bytes > tuning.long_rows_row_bytes_above
+                and self.problem.num_expanded * self.row_bytes < tuning.long_rows_bytes_below
+                and self.problem.num_tokens >= tuning.long_rows_tokens_from
+                and self._fits_rows_kernel(vec_bytes, tuning.long_rows_tokens_below)
+                and not self._fits_rows_kernel(vec_bytes, tuning.rows_kernel_tokens_below)
+                and not self.rows_by_position(vec_bytes))
+
     def takes_rows_kernel(self, vec_bytes: int) -> bool:
         """Whether the call takes the lean rows kernel (expand_to_fused_rows):
-        by position (``rows_by_position``), or with token blocks: no scale
-        factors, 16-byte accesses, rows of at most 16 KiB, ``1 <= T <
-        tuning.rows_kernel_tokens_below``, not where the call gathers
-        (``gathers``); a grid of at most 2^31 - 1 blocks either way."""
-        if not (self.rows_by_position(vec_bytes) or (
-                self._fits_rows_kernel(vec_bytes, self.tuning.rows_kernel_tokens_below)
+        by position (``rows_by_position``), or with token blocks: long rows at
+        medium batches (``long_rows``), or no scale factors, 16-byte accesses,
+        rows of at most 16 KiB, ``1 <= T < tuning.rows_kernel_tokens_below``;
+        token blocks not where the call gathers (``gathers``); a grid of at
+        most 2^31 - 1 blocks either way."""
+        by_position = self.rows_by_position(vec_bytes)
+        if not (by_position or (
+                (self.long_rows(vec_bytes)
+                 or self._fits_rows_kernel(vec_bytes, self.tuning.rows_kernel_tokens_below))
                 and not self.gathers(vec_bytes))):
             return False
-        return self._rows_grid(self.rows_by_position(vec_bytes))[0] <= MAX_GRID_X
+        return self._rows_grid(by_position, self.long_rows(vec_bytes))[0] <= MAX_GRID_X
 
-    def _rows_grid(self, by_position: bool) -> tuple[int, int, int]:
+    def _rows_grid(self, by_position: bool, long_rows: bool) -> tuple[int, int, int]:
         """(blocks, token blocks, slots a token block) of expand_to_fused_rows:
-        by position, X blocks and no token blocks."""
+        by position, X blocks and no token blocks; long rows
+        (``long_rows``), token blocks of ``tuning.long_rows_slot_group``
+        slots."""
         problem, tuning = self.problem, self.tuning
         if by_position:
             return problem.num_expanded, 0, 0
+        group = tuning.long_rows_slot_group if long_rows else tuning.rows_kernel_slot_group
         slots = (1 if problem.num_tokens < tuning.rows_kernel_slot_blocks_below
-                 else min(problem.top_k, int(tuning.rows_kernel_slot_group) or problem.top_k))
+                 else min(problem.top_k, int(group) or problem.top_k))
         token_blocks = problem.num_tokens * ceil_div(problem.top_k, slots)
         return token_blocks + problem.num_expanded - self.first_zero_row, token_blocks, slots
 
-    def rows_threads(self, by_position: bool) -> int:
+    def rows_threads(self, by_position: bool, long_rows: bool = False) -> int:
         """Threads a block of expand_to_fused_rows: by position, rows of at
         most ``tuning.rows_by_position_narrow_row_bytes`` without scale
         factors take ``tuning.rows_by_position_narrow_threads`` (unless 0);
-        else ``tuning.rows_kernel_threads``."""
+        long rows (``long_rows``) ``tuning.long_rows_threads``; else
+        ``tuning.rows_kernel_threads``."""
         tuning = self.tuning
         if (by_position and tuning.rows_by_position_narrow_threads and self.sf_mode == SF_NONE
                 and self.row_bytes <= tuning.rows_by_position_narrow_row_bytes):
             return int(tuning.rows_by_position_narrow_threads)
+        if long_rows:
+            return int(tuning.long_rows_threads)
         return int(tuning.rows_kernel_threads)
 
-    def _rows_launch(self, by_position: bool) -> ExpandLaunch:
+    def _rows_launch(self, by_position: bool, long_rows: bool) -> ExpandLaunch:
         """expand_to_fused_rows: token blocks of ``_rows_grid``'s slots, then a
         block a row from ``first_zero_row``; or by position, a block a row."""
-        blocks, token_blocks, slots = self._rows_grid(by_position)
-        threads = self.rows_threads(by_position)
+        blocks, token_blocks, slots = self._rows_grid(by_position, long_rows)
+        threads = self.rows_threads(by_position, long_rows)
         # vectors a thread holds: the call's row (fitted), else room for the
         # longest row (the kernel's own default)
         unroll = ((("EXPAND_ROWS_UNROLL", ceil_div(self.row_bytes // 16, threads)),)
@@ -289,7 +315,7 @@ class ExpandPlan:
         if self.gathers(vec_bytes):
             return self._gather_launch()
         if self.takes_rows_kernel(vec_bytes):
-            return self._rows_launch(self.rows_by_position(vec_bytes))
+            return self._rows_launch(self.rows_by_position(vec_bytes), self.long_rows(vec_bytes))
         tuning, problem = self.tuning, self.problem
         n_vec = self.row_bytes // vec_bytes
         num_tokens = problem.num_tokens

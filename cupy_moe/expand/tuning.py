@@ -241,6 +241,27 @@ class ExpandTuning:
     scale factors (7 KiB) lost at 64 threads (decode 1.49 -> 1.65 µs, T =
     512 10.45 -> 10.91), hence no scale factors; Kimi-K2's 14 KiB bf16 rows
     lost in the probe (decode 1.88 against 1.60 µs), hence the row bound.
+    ``long_rows_tokens_from``, ``long_rows_tokens_below``,
+    ``long_rows_row_bytes_above``, ``long_rows_bytes_below``,
+    ``long_rows_threads``, ``long_rows_slot_group``: calls without scale
+    factors whose rows are longer than ``long_rows_row_bytes_above`` (8 KiB;
+    Kimi-K2's 14 KiB bf16 rows) and fit the rows kernel, with ``from <= T <
+    below`` tokens (512 .. 1023) and an output (X rows of data) below
+    ``long_rows_bytes_below`` (64 MB), that the rows kernel does not write by
+    position, take it with token blocks: blocks of ``long_rows_threads``
+    (128), a token block storing ``long_rows_slot_group`` (4) of its token's
+    slots, then a block a padding row. ``rows_kernel_tokens_below``, where it
+    takes the call, sets its own layout instead. Measured on the H100
+    (fifty-sixth session, results/expand_long_rows_h100.md; seed / ours in a
+    CUDA graph, on any output): Kimi-K2 medium e32 EP8 plan 0.96 -> 1.05
+    (24.6 -> 22.4 µs, the seed 23.6), the plans of more output 1-2% slower
+    (e128 1.03 -> 1.01, e48 EP8 1.05 -> 1.04; hence the bytes bound); the
+    tightly packed Kimi-K2 T = 512 call of the same shapes 24.66 -> 24.36 µs
+    in a graph but 91.3 -> 89.0% of the copy with the L2 flushed. 256
+    threads and 2 or 8 slots measured worse. At 32 tokens the tight call lost
+    (fiftieth session: Kimi-K2 T = 32 2.45 -> 3.37 µs), and rows of at most
+    8 KiB lost at 512 (Qwen3 T = 512 76.1 -> 72.3% of the copy), hence the
+    bounds. ``long_rows_tokens_from`` at inf: off.
     ``rows_by_position_tokens_below``, ``rows_by_position_bytes_below``:
     calls that pass ``pos_to_token``, without scale factors or with row-major
     ones (16-byte rows of at most 16 KiB and bases), with ``1 <= T < the
@@ -325,6 +346,12 @@ class ExpandTuning:
     rows_by_position_bytes_below: float = 32e6
     rows_by_position_narrow_threads: int = 64
     rows_by_position_narrow_row_bytes: int = 8 * 1024
+    long_rows_tokens_from: float = 512.0
+    long_rows_tokens_below: float = 1024.0
+    long_rows_row_bytes_above: int = 8 * 1024
+    long_rows_bytes_below: float = 64e6
+    long_rows_threads: int = 128
+    long_rows_slot_group: int = 4
     # cache hints of the register kernels' accesses: indices into
     # runtime.cache_hints' LOAD_HINTS (.cs, plain, .cg, .nc) / STORE_HINTS
     # (.cs, plain, .cg); 0, .cs, adds no define
@@ -350,9 +377,13 @@ class ExpandTuning:
         if narrow and (narrow % 32 or not 32 <= narrow <= 1024):
             raise ValueError(f"ExpandTuning.rows_by_position_narrow_threads must be 0 or whole "
                              f"warps in 32 .. 1024; got {narrow}")
-        if not float(self.rows_kernel_slot_group).is_integer():  # NaN and inf too
-            raise ValueError(f"ExpandTuning.rows_kernel_slot_group must be a whole number of "
-                             f"slots; got {self.rows_kernel_slot_group!r}")
+        if self.long_rows_threads % 32 or not 32 <= self.long_rows_threads <= 1024:
+            raise ValueError(f"ExpandTuning.long_rows_threads must be whole warps in 32 .. "
+                             f"1024; got {self.long_rows_threads}")
+        for name in ("rows_kernel_slot_group", "long_rows_slot_group"):
+            if not float(getattr(self, name)).is_integer():  # NaN and inf too
+                raise ValueError(f"ExpandTuning.{name} must be a whole number of "
+                                 f"slots; got {getattr(self, name)!r}")
         if not 1 <= self.unroll <= 16:
             raise ValueError(f"ExpandTuning.unroll must be in 1 .. 16; got {self.unroll}")
         for name in ("zero_rows_registers", "zero_rows_bulk", "zero_rows_bulk_whole",

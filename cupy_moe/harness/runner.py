@@ -277,8 +277,7 @@ def compared_rows(w: Workload, host: dict[str, np.ndarray]) -> np.ndarray | None
                                 num_slots=w.num_tokens * w.top_k)
 
 
-def _mismatch(results, expected, to_host: Callable[[Any], np.ndarray],
-              names: Sequence[str] = _EXPAND_OUTPUT_NAMES,
+def _mismatch(results, expected, to_host: Callable[[Any], np.ndarray], names: Sequence[str],
               rows: np.ndarray | None = None) -> str | None:
     """Where ``results`` differ from ``expected`` bit for bit (shape, item
     size, bits), the output named by ``names``; None if nowhere. ``rows``:
@@ -332,6 +331,14 @@ def _to_cupy(array: np.ndarray):
     return cupy.asarray(bits)
 
 
+def _peer_mismatch(w: Workload, result, expected: tuple[np.ndarray, ...]) -> str | None:
+    """Where a torch peer's result (a tensor, or a tuple of them) differs bit
+    for bit from ``w``'s expected outputs, by the op's output names; None if
+    nowhere."""
+    result = result if isinstance(result, tuple) else (result,)
+    return _mismatch(result, expected, _torch_to_host, output_names(w))
+
+
 def _time_torch_peers(record: Record, w: Workload, targs: dict[str, Any],
                       expected: tuple[np.ndarray, ...], timer: GpuTimer, iters: int,
                       calls: int) -> None:
@@ -362,8 +369,7 @@ def _time_torch_peers(record: Record, w: Workload, targs: dict[str, Any],
         except Exception as exc:  # noqa: BLE001 - a peer's failure must not end the run
             record.extra[f"{name}_error"] = f"{type(exc).__name__}: {exc}"
             continue
-        result = result if isinstance(result, tuple) else (result,)
-        problem = _mismatch(result, expected, _torch_to_host)
+        problem = _peer_mismatch(w, result, expected)
         if problem:
             record.extra[f"{name}_mismatch"] = problem
             continue
