@@ -260,3 +260,29 @@ split_by_count_merged(const uint4* x, const int* token_topk_to_pos, const int* p
         return;  // token t's block stores it
     store_row<THREADS, VPT>(out + static_cast<i64>(b) * n_vec, row, n_vec);
 }
+
+// Slots and rows merged: max(T * K, X) blocks, block b both slot b's (b <
+// T * K: token b / K's row to position token_topk_to_pos[b]) and row b's
+// (b < X: zeros where it is padding). Its two map words and, where SPEC,
+// the token's row are loaded in one round trip, so every store waits one;
+// without SPEC a routed slot's row load waits on its position (two round
+// trips, as by position). A tightly packed call gets T * K row copies (x
+// read K times, from L2 after the first), an expert-parallel plan X -
+// routed zero-fills and, where SPEC, T * K row loads, the dropped slots'
+// wasted. One wave where max(T * K, X) blocks fit the chip at once.
+template <int THREADS, int VPT, bool SPEC>
+__global__ void __launch_bounds__(THREADS)
+slots_and_rows(const uint4* x, const int* token_topk_to_pos, const int* pos_to_expert, uint4* out,
+               int num_tokens, int top_k, int num_expanded, int n_vec) {
+    const int b = blockIdx.x;
+    const bool has_slot = b < num_tokens * top_k;
+    const int p = has_slot ? __ldg(token_topk_to_pos + b) : -1;
+    const bool pad = b < num_expanded && __ldg(pos_to_expert + b) < 0;
+    const uint4* src = x + static_cast<i64>(b / top_k) * n_vec;
+    uint4 row[VPT];
+    if (SPEC && has_slot) load_row<THREADS, VPT>(src, row, n_vec);
+    if (pad) zero_row<THREADS>(out, b, n_vec);
+    if (p < 0 || p >= num_expanded) return;
+    if (!SPEC) load_row<THREADS, VPT>(src, row, n_vec);
+    store_row<THREADS, VPT>(out + static_cast<i64>(p) * n_vec, row, n_vec);
+}

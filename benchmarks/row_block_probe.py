@@ -12,7 +12,9 @@ the rows) and the rows by position (X blocks, block p writing row p from
 ``pos_to_token``: the gather a block a row) and the split by slot count
 (token blocks store the rows of tokens with at most 1 or 3 live slots, row
 blocks the rest: a device-side choice between the two; T + X blocks, or
-the seed's max(T, X)), at 64-256 threads,
+the seed's max(T, X)) and the slots and rows merged (max(T x K, X)
+blocks, block b slot b's copy and row b's zero-fill, one round trip), at
+64-256 threads,
 beside a memset of the padding bytes, and the library's own launch under
 sweep_kernel_config.py configs (``--library NAME``, repeatable; by default
 the default and the rows kernel at 128 threads) in the same process. The
@@ -78,6 +80,12 @@ def variants(n_vec: int) -> list[tuple[str, str, str, int]]:
         vpt = ceil_div(n_vec, threads)
         out.append((f"split by count on the seed's grid: {threads} thr, tokens of <= 3 slots",
                     f"split_by_count_merged<{threads}, {vpt}, 3>", "count merged", 1))
+    for threads, spec in ((64, True), (128, True), (256, True), (64, False), (128, False)):
+        vpt = ceil_div(n_vec, threads)
+        out.append((f"slots and rows merged: {threads} thr"
+                    + ("" if spec else ", row loaded after the position"),
+                    f"slots_and_rows<{threads}, {vpt}, {'true' if spec else 'false'}>",
+                    "slots rows", 1))
     return out
 
 
@@ -166,6 +174,7 @@ def main(argv: list[str] | None = None) -> int:
             kernel = module.get_function(template)
             threads = int(template.split("<")[1].split(",")[0])
             grid = (max(num_tokens, num_expanded) if kind in ("seed", "count merged") else
+                    max(num_tokens * top_k, num_expanded) if kind == "slots rows" else
                     num_expanded if kind == "gather" else
                     (num_tokens * top_k if kind == "slots" else num_tokens)
                     + ceil_div(num_expanded, rows))
