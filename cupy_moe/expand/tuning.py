@@ -370,16 +370,13 @@ class ExpandTuning:
         if not 1 <= self.gather_rows <= self.threads:  # a lane looks up each of a warp's rows
             raise ValueError(f"ExpandTuning.gather_rows must be in 1 .. threads "
                              f"({self.threads}); got {self.gather_rows}")
-        if self.rows_kernel_threads % 32 or not 32 <= self.rows_kernel_threads <= 1024:
-            raise ValueError(f"ExpandTuning.rows_kernel_threads must be whole warps in 32 .. "
-                             f"1024; got {self.rows_kernel_threads}")
-        narrow = self.rows_by_position_narrow_threads
-        if narrow and (narrow % 32 or not 32 <= narrow <= 1024):
-            raise ValueError(f"ExpandTuning.rows_by_position_narrow_threads must be 0 or whole "
-                             f"warps in 32 .. 1024; got {narrow}")
-        if self.long_rows_threads % 32 or not 32 <= self.long_rows_threads <= 1024:
-            raise ValueError(f"ExpandTuning.long_rows_threads must be whole warps in 32 .. "
-                             f"1024; got {self.long_rows_threads}")
+        # the rows kernel's block sizes (the narrow one may be 0: off)
+        for name, zero_off in (("rows_kernel_threads", False), ("long_rows_threads", False),
+                               ("rows_by_position_narrow_threads", True)):
+            value = getattr(self, name)
+            if (value or not zero_off) and (value % 32 or not 32 <= value <= 1024):
+                raise ValueError(f"ExpandTuning.{name} must be {'0 or ' if zero_off else ''}"
+                                 f"whole warps in 32 .. 1024; got {value}")
         for name in ("rows_kernel_slot_group", "long_rows_slot_group"):
             if not float(getattr(self, name)).is_integer():  # NaN and inf too
                 raise ValueError(f"ExpandTuning.{name} must be a whole number of "
